@@ -1,0 +1,3 @@
+from kvtool.cli import main_entry
+
+main_entry()

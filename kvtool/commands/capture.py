@@ -1,0 +1,16 @@
+"""`kvtool capture`: placeholder until its issue lands (replaced by the implementation)."""
+
+from __future__ import annotations
+
+import typer
+
+from kvtool.errors import UsageError
+from kvtool.output import handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("capture")
+    @handle_errors
+    def command() -> None:
+        """Not implemented yet."""
+        raise UsageError("'kvtool capture' is not implemented yet")

@@ -1,0 +1,16 @@
+"""`kvtool repro`: placeholder until its issue lands (replaced by the implementation)."""
+
+from __future__ import annotations
+
+import typer
+
+from kvtool.errors import UsageError
+from kvtool.output import handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("repro")
+    @handle_errors
+    def command() -> None:
+        """Not implemented yet."""
+        raise UsageError("'kvtool repro' is not implemented yet")

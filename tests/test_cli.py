@@ -1,0 +1,57 @@
+"""The command-line shell: help, version, usage errors, exit codes, and start-up imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import REPO_ROOT, run_subprocess
+
+import kvtool
+from kvtool.errors import EXIT_USAGE
+
+
+def test_help_lists_every_command_with_one_line(run_cli):
+    result = run_cli("--help")
+    assert result.exit_code == 0
+    for name in ("estimate", "repro", "analyze", "simulate", "capture"):
+        assert name in result.stdout
+
+
+def test_version(run_cli):
+    result = run_cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"kvtool {kvtool.__version__}"
+
+
+def test_unknown_option_is_one_error_line_and_exit_2(run_cli):
+    result = run_cli("estimate", "--no-such-option")
+    assert result.exit_code == EXIT_USAGE
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Error: No such option: --no-such-option"
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_unknown_command(run_cli):
+    result = run_cli("frobnicate")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("Error: No such command 'frobnicate'")
+
+
+def test_python_dash_m_and_exit_code():
+    proc = run_subprocess("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"kvtool {kvtool.__version__}"
+
+
+def test_help_does_not_import_torch_or_pandas():
+    code = (
+        "import sys\n"
+        "from kvtool.cli import run\n"
+        "run(['--help'])\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
