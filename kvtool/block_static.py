@@ -1,0 +1,161 @@
+"""The static block-size comparison of `kvtool simulate`: what a length distribution costs in a paged KV cache.
+
+For final lengths L (prompt + output tokens) and block size b, a request holds ceil(L/b) blocks.  Everything here
+is a closed form over the length array, vectorised with numpy (imported inside the functions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Percentiles interpolate linearly between order statistics (numpy's default, the same rule as `kvtool analyze`).
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticResult:
+    """Block-size figures for one block size over all requests' final lengths."""
+
+    block_size: int
+    requests: int
+    tokens: int  # sum of final lengths L
+    allocated_slots: int  # sum of ceil(L/b) x b
+    internal_fragmentation: float  # sum(ceil(L/b) x b - L) / sum(ceil(L/b) x b), a fraction
+    effective_utilization: float  # 1 - internal_fragmentation: tokens / allocated slots
+    mean_waste_tokens: float  # mean empty slots in a request's last block
+    mean_table_entries: float  # block-table entries (blocks) per request
+    p99_table_entries: float
+    max_table_entries: int
+    shared_prefix_tokens: int  # --shared-prefix P (0: none)
+    prefix_shared_blocks: int  # floor(P/b): the full blocks of the prefix, the only shareable ones
+    prefix_tail_tokens: int  # P mod b: prefix tokens duplicated in every request's own block
+    prefix_saving_slots: int  # slots saved by storing the shared full blocks once
+    prefix_saving_fraction: float  # prefix_saving_slots / allocated_slots
+    utilization_with_prefix_sharing: float  # tokens stored once / slots after sharing
+    requests_shorter_than_prefix: int  # prompts shorter than P (they share only their own full blocks)
+    pool_blocks: int | None  # floor(kv_tokens / b) when a KV budget is given
+    fit_at_once_p50: float | None  # requests that fit in the pool at once, over windows of consecutive requests
+    fit_at_once_p99: float | None
+    fit_at_once_p1: float | None  # the count that fits 99% of the time
+    fit_if_fixed_mean_length: int | None  # what a fixed-length test at the mean length would claim
+
+
+@dataclasses.dataclass(frozen=True)
+class ContiguousBaseline:
+    """Every request reserving ``max_model_len`` contiguous slots (pre-PagedAttention serving)."""
+
+    max_model_len: int
+    max_model_len_from_data: bool  # True: the default, the longest request in the data
+    utilization: float  # tokens / reserved slots, over the requests that fit
+    waste_fraction: float  # 1 - utilization
+    requests_too_long: int  # L > max_model_len: cannot be served contiguously
+    fit_at_once: int | None  # floor(kv_tokens / max_model_len) when a KV budget is given
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticComparison:
+    results: list[StaticResult]
+    contiguous: ContiguousBaseline
+    kv_tokens: int | None
+    mean_length_tokens: float
+    p99_length_tokens: float
+    max_length_tokens: int
+
+
+def fit_at_once(own_blocks, pool_blocks: int):
+    """For each start i in the cyclic sequence, how many consecutive requests fit in ``pool_blocks``.
+
+    Greedy over the requests in order: count k such that blocks[i] + ... + blocks[i+k-1] <= pool (capped at N).
+    """
+    import numpy as np
+
+    n = len(own_blocks)
+    cum = np.concatenate([[0], np.cumsum(np.concatenate([own_blocks, own_blocks]), dtype=np.int64)])
+    ends = np.searchsorted(cum, cum[:n] + pool_blocks, side="right") - 1
+    return np.minimum(ends - np.arange(n), n)
+
+
+def compare_block_sizes(
+    prompt_tokens,
+    output_tokens,
+    block_sizes: list[int],
+    *,
+    shared_prefix_tokens: int = 0,
+    max_model_len: int | None = None,
+    kv_tokens: int | None = None,
+) -> StaticComparison:
+    """The static comparison for each block size (see the module docstring and docs/simulate.md)."""
+    import numpy as np
+
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    lengths = prompt + np.asarray(output_tokens, dtype=np.int64)
+    n = len(lengths)
+    total = int(lengths.sum())
+    prefix_part = np.minimum(prompt, shared_prefix_tokens) if shared_prefix_tokens else None
+    shorter = int((prompt < shared_prefix_tokens).sum()) if shared_prefix_tokens else 0
+    results = []
+    for b in block_sizes:
+        blocks = (lengths + (b - 1)) // b
+        slots = int(blocks.sum()) * b
+        waste = slots - total
+        if prefix_part is not None:
+            shared = prefix_part // b  # full prefix blocks of each request
+            saving_blocks = int(shared.sum()) - int(shared.max())  # stored once instead of per request
+            own = blocks - shared
+            shared_once = int(shared.max())
+        else:
+            saving_blocks, own, shared_once = 0, blocks, 0
+        saving_slots = saving_blocks * b
+        fit = None
+        pool = None
+        if kv_tokens is not None:
+            pool = kv_tokens // b
+            counts = fit_at_once(own, max(pool - shared_once, 0))
+            fit = np.percentile(counts, [50, 99, 1])
+        mean_len = total / n
+        results.append(
+            StaticResult(
+                block_size=b,
+                requests=n,
+                tokens=total,
+                allocated_slots=slots,
+                internal_fragmentation=waste / slots,
+                effective_utilization=total / slots,
+                mean_waste_tokens=waste / n,
+                mean_table_entries=float(blocks.mean()),
+                p99_table_entries=float(np.percentile(blocks, 99)),
+                max_table_entries=int(blocks.max()),
+                shared_prefix_tokens=shared_prefix_tokens,
+                prefix_shared_blocks=shared_prefix_tokens // b,
+                prefix_tail_tokens=shared_prefix_tokens % b,
+                prefix_saving_slots=saving_slots,
+                prefix_saving_fraction=saving_slots / slots,
+                utilization_with_prefix_sharing=(total - saving_slots) / (slots - saving_slots),
+                requests_shorter_than_prefix=shorter,
+                pool_blocks=pool,
+                fit_at_once_p50=None if fit is None else float(fit[0]),
+                fit_at_once_p99=None if fit is None else float(fit[1]),
+                fit_at_once_p1=None if fit is None else float(fit[2]),
+                fit_if_fixed_mean_length=None if pool is None else int(pool // -(-round(mean_len) // b)),
+            )
+        )
+    from_data = max_model_len is None
+    m = int(lengths.max()) if from_data else int(max_model_len)
+    fits = lengths <= m
+    served = int(fits.sum())
+    util = float(lengths[fits].sum()) / (served * m) if served else float("nan")
+    contiguous = ContiguousBaseline(
+        max_model_len=m,
+        max_model_len_from_data=from_data,
+        utilization=util,
+        waste_fraction=1.0 - util,
+        requests_too_long=n - served,
+        fit_at_once=None if kv_tokens is None else kv_tokens // m,
+    )
+    return StaticComparison(
+        results=results,
+        contiguous=contiguous,
+        kv_tokens=kv_tokens,
+        mean_length_tokens=total / n,
+        p99_length_tokens=float(np.percentile(lengths, 99)),
+        max_length_tokens=int(lengths.max()),
+    )
