@@ -1,0 +1,195 @@
+"""`kvtool simulate` on the command line: trace formats, options, JSON, plots and errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtool.request_lengths import load_trace
+from tests.conftest import DATA
+
+SIM = DATA / "simulate"
+# The first 20 rows of the Azure code trace (tests/data/simulate/README.md), in every accepted layout.
+HEAD20_PROMPT = [4808, 3180, 110, 7433, 34, 374, 6985, 34, 1145, 201]
+
+
+@pytest.mark.parametrize(
+    "name,fmt,has_arrival",
+    [
+        ("azure-2023-code-head20.csv", "azure", True),
+        ("vidur-head20.csv", "vidur", True),
+        ("generic-head20.csv", "generic", True),
+        ("generic-no-arrival-head20.csv", "generic", False),
+        ("llmservingsim-head20.jsonl", "llmservingsim", True),
+    ],
+)
+def test_each_trace_format_is_recognised(name, fmt, has_arrival):
+    reqs = load_trace(SIM / name)
+    assert reqs.source.startswith(f"{fmt} trace")
+    assert reqs.count == 20
+    assert reqs.prompt_tokens[:10].tolist() == HEAD20_PROMPT
+    assert reqs.output_tokens[:2].tolist() == [10, 8]
+    if has_arrival:
+        # 18:17:03.97996 -> 18:17:04.03196 is 52 ms
+        assert reqs.arrival_s[1] == pytest.approx(0.052, abs=1e-6)
+    else:
+        assert reqs.arrival_s is None
+
+
+def test_length_only_trace_keeps_the_total_length():
+    reqs = load_trace(SIM / "length-head20.csv")
+    assert reqs.source.startswith("length trace")
+    assert reqs.lengths[:2].tolist() == [4818, 3188]
+    assert (reqs.output_tokens >= 1).all()
+
+
+def test_sampling_with_replacement_is_seeded(run_cli):
+    a = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3",
+                "--json")
+    b = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3",
+                "--json")
+    c = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "4",
+                "--json")
+    assert a.exit_code == 0 and a.stdout == b.stdout
+    assert json.loads(a.stdout)["requests"] == 500
+    assert a.stdout != c.stdout
+
+
+def test_table_output_and_recommendations(run_cli):
+    res = run_cli("simulate", "--dist", "lognormal", "--mean", "800", "--p99", "4000", "--requests", "2000",
+                  "--kv-tokens", "50000", "--shared-prefix", "100", "--serve", "--qps", "20")
+    assert res.exit_code == 0, res.stderr
+    for text in ("Static comparison", "Contiguous baseline", "Shared prefix of 100 tokens",
+                 "Requests that fit at once in 50,000 KV tokens", "Serving: the block pool",
+                 "Recommendation (least waste)", "Recommendation (most concurrency)",
+                 "Recommendation (fewest preemptions)", "Poisson at 20 requests/s"):
+        assert text in res.stdout
+
+
+def test_json_has_the_specified_fields(run_cli, tmp_path):
+    res = run_cli("simulate", "--dist", "uniform", "--min", "10", "--max", "3000", "--requests", "300", "--serve",
+                  "--block-sizes", "16,32", "--json", "--plot", tmp_path / "plots")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr == ""
+    out = json.loads(res.stdout)
+    assert [r["block_size"] for r in out["results"]] == [16, 32]
+    for r in out["results"]:
+        for key in ("internal_fragmentation", "mean_table_entries", "preemptions", "peak_blocks", "utilization"):
+            assert key in r
+        assert 0 <= r["internal_fragmentation"] < 1
+        assert 0 < r["utilization"] <= 1
+    # the default pool is stated when no budget is given
+    assert out["serve_setup"]["pool_is_default"] is True
+    assert "default" in out["serve_setup"]["pool_text"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "blocks_in_use_over_time.png", "fragmentation_vs_block_size.png"]
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
+
+
+def test_fixed_length_distribution_shows_no_fragmentation_at_multiples(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1024", "--requests", "50", "--json")
+    out = json.loads(res.stdout)
+    assert all(r["internal_fragmentation"] == 0 for r in out["results"])
+
+
+def _err(res):
+    lines = res.stderr.strip().splitlines()
+    assert lines and lines[0].startswith("Error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    return lines[0]
+
+
+def test_unrecognised_trace_names_columns_and_formats(run_cli, tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("time,prompt,completion\n1,2,3\n")
+    res = run_cli("simulate", "--trace", bad)
+    assert res.exit_code == 3
+    line = _err(res)
+    assert "'time', 'prompt', 'completion'" in line
+    assert "ContextTokens" in line and "arrived_at" in line and "input_toks" in line and "length" in line
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("prompt_tokens,output_tokens\n10,5\n-3,4\n", "line 3"),
+        ("prompt_tokens,output_tokens\n10,5\n0,0\n", "must be positive"),
+        ("length\n5\n0\n", "line 3"),
+        ("prompt_tokens,output_tokens\n10,abc\n", "not a number"),
+        ("prompt_tokens,output_tokens\n10,2.5\n", "whole number"),
+        ("prompt_tokens,output_tokens\n", "no rows"),
+        ("", "empty"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "date and time"),
+    ],
+)
+def test_bad_trace_contents(run_cli, tmp_path, content, needle):
+    path = tmp_path / "t.csv"
+    path.write_text(content)
+    res = run_cli("simulate", "--trace", path)
+    assert res.exit_code == 3
+    assert needle in _err(res)
+
+
+def test_missing_and_binary_files(run_cli, tmp_path):
+    res = run_cli("simulate", "--trace", tmp_path / "nope.csv")
+    assert res.exit_code == 3 and "not found" in _err(res)
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
+    res = run_cli("simulate", "--trace", binary)
+    assert res.exit_code == 3 and "binary" in _err(res)
+    jl = tmp_path / "b.jsonl"
+    jl.write_text('{"input_toks": 1, "output_toks": 2, "arrival_time_ns": 0}\n{oops\n')
+    res = run_cli("simulate", "--trace", jl)
+    assert res.exit_code == 3 and "line 2" in _err(res)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--block-sizes", "16,0"], "positive integers"),
+        (["--block-sizes", "16,x"], "positive integers"),
+        (["--block-sizes", "-8"], "positive integers"),
+        (["--requests", "0"], "--requests"),
+        (["--kv-tokens", "-5"], "--kv-tokens"),
+        (["--qps", "3"], "add --serve"),
+        (["--serve", "--prefix-cache"], "--shared-prefix"),
+        (["--serve", "--qps", "0"], "--qps"),
+    ],
+)
+def test_usage_errors(run_cli, args, needle):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", *args)
+    assert res.exit_code == 2
+    assert needle in _err(res)
+
+
+def test_source_errors(run_cli):
+    assert run_cli("simulate").exit_code == 2
+    res = run_cli("simulate", "--dist", "lognormal", "--mean", "100")
+    assert res.exit_code == 2 and "--p99" in _err(res)
+    res = run_cli("simulate", "--dist", "lognormal", "--mean", "100", "--p99", "90")
+    assert res.exit_code == 2 and "mean < p99" in _err(res)
+    res = run_cli("simulate", "--dist", "pareto")
+    assert res.exit_code == 2 and "unknown distribution" in _err(res)
+    res = run_cli("simulate", "--dist", "uniform", "--min", "50", "--max", "10")
+    assert res.exit_code == 2 and "above --max" in _err(res)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "10", "--trace", SIM / "length-head20.csv")
+    assert res.exit_code == 2 and "exactly one" in _err(res)
+
+
+def test_help_names_the_command():
+    from tests.conftest import run_subprocess
+
+    res = run_subprocess("simulate", "--help")
+    assert res.returncode == 0
+    assert "--block-sizes" in res.stdout and "--serve" in res.stdout
+
+
+def test_unsorted_trace_is_sorted_by_arrival(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n10,1,5\n20,2,1\n30,3,3\n")
+    reqs = load_trace(path)
+    assert reqs.prompt_tokens.tolist() == [20, 30, 10]
+    assert np.allclose(reqs.arrival_s, [0, 2, 4])

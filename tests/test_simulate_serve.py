@@ -1,0 +1,213 @@
+"""The serving simulation against scenarios worked out by hand, conservation, determinism and the events export."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from kvtool.serving_sim import CostModel, ServeConfig, simulate_serving
+from kvtool.sim_events import events_table, export_paths, request_figures
+from tests.conftest import DATA
+
+# Every step takes exactly 1 ms: no per-token, per-slot or per-entry cost.
+ONE_MS = CostModel(step_overhead_ms=1.0, token_us=0.0, kv_token_us=0.0, table_entry_us=0.0)
+
+
+def run(prompt, output, arrival, b, pool_tokens, **kw):
+    config = ServeConfig(pool_tokens=pool_tokens, pool_from_default=False, cost=kw.pop("cost", ONE_MS), **kw)
+    return simulate_serving(np.array(prompt), np.array(output), np.array(arrival, dtype=float), b, config)
+
+
+def test_one_request_by_hand():
+    # Prompt 20, output 5, b = 16, 1 ms steps.  Step 0 prefills 20 tokens (2 blocks) and emits token 1 (TTFT 1 ms);
+    # steps 1-4 write tokens 21..24 (still 2 blocks); done at 5 ms holding 24 = 20 + 5 - 1 tokens.
+    result, trace = run([20], [5], [0.0], 16, 1600)
+    assert result.completed == 1 and result.preemptions == 0
+    assert result.ttft_p50_s == pytest.approx(0.001)
+    assert result.queue_delay_p50_s == 0.0
+    assert result.span_s == pytest.approx(0.005)
+    assert result.peak_blocks == 2
+    # tokens held per step 20, 21, 22, 23, 24 for 1 ms each; blocks 2 throughout
+    assert result.utilization == pytest.approx((20 + 21 + 22 + 23 + 24) / (16 * 2 * 5))
+    assert result.mean_blocks == pytest.approx(2.0)
+    assert result.tpot_p50_s == pytest.approx(0.001)
+
+
+def test_preemption_of_the_newest_request_by_hand():
+    # Pool of 4 blocks of 4 tokens; A and B arrive at 0 with prompt 4, output 9; 1 ms steps.
+    # Step 0: both prefilled (1 block each).  Step 1: tokens 5 -> 2 blocks each (4 in use).  Steps 2-4: 6, 7, 8.
+    # Boundary 5: both need a 3rd block; the pool is full, so B (the newest) is preempted after emitting 5 tokens
+    # and frees 2 blocks; A takes one.  A runs alone through step 8 (12 tokens, 3 blocks) and finishes at 9 ms.
+    # Boundary 9: B is recomputed (4 + 5 = 9 tokens, 3 blocks) and runs steps 9-12: done at 13 ms.
+    result, trace = run([4, 4], [9, 9], [0.0, 0.0], 4, 16)
+    assert result.preemptions == 1 and result.preempted_requests == 1
+    assert result.completed == 2
+    assert result.peak_blocks == 4
+    assert result.span_s == pytest.approx(0.013)
+    assert trace.completion_s.tolist() == pytest.approx([0.009, 0.013])
+    # block-ms: A 1 + 2x4 + 3x4 = 21; B 1 + 2x4 = 9, then 3x4 = 12: 42 over 13 ms
+    assert result.mean_blocks == pytest.approx(42 / 13)
+    # token-ms: A 4..12 = 72; B 4..8 = 30 and 9..12 = 42: 144
+    assert result.utilization == pytest.approx(144 / (4 * 42))
+    assert result.ttft_p50_s == pytest.approx(0.001)
+    figs = request_figures(trace, 2)
+    assert figs.holding_time_s.tolist() == pytest.approx([0.009, 0.005 + 0.004])
+    assert figs.block_seconds.tolist() == pytest.approx([0.021, 0.021])
+    assert figs.preemptions.tolist() == [0, 1]
+
+
+def test_max_num_seqs_runs_requests_one_after_another():
+    # max_num_seqs 1: three requests of output 3 run back to back, 3 steps each: done at 3, 6, 9 ms.
+    result, trace = run([10, 10, 10], [3, 3, 3], [0, 0, 0], 16, 1600, max_num_seqs=1)
+    assert trace.completion_s.tolist() == pytest.approx([0.003, 0.006, 0.009])
+    assert result.queue_delay_p99_s == pytest.approx(np.percentile([0, 0.003, 0.006], 99))
+
+
+def test_cost_model_step_time():
+    # One request, prompt 100, output 2, b = 16: step 0 computes 100 tokens with 7 blocks in use; step 1 computes
+    # 1 token with 7 blocks (101 tokens).  Step = 2 ms + 10 us x tokens + (1 us + 16 x 0.5 us) x blocks.
+    cost = CostModel(step_overhead_ms=2.0, token_us=10.0, kv_token_us=0.5, table_entry_us=1.0)
+    result, _ = run([100], [2], [0.0], 16, 1600, cost=cost)
+    first = 2e-3 + 100 * 10e-6 + 7 * 9e-6
+    second = 2e-3 + 1 * 10e-6 + 7 * 9e-6
+    assert result.ttft_p50_s == pytest.approx(first)
+    assert result.span_s == pytest.approx(first + second)
+
+
+def test_arrivals_wait_for_their_step_boundary():
+    # B arrives at 2.5 ms while A decodes in 1 ms steps: B is admitted at the 3 ms boundary (queue 0.5 ms).
+    result, trace = run([10, 10], [10, 2], [0.0, 0.0025], 16, 1600)
+    figs = request_figures(trace, 2)
+    assert result.queue_delay_p99_s == pytest.approx(np.percentile([0, 0.0005], 99))
+    assert trace.completion_s[1] == pytest.approx(0.005)
+    assert figs.holding_time_s[1] == pytest.approx(0.002)
+
+
+def test_prefix_cache_stores_full_prefix_blocks_once():
+    # Two prompts of 40 tokens sharing a 32-token prefix, b = 16: 2 shared blocks stored once + 1 own each = 4.
+    result, _ = run([40, 40], [1, 1], [0, 0], 16, 1600, shared_prefix_tokens=32, prefix_cache=True)
+    assert result.peak_blocks == 4
+    without, _ = run([40, 40], [1, 1], [0, 0], 16, 1600)
+    assert without.peak_blocks == 6
+
+
+def test_never_fitting_requests_are_counted_and_the_rest_complete():
+    result, _ = run([10, 5000, 20], [5, 5, 5], [0, 0, 0], 16, 1600)
+    assert result.never_fit == 1
+    assert result.completed == 2
+
+
+def test_split_pools_divide_the_capacity():
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(10, 3000, 300)
+    result, _ = run(prompt, rng.integers(1, 200, 300), np.sort(rng.uniform(0, 5, 300)), 16, 40_000,
+                    split_threshold_tokens=1000)
+    assert [p.name for p in result.pools] == ["short", "long"]
+    assert sum(p.pool_blocks for p in result.pools) == result.pool_blocks
+    assert sum(p.requests for p in result.pools) == 300
+    assert result.completed == 300
+    assert all(p.peak_blocks <= p.pool_blocks for p in result.pools)
+
+
+def _integrate_events(path):
+    """A reference reading of the exported events with analyze's definitions, written for this test."""
+    per = defaultdict(list)
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            per[row["request_id"]].append(row)
+    out = {}
+    for rid, rows in per.items():
+        blocks = tokens = 0
+        last_t = None
+        hold = block_s = token_s = 0.0
+        allocated = freed = peak = 0
+        for row in rows:  # already in time order
+            t = float(row["ts"])
+            if last_t is not None and blocks > 0:
+                hold += t - last_t
+                block_s += blocks * (t - last_t)
+                token_s += tokens * (t - last_t)
+            last_t = t
+            n = int(row["num_blocks"])
+            if row["event"] == "free":
+                blocks -= n
+                freed += n
+                if blocks == 0:
+                    tokens = 0
+            else:
+                blocks += n
+                allocated += n
+                tokens += int(row["num_tokens"])
+            peak = max(peak, blocks)
+        out[rid] = dict(hold=hold, block_s=block_s, util=token_s / (int(rows[0]["block_size"]) * block_s),
+                        allocated=allocated, freed=freed, end_blocks=blocks, peak=peak)
+    return out
+
+
+def test_exported_events_reproduce_the_per_request_figures(run_cli, tmp_path):
+    events = tmp_path / "ev.csv"
+    args = ["--trace", DATA / "simulate" / "azure-2023-conv.csv", "--requests", "300", "--seed", "2", "--qps", "30",
+            "--serve", "--kv-tokens", "12000", "--block-sizes", "16,64", "--shared-prefix", "64", "--prefix-cache"]
+    res = run_cli("simulate", *args, "--export-events", events, "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    paths = export_paths(events, [16, 64])
+    assert [r["exported_events"] for r in out["results"]] == [str(paths[16]), str(paths[64])]
+    assert sum(r["preemptions"] for r in out["results"]) > 0  # the tight pool forces some
+    from kvtool.request_lengths import load_trace, sample_requests
+    from kvtool.simulate_run import SimulateOptions, run_simulation
+
+    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 300, seed=2)
+    _, traces = run_simulation(reqs, SimulateOptions(block_sizes=[16, 64], serve=True, kv_tokens=12000, qps=30,
+                                                      seed=2, shared_prefix_tokens=64, prefix_cache=True))
+    for b in (16, 64):
+        got = _integrate_events(paths[b])
+        figs = request_figures(traces[b], reqs.count)
+        assert len(got) == reqs.count
+        for i in range(reqs.count):
+            g = got[f"r{i}"]
+            # conservation: every allocated or reused block is freed by the end
+            assert g["allocated"] == g["freed"] and g["end_blocks"] == 0
+            assert g["hold"] == pytest.approx(figs.holding_time_s[i], rel=1e-9)
+            assert g["block_s"] == pytest.approx(figs.block_seconds[i], rel=1e-9)
+            assert g["util"] == pytest.approx(figs.utilization[i], rel=1e-9)
+            assert g["peak"] == figs.peak_blocks[i]
+
+
+def test_pool_integrals_equal_the_sum_of_requests():
+    # Without a prefix cache the physical pool is the sum of the requests: time-weighted blocks x span equals the
+    # sum of per-request block-seconds.
+    rng = np.random.default_rng(5)
+    n = 400
+    result, trace = run(rng.integers(1, 2000, n), rng.integers(1, 300, n), np.sort(rng.uniform(0, 20, n)), 32,
+                        30_000, cost=CostModel())
+    figs = request_figures(trace, n)
+    assert result.preemptions > 0
+    assert result.mean_blocks * result.span_s == pytest.approx(np.nansum(figs.block_seconds), rel=1e-9)
+    assert 0 < result.utilization <= 1
+    assert result.peak_blocks <= result.pool_blocks
+
+
+def test_conservation_and_determinism_on_the_azure_trace():
+    from kvtool.request_lengths import load_trace, sample_requests
+
+    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 3000, seed=1)
+    config = ServeConfig(pool_tokens=40_000, pool_from_default=False)
+    a, ta = simulate_serving(reqs.prompt_tokens, reqs.output_tokens, reqs.arrival_s, 16, config)
+    b, _ = simulate_serving(reqs.prompt_tokens, reqs.output_tokens, reqs.arrival_s, 16, config)
+    assert a == b
+    assert a.completed == 3000 and a.preemptions > 0
+    table = events_table(ta).to_pydict()
+    ev = np.array(table["event"])
+    nb = np.array(table["num_blocks"])
+    assert nb[ev != "free"].sum() == nb[ev == "free"].sum()
+    assert (np.diff(np.array(table["ts"])) >= 0).all()
+    # every request's last event is its free
+    last = {}
+    for e, r in zip(table["event"], table["request_id"]):
+        last[r] = e
+    assert set(last.values()) == {"free"}
