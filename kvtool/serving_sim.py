@@ -201,7 +201,10 @@ def simulate_serving(
     shared_l = shared_of.tolist()
     # Per pool, the requests that can run, in arrival order (arrival_s is sorted).
     arrivals_of = [np.flatnonzero((pool_of == i) & ~never).tolist() for i in range(len(pools))]
+    arrival_times_of = [[arr[r] for r in a] for a in arrivals_of]
+    arrivals_left = [len(a) for a in arrivals_of]
     nxt = [0] * len(pools)  # per pool: the next arrival not yet queued
+    pool_range = range(len(pools))
 
     emitted = [0] * n_req
     first_admit = [float("nan")] * n_req
@@ -248,7 +251,8 @@ def simulate_serving(
                 p.shared = max(p.shared_counts, default=0)
 
     def next_arrival() -> float:
-        return min((arr[a[nxt[i]]] for i, a in enumerate(arrivals_of) if nxt[i] < len(a)), default=float("inf"))
+        return min((arrival_times_of[i][nxt[i]] for i in pool_range if nxt[i] < arrivals_left[i]),
+                   default=float("inf"))
 
     running = 0
     s = 0
@@ -272,12 +276,15 @@ def simulate_serving(
             last_report = completed
             progress(completed)
         # 2. Arrivals up to now join their pool's queue.
-        for pi, a in enumerate(arrivals_of):
+        for pi in pool_range:
             j = nxt[pi]
-            while j < len(a) and arr[a[j]] <= T:
-                pools[pi].waiting.append(a[j])
-                j += 1
-            nxt[pi] = j
+            times = arrival_times_of[pi]
+            if j < arrivals_left[pi] and times[j] <= T:
+                a, end, waiting = arrivals_of[pi], arrivals_left[pi], pools[pi].waiting
+                while j < end and times[j] <= T:
+                    waiting.append(a[j])
+                    j += 1
+                nxt[pi] = j
         # 3. Slots for the running requests' next tokens; preempt the newest when a pool overflows.
         preempted_now = False
         used = [0] * len(pools)
@@ -307,7 +314,7 @@ def simulate_serving(
         prefill_tokens = 0
         new_ttft: list[int] = []
         if not preempted_now and running < max_seqs:
-            candidates = [pi for pi, p in enumerate(pools) if p.waiting]
+            candidates = [pi for pi in pool_range if pools[pi].waiting]
             while candidates and running < max_seqs:
                 pi = min(candidates, key=lambda i: arr[pools[i].waiting[0]]) if multi else candidates[0]
                 p = pools[pi]
@@ -364,9 +371,9 @@ def simulate_serving(
             K = kc
         if running < max_seqs:
             # The next arrival is an event only where it could be admitted: its pool's queue is empty.
-            for pi, a in enumerate(arrivals_of):
-                if nxt[pi] < len(a) and not pools[pi].waiting:
-                    rest = arr[a[nxt[pi]]] - T - tau_f
+            for pi in pool_range:
+                if nxt[pi] < arrivals_left[pi] and not pools[pi].waiting:
+                    rest = arrival_times_of[pi][nxt[pi]] - T - tau_f
                     ka = 1 if rest <= 0 else 1 + int(-(-rest // tau_r))
                     if ka < K:
                         K = ka

@@ -1,0 +1,53 @@
+"""Benchmark `kvtool simulate`: whole-process wall time of the runs the README quotes.
+
+Run from the repository root:  python benchmarks/bench_simulate.py
+Each command runs in a fresh interpreter (python -m kvtool ...), best of --repeat runs, so the figures include
+start-up, imports, reading the trace and printing the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "tests" / "data" / "simulate" / "azure-2023-conv.csv"
+
+RUNS = {
+    "static, 1,000,000 sampled requests x 5 block sizes": [
+        "--trace", str(TRACE), "--requests", "1000000", "--seed", "1", "--kv-tokens", "113000"],
+    "static, lognormal 1,000,000 requests x 5 block sizes": [
+        "--dist", "lognormal", "--mean", "1366", "--p99", "4259", "--requests", "1000000"],
+    "serve, whole azure-2023-conv (19,366 requests) x 5 block sizes": ["--trace", str(TRACE), "--serve"],
+    "serve, 100,000-request bootstrap x 5 block sizes": [
+        "--trace", str(TRACE), "--requests", "100000", "--seed", "1", "--serve",
+        "--block-sizes", "8,16,32,64,128"],
+    "serve, 100,000-request bootstrap, 40,000-token pool (preemptions)": [
+        "--trace", str(TRACE), "--requests", "100000", "--seed", "1", "--serve", "--kv-tokens", "40000"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    for name, argv in RUNS.items():
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "kvtool", "simulate", *argv, "--json"], env=env,
+                                  capture_output=True, text=True)
+            times.append(time.perf_counter() - t0)
+            if proc.returncode != 0:
+                sys.exit(f"{name}: exit {proc.returncode}: {proc.stderr.strip()}")
+        print(f"{name}: best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
