@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvtool.errors import UsageError
-from kvtool.serving_sim import DEFAULT_POOL_TOKENS, CostModel
+from kvtool.serving_sim import DEFAULT_MAX_NUM_SEQS, DEFAULT_POOL_TOKENS, CostModel
 from kvtool.simulate_report import SimulateReport
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -23,7 +23,7 @@ class SimulateOptions:
     serve: bool = False
     qps: float | None = None
     seed: int = 0
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     prefix_cache: bool = False
     split_threshold_tokens: int | None = None
     cost: CostModel = CostModel()

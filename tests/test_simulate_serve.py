@@ -211,3 +211,41 @@ def test_conservation_and_determinism_on_the_azure_trace():
     for e, r in zip(table["event"], table["request_id"]):
         last[r] = e
     assert set(last.values()) == {"free"}
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 80), st.floats(0, 0.2)), min_size=1, max_size=25),
+    b=st.sampled_from([1, 2, 4, 8, 16, 32]),
+    pool=st.integers(1, 2000),
+    max_seqs=st.integers(1, 8),
+    prefix=st.integers(0, 64),
+    split=st.one_of(st.none(), st.integers(1, 300)),
+)
+def test_invariants_on_random_workloads(data, b, pool, max_seqs, prefix, split):
+    prompt = np.array([d[0] for d in data])
+    output = np.array([d[1] for d in data])
+    arrival = np.sort(np.array([d[2] for d in data]))
+    cost = CostModel(step_overhead_ms=1.0, token_us=1.0, kv_token_us=0.01, table_entry_us=0.01, refresh_steps=4)
+    result, trace = run(prompt, output, arrival, b, pool, cost=cost, max_num_seqs=max_seqs,
+                        shared_prefix_tokens=prefix, prefix_cache=prefix > 0, split_threshold_tokens=split)
+    assert result.completed + result.never_fit == len(data)
+    assert result.peak_blocks <= result.pool_blocks
+    if result.completed:
+        assert 0 < result.utilization <= 1 + 1e-12
+    table = events_table(trace).to_pydict()
+    ev = np.array(table["event"], dtype=object)
+    nb = np.array(table["num_blocks"], dtype=np.int64)
+    assert (nb >= 0).all()
+    assert nb[ev != "free"].sum() == nb[ev == "free"].sum()
+    figs = request_figures(trace, len(data))
+    ran = ~np.isnan(figs.block_seconds)
+    assert (figs.block_seconds[ran] >= 0).all()
+    assert ((figs.utilization[ran & (figs.block_seconds > 0)] <= 1 + 1e-12)).all()
+    # a request's peak blocks are its final tokens' blocks: ceil((prompt + max(output, 1) - 1) / b)
+    final = -(-(prompt + np.maximum(output, 1) - 1) // b)
+    assert (figs.peak_blocks[ran] == final[ran]).all()

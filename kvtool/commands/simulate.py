@@ -10,6 +10,11 @@ import typer
 
 from kvtool.errors import UsageError
 from kvtool.output import handle_errors
+from kvtool.request_lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
+from kvtool.serving_sim import DEFAULT_MAX_NUM_SEQS, CostModel
+from kvtool.simulate_run import DEFAULT_BLOCK_SIZES
+
+_COST_DEFAULTS = CostModel()
 
 _LENGTHS = "Request lengths"
 _STATIC = "Static comparison"
@@ -29,7 +34,8 @@ def register(app: typer.Typer) -> None:
                                            "uniform (--min, --max), fixed (--length), zipf (--alpha, --min, "
                                            "--max).", rich_help_panel=_LENGTHS),
         requests: Optional[int] = typer.Option(None, "--requests", help="Sample this many requests with "
-                                               "replacement (default: every trace row; 10,000 for --dist).",
+                                               "replacement (default: every trace row; "
+                                               f"{DEFAULT_PARAMETRIC_REQUESTS:,} for --dist).",
                                                rich_help_panel=_LENGTHS),
         seed: int = typer.Option(0, "--seed", help="Seed for sampling, --dist and --qps.", rich_help_panel=_LENGTHS),
         mean: Optional[float] = typer.Option(None, "--mean", help="lognormal: mean final length (tokens).",
@@ -44,11 +50,11 @@ def register(app: typer.Typer) -> None:
                                                rich_help_panel=_LENGTHS),
         alpha: Optional[float] = typer.Option(None, "--alpha", help="zipf: exponent (P(L) ~ L^-alpha).",
                                               rich_help_panel=_LENGTHS),
-        output_share: float = typer.Option(0.15, "--output-share", help="Share of output tokens when only a total "
+        output_share: float = typer.Option(DEFAULT_OUTPUT_SHARE, "--output-share", help="Share of output tokens when only a total "
                                            "length is known (--dist, a `length` trace).", rich_help_panel=_LENGTHS),
         shared_prefix: int = typer.Option(0, "--shared-prefix", help="Tokens common to every prompt (a system "
                                           "prompt).", rich_help_panel=_LENGTHS),
-        block_sizes: str = typer.Option("8,16,32,64,128", "--block-sizes", help="Comma-separated block sizes "
+        block_sizes: str = typer.Option(",".join(map(str, DEFAULT_BLOCK_SIZES)), "--block-sizes", help="Comma-separated block sizes "
                                         "(tokens).", rich_help_panel=_STATIC),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Slots each request reserves in "
                                                     "the contiguous baseline (default: the longest request).",
@@ -59,8 +65,8 @@ def register(app: typer.Typer) -> None:
                                    "simulation.", rich_help_panel=_SERVE),
         qps: Optional[float] = typer.Option(None, "--qps", help="Poisson arrivals at this rate instead of the "
                                             "trace's timestamps.", rich_help_panel=_SERVE),
-        max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="Most requests running at once (vLLM's "
-                                         "default 256).", rich_help_panel=_SERVE),
+        max_num_seqs: int = typer.Option(DEFAULT_MAX_NUM_SEQS, "--max-num-seqs", help="Most requests running at "
+                                         "once (vLLM's default).", rich_help_panel=_SERVE),
         prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Share the --shared-prefix's full blocks "
                                           "between running requests.", rich_help_panel=_SERVE),
         split_pools: Optional[int] = typer.Option(None, "--split-pools", metavar="THRESHOLD", help="Separate pools "
@@ -69,13 +75,13 @@ def register(app: typer.Typer) -> None:
         export_events: Optional[Path] = typer.Option(None, "--export-events", help="Write the simulated events in "
                                                      "`kvtool analyze`'s schema (NAME-bB.csv per block size when "
                                                      "several).", rich_help_panel=_SERVE),
-        step_overhead_ms: float = typer.Option(5.0, "--step-overhead-ms", help="Fixed time per step.",
+        step_overhead_ms: float = typer.Option(_COST_DEFAULTS.step_overhead_ms, "--step-overhead-ms", help="Fixed time per step.",
                                                rich_help_panel=_COST),
-        token_us: float = typer.Option(35.0, "--token-us", help="Time per token computed (prefill or decode).",
+        token_us: float = typer.Option(_COST_DEFAULTS.token_us, "--token-us", help="Time per token computed (prefill or decode).",
                                        rich_help_panel=_COST),
-        kv_token_us: float = typer.Option(0.17, "--kv-token-us", help="Time to read one KV slot (whole blocks "
+        kv_token_us: float = typer.Option(_COST_DEFAULTS.kv_token_us, "--kv-token-us", help="Time to read one KV slot (whole blocks "
                                           "are read).", rich_help_panel=_COST),
-        table_entry_us: float = typer.Option(0.17, "--table-entry-us", help="Time per block-table entry.",
+        table_entry_us: float = typer.Option(_COST_DEFAULTS.table_entry_us, "--table-entry-us", help="Time per block-table entry.",
                                              rich_help_panel=_COST),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else.",
                                       rich_help_panel=_OUT),
@@ -83,13 +89,7 @@ def register(app: typer.Typer) -> None:
                                             rich_help_panel=_OUT),
     ) -> None:
         """Compare KV-cache block sizes against a real or sampled request-length distribution."""
-        from kvtool.request_lengths import (
-            DEFAULT_PARAMETRIC_REQUESTS,
-            load_trace,
-            parametric_requests,
-            sample_requests,
-        )
-        from kvtool.serving_sim import CostModel
+        from kvtool.request_lengths import load_trace, parametric_requests, sample_requests
         from kvtool.simulate_run import SimulateOptions, parse_block_sizes, run_simulation
 
         sizes = parse_block_sizes(block_sizes)
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             max_num_seqs=max_num_seqs,
             prefix_cache=prefix_cache,
             split_threshold_tokens=split_pools,
-            cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us),
+            cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
             export_events=export_events,
         )
         with _progress(enabled=serve and reqs.count * len(sizes) >= 50_000) as progress:
