@@ -155,7 +155,7 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
             tip="'kvtool models' lists the built-in model names",
         )
     if request.model:
-        from kvtool.profiles import find_model, model_spec
+        from kvtool.profile_loader import find_model, model_spec
 
         profile = find_model(request.model, request.profile_dirs)
         spec = model_spec(profile)
@@ -205,7 +205,7 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
     if not (request.gpu or request.gpu_memory):
         return None
     if request.gpu:
-        from kvtool.profiles import find_gpu
+        from kvtool.profile_loader import find_gpu
 
         profile = find_gpu(request.gpu, request.profile_dirs)
         memory, name = profile.memory_bytes, profile.name

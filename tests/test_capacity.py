@@ -131,7 +131,7 @@ def test_hybrid_gemma_2_groups_like_vllm():
 
 def test_gemma_3_groups_with_padding():
     # 52 sliding + 10 full: group_size 10 -> 6 sliding groups (padded) + 1 full group
-    from kvtool.profiles import find_model, model_spec
+    from kvtool.profile_loader import find_model, model_spec
 
     spec = model_spec(find_model("gemma-3-27b"))
     cap = plan_capacity(spec, kv_layout(spec), 20 * GIB, block_size=16, max_model_len=4096)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvtool.errors import UsageError
 from kvtool.hf_config import load_config_path, manual_spec, parse_config
 from kvtool.kv_memory import kv_layout
-from kvtool.profiles import find_model, model_spec
+from kvtool.profile_loader import find_model, model_spec
 
 EST = DATA / "estimate"
 

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from kvtool.errors import InputFileError
-from kvtool.profiles import find_model, model_spec
+from kvtool.profile_loader import find_model, model_spec
 from kvtool.safetensors_header import weights_from_dir
 from kvtool.weights import estimate_params
 

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_models(dirs: tuple[str, ...], json_out: bool) -> None:
-    from kvtool.profiles import list_gpus, model_catalog
+    from kvtool.profile_loader import list_gpus, model_catalog
 
     models, gpus = model_catalog(dirs), list_gpus(dirs)
     if json_out:
