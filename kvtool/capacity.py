@@ -103,9 +103,14 @@ def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...],
     page = pages.pop()
     if len(layout.groups) == 1:
         g = layout.groups[0]
+        per_token = page * g.num_layers / block_size
+        sliding = (
+            "; a request needs cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1 blocks (SlidingWindowSpec)"
+            if g.kind == SLIDING else ""
+        )
         return (KvGroup(g.kind, g.num_layers, g.window_tokens),), g.num_layers, page, (
-            f"one KV cache group of {g.num_layers} {g.kind} layers; num_blocks = budget // "
-            f"({block_size} tokens x {page // block_size if page % block_size == 0 else page / block_size:g} B) // {g.num_layers}"
+            f"one KV cache group of {g.num_layers} {g.kind} layers; num_blocks = floor(budget / "
+            f"({block_size} tokens x {per_token:,g} B per token, all layers)){sliding}"
         )
     counts = [g.num_layers for g in layout.groups]
     group_size = min(counts)

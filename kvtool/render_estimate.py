@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.estimator import EstimateResult
-from kvtool.units import GB, GIB, format_bytes
+from kvtool.units import GB, GIB, format_bytes, format_count
 
 
 def _bytes(n: int | None) -> str:
@@ -14,8 +14,9 @@ def render_estimate(result: EstimateResult, console) -> None:
     from rich.table import Table
 
     r = result
+    heads = f"one latent of {r.head_dim}" if r.attention == "MLA" else f"{r.num_kv_heads} KV heads x {r.head_dim}"
     title = (
-        f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {r.num_kv_heads} KV heads x {r.head_dim}, "
+        f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {heads}, "
         f"model {r.model_dtype} -> KV {r.kv_dtype}"
     )
     table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
@@ -33,7 +34,7 @@ def render_estimate(result: EstimateResult, console) -> None:
     if r.tp > 1:
         table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
     if r.weights_bytes is not None:
-        params = f"{r.weights_params / 1e9:,.2f} B parameters, " if r.weights_params else ""
+        params = f"{format_count(r.weights_params)} parameters, " if r.weights_params else ""
         table.add_row("weights", f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
     if r.kv_budget_bytes is not None:
         if r.budget_method == "gpu":
@@ -48,11 +49,18 @@ def render_estimate(result: EstimateResult, console) -> None:
             table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
         table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
         table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
-        table.add_row(
-            "vLLM would log",
-            f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
-            f"per request: {r.max_concurrency:.2f}x",
-        )
+        if r.max_batch >= 1:
+            table.add_row(
+                "vLLM would log",
+                f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
+                f"per request: {r.max_concurrency:.2f}x",
+            )
+        else:
+            table.add_row(
+                "vLLM would refuse to start",
+                f"one request of {r.seq_len:,} tokens does not fit; the estimated maximum model length is "
+                f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
+            )
         limit = " (the model's context; sliding layers never run out)" if r.max_seq_len_limited_by == "model context" else ""
         table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
         table.add_row("how blocks were counted", r.capacity_method or "")
@@ -62,6 +70,11 @@ def render_estimate(result: EstimateResult, console) -> None:
             console.print(
                 f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
                 f"requests of {r.seq_len:,} tokens, or one request of up to {r.max_seq_len:,} tokens."
+            )
+        elif r.max_seq_len == 0:
+            console.print(
+                f"[red]Does not fit[/red]: {max(r.num_blocks, 0):,} blocks leave no room for even one request "
+                f"(vLLM would refuse to start)."
             )
         else:
             console.print(
