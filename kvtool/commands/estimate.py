@@ -76,7 +76,9 @@ def register(app: typer.Typer) -> None:
             from kvtool.output import stdout_console
             from kvtool.render_estimate import render_estimate
 
-            render_estimate(result, stdout_console())
+            console = stdout_console()
+            console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
+            render_estimate(result, console)
 
     @app.command("models")
     @handle_errors
