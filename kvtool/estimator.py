@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 from kvtool.capacity import (
@@ -362,8 +363,6 @@ def estimate(request: EstimateRequest) -> EstimateResult:
 
 
 def _ceil(x) -> int:
-    import math
-
     return math.ceil(x)
 
 

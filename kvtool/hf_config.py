@@ -271,7 +271,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         max_position_embeddings=cfg.positive("max_position_embeddings", required=False),
         vocab_size=vocab,
         intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", _tie_default(model_type)))),
+        # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", True))),
         num_experts=experts,
         num_experts_per_tok=cfg.positive("num_experts_per_tok", required=False),
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
@@ -283,11 +284,6 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
         notes=tuple(notes),
     )
-
-
-def _tie_default(model_type: str) -> bool:
-    # transformers' PretrainedConfig defaults tie_word_embeddings to True; Llama-family configs write False.
-    return True
 
 
 def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:
