@@ -356,7 +356,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         max_seq_len_at_batch=capacity.max_seq_len_at_batch if capacity else None,
         capacity_method=capacity.method if capacity else None,
         defaults=tuple(defaults),
-        notes=(*spec.notes, *layout.notes, *(_budget_notes(budget))),
+        notes=(*spec.notes, *layout.notes, *_weights_notes(request, weights), *_budget_notes(budget)),
         sweep=sweep,
         compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
     )
@@ -364,6 +364,12 @@ def estimate(request: EstimateRequest) -> EstimateResult:
 
 def _ceil(x) -> int:
     return math.ceil(x)
+
+
+def _weights_notes(request: EstimateRequest, weights: WeightEstimate | None) -> list[str]:
+    if weights is None and (request.model or request.config):
+        return ["weights unknown: the config lacks hidden_size, vocab_size or intermediate_size"]
+    return []
 
 
 def _budget_notes(budget: Budget | None) -> list[str]:
