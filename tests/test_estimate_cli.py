@@ -151,3 +151,30 @@ def test_estimate_does_not_import_torch_or_pandas():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_manual_mode_with_kv_memory_and_gpu_needs_weights(run_cli):
+    out = json.loads(run_cli("estimate", "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--dtype", "bfloat16",
+                             "--kv-memory", "5000000", "--block-size", "32", "--seq-len", "2048", "--json").stdout)
+    assert (out["bytes_per_token"], out["num_blocks"]) == (1024, 152)  # same as the tiny Llama config
+    r = err(run_cli, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--gpu", "l4")
+    assert r.exit_code == EXIT_USAGE and "weights" in r.stderr
+
+
+def test_profiles_env_var_through_cli(run_cli, tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "toy.yaml").write_text(
+        "name: toy\nhf_repo: me/toy\nconfig:\n  hidden_size: 64\n  num_hidden_layers: 2\n  num_attention_heads: 4\n"
+    )
+    monkeypatch.setenv("KVTOOL_PROFILES", str(tmp_path))
+    out = json.loads(run_cli("estimate", "--model", "toy", "--seq-len", "10", "--json").stdout)
+    # 2 x 2 layers x 4 heads x 10 tokens x 16 dims x 4 bytes (no dtype: float32)
+    assert out["kv_bytes"] == 2 * 2 * 4 * 10 * 16 * 4
+    assert "toy" in run_cli("models").stdout
+
+
+def test_reserve_zero_and_conflicting_budgets(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu-memory", "24GiB", "--reserve", "0",
+                             "--gpu-memory-utilization", "1", "--json").stdout)
+    assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
+    assert err(run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB").exit_code == EXIT_USAGE
