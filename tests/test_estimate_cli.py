@@ -178,3 +178,15 @@ def test_reserve_zero_and_conflicting_budgets(run_cli):
                              "--gpu-memory-utilization", "1", "--json").stdout)
     assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
     assert err(run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB").exit_code == EXIT_USAGE
+
+
+def test_config_dir_with_header_only_safetensors(run_cli, tmp_path):
+    import shutil
+    import struct
+
+    shutil.copy(EST / "tiny-llama" / "config.json", tmp_path / "config.json")
+    header = {"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 256], "data_offsets": [0, 512000]}}
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)  # header, no tensor data
+    out = json.loads(run_cli("estimate", "--config", tmp_path, "--seq-len", "2048", "--json").stdout)
+    assert (out["weights_bytes"], out["weights_method"]) == (512_000, "safetensors headers")
