@@ -30,11 +30,6 @@ import dataclasses
 import heapq
 from typing import Any, Callable
 
-# The pool used when no KV budget is given (stated in the output and docs/simulate.md): 113,000 tokens, about what
-# vLLM leaves for the KV cache of a 7B FP16 model with 512 KiB of KV per token (Llama-2-7B) on an 80 GB GPU at
-# gpu_memory_utilization 0.9 (72 GiB - 12.6 GiB of weights - ~4 GiB of activations = ~55 GiB = ~113k tokens).
-DEFAULT_POOL_TOKENS = 113_000
-
 # vLLM's default cap on running requests.
 DEFAULT_MAX_NUM_SEQS = 256
 

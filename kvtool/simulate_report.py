@@ -157,8 +157,7 @@ def render(report: SimulateReport, console) -> None:
                       f"max_num_seqs {setup.get('max_num_seqs')}; {setup.get('extras')}")
         console.print(f"Step time: {setup.get('cost_text')}")
         t = Table(title="Serving: the block pool", title_justify="left")
-        for col in ("block", "pool blocks", "peak", "mean", "utilization", "preemptions", "preempted req.",
-                    "never fit"):
+        for col in ("block", "pool blocks", "peak", "mean", "util.", "preemptions", "preempted", "never fit"):
             t.add_column(col, justify="right")
         for r in report.serve:
             t.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.peak_blocks:,}", f"{r.mean_blocks:,.1f}",

@@ -7,10 +7,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvtool.errors import UsageError
-from kvtool.serving_sim import DEFAULT_MAX_NUM_SEQS, DEFAULT_POOL_TOKENS, CostModel
+from kvtool.serving_sim import DEFAULT_MAX_NUM_SEQS, CostModel
 from kvtool.simulate_report import SimulateReport
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+# The pool of --serve when no budget is given: what `kvtool estimate`'s planner gives this model on this GPU
+# (vLLM's gpu_memory_utilization 0.9 and estimate's stated reserve), the model the default cost model describes.
+DEFAULT_POOL_MODEL = "llama-2-7b"
+DEFAULT_POOL_GPU = "h100-80gb"
+
+
+def planned_pool_tokens(model: str, gpu: str) -> tuple[int, str]:
+    """KV-cache tokens of ``model`` on ``gpu`` from the estimate command's capacity planner, and a description."""
+    from kvtool.capacity import kv_budget_tokens
+
+    capacity = kv_budget_tokens(model=model, gpu=gpu)
+    return capacity.kv_cache_tokens, f"{model} on {gpu} ({capacity.num_blocks:,} blocks of {capacity.block_size})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +98,12 @@ def run_simulation(requests, options: SimulateOptions,
         else:
             arrival = np.zeros(requests.count)
             arrivals_text = "all at t=0 (an offline batch; give --qps for Poisson arrivals)"
-        pool_tokens = options.kv_tokens if options.kv_tokens is not None else DEFAULT_POOL_TOKENS
         if options.kv_tokens is None:
-            pool_text = (f"{DEFAULT_POOL_TOKENS:,} tokens (the default: about a 7B FP16 model's KV cache on an "
-                         "80 GB GPU; set --kv-tokens)")
+            pool_tokens, planned = planned_pool_tokens(DEFAULT_POOL_MODEL, DEFAULT_POOL_GPU)
+            pool_text = (f"{pool_tokens:,} tokens (the default: kvtool estimate's plan for {planned}; set "
+                         "--kv-tokens or --model/--gpu)")
         else:
+            pool_tokens = options.kv_tokens
             pool_text = f"{pool_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
         config = ServeConfig(
             pool_tokens=pool_tokens,

@@ -61,6 +61,11 @@ def register(app: typer.Typer) -> None:
                                                     rich_help_panel=_STATIC),
         kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV-cache budget in tokens (the pool).",
                                                 rich_help_panel=_STATIC),
+        model: Optional[str] = typer.Option(None, "--model", help="With --gpu: the pool from `kvtool estimate`'s "
+                                            "capacity planner (a profile name, as estimate takes).",
+                                            rich_help_panel=_STATIC),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="With --model: the GPU profile (e.g. h100-80gb).",
+                                          rich_help_panel=_STATIC),
         serve: bool = typer.Option(False, "--serve", help="Also run the event-driven continuous-batching "
                                    "simulation.", rich_help_panel=_SERVE),
         qps: Optional[float] = typer.Option(None, "--qps", help="Poisson arrivals at this rate instead of the "
@@ -92,7 +97,18 @@ def register(app: typer.Typer) -> None:
         from kvtool.request_lengths import load_trace, parametric_requests, sample_requests
         from kvtool.simulate_run import SimulateOptions, parse_block_sizes, run_simulation
 
+        from kvtool.simulate_run import planned_pool_tokens
+
         sizes = parse_block_sizes(block_sizes)
+        kv_text = "--kv-tokens" if kv_tokens is not None else None
+        if model is not None or gpu is not None:
+            if model is None or gpu is None:
+                raise UsageError("--model and --gpu go together (the pool of that model on that GPU)",
+                                 where="--model/--gpu")
+            if kv_tokens is not None:
+                raise UsageError("give either --kv-tokens or --model/--gpu, not both", where="--kv-tokens")
+            kv_tokens, kv_text = planned_pool_tokens(model, gpu)
+            kv_text = f"kvtool estimate's plan for {kv_text}"
         _check_options(trace, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps,
                        max_num_seqs, prefix_cache, split_pools, export_events, serve,
                        (step_overhead_ms, token_us, kv_token_us, table_entry_us))
@@ -110,7 +126,7 @@ def register(app: typer.Typer) -> None:
             shared_prefix_tokens=shared_prefix,
             max_model_len=max_model_len,
             kv_tokens=kv_tokens,
-            kv_tokens_text="--kv-tokens" if kv_tokens is not None else None,
+            kv_tokens_text=kv_text,
             serve=serve,
             qps=qps,
             seed=seed,
