@@ -193,3 +193,33 @@ def test_unsorted_trace_is_sorted_by_arrival(tmp_path):
     reqs = load_trace(path)
     assert reqs.prompt_tokens.tolist() == [20, 30, 10]
     assert np.allclose(reqs.arrival_s, [0, 2, 4])
+
+
+def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
+    est = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "h100-80gb", "--json")
+    assert est.exit_code == 0, est.stderr
+    est = json.loads(est.stdout)
+    # Llama-2-7B: 2 (K and V) x 32 layers x 32 KV heads x 128 dims x 2 bytes = 524,288 bytes per token (the seed
+    # article's formula); the pool is floor(budget / (16 x 524,288)) blocks of 16 tokens.
+    assert est["bytes_per_token"] == 2 * 32 * 32 * 128 * 2
+    expected = est["kv_budget_bytes"] // (16 * 524_288) * 16
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "1000", "--model", "llama-2-7b",
+                  "--gpu", "h100-80gb", "--serve", "--block-sizes", "16", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["kv_tokens"] == expected == est["kv_cache_tokens"]
+    assert out["serve_setup"]["pool_tokens"] == expected
+    # 1,000-token requests take 63 blocks of 16: floor(7,353 / 63) = 116 fit at once
+    assert out["results"][0]["fit_at_once_p50"] == expected // 16 // 63
+    # the default --serve pool is the same plan, stated as the default
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--serve", "--json")
+    setup = json.loads(res.stdout)["serve_setup"]
+    assert setup["pool_is_default"] and setup["pool_tokens"] == expected
+    assert "llama-2-7b on h100-80gb" in setup["pool_text"]
+
+
+def test_model_without_gpu_is_a_usage_error(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "llama-2-7b")
+    assert res.exit_code == 2 and "--gpu" in _err(res)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "nope", "--gpu", "h100-80gb")
+    assert res.exit_code == 2 and "nope" in _err(res)
