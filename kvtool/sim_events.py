@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kvtool.errors import InputFileError
+from kvtool.errors import UsageError
 from kvtool.serving_sim import ServeTrace, segment_integrals
 
 EVENTS_COLUMNS = ("ts", "event", "request_id", "num_blocks", "num_tokens", "block_size")
@@ -118,7 +118,9 @@ def write_events(trace: ServeTrace, path: Path) -> int:
 
     table = events_table(trace)
     try:
-        pacsv.write_csv(table, path, write_options=pacsv.WriteOptions(quoting_style="none"))
+        with open(path, "wb") as fh:
+            fh.write((",".join(table.column_names) + "\n").encode())
+            pacsv.write_csv(table, fh, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
     except OSError as err:
-        raise InputFileError(f"cannot write the events file: {err}", where=str(path)) from None
+        raise UsageError(f"cannot write the events file: {err.strerror or err}", where=str(path)) from None
     return table.num_rows

@@ -196,7 +196,12 @@ def write_plots(report: SimulateReport, traces: dict[int, Any], directory: Path)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directory.mkdir(parents=True, exist_ok=True)
+    from kvtool.errors import UsageError
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create the plot directory: {err.strerror or err}", where=str(directory)) from None
     written = []
     sizes = [r.block_size for r in report.static.results]
     fig, ax1 = plt.subplots(figsize=(7, 4))

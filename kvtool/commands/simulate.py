@@ -182,6 +182,8 @@ def _check_options(trace, dist, requests, output_share, shared_prefix, max_model
                         ("--export-events", export_events)):
         if value is not None and not serve:
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
+    if export_events is not None and not export_events.parent.is_dir():
+        raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
     for value, name in zip(cost, ("--step-overhead-ms", "--token-us", "--kv-token-us", "--table-entry-us")):
         if not value >= 0:
             raise UsageError(f"{name} must be 0 or more, got {value:g}", where=name)
