@@ -155,7 +155,11 @@ def simulate_serving(
     config: ServeConfig,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[ServeResult, ServeTrace]:
-    """Run the serving simulation for one block size.  Arrays are numpy; arrival_s must be sorted."""
+    """Run the serving simulation for one block size.
+
+    ``prompt_tokens``, ``output_tokens`` and ``arrival_s`` (seconds) are parallel arrays, one entry per request;
+    request i is ``r{i}`` in exported events.  ``progress(completed)`` is called every 2,000 completions.
+    """
     import numpy as np
 
     b = block_size
@@ -194,8 +198,12 @@ def simulate_serving(
     arr = np.asarray(arrival_s, dtype=np.float64).tolist()
     pool_l = pool_of.tolist()
     shared_l = shared_of.tolist()
-    # Per pool, the requests that can run, in arrival order (arrival_s is sorted).
-    arrivals_of = [np.flatnonzero((pool_of == i) & ~never).tolist() for i in range(len(pools))]
+    # Per pool, the requests that can run, in arrival order (ties in input order).
+    arrival_np = np.asarray(arrival_s, dtype=np.float64)
+    arrivals_of = []
+    for i in range(len(pools)):
+        idx = np.flatnonzero((pool_of == i) & ~never)
+        arrivals_of.append(idx[np.argsort(arrival_np[idx], kind="stable")].tolist())
     arrival_times_of = [[arr[r] for r in a] for a in arrivals_of]
     arrivals_left = [len(a) for a in arrivals_of]
     nxt = [0] * len(pools)  # per pool: the next arrival not yet queued

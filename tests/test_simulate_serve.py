@@ -249,3 +249,22 @@ def test_invariants_on_random_workloads(data, b, pool, max_seqs, prefix, split):
     # a request's peak blocks are its final tokens' blocks: ceil((prompt + max(output, 1) - 1) / b)
     final = -(-(prompt + np.maximum(output, 1) - 1) // b)
     assert (figs.peak_blocks[ran] == final[ran]).all()
+
+
+def test_progress_is_reported_per_block_size():
+    from kvtool.request_lengths import load_trace, sample_requests
+    from kvtool.simulate_run import SimulateOptions, run_simulation
+
+    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 5000, seed=0)
+    calls = []
+    run_simulation(reqs, SimulateOptions(block_sizes=[16, 32], serve=True),
+                   lambda label, done, total: calls.append((label, done, total)))
+    assert {c[0] for c in calls} == {"serve block 16", "serve block 32"}
+    assert ("serve block 32", 5000, 5000) in calls
+    assert all(0 <= done <= total for _, done, total in calls)
+
+
+def test_unsorted_arrivals_are_served_in_time_order():
+    # C arrives first, then A, then B; max_num_seqs 1 and 2 ms of work each: C 0-2, A 2-4, B 4-6 ms.
+    result, trace = run([10, 10, 10], [2, 2, 2], [0.001, 0.002, 0.0], 16, 1600, max_num_seqs=1)
+    assert trace.completion_s.tolist() == pytest.approx([0.004, 0.006, 0.002])
