@@ -89,12 +89,12 @@ def _check_lengths(prompt, output, where_rows, path: str) -> None:
         )
 
 
-def _to_int_tokens(values: list[str] | Any, column: str, path: str, where_rows) -> Any:
-    """Strings (or numbers) to an int64 array; a non-integer or non-numeric value is an error naming its row."""
+def _floats(values: list[Any], column: str, path: str, where_rows) -> Any:
+    """Strings (or numbers) to a float64 array; a value that is not a number is an error naming its row."""
     import numpy as np
 
     try:
-        arr = np.asarray(values, dtype=np.float64)
+        return np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         for i, v in enumerate(values):
             try:
@@ -104,6 +104,13 @@ def _to_int_tokens(values: list[str] | Any, column: str, path: str, where_rows) 
                     f"'{column}' is not a number: {str(v)[:40]!r}", where=f"{path}, {where_rows(i)}"
                 ) from None
         raise InputFileError(f"'{column}' is not numeric", where=path) from None
+
+
+def _to_int_tokens(values: list[Any], column: str, path: str, where_rows) -> Any:
+    """Strings (or numbers) to an int64 array; a non-integer or non-numeric value is an error naming its row."""
+    import numpy as np
+
+    arr = _floats(values, column, path, where_rows)
     bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
     if len(bad):
         i = int(bad[0])
@@ -134,17 +141,7 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
             raise InputFileError(f"'{column}' is empty", where=f"{path}, {where_rows(i)}")
         ns = (stamps - stamps.min()).astype(np.int64)
         return ns.astype(np.float64) / 1e9
-    try:
-        arr = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        for i, v in enumerate(values):
-            try:
-                float(v)
-            except (TypeError, ValueError):
-                raise InputFileError(
-                    f"'{column}' is not a number: {str(v)[:40]!r}", where=f"{path}, {where_rows(i)}"
-                ) from None
-        raise InputFileError(f"'{column}' is not numeric", where=path) from None
+    arr = _floats(values, column, path, where_rows)
     if not np.isfinite(arr).all():
         i = int(np.flatnonzero(~np.isfinite(arr))[0])
         raise InputFileError(f"'{column}' is not a finite number", where=f"{path}, {where_rows(i)}")

@@ -50,8 +50,9 @@ def register(app: typer.Typer) -> None:
                                                rich_help_panel=_LENGTHS),
         alpha: Optional[float] = typer.Option(None, "--alpha", help="zipf: exponent (P(L) ~ L^-alpha).",
                                               rich_help_panel=_LENGTHS),
-        output_share: float = typer.Option(DEFAULT_OUTPUT_SHARE, "--output-share", help="Share of output tokens when only a total "
-                                           "length is known (--dist, a `length` trace).", rich_help_panel=_LENGTHS),
+        output_share: float = typer.Option(DEFAULT_OUTPUT_SHARE, "--output-share", help="Share of output tokens "
+                                           "when only a total length is known (--dist, a `length` trace).",
+                                           rich_help_panel=_LENGTHS),
         shared_prefix: int = typer.Option(0, "--shared-prefix", help="Tokens common to every prompt (a system "
                                           "prompt).", rich_help_panel=_LENGTHS),
         block_sizes: str = typer.Option(",".join(map(str, DEFAULT_BLOCK_SIZES)), "--block-sizes", help="Comma-separated block sizes "
