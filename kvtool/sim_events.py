@@ -86,15 +86,15 @@ def events_table(trace: ServeTrace, request_ids=None):
     nblocks = np.concatenate([p[4] for p in parts])
     ntok = np.concatenate([np.full(len(p[3]), -1) if p[5] is None else p[5] for p in parts])
     order = np.lexsort((kind, ts))
-    names = np.array(["allocate", "append", "reuse", "free"])
+    names = pa.array(["allocate", "append", "reuse", "free"])
     req = rid[seg[order]]
-    ids = request_ids if request_ids is not None else np.char.add("r", np.arange(len(trace.arrival_s)).astype(str))
+    ids = pa.array(request_ids if request_ids is not None else [f"r{i}" for i in range(len(trace.arrival_s))])
     ntok_sorted = ntok[order]
     return pa.table(
         {
             "ts": pa.array(ts[order]),
-            "event": pa.array(names[code[order]]),
-            "request_id": pa.array(np.asarray(ids)[req]),
+            "event": pa.DictionaryArray.from_arrays(pa.array(code[order].astype(np.int32)), names),
+            "request_id": pa.DictionaryArray.from_arrays(pa.array(req.astype(np.int32)), ids),
             "num_blocks": pa.array(nblocks[order]),
             "num_tokens": pa.array(ntok_sorted, mask=ntok_sorted < 0),
             "block_size": pa.array(np.full(len(ts), b, dtype=np.int64)),
