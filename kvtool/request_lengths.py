@@ -413,3 +413,66 @@ def poisson_arrivals(count: int, qps: float, seed: int):
     rng = np.random.default_rng([seed, 1])
     gaps = rng.exponential(1.0 / qps, max(count - 1, 0))
     return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks, source: str):
+    """Recover request lengths from KV-cache events (analyze's schema): one request per request id.
+
+    Rows are taken per request in time order (ties in file order).  A request's life runs from its first
+    allocate/reuse until a free brings its blocks back to 0 (a preemption starts a new life, recomputing what it
+    held).  Final length L = the most tokens held in any life (allocate + append + reuse tokens of that life);
+    prompt = the allocate and reuse tokens at the request's first timestamp; output = L - prompt.  Arrival = the
+    request's first event (its admission: queueing before it is not in the file).  Requests that never hold a
+    token are skipped and counted in the source text.
+    """
+    import numpy as np
+
+    ts = np.asarray(ts, dtype=np.float64)
+    request = np.asarray(request, dtype=np.int64)
+    n = len(ts)
+    if n == 0:
+        raise InputFileError("the events file has no accepted rows", where=source)
+    order = np.lexsort((np.arange(n), ts, request))
+    r, t = request[order], ts[order]
+    free = np.asarray(is_free, dtype=bool)[order]
+    append = np.asarray(is_append, dtype=bool)[order]
+    tok = np.where(free, 0, np.asarray(num_tokens, dtype=np.int64)[order])
+    signed = np.where(free, -1, 1) * np.asarray(num_blocks, dtype=np.int64)[order]
+    idx = np.arange(n)
+    group_start = np.concatenate([[True], r[1:] != r[:-1]])
+    starts = np.flatnonzero(group_start)
+    first_of = np.maximum.accumulate(np.where(group_start, idx, 0))
+    cum_b = np.cumsum(signed)
+    held_b = cum_b - np.where(first_of > 0, cum_b[first_of - 1], 0)
+    prev_emptied = np.concatenate([[False], free[:-1] & (held_b[:-1] <= 0)])
+    life_start = group_start | prev_emptied
+    life_first = np.maximum.accumulate(np.where(life_start, idx, 0))
+    cum_t = np.cumsum(tok)
+    in_life = cum_t - cum_t[life_first] + tok[life_first]
+    final = np.maximum.reduceat(in_life, starts)
+    first_ts = t[starts]
+    at_first = (t == first_ts[np.searchsorted(starts, idx, side="right") - 1]) & ~append & ~free
+    prompt = np.add.reduceat(np.where(at_first, tok, 0), starts)
+    keep = final > 0
+    skipped = int((~keep).sum())
+    if not keep.any():
+        raise InputFileError("no request in the events file holds any token", where=source)
+    prompt, final, arrival = prompt[keep], final[keep], first_ts[keep]
+    prompt = np.minimum(prompt, final)
+    arrival = arrival - arrival.min()
+    by_arrival = np.argsort(arrival, kind="stable")
+    text = f"events file {source} ({int(keep.sum()):,} requests"
+    text += f"; {skipped:,} without tokens skipped)" if skipped else ")"
+    return RequestSet(prompt[by_arrival], (final - prompt)[by_arrival], arrival[by_arrival], text)
+
+
+def load_event_lengths(path: str | Path) -> RequestSet:
+    """Request lengths from an events file, read with `kvtool analyze`'s loader (kvtool.events_csv)."""
+    try:
+        from kvtool import events_csv
+    except ImportError:  # pragma: no cover - until analyze's loader is part of the build
+        raise UsageError("--from-events needs kvtool analyze's events loader (kvtool/events_csv.py), which this "
+                         "build does not have", where="--from-events") from None
+    table = events_csv.load_events(path)
+    return lengths_from_events(table.ts, table.request, table.event == events_csv.APPEND,
+                               table.event == events_csv.FREE, table.num_tokens, table.num_blocks, Path(path).name)

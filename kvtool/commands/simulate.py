@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
         trace: Optional[Path] = typer.Option(None, "--trace", help="CSV or JSON-lines trace of real requests "
                                              "(Azure, Vidur, generic prompt_tokens/output_tokens or length, "
                                              "LLMServingSim).", rich_help_panel=_LENGTHS),
+        from_events: Optional[Path] = typer.Option(None, "--from-events", help="Lengths recovered from an events "
+                                                   "file of `kvtool analyze`'s schema.", rich_help_panel=_LENGTHS),
         dist: Optional[str] = typer.Option(None, "--dist", help="Parametric lengths: lognormal (--mean, --p99), "
                                            "uniform (--min, --max), fixed (--length), zipf (--alpha, --min, "
                                            "--max).", rich_help_panel=_LENGTHS),
@@ -95,7 +97,7 @@ def register(app: typer.Typer) -> None:
                                             rich_help_panel=_OUT),
     ) -> None:
         """Compare KV-cache block sizes against a real or sampled request-length distribution."""
-        from kvtool.request_lengths import load_trace, parametric_requests, sample_requests
+        from kvtool.request_lengths import load_event_lengths, load_trace, parametric_requests, sample_requests
         from kvtool.simulate_run import SimulateOptions, parse_block_sizes, run_simulation
 
         from kvtool.simulate_run import planned_pool_tokens
@@ -110,11 +112,11 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("give either --kv-tokens or --model/--gpu, not both", where="--kv-tokens")
             kv_tokens, kv_text = planned_pool_tokens(model, gpu)
             kv_text = f"kvtool estimate's plan for {kv_text}"
-        _check_options(trace, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps,
+        _check_options(trace, from_events, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps,
                        max_num_seqs, prefix_cache, split_pools, export_events, serve,
                        (step_overhead_ms, token_us, kv_token_us, table_entry_us))
-        if trace is not None:
-            reqs = load_trace(trace, output_share=output_share)
+        if trace is not None or from_events is not None:
+            reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
             if requests is not None:
                 reqs = sample_requests(reqs, requests, seed)
         else:
@@ -161,11 +163,11 @@ def register(app: typer.Typer) -> None:
             console.print(f"Plot written: {p}")
 
 
-def _check_options(trace, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps, max_num_seqs,
+def _check_options(trace, from_events, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps, max_num_seqs,
                    prefix_cache, split_pools, export_events, serve, cost) -> None:
-    if (trace is None) == (dist is None):
-        raise UsageError("give exactly one source of lengths: --trace FILE or --dist NAME",
-                         where="--trace/--dist")
+    if sum(x is not None for x in (trace, from_events, dist)) != 1:
+        raise UsageError("give exactly one source of lengths: --trace FILE, --from-events FILE or --dist NAME",
+                         where="--trace/--from-events/--dist")
     for value, name in ((requests, "--requests"), (max_model_len, "--max-model-len"), (kv_tokens, "--kv-tokens"),
                         (split_pools, "--split-pools"), (max_num_seqs, "--max-num-seqs")):
         if value is not None and value <= 0:
