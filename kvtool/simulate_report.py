@@ -220,12 +220,16 @@ def write_plots(report: SimulateReport, traces: dict[int, Any], directory: Path)
     plt.close(fig)
     written.append(path)
     if traces:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for b, trace in traces.items():
-            ax.step(trace.timeline_s, trace.timeline_blocks * b, where="post", label=f"block {b}", linewidth=0.8)
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("KV slots in use (blocks x block size)")
-        ax.legend()
+        serve = {r.block_size: r for r in report.serve or []}
+        fig, axes = plt.subplots(len(traces), 1, figsize=(8, 1.2 + 1.3 * len(traces)), sharex=True, squeeze=False)
+        for ax, (b, trace) in zip(axes[:, 0], traces.items()):
+            ax.step(trace.timeline_s, trace.timeline_blocks, where="post", linewidth=0.6)
+            pool = serve[b].pool_blocks if b in serve else None
+            if pool:
+                ax.axhline(pool, color="tab:red", linewidth=0.8, linestyle="--")
+            ax.set_ylabel(f"block {b}", fontsize=8)
+        axes[0, 0].set_title("blocks in use over time (dashed: pool size)", fontsize=9)
+        axes[-1, 0].set_xlabel("time (s)")
         fig.tight_layout()
         path = directory / "blocks_in_use_over_time.png"
         fig.savefig(path, dpi=110)
