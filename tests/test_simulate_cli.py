@@ -223,3 +223,20 @@ def test_model_without_gpu_is_a_usage_error(run_cli):
     assert res.exit_code == 2 and "--gpu" in _err(res)
     res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "nope", "--gpu", "h100-80gb")
     assert res.exit_code == 2 and "nope" in _err(res)
+
+
+def test_simulate_does_not_import_pandas_or_torch():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    code = (
+        "import sys\n"
+        "from kvtool.cli import run\n"
+        f"run(['simulate', '--trace', {str(SIM / 'generic-head20.csv')!r}, '--serve', '--json'])\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
