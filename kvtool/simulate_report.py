@@ -33,9 +33,11 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
 
 
-def _alt(values: dict[int, float], best: int, fmt) -> str:
-    others = [f"{b}: {fmt(v)}" for b, v in values.items() if b != best]
-    return ", ".join(others)
+def _alt(values: dict[int, float], best: int, fmt, extra: str = "") -> str:
+    """' (8: x, 32: y; extra)': the other block sizes' figures, or '' when there are none."""
+    others = ", ".join(f"{b}: {fmt(v)}" for b, v in values.items() if b != best)
+    inside = "; ".join(p for p in (others, extra) if p)
+    return f" ({inside})" if inside else ""
 
 
 def recommend(static: StaticComparison, serve: list[ServeResult] | None) -> list[Recommendation]:
@@ -43,29 +45,29 @@ def recommend(static: StaticComparison, serve: list[ServeResult] | None) -> list
     recs = []
     frag = {r.block_size: r.internal_fragmentation for r in static.results}
     best = min(frag, key=lambda b: (frag[b], -b))
-    recs.append(Recommendation("least waste", best, f"{_pct(frag[best])} of allocated slots empty "
-                               f"({_alt(frag, best, _pct)})"))
+    recs.append(Recommendation("least waste", best, f"{_pct(frag[best])} of allocated slots empty"
+                               + _alt(frag, best, _pct)))
     if static.kv_tokens is not None:
         fit = {r.block_size: r.fit_at_once_p50 for r in static.results}
         best = max(fit, key=lambda b: (fit[b], b))
         recs.append(Recommendation("most concurrency", best, f"{fit[best]:.0f} requests fit at once (p50) in "
-                                   f"{static.kv_tokens:,} KV tokens ({_alt(fit, best, lambda v: f'{v:.0f}')}; "
-                                   f"contiguous: {static.contiguous.fit_at_once})"))
+                                   f"{static.kv_tokens:,} KV tokens" + _alt(fit, best, lambda v: f"{v:.0f}",
+                                   f"contiguous: {static.contiguous.fit_at_once}")))
     if serve:
         pre = {r.block_size: r for r in serve}
         best = min(pre, key=lambda b: (pre[b].preemptions, pre[b].ttft_p99_s or 0.0, b))
-        recs.append(Recommendation("fewest preemptions", best, f"{pre[best].preemptions:,} preemptions "
-                                   f"({_alt({b: r.preemptions for b, r in pre.items()}, best, lambda v: f'{v:,}')})"))
+        recs.append(Recommendation("fewest preemptions", best, f"{pre[best].preemptions:,} preemptions"
+                                   + _alt({b: r.preemptions for b, r in pre.items()}, best, lambda v: f"{v:,}")))
         tpot = {r.block_size: r.tpot_p50_s for r in serve if r.tpot_p50_s is not None}
         if tpot:
             best = min(tpot, key=lambda b: (tpot[b], -b))
-            recs.append(Recommendation("fastest decode", best, f"time per output token p50 {tpot[best] * 1e3:.2f} ms "
-                                       f"({_alt(tpot, best, lambda v: f'{v * 1e3:.2f} ms')})"))
+            recs.append(Recommendation("fastest decode", best, f"time per output token p50 {tpot[best] * 1e3:.2f} ms"
+                                       + _alt(tpot, best, lambda v: f"{v * 1e3:.2f} ms")))
         ttft = {r.block_size: r.ttft_p99_s for r in serve if r.ttft_p99_s is not None}
         if ttft:
             best = min(ttft, key=lambda b: (ttft[b], b))
-            recs.append(Recommendation("lowest TTFT p99", best, f"{ttft[best]:.3f} s "
-                                       f"({_alt(ttft, best, lambda v: f'{v:.3f} s')})"))
+            recs.append(Recommendation("lowest TTFT p99", best, f"{ttft[best]:.3f} s"
+                                       + _alt(ttft, best, lambda v: f"{v:.3f} s")))
     return recs
 
 
