@@ -62,11 +62,12 @@ def parse_block_sizes(text: str) -> list[int]:
 
 
 def run_simulation(requests, options: SimulateOptions,
-                   progress: Callable[[str, int, int], None] | None = None) -> tuple[SimulateReport, dict[int, Any]]:
+                   progress: Callable[[str, int, int], None] | None = None,
+                   keep_traces: bool = True) -> tuple[SimulateReport, dict[int, Any]]:
     """The static comparison, and with ``options.serve`` the serving simulation per block size.
 
-    ``progress(label, done, total)`` is called during the serving simulation.  Returns the report and the
-    per-block-size :class:`~kvtool.serving_sim.ServeTrace` (empty without --serve).
+    ``progress(label, done, total)`` is called during the serving simulation.  Returns the report and, with
+    ``keep_traces``, the per-block-size :class:`~kvtool.serving_sim.ServeTrace` (empty without --serve).
     """
     import numpy as np
 
@@ -140,7 +141,8 @@ def run_simulation(requests, options: SimulateOptions,
             result, trace = simulate_serving(requests.prompt_tokens, requests.output_tokens, arrival, b, config,
                                              progress=step)
             serve_results.append(result)
-            traces[b] = trace
+            if keep_traces:
+                traces[b] = trace
             if b in paths:
                 write_events(trace, paths[b])
                 exported[b] = str(paths[b])

@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
             export_events=export_events,
         )
         with _progress(enabled=serve and reqs.count * len(sizes) >= 50_000) as progress:
-            report, traces = run_simulation(reqs, options, progress)
+            report, traces = run_simulation(reqs, options, progress, keep_traces=plot is not None)
         plots = []
         if plot is not None:
             from kvtool.simulate_report import write_plots
