@@ -429,6 +429,10 @@ def _step_times(first, t_start, k, t_first, t_rest, steps: int):
     j = np.arange(steps, dtype=np.int64) - np.repeat(first, k)  # index of the step inside its interval
     start = np.where(j == 0, t0, t0 + tf + (j - 1) * tr)
     end = start + np.where(j == 0, tf, tr)
+    # Back-to-back steps: the end of one step is exactly the start of the next (the two formulas round
+    # differently), so a free at the end of a step and an allocation at the start of the next share a timestamp.
+    touching = np.abs(start[1:] - end[:-1]) <= 1e-9 * np.maximum(1.0, np.abs(end[:-1]))
+    end[:-1][touching] = start[1:][touching]
     return start, end
 
 
