@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -36,17 +37,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     for name, argv in RUNS.items():
-        times = []
+        times, cpus = [], []
         for _ in range(args.repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "kvtool", "simulate", *argv, "--json"], env=env,
                                   capture_output=True, text=True)
             times.append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             if proc.returncode != 0:
                 sys.exit(f"{name}: exit {proc.returncode}: {proc.stderr.strip()}")
-        print(f"{name}: best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s")
+        print(f"{name}: wall best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s; "
+              f"CPU (user + sys) best {min(cpus):.2f} s")
 
 
 if __name__ == "__main__":
