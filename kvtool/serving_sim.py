@@ -173,8 +173,8 @@ def simulate_serving(
 
     # Pools: one, or short/long split by final length with capacity shared in proportion to their tokens.
     if config.split_threshold_tokens is not None:
-        is_long = (prompt + np.asarray(output_tokens, dtype=np.int64)) > config.split_threshold_tokens
-        lengths = prompt + out_eff
+        lengths = prompt + np.asarray(output_tokens, dtype=np.int64)
+        is_long = lengths > config.split_threshold_tokens
         long_share = float(lengths[is_long].sum()) / float(lengths.sum())
         cap_long = int(round(total_blocks * long_share))
         pools = [_Pool("short", total_blocks - cap_long, b), _Pool("long", cap_long, b)]
