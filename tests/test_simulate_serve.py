@@ -296,3 +296,19 @@ def test_lengths_recovered_from_exported_events():
     assert sorted(zip(got.prompt_tokens.tolist(), got.output_tokens.tolist())) == want
     first_admission = trace.step_start_s[[trace.seg_first_step[trace.seg_request == i].min() for i in range(n)]]
     assert np.allclose(np.sort(got.arrival_s), np.sort(first_admission - first_admission.min()))
+
+
+def test_parallel_block_sizes_give_the_serial_results(monkeypatch):
+    import kvtool.simulate_run as simulate_run
+    from kvtool.request_lengths import load_trace, sample_requests
+    from kvtool.simulate_run import SimulateOptions, run_simulation
+
+    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 2000, seed=4)
+    options = SimulateOptions(block_sizes=[8, 64], serve=True, kv_tokens=30_000)
+    monkeypatch.setattr(simulate_run, "PARALLEL_MIN_WORK", 10**12)
+    serial, _ = run_simulation(reqs, options)
+    monkeypatch.setattr(simulate_run, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    parallel, _ = run_simulation(reqs, options)
+    assert parallel.serve == serial.serve
+    assert serial.serve[0].preemptions > 0
