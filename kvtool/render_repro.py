@@ -93,7 +93,7 @@ def _tensor_cells(heads: list[CacheTensorInfo] | None) -> tuple[str, str, str]:
     first = heads[0]
     ptrs = f"{first.data_ptr:#x}"
     if len(heads) > 1:
-        ptrs += f" (+{len(heads) - 1} heads, stride {heads[1].data_ptr - first.data_ptr} B)"
+        ptrs += f" (h+{heads[1].data_ptr - first.data_ptr} B)"
     shape = "x".join(map(str, first.shape))
     if first.shape != first.expected_shape:
         shape = f"[red]{shape}[/] (want {'x'.join(map(str, first.expected_shape))})"

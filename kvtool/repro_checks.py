@@ -17,13 +17,14 @@ from kvtool.repro_results import CacheTensorInfo, ImplResult, ScenarioResult, To
 from kvtool.repro_scenarios import scenario_info
 from kvtool.repro_storage import overlap_pairs, span
 
-# allclose tolerances per dtype.  float32/float64: a few hundred ulps of the logits (~1), enough for the
-# different summation order of a cached step versus one full forward; bfloat16 has an 8-bit mantissa
-# (ulp 2**-7 near 1) and the difference compounds over the projections, so a few ulps.
+# allclose tolerances per dtype.  float32/float64: about a thousand ulps of logits of size ~1, room for
+# the different summation order of a cached step versus one full forward (measured: <= 2e-7 and 3e-16);
+# bfloat16 (8-bit mantissa, ulp 2**-7 near 1): torch.testing.assert_close's rtol for bfloat16, 1.6e-2,
+# and one ulp near 1 as atol.
 TOLERANCES = {
     "float32": Tolerance("float32", rtol=1e-4, atol=1e-5),
     "float64": Tolerance("float64", rtol=1e-9, atol=1e-12),
-    "bfloat16": Tolerance("bfloat16", rtol=5e-2, atol=5e-2),
+    "bfloat16": Tolerance("bfloat16", rtol=1.6e-2, atol=1e-2),
 }
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 

@@ -54,7 +54,9 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
             raise UsageError(f"target '{spec}': '{module_name}' has no attribute '{attr}'", where="--target")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise UsageError(f"target '{spec}' is a {type(obj).__name__}, not a factory to call", where="--target")
+        raise UsageError(
+            f"target '{spec}' is not callable (it is of type {type(obj).__name__}); name a factory", where="--target"
+        )
     factory = obj
     try:
         module = factory()
@@ -278,12 +280,17 @@ def _cache_length(module, work: _Workload) -> TargetCheck:
     work.run_schedule(module, schedule, on_step=record)
     evidence = []
     for (rid, path), history in shapes.items():
-        dims = set(range(len(history[0][1])))
+        ndim = len(history[0][1])
+        dims = set(range(ndim))
         for seen, shape in history:
-            dims &= {d for d, size in enumerate(shape) if len(shape) == len(history[0][1]) and size == seen}
-        if not dims:
-            trail = ", ".join(f"{list(shape)} after {seen}" for seen, shape in history)
-            evidence.append(f"r{rid} {path}: no dimension equals the tokens seen: {trail}")
+            dims &= {d for d, size in enumerate(shape) if len(shape) == ndim and size == seen}
+            if not dims:
+                first_seen, first_shape = history[0]
+                evidence.append(
+                    f"r{rid} {path}: shape {list(shape)} after {seen} tokens seen (shape {list(first_shape)} after "
+                    f"{first_seen}); no dimension tracks the tokens seen"
+                )
+                break
     if not shapes:
         return TargetCheck("cache-length", False, "the returned caches hold no tensor of 2 or more dimensions", ())
     if not evidence:
