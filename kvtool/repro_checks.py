@@ -84,8 +84,8 @@ def random_schedule(rng: random.Random, n_requests: int, steps: int, mode: str) 
 
 
 def run_schedule(engine: Engine, requests: list[Request], schedule: list[list[int]], greedy: bool = False):
-    """Drive ``engine`` through ``schedule``; step 0 of a request is its prompt, step i its i-th token
-    (the given continuation, or with ``greedy`` the argmax of its previous logits).
+    """Drive ``engine`` through ``schedule``; step 0 of a request is its prompt, step i its i-th token:
+    the given continuation while it lasts, then (with ``greedy``) the argmax of its previous logits.
 
     Returns (logits per request [T, vocab], generated tokens per request).
     """
@@ -98,7 +98,7 @@ def run_schedule(engine: Engine, requests: list[Request], schedule: list[list[in
             i = steps_done[r]
             if i == 0:
                 tokens = requests[r].prompt
-            elif greedy:
+            elif greedy and i > len(requests[r].continuation):
                 tokens = logits[r][-1][-1].argmax().reshape(1)
                 generated[r].append(int(tokens))
             else:
@@ -206,13 +206,16 @@ def check_implementation(
     for info in bad_shapes:
         findings.append(f"r{info.request} {info.label} shape {list(info.shape)}, expected {list(info.expected_shape)}")
 
+    # Greedy decoding from each prompt.  Parallel samples of one prompt ("fork") would all pick the same
+    # tokens, so there each sample's first token is forced (its own continuation's), as sampling would.
     greedy_step = None
-    gen_requests = [Request(r.prompt, r.continuation[:0]) for r in requests]
+    forced = 1 if mode == "fork" else 0
+    gen_requests = [Request(r.prompt, r.continuation[:forced]) for r in requests]
     _, generated = run_schedule(
-        impl.new_engine(), gen_requests, canonical_schedule(len(requests), 1 + GREEDY_STEPS, mode), greedy=True
+        impl.new_engine(), gen_requests, canonical_schedule(len(requests), 1 + forced + GREEDY_STEPS, mode), greedy=True
     )
-    for rid, (req, got) in enumerate(zip(requests, generated)):
-        want = greedy_reference(impl, req.prompt, GREEDY_STEPS)
+    for rid, (req, got) in enumerate(zip(gen_requests, generated)):
+        want = greedy_reference(impl, req.tokens, GREEDY_STEPS)
         step = next((i + 1 for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         if step is not None:
             greedy_step = step if greedy_step is None else min(greedy_step, step)
