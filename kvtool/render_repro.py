@@ -48,7 +48,8 @@ def _render_scenario(s: ScenarioResult, console) -> None:
     from rich.table import Table
 
     b, f = s.buggy, s.fixed
-    table = Table(title=f"{s.name}: {s.summary}", title_justify="left", title_style="bold")
+    console.print(f"\n[bold]{s.name}[/]: {s.summary}", highlight=False)
+    table = Table()
     table.add_column("check")
     table.add_column("buggy", justify="right")
     table.add_column("fixed", justify="right")

@@ -162,12 +162,12 @@ def _overlap_findings(pairs, names: list[str], tensors: list[torch.Tensor]) -> l
     lines = []
     for (a, b), members in groups.items():
         i, j = members[0]
-        example = (
-            f"{names[i]} data_ptr {tensors[i].data_ptr():#x}, {names[j]} data_ptr {tensors[j].data_ptr():#x}, "
-            f"storage {span(tensors[i]).storage_ptr:#x}"
-        )
+        ptrs = f"data_ptr {tensors[i].data_ptr():#x} / {tensors[j].data_ptr():#x}"
         what = f"{a}: its per-head views" if a == b else f"{a} and {b}"
-        lines.append(f"{what} share memory ({len(members)} pair(s); e.g. {example})")
+        lines.append(
+            f"{what} share memory ({len(members)} head pair(s), e.g. {names[i]} / {names[j]}: {ptrs}, "
+            f"storage {span(tensors[i]).storage_ptr:#x})"
+        )
     return lines
 
 
@@ -194,17 +194,21 @@ def check_implementation(
     outputs, _ = run_schedule(engine, requests, canonical_schedule(len(requests), steps, mode))
     diffs = [_diff(out, ref) if out.shape == ref.shape else float("inf") for out, ref in zip(outputs, references)]
     close = [_close(out, ref, tol) for out, ref in zip(outputs, references)]
-    for rid, (ok, d) in enumerate(zip(close, diffs)):
-        if not ok:
-            findings.append(
-                f"r{rid} logits differ from r{rid} run alone on a fresh model: max |diff| {d:.3g} "
-                f"(rtol {tol.rtol:g}, atol {tol.atol:g})"
-            )
+    if not all(close):
+        per_request = ", ".join(f"r{rid} {d:.3g}" for rid, (ok, d) in enumerate(zip(close, diffs)) if not ok)
+        findings.append(
+            f"logits not allclose to the request run alone on a fresh model (rtol {tol.rtol:g}, atol {tol.atol:g}); "
+            f"max |diff|: {per_request}"
+        )
     infos, overlap_findings = cache_infos(engine, len(requests))
     findings.extend(overlap_findings)
     bad_shapes = [i for i in infos if i.shape != i.expected_shape]
+    reported = set()
     for info in bad_shapes:
-        findings.append(f"r{info.request} {info.label} shape {list(info.shape)}, expected {list(info.expected_shape)}")
+        base = f"r{info.request} {info.label.rsplit(' h', 1)[0]}"
+        if base not in reported:  # one line per tensor, not per head view
+            reported.add(base)
+            findings.append(f"{base}: shape {list(info.shape)} per head, expected {list(info.expected_shape)}")
 
     # Greedy decoding from each prompt.  Parallel samples of one prompt ("fork") would all pick the same
     # tokens, so there each sample's first token is forced (its own continuation's), as sampling would.
@@ -214,12 +218,16 @@ def check_implementation(
     _, generated = run_schedule(
         impl.new_engine(), gen_requests, canonical_schedule(len(requests), 1 + forced + GREEDY_STEPS, mode), greedy=True
     )
+    divergence = {}
     for rid, (req, got) in enumerate(zip(gen_requests, generated)):
         want = greedy_reference(impl, req.tokens, GREEDY_STEPS)
         step = next((i + 1 for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         if step is not None:
-            greedy_step = step if greedy_step is None else min(greedy_step, step)
-            findings.append(f"r{rid} greedy tokens diverge from r{rid} alone at decode step {step}")
+            divergence[rid] = step
+    if divergence:
+        greedy_step = min(divergence.values())
+        steps_text = ", ".join(f"r{rid} step {step}" for rid, step in divergence.items())
+        findings.append(f"greedy tokens diverge from the request run alone: {steps_text} (of {GREEDY_STEPS})")
 
     rng = random.Random(seed)
     mismatches = 0
