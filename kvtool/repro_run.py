@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -39,8 +40,12 @@ def run_repro(
     interleavings: int = 200,
     target: str | None = None,
     d_model: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ReproReport:
-    """Run the named scenarios (all when empty), or with ``target`` only the target's checks."""
+    """Run the named scenarios (all when empty), or with ``target`` only the target's checks.
+
+    ``progress`` is called with a short description before each scenario (for a status line on stderr).
+    """
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
     if interleavings < 1:
@@ -62,6 +67,8 @@ def run_repro(
     start = time.perf_counter()
     try:
         if target is not None:
+            if progress is not None:
+                progress(f"checking {target}")
             result = check_target(
                 target, d_model=d_model, device=dev, dtype=dtype, seed=seed, interleavings=interleavings
             )
@@ -69,9 +76,12 @@ def run_repro(
         else:
             result = None
             chosen = list(dict.fromkeys(names)) if names else list(SCENARIO_NAMES)
-            scenarios = tuple(
-                run_scenario(n, seed=seed, dtype=dtype, device=dev, interleavings=interleavings) for n in chosen
-            )
+            runs = []
+            for i, name in enumerate(chosen):
+                if progress is not None:
+                    progress(f"scenario {i + 1}/{len(chosen)}: {name}")
+                runs.append(run_scenario(name, seed=seed, dtype=dtype, device=dev, interleavings=interleavings))
+            scenarios = tuple(runs)
             passed = all(s.passed for s in scenarios)
     finally:
         torch.set_num_threads(threads)

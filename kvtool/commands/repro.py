@@ -52,17 +52,24 @@ def register(app: typer.Typer) -> None:
             else:
                 render_list(stdout_console())
             return
+        from contextlib import nullcontext
+
+        from kvtool.output import stderr_console
         from kvtool.repro_run import run_repro
 
-        report = run_repro(
-            names or None,
-            device=device,
-            dtype=dtype,
-            seed=seed,
-            interleavings=interleavings,
-            target=target,
-            d_model=d_model,
-        )
+        # A transient status line on stderr while the tables are coming; none with --json.
+        status = nullcontext() if json_ else stderr_console().status("kvtool repro: loading torch")
+        with status as line:
+            report = run_repro(
+                names or None,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                interleavings=interleavings,
+                target=target,
+                d_model=d_model,
+                progress=None if line is None else (lambda text: line.update(f"kvtool repro: {text}")),
+            )
         if json_:
             print_json(report)
         else:
