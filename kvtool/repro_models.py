@@ -12,6 +12,7 @@ This module imports torch at the top: only the repro code path imports it, never
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -19,8 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+@functools.lru_cache(maxsize=512)
 def causal_allowed(n_new: int, past_len: int, device) -> torch.Tensor:
-    """Bool [n_new, past_len + n_new]: query i (at position past_len + i) may attend key j."""
+    """Bool [n_new, past_len + n_new]: query i (at position past_len + i) may attend key j.
+
+    Cached (the result is only read, never written), since the same few shapes recur every step."""
     q_pos = torch.arange(past_len, past_len + n_new, device=device)[:, None]
     k_pos = torch.arange(past_len + n_new, device=device)[None, :]
     return k_pos <= q_pos
@@ -250,13 +254,22 @@ class PaddedBatchAttention(_Projections):
 # --- rope-offset -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
+def _rope_tables(d: int, n_positions: int, device: torch.device, dtype: torch.dtype, base: float):
+    """cos and sin [n_positions, d] of the rotate-half RoPE, computed in float64 once per size."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(device=device, dtype=dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(device=device, dtype=dtype)
+    return cos, sin
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding (rotate-half form) of x [B, H, S, d] at integer ``positions`` [S]."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d))
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
+    n = 64 * (int(positions.max()) // 64 + 1)  # table size rounded up, so a few sizes serve every call
+    cos, sin = _rope_tables(d, n, x.device, x.dtype, base)
+    cos, sin = cos[positions], sin[positions]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
