@@ -286,9 +286,10 @@ def _cache_length(module, work: _Workload) -> TargetCheck:
             dims &= {d for d, size in enumerate(shape) if len(shape) == ndim and size == seen}
             if not dims:
                 first_seen, first_shape = history[0]
+                before = "" if seen == first_seen else f" (shape {list(first_shape)} after {first_seen})"
                 evidence.append(
-                    f"r{rid} {path}: shape {list(shape)} after {seen} tokens seen (shape {list(first_shape)} after "
-                    f"{first_seen}); no dimension tracks the tokens seen"
+                    f"r{rid} {path}: shape {list(shape)} after {seen} tokens seen{before}; "
+                    "no dimension tracks the tokens seen"
                 )
                 break
     if not shapes:

@@ -128,6 +128,16 @@ def test_scratch_buffer_alias_is_caught(run_cli, targets_on_path):
     assert any("r0 cache[0]" in line and "data_ptr" in line for line in storage["evidence"])
 
 
+def test_module_state_cache_is_caught(run_cli, targets_on_path):
+    # The article's bug under the fixed signature.  Its torch.cat makes a new tensor each step, so the
+    # requests' final caches are distinct tensors (no shared bytes); the state shows in the outputs and the
+    # cache length instead.
+    result = run_cli("repro", "--target", "repro_targets:instance_cache", "--json", "--interleavings", "10")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    assert target["failed_checks"] == ["determinism", "isolation", "cache-length"]
+
+
 def test_trimmed_cache_is_caught_by_cache_length(run_cli, targets_on_path):
     result = run_cli("repro", "--target", "repro_targets:trimmed", "--interleavings", "10")
     assert result.exit_code == EXIT_CHECK_FAILED
