@@ -30,6 +30,7 @@ def test_list_names_every_scenario_without_torch():
         "import sys\n"
         "from kvtool.cli import run\n"
         "rc = run(['repro', '--list'])\n"
+        "rc += run(['repro', '--help'])\n"
         "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)

@@ -113,3 +113,16 @@ def test_other_dtypes(dtype):
     for name in ("shared-instance-cache", "prealloc-slice"):
         r = run_scenario(name, seed=2, dtype=dtype, interleavings=10)
         assert r.passed, (name, r.fixed.findings)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(min_value=0, max_value=2**31 - 1))
+def test_any_seed_fixed_clean_and_buggy_caught(seed):
+    for name in SCENARIO_NAMES:
+        r = run_scenario(name, seed=seed, interleavings=8)
+        assert r.fixed.interleaving_mismatches == 0 and not r.fixed.detected, (name, seed, r.fixed.findings)
+        assert r.buggy.detected, (name, seed)
