@@ -63,7 +63,9 @@ def _render_scenario(s: ScenarioResult, console) -> None:
         f"{f.interleaving_mismatches}/{f.interleavings}",
     )
     table.add_row(
-        f"greedy diverges at step (of {b.greedy_steps})", _step(b.greedy_divergence_step), _step(f.greedy_divergence_step)
+        f"greedy diverges at step (of {b.greedy_steps})",
+        _step(b.greedy_divergence_step),
+        _step(f.greedy_divergence_step),
     )
     table.add_row("verdict", _verdict(b), _verdict(f))
     console.print(table)
@@ -133,7 +135,8 @@ def _render_summary(report: ReproReport, console) -> None:
     console.print(table)
     passed = sum(s.passed for s in report.scenarios)
     console.print(
-        f"{passed} of {len(report.scenarios)} scenarios: buggy version detected and fixed version clean", highlight=False
+        f"{passed} of {len(report.scenarios)} scenarios: buggy version detected and fixed version clean",
+        highlight=False,
     )
 
 
@@ -142,7 +145,9 @@ def _render_target(t: TargetResult, console) -> None:
     from rich.table import Table
 
     table = Table(
-        title=escape(f"target {t.target} ({t.module_type}, d_model {t.d_model})"), title_justify="left", title_style="bold"
+        title=escape(f"target {t.target} ({t.module_type}, d_model {t.d_model})"),
+        title_justify="left",
+        title_style="bold",
     )
     table.add_column("check")
     table.add_column("result")

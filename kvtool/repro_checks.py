@@ -237,7 +237,9 @@ def check_implementation(
         if not all(_close(o, ref, tol) for o, ref in zip(outs, references)):
             mismatches += 1
     if mismatches:
-        findings.append(f"{mismatches} of {interleavings} seeded interleavings gave a request other logits than its run alone")
+        findings.append(
+            f"{mismatches} of {interleavings} seeded interleavings gave a request other logits than its run alone"
+        )
 
     shared = any(i.overlaps_with for i in infos)
     detected = bool(findings)
@@ -274,8 +276,9 @@ def run_scenario(
     buggy, fixed = build_pair(name, seed, DTYPES[dtype], dev, rope_mode=rope_mode)
     requests = make_requests(seed, dev, shared_prompt=info.schedule == "fork")
     with torch.inference_mode():
-        results = [check_implementation(impl, requests, info.schedule, tol, interleavings, seed) for impl in (buggy, fixed)]
-    b, f = results
+        b, f = (
+            check_implementation(impl, requests, info.schedule, tol, interleavings, seed) for impl in (buggy, fixed)
+        )
     return ScenarioResult(
         name=info.name,
         summary=info.summary,

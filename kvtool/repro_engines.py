@@ -284,30 +284,65 @@ class Implementation:
         return self.new_engine().step([(0, tokens)])[0]
 
 
-def _cores(name: str):
-    """(buggy core, fixed core, buggy engine factory, fixed engine factory, buggy module is stateful)."""
+@dataclass(frozen=True)
+class _Recipe:
+    """How to build one scenario: its two attention cores and the engines that drive them."""
+
+    buggy_core: Callable[[], nn.Module]
+    fixed_core: Callable[[], nn.Module]
+    buggy_engine: Callable[[TinyLM], Engine]
+    fixed_engine: Callable[[TinyLM], Engine]
+    buggy_stateful: bool = False  # the buggy module keeps request state on itself
+
+
+def _recipe(name: str) -> _Recipe:
     d, h = D_MODEL, N_HEADS
-    if name == "shared-instance-cache":
-        return m.MultiHeadAttentionWithCache(d, h), m.CorrectMHAWithCache(d, h), SharedInstanceEngine, CallerCacheEngine, True
-    if name == "head-view-inplace":
-        return m.HeadViewCacheAttention(d, h, True), m.HeadViewCacheAttention(d, h, False), HeadViewEngine, HeadViewEngine, False
-    if name == "batch-expand-alias":
-        return m.ForkedCacheAttention(d, h, "expand"), m.ForkedCacheAttention(d, h, "repeat"), ForkEngine, ForkEngine, False
-    if name == "layer-index":
-        return m.LayerStack(d, h, N_LAYERS, True), m.LayerStack(d, h, N_LAYERS, False), CallerCacheEngine, CallerCacheEngine, False
-    if name == "padding-mask":
-        return m.PaddedBatchAttention(d, h, False), m.PaddedBatchAttention(d, h, True), PaddedBatchEngine, PaddedBatchEngine, False
-    if name == "rope-offset":
-        return m.RopeAttention(d, h, "restart"), m.RopeAttention(d, h, "correct"), CallerCacheEngine, CallerCacheEngine, False
-    if name == "prealloc-slice":
-        return (
-            m.SlotPoolAttention(d, h),
-            m.SlotPoolAttention(d, h),
+    recipes = {
+        "shared-instance-cache": _Recipe(
+            lambda: m.MultiHeadAttentionWithCache(d, h),
+            lambda: m.CorrectMHAWithCache(d, h),
+            SharedInstanceEngine,
+            CallerCacheEngine,
+            buggy_stateful=True,
+        ),
+        "head-view-inplace": _Recipe(
+            lambda: m.HeadViewCacheAttention(d, h, shared_buffer=True),
+            lambda: m.HeadViewCacheAttention(d, h, shared_buffer=False),
+            HeadViewEngine,
+            HeadViewEngine,
+        ),
+        "batch-expand-alias": _Recipe(
+            lambda: m.ForkedCacheAttention(d, h, fork="expand"),
+            lambda: m.ForkedCacheAttention(d, h, fork="repeat"),
+            ForkEngine,
+            ForkEngine,
+        ),
+        "layer-index": _Recipe(
+            lambda: m.LayerStack(d, h, N_LAYERS, off_by_one=True),
+            lambda: m.LayerStack(d, h, N_LAYERS, off_by_one=False),
+            CallerCacheEngine,
+            CallerCacheEngine,
+        ),
+        "padding-mask": _Recipe(
+            lambda: m.PaddedBatchAttention(d, h, mask_cache=False),
+            lambda: m.PaddedBatchAttention(d, h, mask_cache=True),
+            PaddedBatchEngine,
+            PaddedBatchEngine,
+        ),
+        "rope-offset": _Recipe(
+            lambda: m.RopeAttention(d, h, mode="restart"),
+            lambda: m.RopeAttention(d, h, mode="correct"),
+            CallerCacheEngine,
+            CallerCacheEngine,
+        ),
+        "prealloc-slice": _Recipe(
+            lambda: m.SlotPoolAttention(d, h),
+            lambda: m.SlotPoolAttention(d, h),
             lambda lm: SlotPoolEngine(lm, packed=True),
             lambda lm: SlotPoolEngine(lm, packed=False),
-            False,
-        )
-    raise KeyError(name)
+        ),
+    }
+    return recipes[name]
 
 
 def init_weights(module: nn.Module, generator: torch.Generator) -> None:
@@ -328,7 +363,8 @@ def build_pair(name: str, seed: int, dtype: torch.dtype, device: torch.device, r
 
     ``rope_mode`` picks the rope-offset bug ('restart', default, or 'unrotated').
     """
-    buggy_core, fixed_core, buggy_engine, fixed_engine, stateful = _cores(name)
+    recipe = _recipe(name)
+    buggy_core, fixed_core = recipe.buggy_core(), recipe.fixed_core()
     if rope_mode is not None and name == "rope-offset":
         buggy_core = m.RopeAttention(D_MODEL, N_HEADS, rope_mode)
     generator = torch.Generator().manual_seed(seed)
@@ -338,6 +374,6 @@ def build_pair(name: str, seed: int, dtype: torch.dtype, device: torch.device, r
     for lm in (buggy_lm, fixed_lm):
         lm.to(device=device, dtype=dtype).eval()
     return (
-        Implementation("buggy", buggy_lm, buggy_engine, stateful),
-        Implementation("fixed", fixed_lm, fixed_engine, False),
+        Implementation("buggy", buggy_lm, recipe.buggy_engine, recipe.buggy_stateful),
+        Implementation("fixed", fixed_lm, recipe.fixed_engine, False),
     )

@@ -257,7 +257,10 @@ def _no_shared_storage(module, work: _Workload) -> TargetCheck:
         return TargetCheck("no-shared-storage", False, "the returned caches hold no tensors", ())
     if not evidence:
         return TargetCheck(
-            "no-shared-storage", True, f"{len(labelled)} cache tensors of {len(caches)} live requests: no shared bytes", ()
+            "no-shared-storage",
+            True,
+            f"{len(labelled)} cache tensors of {len(caches)} live requests: no shared bytes",
+            (),
         )
     return TargetCheck(
         "no-shared-storage", False, f"{len(evidence)} pair(s) of cache tensors of different requests share memory",
