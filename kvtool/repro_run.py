@@ -13,6 +13,7 @@ from kvtool.repro_results import ReproReport
 from kvtool.repro_scenarios import SCENARIO_NAMES
 from kvtool.repro_target import check_target
 
+MAX_SEED = 2**62  # torch.Generator takes a signed 64-bit seed; the workloads add small offsets to it
 THREADS = 1  # tiny tensors: a second thread only adds synchronisation (measured: 7 s vs 125 s on a busy 2-core box)
 
 
@@ -48,6 +49,8 @@ def run_repro(
     """
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
+    if not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED}, got {seed}", where="--seed")
     if interleavings < 1:
         raise UsageError(f"--interleavings must be at least 1, got {interleavings}", where="--interleavings")
     if d_model is not None and d_model <= 0:

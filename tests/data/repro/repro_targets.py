@@ -159,3 +159,7 @@ def not_a_module():
 
 
 NOT_CALLABLE = 3
+
+
+def broken_factory():
+    raise FileNotFoundError("weights.pt not found")
