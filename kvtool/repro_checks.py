@@ -182,16 +182,48 @@ def _per_head(rid: int, entry: CacheEntry):
     ]
 
 
+def greedy_divergence(impl: Implementation, requests: list[Request], mode: str) -> dict[int, int]:
+    """Request -> first greedy decode step (1-based) whose token differs from the request decoded alone.
+
+    Parallel samples of one prompt ("fork") would all pick the same tokens, so there each sample's first
+    token is forced (its own continuation's), as sampling would.
+    """
+    forced = 1 if mode == "fork" else 0
+    gen_requests = [Request(r.prompt, r.continuation[:forced]) for r in requests]
+    schedule = canonical_schedule(len(requests), 1 + forced + GREEDY_STEPS, mode)
+    _, generated = run_schedule(impl.new_engine(), gen_requests, schedule, greedy=True)
+    divergence = {}
+    for rid, (req, got) in enumerate(zip(gen_requests, generated)):
+        want = greedy_reference(impl, req.tokens, GREEDY_STEPS)
+        step = next((i + 1 for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if step is not None:
+            divergence[rid] = step
+    return divergence
+
+
+def interleaving_mismatches(
+    impl: Implementation, requests: list[Request], references, mode: str, tol: Tolerance, n: int, seed: int
+) -> int:
+    """How many of ``n`` seeded random interleavings (a fresh engine each) give some request other logits."""
+    rng = random.Random(seed)
+    mismatches = 0
+    for _ in range(n):
+        schedule = random_schedule(rng, len(requests), 1 + DECODE_STEPS, mode)
+        outs, _ = run_schedule(impl.new_engine(), requests, schedule)
+        if not all(_close(o, ref, tol) for o, ref in zip(outs, references)):
+            mismatches += 1
+    return mismatches
+
+
 def check_implementation(
     impl: Implementation, requests: list[Request], mode: str, tol: Tolerance, interleavings: int, seed: int
 ) -> ImplResult:
     """Run the canonical schedule, greedy decoding and ``interleavings`` random schedules on ``impl``."""
     findings: list[str] = []
-    steps = 1 + DECODE_STEPS
     references = [impl.reference(r.tokens) for r in requests]
 
     engine = impl.new_engine()
-    outputs, _ = run_schedule(engine, requests, canonical_schedule(len(requests), steps, mode))
+    outputs, _ = run_schedule(engine, requests, canonical_schedule(len(requests), 1 + DECODE_STEPS, mode))
     diffs = [_diff(out, ref) if out.shape == ref.shape else float("inf") for out, ref in zip(outputs, references)]
     close = [_close(out, ref, tol) for out, ref in zip(outputs, references)]
     if not all(close):
@@ -210,50 +242,28 @@ def check_implementation(
             reported.add(base)
             findings.append(f"{base}: shape {list(info.shape)} per head, expected {list(info.expected_shape)}")
 
-    # Greedy decoding from each prompt.  Parallel samples of one prompt ("fork") would all pick the same
-    # tokens, so there each sample's first token is forced (its own continuation's), as sampling would.
-    greedy_step = None
-    forced = 1 if mode == "fork" else 0
-    gen_requests = [Request(r.prompt, r.continuation[:forced]) for r in requests]
-    _, generated = run_schedule(
-        impl.new_engine(), gen_requests, canonical_schedule(len(requests), 1 + forced + GREEDY_STEPS, mode), greedy=True
-    )
-    divergence = {}
-    for rid, (req, got) in enumerate(zip(gen_requests, generated)):
-        want = greedy_reference(impl, req.tokens, GREEDY_STEPS)
-        step = next((i + 1 for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        if step is not None:
-            divergence[rid] = step
+    divergence = greedy_divergence(impl, requests, mode)
     if divergence:
-        greedy_step = min(divergence.values())
         steps_text = ", ".join(f"r{rid} step {step}" for rid, step in divergence.items())
         findings.append(f"greedy tokens diverge from the request run alone: {steps_text} (of {GREEDY_STEPS})")
 
-    rng = random.Random(seed)
-    mismatches = 0
-    for _ in range(interleavings):
-        schedule = random_schedule(rng, len(requests), steps, mode)
-        outs, _ = run_schedule(impl.new_engine(), requests, schedule)
-        if not all(_close(o, ref, tol) for o, ref in zip(outs, references)):
-            mismatches += 1
+    mismatches = interleaving_mismatches(impl, requests, references, mode, tol, interleavings, seed)
     if mismatches:
         findings.append(
             f"{mismatches} of {interleavings} seeded interleavings gave a request other logits than its run alone"
         )
 
-    shared = any(i.overlaps_with for i in infos)
-    detected = bool(findings)
     return ImplResult(
         kind=impl.kind,
-        detected=detected,
+        detected=bool(findings),
         allclose=all(close),
         max_abs_diff=max(diffs),
         request_max_abs_diff=tuple(diffs),
-        shared_storage=shared,
+        shared_storage=any(i.overlaps_with for i in infos),
         shapes_ok=not bad_shapes,
         interleaving_mismatches=mismatches,
         interleavings=interleavings,
-        greedy_divergence_step=greedy_step,
+        greedy_divergence_step=min(divergence.values(), default=None),
         greedy_steps=GREEDY_STEPS,
         findings=tuple(findings),
         cache_tensors=tuple(infos),
