@@ -34,6 +34,7 @@ from kvtool.vllm_events import (
 )
 
 MAX_TIMELINE_POINTS = 500  # the stored-over-time series is thinned to at most this many points
+HISTOGRAM_BINS = 20  # bins of the evicted-lifetime histogram
 SNIFF_BYTES = 1 << 20  # looks_like_vllm_events reads at most the first line of this many bytes
 
 NOTE_NO_REQUESTS = (
@@ -97,6 +98,7 @@ class Lifetimes:
     cleared: Stats  # ended by AllBlocksCleared
     still_cached: Stats  # age at the end of the file of blocks never removed (censored lifetimes)
     removed_unknown_blocks: int  # BlockRemoved of a hash not cached by this file (stored before the capture)
+    evicted_histogram: tuple[tuple[float, float, int], ...]  # (from_s, to_s, blocks) of evicted lifetimes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +193,15 @@ def _stats(values: list[float]) -> Stats:
         p90_s=float(np.percentile(arr, 90)),
         max_s=float(arr.max()),
     )
+
+
+def _histogram(values: list[float]) -> tuple[tuple[float, float, int], ...]:
+    if not values:
+        return ()
+    import numpy as np
+
+    counts, edges = np.histogram(np.asarray(values, dtype=float), bins=HISTOGRAM_BINS)
+    return tuple((float(edges[i]), float(edges[i + 1]), int(n)) for i, n in enumerate(counts))
 
 
 def _thin(points: list[CachePoint]) -> tuple[CachePoint, ...]:
@@ -356,6 +367,7 @@ def analyze_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAnaly
             cleared=_stats(cleared_s),
             still_cached=_stats([t_end - s for s in cached.values()]),
             removed_unknown_blocks=removed_unknown,
+            evicted_histogram=_histogram(evicted_s),
         ),
         churn=Churn(
             computed_blocks=computed,
