@@ -162,7 +162,7 @@ class _Writer:
 
 
 class _Replayer:
-    """A DEALER client of vLLM's replay ROUTER socket.
+    """A DEALER client of vLLM's replay ROUTER socket (which vLLM always binds).
 
     vLLM's example subscriber uses REQ, but the ROUTER answers one request with many messages,
     which a REQ socket cannot receive; a DEALER sending ``[b"", start_seq]`` gets them all.
@@ -193,20 +193,20 @@ class _Replayer:
                 self.socket = None
                 break
             frames = socket.recv_multipart()
-            if len(frames) == 3 and frames[0] == b"":
-                frames = frames[1:]
-            if len(frames) != 2:
-                bad.append((frames, f"replay reply has {len(frames)} frames, expected 2"))
+            body = frames[1:] if frames and frames[0] == b"" else frames
+            # vLLM 0.32 replies (topic, seq, payload); earlier versions (seq, payload).
+            if len(body) not in (2, 3):
+                bad.append((frames, f"replay reply has {len(body)} frames, expected 2 or 3"))
                 continue
             try:
-                seq = decode_seq(frames[0])
+                seq = decode_seq(body[-2])
             except MalformedFrame as err:
                 bad.append((frames, f"replay reply: {err}"))
                 continue
             if seq == END_SEQ:
                 break
             if first <= seq <= last:
-                got.append((seq, frames[1]))
+                got.append((seq, body[-1]))
         return got, bad
 
     def close(self) -> None:

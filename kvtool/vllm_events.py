@@ -14,9 +14,10 @@ No vLLM import is needed: the format below is read from vLLM's own source,
   Trailing fields that hold their default may be omitted (``omit_defaults``).
 - Block hashes are ``ExternalBlockHash = bytes | int``: 64-bit ints by default, raw bytes
   (sha256) in some configurations.  Rows keep ints as ints and write bytes as hex strings.
-- The replay ROUTER socket takes ``[identity, b"", start_seq (8 bytes)]`` and answers with one
-  ``[identity, b"", seq, payload]`` per buffered batch with ``seq >= start_seq``, then the end
-  marker ``[identity, b"", (-1 as 8-byte signed big-endian), b""]``.
+- The replay ROUTER socket (always bound by vLLM) takes ``[identity, b"", start_seq (8 bytes)]``
+  and answers with one ``[identity, b"", topic, seq, payload]`` per buffered batch with
+  ``seq >= start_seq``, then the end marker ``[identity, b"", b"", (-1 as 8-byte signed
+  big-endian), b""]`` (vLLM 0.32; earlier versions leave out the topic frame in both).
 
 Nothing heavy is imported here; msgpack is imported inside :func:`decode_payload`.
 """

@@ -2,8 +2,9 @@
 
 The publisher below follows vllm/distributed/kv_events.py (ZmqEventPublisher): three frames
 (topic, seq as 8-byte big-endian, msgpack payload), payload [ts, [events...], dp_rank], and a
-ROUTER replay socket answering [identity, b"", start_seq] with one [identity, b"", seq, payload]
-per buffered batch with seq >= start_seq, then [identity, b"", -1 (8 bytes signed), b""].
+ROUTER replay socket answering [identity, b"", start_seq] with one [identity, b"", topic, seq,
+payload] per buffered batch with seq >= start_seq, then [identity, b"", b"", -1 (8 bytes signed),
+b""] (vLLM 0.32.0's installed source; earlier versions send no topic frame in replies).
 It uses an XPUB socket (wire-identical to PUB for a SUB peer) only so the test can wait for the
 subscription instead of sleeping.
 """
@@ -41,7 +42,8 @@ def free_port() -> int:
 class FakeVllmPublisher:
     """vLLM's publisher side: PUB-like socket that connects, ROUTER replay socket that binds."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: bytes = b""):
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: bytes = b"", replay_topic_frame: bool = True):
+        self.replay_topic_frame = replay_topic_frame
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.connect(endpoint)
@@ -67,10 +69,11 @@ class FakeVllmPublisher:
             client, empty, start = self.router.recv_multipart()
             start_seq = int.from_bytes(start, "big")
             self.replay_requests.append(start_seq)
+            head = [client, b""] + ([self.topic] if self.replay_topic_frame else [])
             for seq in sorted(self.buffer):
                 if seq >= start_seq:
-                    self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), self.buffer[seq]])
-            self.router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+                    self.router.send_multipart(head + [seq.to_bytes(8, "big"), self.buffer[seq]])
+            self.router.send_multipart(head + [(-1).to_bytes(8, "big", signed=True), b""])
 
     def publish(self, seq: int, payload: bytes, *, live: bool = True) -> None:
         self.buffer[seq] = payload
@@ -125,7 +128,8 @@ def test_role_follows_vllm_bind_rule():
     assert resolve_role("tcp://*:5557", "bind") == ("bind", "tcp://0.0.0.0:5557")
 
 
-def test_capture_rebuilds_a_recorded_file_exactly_with_gap_replay_and_malformed_frames(tmp_path):
+@pytest.mark.parametrize("replay_topic_frame", [True, False], ids=["vllm-0.32-replay", "older-replay"])
+def test_capture_rebuilds_a_recorded_file_exactly_with_gap_replay_and_malformed_frames(tmp_path, replay_topic_frame):
     """Replaying a real vLLM recording over the wire gives back the same file, line for line.
 
     Batches 3 and 4 are kept off the live stream (only in the replay buffer); two malformed
@@ -143,7 +147,7 @@ def test_capture_rebuilds_a_recorded_file_exactly_with_gap_replay_and_malformed_
         duration_s=30,
     )
     thread, stop, box = start_capture(options)
-    pub = FakeVllmPublisher(options.endpoint, options.replay_endpoint)
+    pub = FakeVllmPublisher(options.endpoint, options.replay_endpoint, replay_topic_frame=replay_topic_frame)
     try:
         pub.wait_subscribed()
         for seq, ts, dp_rank, events in batches:
