@@ -107,16 +107,21 @@ def _plain(value: Any) -> Any:
 def normalize_event(obj: Any) -> dict[str, Any]:
     """One wire event (tagged map or positional array) -> ``{"type": ..., fields...}``.
 
-    Unknown event types are kept (their fields as given, or as ``"fields"`` when positional) so
-    nothing received is dropped; the analysis counts them as "other".
+    Known types get every declared field, in declaration order: msgspec's ``omit_defaults``
+    leaves out fields that hold their default (always None here), and they are written back as
+    null so every row has the shape of the recorded files.  Fields this version does not know
+    follow.  Unknown event types are kept (their fields as given, or as ``"fields"`` when
+    positional) so nothing received is dropped; the analysis counts them as "other".
     """
     if isinstance(obj, dict):
         tag = obj.get("type")
         if not isinstance(tag, str):
             raise MalformedFrame("event map has no string 'type' tag")
         row: dict[str, Any] = {"type": tag}
+        for name in POSITIONAL_FIELDS.get(tag, ()):
+            row[name] = _plain(obj.get(name))
         for key, value in obj.items():
-            if key != "type":
+            if key != "type" and key not in row:
                 row[str(key)] = _plain(value)
         return row
     if isinstance(obj, (list, tuple)):
@@ -133,6 +138,7 @@ def normalize_event(obj: Any) -> dict[str, Any]:
             row["extra_fields"] = _plain(values[len(names) :])
             return row
         row.update(zip(names, _plain(values)))
+        row.update((name, None) for name in names[len(values) :])  # omitted trailing defaults
         return row
     raise MalformedFrame(f"event is a {type(obj).__name__}, not a map or an array")
 

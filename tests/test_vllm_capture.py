@@ -174,7 +174,7 @@ def test_capture_rebuilds_a_recorded_file_exactly_with_gap_replay_and_malformed_
 
 
 def test_positional_and_map_forms_and_bytes_hashes(tmp_path):
-    """Older vLLM (array_like events) and map batches decode to the same row shape."""
+    """Older vLLM (array_like events) and map batches decode to the same row shape; unknown fields are kept."""
     port = free_port()
     out = tmp_path / "events.jsonl"
     options = CaptureOptions(endpoint=f"tcp://127.0.0.1:{port}", output=out, max_events=4, duration_s=30, topic="kv")
@@ -187,7 +187,7 @@ def test_positional_and_map_forms_and_bytes_hashes(tmp_path):
         # map batch (EventBatch without array_like), bytes hashes (sha256 block hashing)
         pub.publish(1, msgpack.packb({"ts": 2.5, "events": [
             {"type": "BlockStored", "block_hashes": [b"\x01\xff"], "parent_block_hash": b"\x00\x02", "token_ids": [5, 6],
-             "block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None},
+             "block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None, "x_new_field": 7},
             {"type": "BlockRemoved", "block_hashes": [2**64 - 1], "medium": "GPU"},
         ], "data_parallel_rank": 1}))
         thread.join(30)
@@ -196,14 +196,23 @@ def test_positional_and_map_forms_and_bytes_hashes(tmp_path):
         pub.close()
     assert "error" not in box, box.get("error")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # Fields left out on the wire (omit_defaults) come back as null, in vLLM 0.32's field order.
+    later_stored = dict.fromkeys(
+        ["lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+         "locality", "ownership", "session_id"]
+    )
+    later_removed = dict.fromkeys(["group_idx", "locality", "ownership"])
     assert rows == [
         {"seq": 0, "batch_ts": 1.5, "dp_rank": 0, "type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None,
-         "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": None, "medium": "GPU"},
+         "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": None, "medium": "GPU", **later_stored},
         {"seq": 0, "batch_ts": 1.5, "dp_rank": 0, "type": "AllBlocksCleared"},
         {"seq": 1, "batch_ts": 2.5, "dp_rank": 1, "type": "BlockStored", "block_hashes": ["01ff"], "parent_block_hash": "0002",
-         "token_ids": [5, 6], "block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None},
-        {"seq": 1, "batch_ts": 2.5, "dp_rank": 1, "type": "BlockRemoved", "block_hashes": [18446744073709551615], "medium": "GPU"},
+         "token_ids": [5, 6], "block_size": 2, "lora_id": None, "medium": "GPU", **later_stored, "x_new_field": 7},
+        {"seq": 1, "batch_ts": 2.5, "dp_rank": 1, "type": "BlockRemoved", "block_hashes": [18446744073709551615], "medium": "GPU",
+         **later_removed},
     ]
+    assert list(rows[0]) == ["seq", "batch_ts", "dp_rank", "type", "block_hashes", "parent_block_hash", "token_ids",
+                             "block_size", "lora_id", "medium", *later_stored]
 
 
 def test_gap_with_dead_replay_endpoint_is_counted_unrecovered(tmp_path):
