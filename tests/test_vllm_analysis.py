@@ -22,6 +22,7 @@ EVENTS = DATA / "vllm-events"
 ONE_GIB = EVENTS / "prefix-cache-1gib-block32.jsonl"
 FULL = EVENTS / "small-cache-evictions-full-report.jsonl"
 INCREMENTAL = EVENTS / "small-cache-evictions-incremental.jsonl"
+LIVE = EVENTS / "live-capture-full-report.jsonl"  # captured by kvtool capture from vLLM 0.32 (RECORD.md)
 
 
 def rows(path):
@@ -54,7 +55,8 @@ def reference(path):
 
 @pytest.mark.parametrize(
     "path, counts",
-    [(ONE_GIB, (26, 0, 1)), (FULL, (61, 25, 1)), (INCREMENTAL, (28, 25, 1))],  # the README table
+    # the README table, and RECORD.md for the live capture
+    [(ONE_GIB, (26, 0, 1)), (FULL, (61, 25, 1)), (INCREMENTAL, (28, 25, 1)), (LIVE, (61, 32, 1))],
 )
 def test_event_counts_match_the_recording_table(path, counts):
     c = analyze_vllm_events(path).counts
@@ -62,7 +64,7 @@ def test_event_counts_match_the_recording_table(path, counts):
     assert c.missing_seqs == 0 and c.other_events == 0 and c.dp_ranks == (0,)
 
 
-@pytest.mark.parametrize("path", [ONE_GIB, FULL, INCREMENTAL])
+@pytest.mark.parametrize("path", [ONE_GIB, FULL, INCREMENTAL, LIVE])
 def test_blocks_churn_and_hits_match_a_separate_computation(path):
     a = analyze_vllm_events(path)
     ref = reference(path)
@@ -121,6 +123,15 @@ def test_one_gib_file_by_hand():
     assert a.lifetimes.cleared.max_s == pytest.approx(last - first)
     assert a.counts.duration_s == pytest.approx(last - first)
     assert a.sessions == ()  # no session_id in this recording
+
+
+def test_live_capture_respects_vllm_capacity():
+    a = analyze_vllm_events(LIVE)
+    # 40 blocks (RECORD.md), one of them vLLM's null block: at most 39 cached at once.
+    assert a.peak_cached_blocks <= 39
+    assert a.block_size == 32 and a.hits.report_mode == "full"
+    assert [s.session_id for s in a.sessions] == ["sess-0", "sess-1", "sess-2", "sess-3"]
+    assert a.counts.missing_seqs == 0 and (a.counts.first_seq, a.counts.last_seq) == (0, 43)
 
 
 def test_full_report_hit_evidence():

@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -45,9 +48,10 @@ def test_live_capture_reproduces_the_recorded_run(tmp_path):
          "--replay-endpoint", f"tcp://*:{replay_port}", "-o", str(out), "--duration", "600", "--json"],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    scratch = tmp_path / "scratch"
+    # vLLM's ipc socket paths must stay under 107 characters: a short scratch folder, not tmp_path.
+    scratch = Path(tempfile.mkdtemp(prefix="kvv"))
     for name in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
-        (scratch / name).mkdir(parents=True)
+        (scratch / name).mkdir()
     engine_env = dict(
         os.environ,
         VLLM_HOST_IP="127.0.0.1", VLLM_LOOPBACK_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1",
@@ -67,6 +71,7 @@ def test_live_capture_reproduces_the_recorded_run(tmp_path):
     finally:
         if capture.poll() is None:
             capture.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
     assert capture.returncode == 0, stderr
     summary = json.loads(stdout)
     assert (summary["malformed_frames"], summary["batches_unrecovered"]) == (0, 0)
