@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from kvtool.errors import InputFileError, UsageError
+from kvtool.errors import UsageError
 from kvtool.vllm_events import (
     END_SEQ,
     MalformedFrame,
@@ -135,7 +135,7 @@ class _Writer:
         try:
             self.handle: TextIO = output.open("w", encoding="utf-8")
         except OSError as err:
-            raise InputFileError(f"cannot write the output file: {err.strerror or err}", where=str(output)) from None
+            raise UsageError(f"cannot write the output file: {err.strerror or err}", where=str(output)) from None
         self.malformed_handle: TextIO | None = None
         self.events = 0
         self.batches = 0
@@ -249,10 +249,14 @@ def run_capture(
         sub.close(linger=0)
         ctx.term()
         raise UsageError(f"cannot {role} {address}: {err}", where="--endpoint") from None
+    try:
+        writer = _Writer(options.output)
+    except UsageError:
+        sub.close(linger=0)
+        ctx.term()
+        raise
     replay_address = _connect_address(options.replay_endpoint) if options.replay_endpoint else None
     replayer = _Replayer(zmq, ctx, replay_address, options.replay_timeout_s) if replay_address else None
-
-    writer = _Writer(options.output)
     started = time.monotonic()
     deadline = None if options.duration_s is None else started + options.duration_s
     first_seq = last_seq = None

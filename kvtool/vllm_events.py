@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -94,14 +95,24 @@ def encode_seq(seq: int) -> bytes:
 
 
 def _plain(value: Any) -> Any:
-    """msgpack values -> JSON-able values: bytes become hex strings, tuples lists."""
+    """msgpack values -> strict-JSON values: bytes become hex strings, tuples lists.
+
+    Anything else (msgpack extension types, NaN or infinite floats) is not something vLLM
+    sends and makes the frame malformed, so the writer never meets a value it cannot write.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MalformedFrame(f"non-finite number {value} in an event")
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):  # not isinstance: msgpack's ExtType is a namedtuple
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(_plain(k)): _plain(v) for k, v in value.items()}
-    return value
+    raise MalformedFrame(f"unexpected {type(value).__name__} value in an event")
 
 
 def normalize_event(obj: Any) -> dict[str, Any]:
@@ -158,8 +169,8 @@ def decode_payload(payload: bytes) -> DecodedBatch:
         dp_rank = obj[2] if len(obj) == 3 else None
     else:
         raise MalformedFrame("payload is not a [ts, events, dp_rank] batch")
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-        raise MalformedFrame("batch timestamp is not a number")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise MalformedFrame("batch timestamp is not a finite number")
     if not isinstance(events, (list, tuple)):
         raise MalformedFrame("batch events is not an array")
     if dp_rank is not None and (isinstance(dp_rank, bool) or not isinstance(dp_rank, int)):

@@ -345,3 +345,35 @@ def test_missing_pyzmq_gives_one_line_and_the_install_tip(run_cli, tmp_path, mon
         "Error: kvtool capture needs pyzmq and msgpack (zmq is not installed)\n"
         "Tip: install the optional extra: pip install 'kvtool[capture]' (pyzmq and msgpack)\n"
     )
+
+
+def test_unwritable_output_is_a_usage_error(run_cli, tmp_path):
+    target = tmp_path / "missing-dir" / "e.jsonl"
+    result = run_cli("capture", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "-o", target, "--duration", "1")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"Error: cannot write the output file: No such file or directory ({target})")
+
+
+def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
+    """vLLM binds ipc:// endpoints (ZmqEventPublisher._is_bind_endpoint), so capture connects."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="kvc")  # ipc paths must stay short
+    endpoint = f"ipc://{folder}/kv.sock"
+    assert resolve_role(endpoint, "auto") == ("connect", endpoint)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.bind(endpoint)
+    out = tmp_path / "events.jsonl"
+    thread, stop, box = start_capture(CaptureOptions(endpoint=endpoint, output=out, max_events=1, duration_s=30))
+    try:
+        assert pub.poll(10000)
+        pub.recv()
+        pub.send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0])])
+        thread.join(30)
+    finally:
+        stop.set()
+        pub.close(linger=0)
+        ctx.term()
+    assert box["result"].role == "connect"
+    assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
