@@ -156,44 +156,37 @@ def write_plots(analysis: VllmAnalysis, plot_dir: Path) -> list[Path]:
 
     written: list[Path] = []
 
+    def save(fig, ax, name: str, xlabel: str, ylabel: str, title: str) -> None:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        fig.tight_layout()
+        fig.savefig(plot_dir / name, dpi=100)
+        plt.close(fig)
+        written.append(plot_dir / name)
+
     fig, ax = plt.subplots(figsize=(8, 4))
     t = [p.t_s for p in analysis.timeline]
     ax.step(t, [p.cached_blocks for p in analysis.timeline], where="post", label="cached blocks")
     ax.step(t, [p.stored_blocks_total for p in analysis.timeline], where="post", label="stored so far")
     ax.step(t, [p.removed_blocks_total for p in analysis.timeline], where="post", label="evicted so far")
-    ax.set_xlabel("time since first batch (s)")
-    ax.set_ylabel("blocks")
-    ax.set_title("vLLM prefix-cache blocks over time")
     ax.legend()
-    path = plot_dir / "vllm_cached_blocks.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    save(fig, ax, "vllm_cached_blocks.png", "time since first batch (s)", "blocks", "vLLM prefix-cache blocks over time")
 
     histogram = analysis.lifetimes.evicted_histogram
     if histogram:
         fig, ax = plt.subplots(figsize=(8, 4))
-        ax.bar([lo for lo, _, _ in histogram], [n for _, _, n in histogram],
-               width=[hi - lo for lo, hi, _ in histogram], align="edge")
-        ax.set_xlabel("lifetime in the prefix cache, stored -> evicted (s)")
-        ax.set_ylabel("blocks")
-        ax.set_title("Evicted block lifetimes")
-        path = plot_dir / "vllm_block_lifetimes.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        ax.bar(
+            [lo for lo, _, _ in histogram],
+            [n for _, _, n in histogram],
+            width=[hi - lo for lo, hi, _ in histogram],
+            align="edge",
+        )
+        save(fig, ax, "vllm_block_lifetimes.png", "lifetime in the prefix cache, stored -> evicted (s)", "blocks",
+             "Evicted block lifetimes")
 
     fig, ax = plt.subplots(figsize=(8, 4))
     depths = analysis.chains.depth_histogram
     ax.bar([d for d, _ in depths], [n for _, n in depths])
-    ax.set_xlabel("depth in prefix chain (blocks)")
-    ax.set_ylabel("distinct blocks")
-    ax.set_title("Prefix chain depth")
-    path = plot_dir / "vllm_chain_depth.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    save(fig, ax, "vllm_chain_depth.png", "depth in prefix chain (blocks)", "distinct blocks", "Prefix chain depth")
     return written
