@@ -30,6 +30,7 @@ from kvtool.vllm_events import (
     BLOCK_STORED,
     EVENT_TYPES,
     VllmEvent,
+    open_text,
     read_event_file,
 )
 
@@ -165,7 +166,7 @@ class VllmAnalysis:
 def looks_like_vllm_events(path: Path) -> bool:
     """True when the first non-blank line is a JSON object with ``seq`` and a vLLM event ``type``."""
     try:
-        with Path(path).open("r", encoding="utf-8") as handle:
+        with open_text(Path(path)) as handle:
             read = 0
             for text in handle:
                 read += len(text)
@@ -174,7 +175,7 @@ def looks_like_vllm_events(path: Path) -> bool:
                     return isinstance(row, dict) and "seq" in row and row.get("type") in EVENT_TYPES
                 if read > SNIFF_BYTES:
                     return False
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, EOFError, UnicodeDecodeError, ValueError):
         return False
     return False
 

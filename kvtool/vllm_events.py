@@ -28,7 +28,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 from kvtool.errors import InputFileError
 
@@ -275,10 +275,19 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
     )
 
 
+def open_text(path: Path) -> TextIO:
+    """Open an event file for reading as UTF-8 text; ``.gz`` files are decompressed."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8")
+    return Path(path).open("r", encoding="utf-8")
+
+
 def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed JSON) for each non-blank line; bad JSON -> InputFileError."""
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = open_text(path)
     except OSError as err:
         raise InputFileError(f"cannot read the file: {err.strerror or err}", where=str(path)) from None
     with handle:
@@ -292,6 +301,8 @@ def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
                     raise InputFileError(f"not valid JSON ({err.msg})", where=f"{path}, line {number}") from None
         except UnicodeDecodeError:
             raise InputFileError("not a UTF-8 text file", where=str(path)) from None
+        except (OSError, EOFError) as err:  # a truncated or corrupt .gz
+            raise InputFileError(f"cannot read the file: {err}", where=str(path)) from None
 
 
 def read_event_file(path: Path) -> tuple[VllmEvent, ...]:

@@ -6,6 +6,7 @@ whose table gives the BlockStored/BlockRemoved/AllBlocksCleared counts 26/0/1, 6
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -173,11 +174,12 @@ def test_json_output_is_one_object_and_plots(tmp_path, capsys):
     }
 
 
-def test_table_output(capsys):
-    run_vllm_analysis(FULL, json_output=False, plot_dir=None)
-    out = capsys.readouterr().out
-    for text in ("61 / 25 / 1", "sess-3", "per-request holding time", "Block lifetimes"):
+def test_table_output(capsys, tmp_path):
+    run_vllm_analysis(FULL, json_output=False, plot_dir=tmp_path)
+    out, err = capsys.readouterr()
+    for text in ("61 / 25 / 1", "sess-3", "per-request holding time", "Block lifetimes", "wrote "):
         assert text in out
+    assert err == ""
 
 
 def test_looks_like(tmp_path):
@@ -274,3 +276,17 @@ def test_invariants_on_random_streams(stream):
     assert a.final_cached_blocks == life.still_cached.count <= a.peak_cached_blocks
     for stats in (life.evicted, life.cleared, life.still_cached):
         assert stats.min_s is None or stats.min_s >= 0
+
+
+def test_gzip_event_files(tmp_path):
+    import gzip
+
+    packed = tmp_path / "events.jsonl.gz"
+    packed.write_bytes(gzip.compress(INCREMENTAL.read_bytes()))
+    assert looks_like_vllm_events(packed)
+    assert analyze_vllm_events(packed) == dataclasses.replace(analyze_vllm_events(INCREMENTAL), source=str(packed))
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(INCREMENTAL.read_bytes())[:3000])
+    with pytest.raises(InputFileError) as info:
+        analyze_vllm_events(broken)
+    assert info.value.exit_code == 3 and "cannot read the file" in info.value.message

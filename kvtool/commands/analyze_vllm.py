@@ -8,10 +8,8 @@ from pathlib import Path
 def run_vllm_analysis(path: Path, *, json_output: bool, plot_dir: Path | None) -> None:
     """Analyse a vLLM KV-event JSON-lines file and print tables or one JSON object on stdout.
 
-    Raises InputFileError (exit 3) for a file that is not vLLM events; plot paths go to stderr.
+    Raises InputFileError (exit 3) for a file that is not vLLM events (``.gz`` files are read too).
     """
-    import sys
-
     from kvtool.output import print_json, stdout_console
     from kvtool.render_vllm import analysis_tables, write_plots
     from kvtool.vllm_analysis import analyze_vllm_events
@@ -25,4 +23,4 @@ def run_vllm_analysis(path: Path, *, json_output: bool, plot_dir: Path | None) -
         for renderable in analysis_tables(analysis):
             console.print(renderable)
         for plot in written:
-            sys.stderr.write(f"wrote {plot}\n")
+            console.print(f"wrote {plot}", highlight=False)
