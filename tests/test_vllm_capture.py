@@ -377,3 +377,24 @@ def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
         ctx.term()
     assert box["result"].role == "connect"
     assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
+
+
+def test_live_count_on_a_terminal(monkeypatch):
+    import io
+
+    from kvtool.commands import capture as capture_command
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    fake = Tty()
+    monkeypatch.setattr(sys, "stderr", fake)
+    show, finish = capture_command._progress_printer()
+    show(0, 0, 0, 0)
+    show(1234, 56, 2, 1)
+    finish()
+    assert fake.getvalue() == (
+        "\rcaptured 0 events in 0 batches"
+        "\rcaptured 1,234 events in 56 batches, 2 batches missed, 1 malformed frames\n"
+    )
