@@ -28,7 +28,7 @@ def _progress_printer():
             text += f", {malformed:,} malformed frames"
         if tty:
             if text != state["last"]:
-                sys.stderr.write("\r" + text)
+                sys.stderr.write("\r" + text.ljust(len(state["last"] or "")))  # pad over a longer line
                 sys.stderr.flush()
                 state["last"] = text
         elif time.monotonic() >= state["next"]:
