@@ -1,4 +1,4 @@
-"""Optional: capture a real vLLM engine's KV events live (skipped unless vLLM is available).
+"""Optional: capture real vLLM KV events live (skipped unless vLLM is available).
 
 Set VLLM_PYTHON to a Python that has vLLM (e.g. /work/vllm-venv/bin/python), or run the tests in
 an environment where vLLM is importable.  The engine run is the one of
@@ -84,3 +84,35 @@ def test_live_capture_reproduces_the_recorded_run(tmp_path):
     a = analyze_vllm_events(out)
     # vLLM keeps one of its 40 blocks as the null block: at most 39 can hold cached content.
     assert a.peak_cached_blocks <= engine_summary["num_gpu_blocks"] - 1
+
+
+def test_gap_filled_from_vllms_real_replay_socket(tmp_path):
+    """vLLM's own ZmqEventPublisher (msgspec encoding, ROUTER replay) with batches 2 and 3 lost."""
+    port, replay_port = free_port(), free_port()
+    out = tmp_path / "events.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    capture = subprocess.Popen(
+        [sys.executable, "-m", "kvtool", "capture", "--endpoint", f"tcp://127.0.0.1:{port}",
+         "--replay-endpoint", f"tcp://*:{replay_port}", "-o", str(out), "--duration", "120", "--max-events", "14",
+         "--json"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        publisher = subprocess.run(
+            [VLLM_PYTHON, str(REPO_ROOT / "tests" / "vllm_real_publisher.py"), "--endpoint", f"tcp://127.0.0.1:{port}",
+             "--replay-endpoint", f"tcp://*:{replay_port}", "--batches", "6", "--lose", "2,3"],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, VLLM_HOST_IP="127.0.0.1"),
+        )
+        assert publisher.returncode == 0, publisher.stderr[-3000:]
+        stdout, stderr = capture.communicate(timeout=60)
+    finally:
+        if capture.poll() is None:
+            capture.kill()
+    assert capture.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert (summary["gaps"], summary["batches_missed"], summary["batches_recovered"], summary["batches_unrecovered"]) == (
+        1, 2, 2, 0,
+    )
+    expected = json.loads(publisher.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "batch_ts"} for r in rows] == expected
