@@ -363,9 +363,16 @@ def run_capture(
     )
 
 
+DRAIN_LIMIT_S = 2.0  # at a stop, keep handling queued messages for at most this long
+
+
 def _drain(sub, zmq, handle: Callable[[list[bytes]], Any]) -> None:
-    """Handle every message already received before stopping, so none is lost."""
-    while True:
+    """Handle the messages already received before stopping, so none is lost.
+
+    Bounded in time: a publisher that never pauses cannot keep a stopped capture alive.
+    """
+    deadline = time.monotonic() + DRAIN_LIMIT_S
+    while time.monotonic() < deadline:
         try:
             frames = sub.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
