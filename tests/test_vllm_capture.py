@@ -307,6 +307,7 @@ def test_table_output(run_cli, tmp_path):
     result = run_cli("capture", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "-o", tmp_path / "e.jsonl", "--duration", "0.2")
     assert result.exit_code == 0
     assert "events written" in result.stdout and "duration" in result.stdout
+    assert result.stderr.startswith("Warning: no events received (bind tcp://127.0.0.1:")
 
 
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:0", "5557", "tcp://a b:1"])

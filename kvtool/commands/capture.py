@@ -104,5 +104,13 @@ def register(app: typer.Typer) -> None:
             finish()
         if json_output:
             print_json(result)
-        else:
-            stdout_console().print(capture_table(result))
+            return
+        stdout_console().print(capture_table(result))
+        if result.events_written == 0 and result.malformed_frames == 0:
+            from kvtool.output import warn
+
+            warn(
+                f"no events received ({result.role} {result.endpoint}): check that vLLM runs with "
+                f"KVEventsConfig(enable_kv_cache_events=True, publisher='zmq', endpoint='{endpoint}') and "
+                "prefix caching on"
+            )
