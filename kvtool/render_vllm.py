@@ -45,6 +45,8 @@ def capture_table(result: CaptureResult):
         ("duration (s)", f"{result.duration_s:,.1f}"),
         ("stopped by", result.stopped_by),
     ]
+    if result.replay_error:
+        rows.append(("replay error", result.replay_error))
     if result.malformed_file:
         rows.append(("malformed frames kept in", result.malformed_file))
         rows.extend(("  reason", reason) for reason in result.malformed_reasons)

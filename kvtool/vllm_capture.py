@@ -64,6 +64,7 @@ class CaptureResult:
     batches_recovered: int  # of those, filled from the replay socket
     batches_unrecovered: int  # missed and not recovered: their events are absent from the file
     sequence_resets: int  # times the sequence went backwards (publisher restarted)
+    replay_error: str | None  # the last error of the replay socket itself, if any
     malformed_frames: int  # messages that were not KV-event batches (kept in malformed_file)
     malformed_reasons: tuple[str, ...]  # the first few distinct reasons
     malformed_file: str | None  # where the raw malformed frames are, as hex; None when there were none
@@ -262,6 +263,7 @@ def run_capture(
     first_seq = last_seq = None
     gaps = missed = recovered = resets = malformed = 0
     reasons: list[str] = []
+    replay_error: str | None = None
     stopped_by = "signal"
     next_progress = started
 
@@ -276,7 +278,12 @@ def run_capture(
         nonlocal recovered
         if replayer is None:
             return
-        replies, bad = replayer.fetch(first, last)
+        nonlocal replay_error
+        try:
+            replies, bad = replayer.fetch(first, last)
+        except zmq.ZMQError as err:  # e.g. a replay address that cannot be reached at all
+            replay_error = f"replay of batches {first}..{last} failed: {err}"
+            return
         for frames, reason in bad:
             bad_frame(frames, reason)
         seen: set[int] = set()
@@ -355,6 +362,7 @@ def run_capture(
         batches_recovered=recovered,
         batches_unrecovered=missed - recovered,
         sequence_resets=resets,
+        replay_error=replay_error,
         malformed_frames=malformed,
         malformed_reasons=tuple(reasons),
         malformed_file=str(writer.malformed_path) if malformed else None,
