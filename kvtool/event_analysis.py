@@ -1,0 +1,804 @@
+"""Per-request block holding time versus utilization, and the health of a paged block pool, from KV-cache events.
+
+Definitions (docs/analyze.md has them with examples).  For one request, with its rows in time order (equal ``ts``
+in file order):
+
+- b(t), blocks held: running sum of allocate + append + reuse ``num_blocks`` minus freed blocks, never below 0 (a
+  free larger than what is held is clamped at 0 and counted as an over-free);
+- n(t), tokens held: running sum of allocate + append + reuse ``num_tokens`` since b was last 0, never above
+  b(t) x block_size (so 0 once every block is freed);
+- holding time: total time with b > 0; block-seconds: integral of b; utilization: integral of n divided by the
+  integral of b x block_size (a ratio of integrals; NaN/null when that integral is 0);
+- a request still holding blocks at the end of the trace (the largest accepted ts) is leaked: its intervals run to
+  that end;
+- b returning to 0 and later rising again is a preemption (counted, not an anomaly).
+
+Everything is vectorised with numpy: one stable sort by (request, ts), then segmented cumulative sums and
+``ufunc.reduceat`` over the per-request segments.  No Python loop over events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Callable
+
+from kvtool.errors import UsageError
+from kvtool.events_csv import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+DEFAULT_LONG_THRESHOLD_TOKENS = 2048
+DEFAULT_LONG_SHARE_ALERT = 0.6  # the seed article's alert: long requests holding > 60 % of the blocks
+DEFAULT_TOP = 10
+SHORT_MATCH_SHARE = 0.5  # "many" zero or very short prefix matches: at least half of the requests
+PILE_UP_SHARE = 0.5  # "piling up": at least half of the hits have the same, block-multiple match length
+FIRST_LEAKS_SHOWN = 10
+PERCENTILES = (50, 95, 99)
+
+nan = float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """The headline figures (JSON ``summary``)."""
+
+    requests: int  # distinct request_ids among accepted rows
+    events: int  # accepted rows
+    rejected_rows: int
+    leaked_requests: int
+    leaked_blocks: int  # blocks still held at the end of the trace, summed over leaked requests
+    over_frees: int  # free rows releasing more blocks than held (clamped at 0)
+    preemptions: int
+    peak_blocks_in_use: int  # counting a block once per request holding it
+    mean_blocks_in_use: float  # time-weighted over the trace
+    utilization: float  # pool-wide: integral of tokens held / integral of slots held (fraction)
+    free_latency_ms_p50: float
+    free_latency_ms_p95: float
+    free_latency_ms_p99: float
+    free_latency_ms_max: float
+    holding_time_s_p50: float
+    holding_time_s_p95: float
+    block_seconds: float  # sum over requests
+    wasted_slot_seconds: float  # sum over requests of block_size x block-seconds x (1 - utilization)
+    trace_start_s: float
+    trace_end_s: float
+    duration_s: float
+    default_block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStats:
+    """Blocks in use over time, free latency and block turnover."""
+
+    peak_blocks_in_use: int
+    peak_at_s: float
+    mean_blocks_in_use: float
+    utilization: float
+    blocks_allocated: int  # allocate + append num_blocks
+    blocks_reused: int  # reuse num_blocks (prefix-cache blocks attached)
+    blocks_freed: int  # blocks actually released (over-frees clamped)
+    blocks_allocated_per_s: float
+    free_latency_count: int  # free rows with a latency_ms
+    free_latency_ms_p50: float
+    free_latency_ms_p95: float
+    free_latency_ms_p99: float
+    free_latency_ms_max: float
+    late_free_block_seconds: float  # sum over frees of blocks x latency: block-seconds spent waiting to be freed
+    allocate_latency_ms_p50: float
+    allocate_latency_ms_p95: float
+    allocate_latency_ms_max: float
+    has_block_ids: bool
+    unique_physical_blocks: int | None  # distinct block ids seen
+    peak_physical_blocks_in_use: int | None  # a block shared by several requests counted once
+    mean_physical_blocks_in_use: float | None
+    reallocations: int | None  # a block id returned to the pool and later allocated again
+    turnover_time_s_p50: float | None  # time a block id spends in the pool between free and reallocation
+    turnover_time_s_p95: float | None
+    free_pool_blocks_min: float | None  # from the free_pool_blocks column
+    capacity_blocks: float | None  # --pool-blocks, else max(blocks in use + free_pool_blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixReuse:
+    """Prefix-cache hits (reuse rows of each request's first holding interval) and a diagnosis."""
+
+    requests_with_prompt: int  # requests whose first interval has allocate or reuse tokens
+    requests_with_hit: int
+    hit_share: float
+    prompt_tokens: int
+    reused_tokens: int
+    reused_token_share: float  # reused tokens / prompt tokens
+    match_tokens_p50: float
+    match_tokens_p90: float
+    short_match_requests: int  # requests matching at most one block (zero included)
+    most_common_hit_tokens: int | None
+    most_common_hit_share: float  # share of hits with exactly that match length
+    block_multiple_hit_share: float  # share of hits whose match length is a multiple of the block size
+    histogram: tuple[tuple[int, int], ...]  # (match tokens, requests), the most common first (up to 20)
+    diagnosis: tuple[str, ...]  # codes: no_reuse_events, prompts_differ_early, block_alignment, ok
+    advice: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LongRequests:
+    """Share of blocks held by long requests over time (the article's 60 % alert)."""
+
+    threshold_tokens: int
+    alert_share: float
+    long_requests: int  # requests whose peak tokens held exceed the threshold
+    basis: str  # "capacity" (share of the pool) or "blocks_in_use" (share of what is held)
+    capacity_blocks: float | None
+    peak_share: float
+    peak_share_at_s: float
+    mean_share: float  # time-weighted over the time blocks are in use
+    time_above_alert_s: float
+    first_alert_at_s: float
+    alert: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Anomalies:
+    """Everything excluded or suspicious; ``--strict`` fails on any count here."""
+
+    rejected_rows: int
+    rejected_by_reason: dict[str, int]
+    first_rejected: tuple[tuple[int, str], ...]  # (row number, reason)
+    blank_rows: int  # skipped, not an anomaly
+    over_frees: int
+    over_freed_blocks: int
+    over_free_requests: int
+    leaked_requests: int
+    leaked_blocks: int
+    first_leaked_request_ids: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return self.rejected_rows + self.over_frees + self.leaked_requests
+
+
+# Per-request columns, in report order; (name, numpy dtype kind) - the JSON/CSV names.
+REQUEST_COLUMNS = (
+    "request_id",
+    "holding_time_s",
+    "utilization",
+    "block_seconds",
+    "wasted_slot_seconds",
+    "peak_blocks",
+    "peak_tokens",
+    "tokens",
+    "prompt_tokens",
+    "reused_blocks",
+    "reused_tokens",
+    "free_latency_ms_max",
+    "preemptions",
+    "over_frees",
+    "leaked",
+    "leaked_blocks",
+    "long",
+    "first_ts_s",
+    "last_ts_s",
+    "events",
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RequestTable:
+    """One entry per request (columnar numpy arrays, aligned with ``request_ids``)."""
+
+    request_ids: tuple[str, ...]
+    holding_time_s: np.ndarray  # time with b > 0, leaks measured to the end of the trace
+    utilization: np.ndarray  # NaN when the holding interval is empty
+    block_seconds: np.ndarray
+    wasted_slot_seconds: np.ndarray  # block_size x block-seconds x (1 - utilization)
+    peak_blocks: np.ndarray
+    peak_tokens: np.ndarray
+    tokens: np.ndarray  # allocate + append + reuse num_tokens
+    prompt_tokens: np.ndarray  # allocate + reuse tokens of the first holding interval
+    reused_blocks: np.ndarray
+    reused_tokens: np.ndarray
+    free_latency_ms_max: np.ndarray  # NaN without a latency
+    preemptions: np.ndarray
+    over_frees: np.ndarray
+    leaked: np.ndarray  # bool
+    leaked_blocks: np.ndarray  # blocks held at the end of the trace
+    long: np.ndarray  # bool: peak tokens above --long-threshold
+    first_ts_s: np.ndarray
+    last_ts_s: np.ndarray
+    events: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def column(self, name: str):
+        return self.request_ids if name == "request_id" else getattr(self, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Culprit:
+    """A request that holds long and uses little: ranked by wasted slot-seconds."""
+
+    request_id: str
+    wasted_slot_seconds: float
+    holding_time_s: float
+    utilization: float
+    block_seconds: float
+    peak_blocks: int
+    leaked: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Timeline:
+    """Step curves for the charts (not in the JSON): values hold from each time to the next."""
+
+    time_s: np.ndarray
+    blocks_in_use: np.ndarray
+    long_blocks_in_use: np.ndarray
+    physical_time_s: np.ndarray | None
+    physical_blocks_in_use: np.ndarray | None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Analysis:
+    """The whole result of ``kvtool analyze``."""
+
+    file: str
+    schema_version: int
+    summary: Summary
+    pool: PoolStats
+    prefix_reuse: PrefixReuse
+    long_requests: LongRequests
+    anomalies: Anomalies
+    culprits: tuple[Culprit, ...]
+    requests: RequestTable
+    timeline: Timeline
+    free_latencies_ms: np.ndarray  # latency_ms of free rows, for the histogram
+    match_tokens: np.ndarray  # prefix match length of each request with a prompt
+
+
+def analyze_events(
+    table: EventTable,
+    *,
+    long_threshold_tokens: int = DEFAULT_LONG_THRESHOLD_TOKENS,
+    long_share_alert: float = DEFAULT_LONG_SHARE_ALERT,
+    top: int = DEFAULT_TOP,
+    pool_blocks: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Analysis:
+    """Analyse an :class:`EventTable` (see the module docstring for the definitions)."""
+    import numpy as np
+
+    if long_threshold_tokens < 0:
+        raise UsageError(f"--long-threshold must be >= 0 tokens, got {long_threshold_tokens}")
+    if not 0 < long_share_alert <= 1:
+        raise UsageError(f"--long-share-alert must be a fraction in (0, 1], got {long_share_alert}")
+    if top < 0:
+        raise UsageError(f"--top must be >= 0, got {top}")
+    if pool_blocks is not None and pool_blocks <= 0:
+        raise UsageError(f"--pool-blocks must be a positive number of blocks, got {pool_blocks}")
+    note = progress or (lambda stage: None)
+
+    n = table.events
+    n_req = len(table.request_ids)
+    ts = table.ts
+    t_end = float(ts.max()) if n else nan
+    t_start = float(ts.min()) if n else nan
+    duration = t_end - t_start if n else 0.0
+
+    # ---- one stable sort by (request, ts): ts first (usually already sorted), then a radix pass on the request
+    note("sorting")
+    ts_sorted_already = n < 2 or bool((ts[1:] >= ts[:-1]).all())
+    p0 = None if ts_sorted_already else np.argsort(ts, kind="stable")
+    codes = table.request if p0 is None else table.request[p0]
+    q = _stable_argsort_small_ints(codes, n_req)
+    order = q if p0 is None else p0[q]
+    t = ts[order]
+    ev = table.event[order]
+    rq = codes[q]
+    del codes
+    nb = table.num_blocks[order]
+    nt = table.num_tokens[order]
+    bs = table.block_size[order] if table.block_size is not None else table.default_block_size
+    starts = np.flatnonzero(np.r_[True, rq[1:] != rq[:-1]]) if n else np.zeros(0, np.int64)
+    lengths = np.diff(np.r_[starts, n])
+    last = np.r_[starts[1:] - 1, n - 1] if n else starts
+
+    note("integrating")
+    is_free = ev == FREE
+    d = np.where(is_free, -nb, nb)
+    s = _segment_cumsum(d, starts, lengths)
+    b = _clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
+    del s
+    bp = np.empty_like(b)  # blocks held before each row
+    if n:
+        bp[1:] = b[:-1]
+        bp[starts] = 0
+    db = b - bp  # the change each row actually made (over-frees clamped)
+    over = is_free & (bp - nb < 0)
+    tok = np.where(is_free, 0, nt)
+    episode = np.flatnonzero(bp == 0)  # a new holding interval starts where nothing was held
+    run = _segment_cumsum(tok, episode, np.diff(np.r_[episode, n]))
+    held_tokens = np.minimum(run, b * bs)
+    del run
+    up = (bp == 0) & (b > 0)
+    dt = np.empty(n)
+    if n:
+        dt[:-1] = t[1:] - t[:-1]
+        dt[last] = t_end - t[last]
+
+    def per_request(values, ufunc=np.add):
+        return ufunc.reduceat(values, starts) if n else np.zeros(0)
+
+    block_seconds = per_request(b * dt)
+    slot_seconds = block_seconds * bs if np.isscalar(bs) else per_request(b * bs * dt)
+    token_seconds = per_request(held_tokens * dt)
+    holding = per_request(np.where(b > 0, dt, 0.0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        utilization = np.where(slot_seconds > 0, token_seconds / slot_seconds, nan)
+    wasted = np.maximum(slot_seconds - token_seconds, 0.0)
+    ups = per_request(up.astype(np.int64))
+    episode_index = _segment_cumsum(up.astype(np.int64), starts, lengths)
+    first_interval = episode_index <= 1
+    is_reuse = ev == REUSE
+    prompt_rows = first_interval & ((ev == ALLOCATE) | is_reuse)
+    prompt_tokens = per_request(np.where(prompt_rows, nt, 0))
+    match_tokens_all = per_request(np.where(first_interval & is_reuse, nt, 0))
+    peak_tokens = per_request(held_tokens, np.maximum).astype(np.int64)
+    latency = table.latency_ms[order] if table.latency_ms is not None else None
+    if latency is not None:
+        free_lat = np.where(is_free, latency, nan)
+        free_latency_max = per_request(free_lat, np.fmax)
+    else:
+        free_latency_max = np.full(n_req, nan)
+    leaked_blocks = b[last]
+    requests = RequestTable(
+        request_ids=table.request_ids,
+        holding_time_s=holding,
+        utilization=utilization,
+        block_seconds=block_seconds,
+        wasted_slot_seconds=wasted,
+        peak_blocks=per_request(b, np.maximum),
+        peak_tokens=peak_tokens,
+        tokens=per_request(tok),
+        prompt_tokens=prompt_tokens,
+        reused_blocks=per_request(np.where(is_reuse, nb, 0)),
+        reused_tokens=per_request(np.where(is_reuse, nt, 0)),
+        free_latency_ms_max=free_latency_max,
+        preemptions=np.maximum(ups - 1, 0),
+        over_frees=per_request(over.astype(np.int64)),
+        leaked=leaked_blocks > 0,
+        leaked_blocks=leaked_blocks,
+        long=peak_tokens > long_threshold_tokens,
+        first_ts_s=t[starts],
+        last_ts_s=t[last],
+        events=lengths,
+    )
+
+    note("pool")
+    # pool curves in global time order: scatter each row's change back to its position in ts order
+    db_ts = np.empty_like(db)
+    db_ts[q] = db
+    t_ts = ts if p0 is None else ts[p0]
+    in_use = np.cumsum(db_ts)
+    long_ts = np.empty_like(db)
+    long_ts[q] = np.where(requests.long[rq], db, 0)
+    long_in_use = np.cumsum(long_ts)
+    del long_ts
+    at_time_end = np.r_[t_ts[1:] != t_ts[:-1], True] if n else np.zeros(0, bool)
+    curve_t = t_ts[at_time_end]
+    curve_b = in_use[at_time_end]
+    curve_long = long_in_use[at_time_end]
+    peak_i = int(np.argmax(curve_b)) if curve_b.size else 0
+    total_block_seconds = float(block_seconds.sum())
+    mean_in_use = total_block_seconds / duration if duration > 0 else nan
+
+    physical = _physical_blocks(table, order, q, p0, t_ts, ev, b, last, t_end, n) if n else None
+
+    capacity = float(pool_blocks) if pool_blocks is not None else None
+    free_pool_min = None
+    if table.free_pool_blocks is not None:
+        fp = table.free_pool_blocks[order]
+        has = ~np.isnan(fp)
+        if has.any():
+            free_pool_min = float(fp[has].min())
+            if capacity is None:
+                pos = q[has]  # ts-order positions of those rows
+                if physical is not None and physical["curve_t"].size:
+                    k = np.searchsorted(physical["curve_t"], t_ts[pos], side="right") - 1
+                    used_then = np.where(k >= 0, physical["curve_b"][np.maximum(k, 0)], 0)
+                else:
+                    used_then = in_use[pos]
+                capacity = float((used_then + fp[has]).max())
+
+    free_rows_lat = latency[is_free] if latency is not None else np.zeros(0)
+    free_rows_lat = free_rows_lat[~np.isnan(free_rows_lat)]
+    alloc_lat = latency[ev == ALLOCATE] if latency is not None else np.zeros(0)
+    alloc_lat = alloc_lat[~np.isnan(alloc_lat)]
+    fl = _percentiles(free_rows_lat)
+    al = _percentiles(alloc_lat)
+    late_free = float(((nb * latency)[is_free & ~np.isnan(latency)]).sum() / 1000.0) if latency is not None else 0.0
+    blocks_allocated = int(nb[(ev == ALLOCATE) | (ev == APPEND)].sum())
+    blocks_reused = int(nb[is_reuse].sum())
+    blocks_freed = int(-db[is_free].sum())
+    total_token_seconds = float(token_seconds.sum())
+    total_slot_seconds = float(slot_seconds.sum())
+    pool_util = total_token_seconds / total_slot_seconds if total_slot_seconds > 0 else nan
+    pool = PoolStats(
+        peak_blocks_in_use=int(curve_b[peak_i]) if curve_b.size else 0,
+        peak_at_s=float(curve_t[peak_i]) if curve_t.size else nan,
+        mean_blocks_in_use=mean_in_use,
+        utilization=pool_util,
+        blocks_allocated=blocks_allocated,
+        blocks_reused=blocks_reused,
+        blocks_freed=blocks_freed,
+        blocks_allocated_per_s=blocks_allocated / duration if duration > 0 else nan,
+        free_latency_count=int(free_rows_lat.size),
+        free_latency_ms_p50=fl[0],
+        free_latency_ms_p95=fl[1],
+        free_latency_ms_p99=fl[2],
+        free_latency_ms_max=fl[3],
+        late_free_block_seconds=late_free,
+        allocate_latency_ms_p50=al[0],
+        allocate_latency_ms_p95=al[1],
+        allocate_latency_ms_max=al[3],
+        has_block_ids=physical is not None,
+        unique_physical_blocks=None if physical is None else physical["unique"],
+        peak_physical_blocks_in_use=None if physical is None else physical["peak"],
+        mean_physical_blocks_in_use=None if physical is None else physical["mean"],
+        reallocations=None if physical is None else physical["reallocations"],
+        turnover_time_s_p50=None if physical is None else physical["turnover"][0],
+        turnover_time_s_p95=None if physical is None else physical["turnover"][1],
+        free_pool_blocks_min=free_pool_min,
+        capacity_blocks=capacity,
+    )
+
+    note("prefix reuse")
+    has_prompt = prompt_tokens > 0
+    match_tokens = match_tokens_all[has_prompt]
+    block_size_of_request = (
+        np.full(n_req, table.default_block_size) if np.isscalar(bs) else bs[starts]
+    )[has_prompt]
+    prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool(is_reuse.any()))
+
+    long_stats = _long_share(curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert,
+                             int(requests.long.sum()))
+
+    over_freed = int((nb - bp)[over].sum())
+    leaked_idx = np.flatnonzero(requests.leaked)
+    anomalies = Anomalies(
+        rejected_rows=table.rejected.count,
+        rejected_by_reason=dict(table.rejected.by_reason),
+        first_rejected=table.rejected.first,
+        blank_rows=table.rejected.blank_rows,
+        over_frees=int(over.sum()),
+        over_freed_blocks=over_freed,
+        over_free_requests=int((requests.over_frees > 0).sum()),
+        leaked_requests=int(leaked_idx.size),
+        leaked_blocks=int(leaked_blocks.sum()),
+        first_leaked_request_ids=tuple(table.request_ids[i] for i in leaked_idx[:FIRST_LEAKS_SHOWN]),
+    )
+    hold_p = _percentiles(holding)
+    summary = Summary(
+        requests=n_req,
+        events=n,
+        rejected_rows=anomalies.rejected_rows,
+        leaked_requests=anomalies.leaked_requests,
+        leaked_blocks=anomalies.leaked_blocks,
+        over_frees=anomalies.over_frees,
+        preemptions=int(requests.preemptions.sum()),
+        peak_blocks_in_use=pool.peak_blocks_in_use,
+        mean_blocks_in_use=mean_in_use,
+        utilization=pool_util,
+        free_latency_ms_p50=fl[0],
+        free_latency_ms_p95=fl[1],
+        free_latency_ms_p99=fl[2],
+        free_latency_ms_max=fl[3],
+        holding_time_s_p50=hold_p[0],
+        holding_time_s_p95=hold_p[1],
+        block_seconds=total_block_seconds,
+        wasted_slot_seconds=float(wasted.sum()),
+        trace_start_s=t_start,
+        trace_end_s=t_end,
+        duration_s=duration,
+        default_block_size=table.default_block_size,
+    )
+    ranked = np.argsort(-wasted, kind="stable")[:top]
+    culprits = tuple(
+        Culprit(
+            request_id=table.request_ids[i],
+            wasted_slot_seconds=float(wasted[i]),
+            holding_time_s=float(holding[i]),
+            utilization=float(utilization[i]),
+            block_seconds=float(block_seconds[i]),
+            peak_blocks=int(requests.peak_blocks[i]),
+            leaked=bool(requests.leaked[i]),
+        )
+        for i in ranked.tolist()
+        if wasted[i] > 0
+    )
+    timeline = Timeline(
+        time_s=curve_t,
+        blocks_in_use=curve_b,
+        long_blocks_in_use=curve_long,
+        physical_time_s=None if physical is None else physical["curve_t"],
+        physical_blocks_in_use=None if physical is None else physical["curve_b"],
+    )
+    return Analysis(
+        file=table.path,
+        schema_version=SCHEMA_VERSION,
+        summary=summary,
+        pool=pool,
+        prefix_reuse=prefix,
+        long_requests=long_stats,
+        anomalies=anomalies,
+        culprits=culprits,
+        requests=requests,
+        timeline=timeline,
+        free_latencies_ms=free_rows_lat,
+        match_tokens=match_tokens,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _stable_argsort_small_ints(codes, n_values: int):
+    """Stable argsort of non-negative int codes below ``n_values``, as LSD radix passes of 16 bits.
+
+    numpy's stable sort is a radix sort for 16-bit keys, which is much faster than timsort on int32.
+    """
+    import numpy as np
+
+    if n_values <= 1 << 16:
+        return np.argsort(codes.astype(np.uint16), kind="stable")
+    perm = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")
+    return perm[np.argsort((codes[perm] >> 16).astype(np.uint16), kind="stable")]
+
+
+def _segment_cumsum(values, starts, lengths):
+    """Cumulative sum restarting at each segment start (segments cover the array in order)."""
+    import numpy as np
+
+    total = np.cumsum(values)
+    if not starts.size:
+        return total
+    base = total[starts] - values[starts]
+    total -= np.repeat(base, lengths)
+    return total
+
+
+def _clamp_at_zero(s, starts, lengths):
+    """Running sums clamped at 0 from below, per segment: b_i = S_i - min(0, min_{j<=i} S_j) (Skorokhod).
+
+    Only segments that go negative are touched; their running minimum is taken over ranks offset per
+    segment, so one ``minimum.accumulate`` handles them all without mixing segments.
+    """
+    import numpy as np
+
+    seg_min = np.minimum.reduceat(s, starts)
+    bad_seg = seg_min < 0
+    rows = np.repeat(bad_seg, lengths)
+    sub = s[rows]
+    sub_starts = np.r_[0, np.cumsum(lengths[bad_seg])[:-1]]
+    group = np.zeros(sub.size, dtype=np.int64)
+    group[sub_starts[1:]] = 1
+    group = np.cumsum(group)
+    sort = np.argsort(sub, kind="stable")
+    rank = np.empty(sub.size, dtype=np.int64)
+    rank[sort] = np.arange(sub.size)
+    span = sub.size + 1
+    running = np.minimum.accumulate(rank - group * span) + group * span
+    running_min = sub[sort][running]
+    out = s.copy()
+    out[rows] = sub - np.minimum(running_min, 0)
+    return out
+
+
+def _percentiles(values) -> tuple[float, float, float, float]:
+    """p50, p95, p99 (linear interpolation, numpy's default) and max; NaN for an empty sample."""
+    import numpy as np
+
+    if not values.size:
+        return nan, nan, nan, nan
+    p = np.percentile(values, PERCENTILES)
+    return float(p[0]), float(p[1]), float(p[2]), float(values.max())
+
+
+def _physical_blocks(table: EventTable, order, q, p0, t_ts, ev, b, last, t_end, n):
+    """Unique physical blocks in use over time, and block turnover, from block_ids.
+
+    A block id listed by an allocate/append/reuse row is held by that request until a later free row of the
+    same request lists it, or until the request's holding interval ends (b back to 0), whichever is first; a
+    request that never frees it holds it to the end of the trace.  Each id's reference count is followed in
+    event order (rows with equal ts in file order); 0 -> 1 adds a physical block in use, 1 -> 0 removes one.
+    A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap is its turnover time.
+
+    Times are handled as positions in the global (stable) time order, so every sort here is an integer sort.
+    """
+    import numpy as np
+
+    rows, ids = table.block_id_rows, table.block_id_values
+    if rows is None or not rows.size:
+        return None
+    idx = np.int32 if n < 2**31 - 1 else np.int64
+    # position of each file row in the (request, ts) order, and in the global ts order
+    pos_of_row = np.empty(n, dtype=idx)
+    pos_of_row[order] = np.arange(n, dtype=idx)
+    pos = pos_of_row[rows]
+    del pos_of_row
+    tpos_of_sorted = q  # sorted position k sits at q[k] in the global ts order
+    attach = ev[pos] != FREE
+    # end of the holding interval of each sorted row: the next row of the same request with b == 0
+    marks = np.where(b == 0, np.arange(n, dtype=idx), idx(n))
+    marks[last] = np.minimum(marks[last], last.astype(idx))
+    nxt = np.minimum.accumulate(marks[::-1])[::-1]
+    del marks
+    # listings grouped by (id, request), each group in time order: the sorted position is request-major
+    if ids.size and int(ids.max()) < (1 << 62) // max(n, 1):
+        srt = np.argsort(ids * n + pos)
+    else:  # pragma: no cover - ids beyond 2**62 / n
+        srt = np.lexsort((pos, ids))
+    s_ids, s_pos, s_attach = ids[srt], pos[srt], attach[srt]
+    del srt, pos, attach
+    s_req = table.request[order[s_pos]]
+    explicit = np.zeros(s_ids.size, dtype=bool)
+    explicit[:-1] = s_attach[:-1] & ~s_attach[1:] & (s_ids[:-1] == s_ids[1:]) & (s_req[:-1] == s_req[1:])
+    del s_req
+    a = np.flatnonzero(s_attach)
+    a_ids = s_ids[a]
+    a_pos = s_pos[a]
+    a_tpos = tpos_of_sorted[a_pos].astype(np.int64)
+    end_pos = nxt[a_pos]
+    closed = b[end_pos] == 0
+    rel_tpos = np.where(closed, tpos_of_sorted[end_pos], n).astype(np.int64)  # n: never released
+    ex = explicit[a]
+    rel_tpos[ex] = np.minimum(tpos_of_sorted[s_pos[a[ex] + 1]], rel_tpos[ex])
+    keep = t_ts[np.minimum(rel_tpos, n - 1)] > t_ts[a_tpos]  # a zero-length hold changes nothing
+    keep |= rel_tpos == n
+    a_ids, a_tpos, rel_tpos = a_ids[keep], a_tpos[keep], rel_tpos[keep]
+    released = rel_tpos < n
+    # reference counts per id, in event order; at one row, a release sorts before an attach
+    e_id = np.concatenate([a_ids[released], a_ids])
+    e_key = np.concatenate([rel_tpos[released] * 2, a_tpos * 2 + 1])
+    e_d = np.concatenate([np.full(int(released.sum()), -1, np.int64), np.ones(a_ids.size, np.int64)])
+    if int(e_id.max()) < (1 << 62) // (2 * n + 2):
+        o = np.argsort(e_id * (2 * n + 2) + e_key)
+    else:  # pragma: no cover
+        o = np.lexsort((e_key, e_id))
+    e_id, e_key, e_d = e_id[o], e_key[o], e_d[o]
+    id_starts = np.flatnonzero(np.r_[True, e_id[1:] != e_id[:-1]])
+    rc = _segment_cumsum(e_d, id_starts, np.diff(np.r_[id_starts, e_id.size]))
+    rise = (e_d > 0) & (rc == 1)
+    fall = (e_d < 0) & (rc == 0)
+    tr = np.flatnonzero(rise | fall)
+    tr_id, tr_key, tr_up = e_id[tr], e_key[tr], rise[tr]
+    tr_t = t_ts[tr_key // 2]
+    gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
+    turnover = (tr_t[1:] - tr_t[:-1])[gap]
+    # physical blocks in use over time
+    oo = np.argsort(tr_key)
+    ct = tr_t[oo]
+    cb = np.cumsum(np.where(tr_up[oo], 1, -1))
+    end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
+    ct, cb = ct[end_mask], cb[end_mask]
+    duration = t_end - float(t_ts[0])
+    integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
+    tp = _percentiles(turnover)
+    return {
+        "unique": int(1 + np.count_nonzero(s_ids[1:] != s_ids[:-1])),  # s_ids is sorted
+        "peak": int(cb.max()) if cb.size else 0,
+        "mean": integral / duration if duration > 0 else nan,
+        "reallocations": int(gap.sum()),
+        "turnover": (tp[0], tp[1]),
+        "curve_t": ct,
+        "curve_b": cb,
+    }
+
+
+def _prefix_reuse(match_tokens, prompt_tokens, block_size, any_reuse: bool) -> PrefixReuse:
+    """Hit share, reused/prompt tokens, the match-length distribution and the diagnosis rules.
+
+    Rules (docs/analyze.md): at least half of the requests matching at most one block (zero included) ->
+    prompts differ early (normalise trailing whitespace and newlines before tokenising); at least half of the
+    hits sharing one match length that is a multiple of the block size -> block alignment limits sharing.
+    """
+    import numpy as np
+
+    n = int(match_tokens.size)
+    hits = match_tokens[match_tokens > 0]
+    hit_bs = block_size[match_tokens > 0]
+    short = int((match_tokens <= block_size).sum())
+    values, counts = np.unique(match_tokens, return_counts=True)
+    top = np.argsort(-counts, kind="stable")[:20]
+    histogram = tuple((int(values[i]), int(counts[i])) for i in top)
+    most_common = None
+    most_common_share = nan
+    multiple_share = nan
+    if hits.size:
+        hv, hc = np.unique(hits, return_counts=True)
+        k = int(np.argmax(hc))
+        most_common = int(hv[k])
+        most_common_share = float(hc[k] / hits.size)
+        multiple_share = float((hits % hit_bs == 0).mean())
+    diagnosis: list[str] = []
+    advice: list[str] = []
+    if not any_reuse:
+        diagnosis.append("no_reuse_events")
+        advice.append("no reuse rows: prefix caching is off, or the observer does not record hits")
+    else:
+        if n and short / n >= SHORT_MATCH_SHARE:
+            diagnosis.append("prompts_differ_early")
+            advice.append(
+                f"{short / n:.0%} of requests match at most one block of cached prefix: if they share a system "
+                "prompt, the prompts differ early (a trailing space or newline); normalise whitespace and newlines "
+                "before tokenising"
+            )
+        if most_common is not None and most_common_share >= PILE_UP_SHARE:
+            bsz = int(np.bincount(hit_bs).argmax())
+            if most_common % bsz == 0:
+                diagnosis.append("block_alignment")
+                advice.append(
+                    f"{most_common_share:.0%} of hits stop at exactly {most_common} tokens ({most_common // bsz} "
+                    f"blocks of {bsz}): only whole blocks are shared, so the shared prefix's last partial block "
+                    "is recomputed for every request; align the common prefix to the block size or use smaller "
+                    "blocks"
+                )
+        if not diagnosis:
+            diagnosis.append("ok")
+    prompt_total = int(prompt_tokens.sum())
+    reused_total = int(match_tokens.sum())
+    return PrefixReuse(
+        requests_with_prompt=n,
+        requests_with_hit=int(hits.size),
+        hit_share=hits.size / n if n else nan,
+        prompt_tokens=prompt_total,
+        reused_tokens=reused_total,
+        reused_token_share=reused_total / prompt_total if prompt_total else nan,
+        match_tokens_p50=float(np.percentile(match_tokens, 50)) if n else nan,
+        match_tokens_p90=float(np.percentile(match_tokens, 90)) if n else nan,
+        short_match_requests=short,
+        most_common_hit_tokens=most_common,
+        most_common_hit_share=most_common_share,
+        block_multiple_hit_share=multiple_share,
+        histogram=histogram,
+        diagnosis=tuple(diagnosis),
+        advice=tuple(advice),
+    )
+
+
+def _long_share(curve_t, curve_b, curve_long, capacity, t_end, threshold, alert, n_long) -> LongRequests:
+    """Share of blocks held by long requests, step-wise over time; how long it stays above the alert."""
+    import numpy as np
+
+    if curve_t.size:
+        dt = np.diff(np.r_[curve_t, t_end])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if capacity is not None:
+                share = curve_long / capacity
+                active = np.ones(curve_t.size, dtype=bool)
+            else:
+                share = np.where(curve_b > 0, curve_long / np.maximum(curve_b, 1), 0.0)
+                active = curve_b > 0
+        above = active & (share > alert)
+        k = int(np.argmax(share))
+        active_time = float(dt[active].sum())
+        mean = float((share * dt)[active].sum() / active_time) if active_time > 0 else nan
+        first = float(curve_t[np.argmax(above)]) if above.any() else nan
+        peak, peak_at, time_above = float(share[k]), float(curve_t[k]), float(dt[above].sum())
+    else:
+        peak = peak_at = mean = first = nan
+        time_above = 0.0
+        above = np.zeros(0, bool)
+    return LongRequests(
+        threshold_tokens=threshold,
+        alert_share=alert,
+        long_requests=n_long,
+        basis="capacity" if capacity is not None else "blocks_in_use",
+        capacity_blocks=capacity,
+        peak_share=peak,
+        peak_share_at_s=peak_at,
+        mean_share=mean,
+        time_above_alert_s=time_above,
+        first_alert_at_s=first,
+        alert=bool(above.any()),
+    )
