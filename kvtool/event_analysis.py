@@ -285,45 +285,47 @@ def analyze_events(
     t_start = float(ts.min()) if n else nan
     duration = t_end - t_start if n else 0.0
 
-    # ---- one stable sort by (request, ts): ts first (usually already sorted), then a radix pass on the request
+    # ---- one stable sort by (request, ts): ts first (usually already sorted), then radix passes on the request.
+    # Only three columns are gathered into that order (signed blocks, tokens, ts); everything that concerns a
+    # few rows (reuse, latency, prompts) is computed on those rows in file order.
     note("sorting")
     ts_sorted_already = n < 2 or bool((ts[1:] >= ts[:-1]).all())
     p0 = None if ts_sorted_already else np.argsort(ts, kind="stable")
-    codes = table.request if p0 is None else table.request[p0]
-    q = _stable_argsort_small_ints(codes, n_req)
+    req_f = table.request
+    codes = req_f if p0 is None else req_f[p0]  # request of each row in ts order
+    q = _radix_argsort(codes)  # sorted position k holds ts-order position q[k]
     order = q if p0 is None else p0[q]
-    t = ts[order]
-    ev = table.event[order]
-    rq = codes[q]
-    del codes
-    nb = table.num_blocks[order]
-    nt = table.num_tokens[order]
-    bs = table.block_size[order] if table.block_size is not None else table.default_block_size
-    starts = np.flatnonzero(np.r_[True, rq[1:] != rq[:-1]]) if n else np.zeros(0, np.int64)
-    lengths = np.diff(np.r_[starts, n])
-    last = np.r_[starts[1:] - 1, n - 1] if n else starts
+    counts = np.bincount(req_f, minlength=n_req).astype(np.int64)
+    starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64) if n_req else np.zeros(0, np.int64)
+    lengths = counts
+    last = starts + counts - 1
 
     note("integrating")
-    is_free = ev == FREE
-    d = np.where(is_free, -nb, nb)
-    s = _segment_cumsum(d, starts, lengths)
+    ev = table.event
+    is_free_f = ev == FREE
+    nb_f, nt_f = table.num_blocks, table.num_tokens
+    d = np.where(is_free_f, -nb_f, nb_f)[order]
+    tok = np.where(is_free_f, 0, nt_f)[order]
+    t = ts[order]
+    bs = table.default_block_size if table.block_size is None else table.block_size[order]
+    s = _segment_cumsum(d, starts)
     b = _clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
     del s
     bp = np.empty_like(b)  # blocks held before each row
     if n:
         bp[1:] = b[:-1]
         bp[starts] = 0
-    db = b - bp  # the change each row actually made (over-frees clamped)
-    over = is_free & (bp - nb < 0)
-    tok = np.where(is_free, 0, nt)
+    over = (d < 0) & (bp + d < 0)  # a free releasing more than is held: clamped at 0
+    over_freed = int(-(bp + d)[over].sum())
+    del d
     episode = np.flatnonzero(bp == 0)  # a new holding interval starts where nothing was held
-    run = _segment_cumsum(tok, episode, np.diff(np.r_[episode, n]))
-    held_tokens = np.minimum(run, b * bs)
-    del run
+    held_tokens = _segment_cumsum(tok, episode)
+    del tok
+    np.minimum(held_tokens, b * bs, out=held_tokens)
     up = (bp == 0) & (b > 0)
     dt = np.empty(n)
     if n:
-        dt[:-1] = t[1:] - t[:-1]
+        np.subtract(t[1:], t[:-1], out=dt[:-1])
         dt[last] = t_end - t[last]
 
     def per_request(values, ufunc=np.add):
@@ -336,36 +338,58 @@ def analyze_events(
     with np.errstate(invalid="ignore", divide="ignore"):
         utilization = np.where(slot_seconds > 0, token_seconds / slot_seconds, nan)
     wasted = np.maximum(slot_seconds - token_seconds, 0.0)
-    ups = per_request(up.astype(np.int64))
-    episode_index = _segment_cumsum(up.astype(np.int64), starts, lengths)
-    first_interval = episode_index <= 1
-    is_reuse = ev == REUSE
-    prompt_rows = first_interval & ((ev == ALLOCATE) | is_reuse)
-    prompt_tokens = per_request(np.where(prompt_rows, nt, 0))
-    match_tokens_all = per_request(np.where(first_interval & is_reuse, nt, 0))
     peak_tokens = per_request(held_tokens, np.maximum).astype(np.int64)
-    latency = table.latency_ms[order] if table.latency_ms is not None else None
-    if latency is not None:
-        free_lat = np.where(is_free, latency, nan)
-        free_latency_max = per_request(free_lat, np.fmax)
-    else:
-        free_latency_max = np.full(n_req, nan)
+    del held_tokens, dt
+    up_pos = np.flatnonzero(up)
+    del up
+    ups = np.bincount(np.searchsorted(starts, up_pos, side="right") - 1, minlength=n_req) if n else np.zeros(0, int)
     leaked_blocks = b[last]
+    db = b - bp  # the change each row actually made (over-frees clamped)
+    peak_blocks = per_request(b, np.maximum)
+
+    # rows of the first holding interval: before the request's second rise from 0 (in (ts, file order) order)
+    tpos_of_row = None if p0 is None else _inverse(p0)
+    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
+    if up_pos.size:
+        up_req = np.searchsorted(starts, up_pos, side="right") - 1
+        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
+        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
+        second_rise[up_req[again]] = q[up_pos[again]]
+    is_reuse_f = ev == REUSE
+    prompt_rows = np.flatnonzero((ev == ALLOCATE) | is_reuse_f)
+    pr_req = req_f[prompt_rows]
+    pr_tpos = prompt_rows if tpos_of_row is None else tpos_of_row[prompt_rows]
+    first = pr_tpos < second_rise[pr_req]
+    prompt_tokens = np.bincount(pr_req[first], weights=nt_f[prompt_rows[first]], minlength=n_req).astype(np.int64)
+    first_reuse = first & is_reuse_f[prompt_rows]
+    match_tokens_all = np.bincount(pr_req[first_reuse], weights=nt_f[prompt_rows[first_reuse]],
+                                   minlength=n_req).astype(np.int64)
+    reuse_rows = np.flatnonzero(is_reuse_f)
+    reused_blocks = np.bincount(req_f[reuse_rows], weights=nb_f[reuse_rows], minlength=n_req).astype(np.int64)
+    reused_tokens = np.bincount(req_f[reuse_rows], weights=nt_f[reuse_rows], minlength=n_req).astype(np.int64)
+    tokens = np.bincount(req_f, weights=np.where(is_free_f, 0, nt_f), minlength=n_req).astype(np.int64)
+    latency = table.latency_ms
+    free_latency_max = np.full(n_req, nan)
+    if latency is not None:
+        free_lat_rows = np.flatnonzero(is_free_f & ~np.isnan(latency))
+        np.fmax.at(free_latency_max, req_f[free_lat_rows], latency[free_lat_rows])
+    over_per_request = np.bincount(np.searchsorted(starts, np.flatnonzero(over), side="right") - 1,
+                                   minlength=n_req) if n else np.zeros(0, int)
     requests = RequestTable(
         request_ids=table.request_ids,
         holding_time_s=holding,
         utilization=utilization,
         block_seconds=block_seconds,
         wasted_slot_seconds=wasted,
-        peak_blocks=per_request(b, np.maximum),
+        peak_blocks=peak_blocks,
         peak_tokens=peak_tokens,
-        tokens=per_request(tok),
+        tokens=tokens,
         prompt_tokens=prompt_tokens,
-        reused_blocks=per_request(np.where(is_reuse, nb, 0)),
-        reused_tokens=per_request(np.where(is_reuse, nt, 0)),
+        reused_blocks=reused_blocks,
+        reused_tokens=reused_tokens,
         free_latency_ms_max=free_latency_max,
         preemptions=np.maximum(ups - 1, 0),
-        over_frees=per_request(over.astype(np.int64)),
+        over_frees=over_per_request,
         leaked=leaked_blocks > 0,
         leaked_blocks=leaked_blocks,
         long=peak_tokens > long_threshold_tokens,
@@ -378,48 +402,54 @@ def analyze_events(
     # pool curves in global time order: scatter each row's change back to its position in ts order
     db_ts = np.empty_like(db)
     db_ts[q] = db
+    del db
     t_ts = ts if p0 is None else ts[p0]
     in_use = np.cumsum(db_ts)
-    long_ts = np.empty_like(db)
-    long_ts[q] = np.where(requests.long[rq], db, 0)
-    long_in_use = np.cumsum(long_ts)
-    del long_ts
+    long_in_use = np.cumsum(np.where(requests.long[codes], db_ts, 0))
+    del db_ts
     at_time_end = np.r_[t_ts[1:] != t_ts[:-1], True] if n else np.zeros(0, bool)
     curve_t = t_ts[at_time_end]
     curve_b = in_use[at_time_end]
     curve_long = long_in_use[at_time_end]
+    del long_in_use
     peak_i = int(np.argmax(curve_b)) if curve_b.size else 0
     total_block_seconds = float(block_seconds.sum())
     mean_in_use = total_block_seconds / duration if duration > 0 else nan
 
-    physical = _physical_blocks(table, order, q, p0, t_ts, ev, b, last, t_end, n) if n else None
+    physical = None
+    if n and table.block_id_rows is not None and table.block_id_rows.size:
+        physical = _physical_blocks(table, q, tpos_of_row, starts, b, bp, t_ts, t_end)
+    del b, bp
 
     capacity = float(pool_blocks) if pool_blocks is not None else None
     free_pool_min = None
     if table.free_pool_blocks is not None:
-        fp = table.free_pool_blocks[order]
-        has = ~np.isnan(fp)
-        if has.any():
-            free_pool_min = float(fp[has].min())
+        fp_rows = np.flatnonzero(~np.isnan(table.free_pool_blocks))
+        if fp_rows.size:
+            fp = table.free_pool_blocks[fp_rows]
+            free_pool_min = float(fp.min())
             if capacity is None:
-                pos = q[has]  # ts-order positions of those rows
+                pos = fp_rows if tpos_of_row is None else tpos_of_row[fp_rows]
                 if physical is not None and physical["curve_t"].size:
                     k = np.searchsorted(physical["curve_t"], t_ts[pos], side="right") - 1
                     used_then = np.where(k >= 0, physical["curve_b"][np.maximum(k, 0)], 0)
                 else:
                     used_then = in_use[pos]
-                capacity = float((used_then + fp[has]).max())
+                capacity = float((used_then + fp).max())
+    del in_use
 
-    free_rows_lat = latency[is_free] if latency is not None else np.zeros(0)
+    free_rows_lat = latency[is_free_f] if latency is not None else np.zeros(0)
     free_rows_lat = free_rows_lat[~np.isnan(free_rows_lat)]
     alloc_lat = latency[ev == ALLOCATE] if latency is not None else np.zeros(0)
     alloc_lat = alloc_lat[~np.isnan(alloc_lat)]
     fl = _percentiles(free_rows_lat)
     al = _percentiles(alloc_lat)
-    late_free = float(((nb * latency)[is_free & ~np.isnan(latency)]).sum() / 1000.0) if latency is not None else 0.0
-    blocks_allocated = int(nb[(ev == ALLOCATE) | (ev == APPEND)].sum())
-    blocks_reused = int(nb[is_reuse].sum())
-    blocks_freed = int(-db[is_free].sum())
+    late_free = 0.0
+    if latency is not None:
+        late_free = float((nb_f[free_lat_rows] * latency[free_lat_rows]).sum() / 1000.0)
+    blocks_allocated = int(nb_f[(ev == ALLOCATE) | (ev == APPEND)].sum())
+    blocks_reused = int(reused_blocks.sum())
+    blocks_freed = int(nb_f[is_free_f].sum()) - over_freed
     total_token_seconds = float(token_seconds.sum())
     total_slot_seconds = float(slot_seconds.sum())
     pool_util = total_token_seconds / total_slot_seconds if total_slot_seconds > 0 else nan
@@ -456,14 +486,13 @@ def analyze_events(
     has_prompt = prompt_tokens > 0
     match_tokens = match_tokens_all[has_prompt]
     block_size_of_request = (
-        np.full(n_req, table.default_block_size) if np.isscalar(bs) else bs[starts]
+        np.full(n_req, table.default_block_size) if np.isscalar(bs) else bs[np.minimum(starts, max(n - 1, 0))]
     )[has_prompt]
-    prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool(is_reuse.any()))
+    prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool(reuse_rows.size))
 
     long_stats = _long_share(curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert,
                              int(requests.long.sum()))
 
-    over_freed = int((nb - bp)[over].sum())
     leaked_idx = np.flatnonzero(requests.leaked)
     anomalies = Anomalies(
         rejected_rows=table.rejected.count,
@@ -542,29 +571,47 @@ def analyze_events(
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def _stable_argsort_small_ints(codes, n_values: int):
-    """Stable argsort of non-negative int codes below ``n_values``, as LSD radix passes of 16 bits.
+def _radix_argsort(keys, perm=None):
+    """Stable argsort of non-negative integer keys as LSD radix passes of 16 bits.
 
-    numpy's stable sort is a radix sort for 16-bit keys, which is much faster than timsort on int32.
+    numpy's stable sort of uint16 is a radix sort, several times faster than a comparison sort; ``perm``
+    (an order to refine, e.g. a time order) is kept for equal keys.
     """
     import numpy as np
 
-    if n_values <= 1 << 16:
-        return np.argsort(codes.astype(np.uint16), kind="stable")
-    perm = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")
-    return perm[np.argsort((codes[perm] >> 16).astype(np.uint16), kind="stable")]
+    if perm is None:
+        perm = np.arange(keys.size)
+    top = int(keys.max()) if keys.size else 0
+    shift = 0
+    while True:
+        part = keys[perm] if shift == 0 else keys[perm] >> shift
+        perm = perm[np.argsort(part.astype(np.uint16), kind="stable")]
+        shift += 16
+        if top >> shift == 0:
+            return perm
 
 
-def _segment_cumsum(values, starts, lengths):
-    """Cumulative sum restarting at each segment start (segments cover the array in order)."""
+def _inverse(perm):
     import numpy as np
 
-    total = np.cumsum(values)
-    if not starts.size:
-        return total
-    base = total[starts] - values[starts]
-    total -= np.repeat(base, lengths)
-    return total
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.size)
+    return inv
+
+
+def _segment_cumsum(values, starts):
+    """Cumulative sum (int64 or float64) restarting at each segment start (segments cover the array in order).
+
+    Each segment start subtracts the previous segment's total, so one cumulative sum does all segments.
+    """
+    import numpy as np
+
+    dtype = np.float64 if values.dtype.kind == "f" else np.int64
+    y = values.astype(dtype, copy=True)
+    if starts.size > 1:
+        totals = np.add.reduceat(y, starts)
+        y[starts[1:]] -= totals[:-1]
+    return np.cumsum(y, out=y)
 
 
 def _clamp_at_zero(s, starts, lengths):
@@ -604,79 +651,66 @@ def _percentiles(values) -> tuple[float, float, float, float]:
     return float(p[0]), float(p[1]), float(p[2]), float(values.max())
 
 
-def _physical_blocks(table: EventTable, order, q, p0, t_ts, ev, b, last, t_end, n):
+def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_end):
     """Unique physical blocks in use over time, and block turnover, from block_ids.
 
     A block id listed by an allocate/append/reuse row is held by that request until a later free row of the
     same request lists it, or until the request's holding interval ends (b back to 0), whichever is first; a
     request that never frees it holds it to the end of the trace.  Each id's reference count is followed in
-    event order (rows with equal ts in file order); 0 -> 1 adds a physical block in use, 1 -> 0 removes one.
-    A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap is its turnover time.
+    event order (rows with equal ts in file order; at one row a release before an attach); 0 -> 1 adds a
+    physical block in use, 1 -> 0 removes one.  A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap
+    is its turnover time.
 
-    Times are handled as positions in the global (stable) time order, so every sort here is an integer sort.
+    Times are positions in the global (stable) time order, so every sort here is an integer radix sort.
     """
     import numpy as np
 
+    n = t_ts.size
     rows, ids = table.block_id_rows, table.block_id_values
-    if rows is None or not rows.size:
-        return None
-    idx = np.int32 if n < 2**31 - 1 else np.int64
-    # position of each file row in the (request, ts) order, and in the global ts order
-    pos_of_row = np.empty(n, dtype=idx)
-    pos_of_row[order] = np.arange(n, dtype=idx)
-    pos = pos_of_row[rows]
-    del pos_of_row
-    tpos_of_sorted = q  # sorted position k sits at q[k] in the global ts order
-    attach = ev[pos] != FREE
-    # end of the holding interval of each sorted row: the next row of the same request with b == 0
-    marks = np.where(b == 0, np.arange(n, dtype=idx), idx(n))
-    marks[last] = np.minimum(marks[last], last.astype(idx))
-    nxt = np.minimum.accumulate(marks[::-1])[::-1]
-    del marks
-    # listings grouped by (id, request), each group in time order: the sorted position is request-major
-    if ids.size and int(ids.max()) < (1 << 62) // max(n, 1):
-        srt = np.argsort(ids * n + pos)
-    else:  # pragma: no cover - ids beyond 2**62 / n
-        srt = np.lexsort((pos, ids))
-    s_ids, s_pos, s_attach = ids[srt], pos[srt], attach[srt]
-    del srt, pos, attach
-    s_req = table.request[order[s_pos]]
-    explicit = np.zeros(s_ids.size, dtype=bool)
-    explicit[:-1] = s_attach[:-1] & ~s_attach[1:] & (s_ids[:-1] == s_ids[1:]) & (s_req[:-1] == s_req[1:])
-    del s_req
-    a = np.flatnonzero(s_attach)
-    a_ids = s_ids[a]
-    a_pos = s_pos[a]
-    a_tpos = tpos_of_sorted[a_pos].astype(np.int64)
-    end_pos = nxt[a_pos]
-    closed = b[end_pos] == 0
-    rel_tpos = np.where(closed, tpos_of_sorted[end_pos], n).astype(np.int64)  # n: never released
-    ex = explicit[a]
-    rel_tpos[ex] = np.minimum(tpos_of_sorted[s_pos[a[ex] + 1]], rel_tpos[ex])
-    keep = t_ts[np.minimum(rel_tpos, n - 1)] > t_ts[a_tpos]  # a zero-length hold changes nothing
-    keep |= rel_tpos == n
-    a_ids, a_tpos, rel_tpos = a_ids[keep], a_tpos[keep], rel_tpos[keep]
-    released = rel_tpos < n
-    # reference counts per id, in event order; at one row, a release sorts before an attach
+    tpos = rows if tpos_of_row is None else tpos_of_row[rows]
+    req = table.request[rows].astype(np.int64)
+    attach = table.event[rows] != FREE
+    # where each request's holding intervals close (b back to 0), as (request, ts position) keys
+    close = np.flatnonzero((b == 0) & (bp > 0))
+    close_req = np.searchsorted(starts, close, side="right") - 1
+    close_key = close_req * (n + 1) + q[close]
+    # listings grouped by (id, request), each group in time order
+    g = np.arange(rows.size) if tpos_of_row is None else np.argsort(tpos, kind="stable")
+    g = _radix_argsort(req, g)
+    g = _radix_argsort(ids, g)
+    s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
+    del g
+    same = (s_ids[1:] == s_ids[:-1]) & (s_req[1:] == s_req[:-1])
+    a = np.flatnonzero(s_att)
+    a_ids, a_req, a_tpos = s_ids[a], s_req[a], s_tpos[a]
+    j = np.searchsorted(close_key, a_req * (n + 1) + a_tpos, side="right")
+    jj = np.minimum(j, max(close.size - 1, 0))
+    found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a.size, bool)
+    rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
+    nxt = np.minimum(a + 1, s_ids.size - 1)
+    explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
+    rel[explicit] = np.minimum(s_tpos[nxt[explicit]], rel[explicit])
+    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > t_ts[a_tpos])  # a zero-length hold changes nothing
+    a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
+    released = rel < n
+    # reference counts per id, in event order; at one row a release sorts before an attach
     e_id = np.concatenate([a_ids[released], a_ids])
-    e_key = np.concatenate([rel_tpos[released] * 2, a_tpos * 2 + 1])
-    e_d = np.concatenate([np.full(int(released.sum()), -1, np.int64), np.ones(a_ids.size, np.int64)])
-    if int(e_id.max()) < (1 << 62) // (2 * n + 2):
-        o = np.argsort(e_id * (2 * n + 2) + e_key)
-    else:  # pragma: no cover
-        o = np.lexsort((e_key, e_id))
-    e_id, e_key, e_d = e_id[o], e_key[o], e_d[o]
+    e_key = np.concatenate([rel[released] * 2, a_tpos * 2 + 1])
+    e_up = np.concatenate([np.zeros(int(released.sum()), bool), np.ones(a_ids.size, bool)])
+    o = _radix_argsort(e_id, _radix_argsort(e_key))
+    e_id, e_key, e_up = e_id[o], e_key[o], e_up[o]
+    del o
     id_starts = np.flatnonzero(np.r_[True, e_id[1:] != e_id[:-1]])
-    rc = _segment_cumsum(e_d, id_starts, np.diff(np.r_[id_starts, e_id.size]))
-    rise = (e_d > 0) & (rc == 1)
-    fall = (e_d < 0) & (rc == 0)
+    rc = _segment_cumsum(np.where(e_up, 1, -1), id_starts)
+    rise = e_up & (rc == 1)
+    fall = ~e_up & (rc == 0)
     tr = np.flatnonzero(rise | fall)
     tr_id, tr_key, tr_up = e_id[tr], e_key[tr], rise[tr]
     tr_t = t_ts[tr_key // 2]
     gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
     turnover = (tr_t[1:] - tr_t[:-1])[gap]
     # physical blocks in use over time
-    oo = np.argsort(tr_key)
+    oo = _radix_argsort(tr_key)
     ct = tr_t[oo]
     cb = np.cumsum(np.where(tr_up[oo], 1, -1))
     end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
@@ -685,7 +719,7 @@ def _physical_blocks(table: EventTable, order, q, p0, t_ts, ev, b, last, t_end, 
     integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
     tp = _percentiles(turnover)
     return {
-        "unique": int(1 + np.count_nonzero(s_ids[1:] != s_ids[:-1])),  # s_ids is sorted
+        "unique": int(1 + np.count_nonzero(s_ids[1:] != s_ids[:-1])),  # s_ids is sorted by id
         "peak": int(cb.max()) if cb.size else 0,
         "mean": integral / duration if duration > 0 else nan,
         "reallocations": int(gap.sum()),
