@@ -304,10 +304,16 @@ def analyze_events(
     ev = table.event
     is_free_f = ev == FREE
     nb_f, nt_f = table.num_blocks, table.num_tokens
-    d = np.where(is_free_f, -nb_f, nb_f)[order]
-    tok = np.where(is_free_f, 0, nt_f)[order]
+    # running sums fit int32 when the totals do (halves the memory of the per-row arrays)
+    max_bs = table.default_block_size if table.block_size is None else int(table.block_size.max(initial=1))
+    total_blocks = int(nb_f.sum(dtype=np.int64))
+    total_tokens = int(nt_f.sum(dtype=np.int64))
+    small = max(total_blocks * max_bs, total_tokens) < 2**31
+    acc = np.int32 if small else np.int64
+    d = np.where(is_free_f, -nb_f, nb_f).astype(acc, copy=False)[order]
+    tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
     t = ts[order]
-    bs = table.default_block_size if table.block_size is None else table.block_size[order]
+    bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
     s = _segment_cumsum(d, starts)
     b = _clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
     del s
@@ -600,14 +606,14 @@ def _inverse(perm):
 
 
 def _segment_cumsum(values, starts):
-    """Cumulative sum (int64 or float64) restarting at each segment start (segments cover the array in order).
+    """Cumulative sum restarting at each segment start (segments cover the array in order), in values' dtype.
 
-    Each segment start subtracts the previous segment's total, so one cumulative sum does all segments.
+    Each segment start subtracts the previous segment's total, so one cumulative sum does all segments (the
+    caller picks a dtype wide enough for the total of all values).
     """
     import numpy as np
 
-    dtype = np.float64 if values.dtype.kind == "f" else np.int64
-    y = values.astype(dtype, copy=True)
+    y = values.copy()
     if starts.size > 1:
         totals = np.add.reduceat(y, starts)
         y[starts[1:]] -= totals[:-1]

@@ -61,6 +61,22 @@ def analysis_to_json(analysis: Analysis) -> dict[str, Any]:
     }
 
 
+def write_json(analysis: Analysis, stream) -> None:
+    """Write the ``--json`` object: sections indented, one compact line per request (fast C encoder)."""
+    import json
+
+    doc = analysis_to_json(analysis)
+    records = doc.pop("requests")
+    head = json.dumps(doc, indent=2, allow_nan=False)
+    if records:
+        body = ",\n    ".join(json.dumps(r, allow_nan=False) for r in records)
+        text = head[:-2] + ',\n  "requests": [\n    ' + body + "\n  ]\n}"
+    else:
+        text = head[:-2] + ',\n  "requests": []\n}'
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def export_requests_csv(analysis: Analysis, path: Path) -> None:
     """Write the per-request table (the JSON ``requests`` columns) as CSV; blank where a value is null."""
     import numpy as np
@@ -253,4 +269,4 @@ def anomaly_line(analysis: Analysis) -> str:
     )
 
 
-__all__ = ["analysis_to_json", "anomaly_line", "export_requests_csv", "render_analysis", "request_records"]
+__all__ = ["analysis_to_json", "anomaly_line", "export_requests_csv", "render_analysis", "request_records", "write_json"]

@@ -86,8 +86,8 @@ class EventTable:
     event: np.ndarray  # int8: ALLOCATE, APPEND, REUSE or FREE
     request: np.ndarray  # int32 index into request_ids (first-appearance order)
     request_ids: tuple[str, ...]
-    num_blocks: np.ndarray  # int64
-    num_tokens: np.ndarray  # int64; a blank num_tokens on a free row reads 0
+    num_blocks: np.ndarray  # int32 (larger counts are rejected)
+    num_tokens: np.ndarray  # int32; a blank num_tokens on a free row reads 0
     block_size: np.ndarray | None  # int64 tokens per block of each row (blank: the default); None without the column
     latency_ms: np.ndarray | None  # float64, NaN where blank; None without the column
     free_pool_blocks: np.ndarray | None  # float64, NaN where blank; None without the column
@@ -133,7 +133,9 @@ def load_events(
         raise InputFileError(f"cannot read the events file: {_first_line(err)}", where=str(path)) from None
     note("checking rows")
     try:
-        return _convert(path, table, columns_found, bad_lines, blank_lines, first_row_number, default_block_size)
+        holder = [table]  # _convert takes the only reference, so each column is freed once converted
+        del table
+        return _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size)
     except pa.ArrowException as err:
         raise InputFileError(f"cannot convert the events file: {_first_line(err)}", where=str(path)) from None
 
@@ -299,9 +301,11 @@ def _read_parquet(path: Path):
 # ---------------------------------------------------------------------------------------------------- converting
 
 
-def _convert(path, table, columns_found, bad_lines, blank_lines, first_row_number, default_block_size):
+def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size):
     import numpy as np
     import pyarrow as pa
+
+    table = holder.pop()
 
     if table.num_rows == 0 and not bad_lines:
         raise InputFileError("the events file has a header but no event rows", where=str(path))
@@ -384,8 +388,8 @@ def _convert(path, table, columns_found, bad_lines, blank_lines, first_row_numbe
         index_map = np.cumsum(keep) - 1
     ts = ts[sel]
     event = event[sel]
-    num_blocks = num_blocks[sel]
-    num_tokens = num_tokens[sel]  # a blank (free) num_tokens is already 0
+    num_blocks = num_blocks[sel].astype(np.int32)  # rejected above MAX_COUNT, so int32 is exact
+    num_tokens = num_tokens[sel].astype(np.int32)  # a blank (free) num_tokens is already 0
     block_size = None if block_size is None else block_size[sel]
     # request ids: the dictionary's order (first appearance per read block), only those of accepted rows
     request = request[sel]
