@@ -1,12 +1,14 @@
 """Benchmark `kvtool analyze --json` on a synthetic 5-million-event trace against pyarrow's plain CSV read.
 
     python benchmarks/bench_analyze.py [--events 5000000] [--keep FILE.csv] [--repeat 3]
+    python benchmarks/bench_analyze.py --generate FILE.csv [--events N]   # only write a trace
 
 The trace is generated with numpy (seeded): ~20,000 requests arriving as a Poisson stream (about 2,000 of them
 holding blocks at any moment), a log-normal prompt length, one decode `append` row per generated token (1 block
 every 16 tokens), a shared 512-token system prompt reused by 30 % of the requests (plus short accidental matches),
 physical `block_ids` recycled through a pool, free latency log-normal around 5 ms with a 2 % tail at 800 ms (the
-seed article's late free), and 0.5 % of requests never freed (leaks).  Rows are written in time order.
+seed article's late free), 5 % of requests reserving 64 blocks they never fill, and 0.5 % of requests never
+freed (leaks).  Rows are written in time order.
 
 Both measured commands run in a fresh interpreter (start-up and imports included), each `--repeat` times; the
 figure is the best wall time and the peak RSS of the child (``resource.getrusage(RUSAGE_CHILDREN)`` measured in
@@ -38,7 +40,7 @@ def generate(path: Path, n_events: int = 5_000_000, seed: int = 0) -> dict:
     step_s = 0.03  # one decode step of a continuously batched engine
     mean_output = 240
     n_req = max(1, n_events // (mean_output + 2))
-    rate_per_s = 285.0
+    rate_per_s = n_req / max(20.0, n_req / 285.0)  # ~285 requests/s at scale; small traces span >= 20 s
     arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, n_req))
     prompt = np.clip(rng.lognormal(np.log(500), 0.8, n_req), 8, 16000).astype(np.int64)
     output = np.clip(rng.geometric(1.0 / mean_output, n_req), 1, 4000).astype(np.int64)
@@ -51,6 +53,10 @@ def generate(path: Path, n_events: int = 5_000_000, seed: int = 0) -> dict:
     alloc_tokens = prompt - reused_tokens
     total_blocks = -(-(prompt + output) // BLOCK_SIZE)
     alloc_blocks = -(-prompt // BLOCK_SIZE) - reused_blocks
+    # 5 % reserve 64 blocks (1,024 tokens) up front that they never fill: the article's idle reservations
+    reserve = np.where(rng.random(n_req) < 0.05, 64, 0)
+    alloc_blocks = alloc_blocks + reserve
+    total_blocks = total_blocks + reserve
     leaked = rng.random(n_req) < 0.005
     latency_ms = np.where(rng.random(n_req) < 0.02, rng.normal(800, 40, n_req), rng.lognormal(np.log(5), 0.5, n_req))
     latency_ms = np.round(np.abs(latency_ms), 3)
@@ -147,7 +153,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=5_000_000)
     parser.add_argument("--keep", type=Path, help="write (or reuse) the trace at this path")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--generate", type=Path, help="only write a synthetic trace to this path and exit")
     args = parser.parse_args()
+    if args.generate:
+        shape = generate(args.generate, args.events)
+        print(f"wrote {args.generate}: {shape['events']:,} events, {shape['requests']:,} requests")
+        return
 
     tmp = None
     if args.keep:
