@@ -410,14 +410,16 @@ def analyze_events(
     db_ts[q] = db
     del db
     t_ts = ts if p0 is None else ts[p0]
-    in_use = np.cumsum(db_ts)
-    long_in_use = np.cumsum(np.where(requests.long[codes], db_ts, 0))
+    in_use = np.cumsum(db_ts, dtype=acc)
+    long_in_use = np.cumsum(np.where(requests.long[codes], db_ts, 0), dtype=acc)
     del db_ts
+    # the curves keep the value after the last row at each distinct time (no copy when all times differ)
     at_time_end = np.r_[t_ts[1:] != t_ts[:-1], True] if n else np.zeros(0, bool)
-    curve_t = t_ts[at_time_end]
-    curve_b = in_use[at_time_end]
-    curve_long = long_in_use[at_time_end]
-    del long_in_use
+    if at_time_end.all():
+        curve_t, curve_b, curve_long = t_ts, in_use, long_in_use
+    else:
+        curve_t, curve_b, curve_long = t_ts[at_time_end], in_use[at_time_end], long_in_use[at_time_end]
+    del long_in_use, at_time_end
     peak_i = int(np.argmax(curve_b)) if curve_b.size else 0
     total_block_seconds = float(block_seconds.sum())
     mean_in_use = total_block_seconds / duration if duration > 0 else nan
@@ -673,8 +675,11 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
 
     n = t_ts.size
     rows, ids = table.block_id_rows, table.block_id_values
-    tpos = rows if tpos_of_row is None else tpos_of_row[rows]
-    req = table.request[rows].astype(np.int64)
+    small = n < 2**30 and int(ids.max()) < 2**31
+    idx = np.int32 if small else np.int64
+    ids = ids.astype(idx, copy=False)
+    tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
+    req = table.request[rows]
     attach = table.event[rows] != FREE
     # where each request's holding intervals close (b back to 0), as (request, ts position) keys
     close = np.flatnonzero((b == 0) & (bp > 0))
@@ -686,10 +691,13 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     g = _radix_argsort(ids, g)
     s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
     del g
-    same = (s_ids[1:] == s_ids[:-1]) & (s_req[1:] == s_req[:-1])
+    new_id = s_ids[1:] != s_ids[:-1]  # s_ids is sorted by id
+    unique = int(1 + np.count_nonzero(new_id)) if s_ids.size else 0
+    same = ~new_id & (s_req[1:] == s_req[:-1])
+    del new_id
     a = np.flatnonzero(s_att)
     a_ids, a_req, a_tpos = s_ids[a], s_req[a], s_tpos[a]
-    j = np.searchsorted(close_key, a_req * (n + 1) + a_tpos, side="right")
+    j = np.searchsorted(close_key, a_req.astype(np.int64) * (n + 1) + a_tpos, side="right")
     jj = np.minimum(j, max(close.size - 1, 0))
     found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a.size, bool)
     rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
@@ -701,7 +709,9 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     released = rel < n
     # reference counts per id, in event order; at one row a release sorts before an attach
     e_id = np.concatenate([a_ids[released], a_ids])
-    e_key = np.concatenate([rel[released] * 2, a_tpos * 2 + 1])
+    del s_ids, s_req, s_att, s_tpos
+    e_key = np.concatenate([rel[released] * 2, a_tpos.astype(np.int64) * 2 + 1]).astype(idx)
+    del rel
     e_up = np.concatenate([np.zeros(int(released.sum()), bool), np.ones(a_ids.size, bool)])
     o = _radix_argsort(e_id, _radix_argsort(e_key))
     e_id, e_key, e_up = e_id[o], e_key[o], e_up[o]
@@ -725,7 +735,7 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
     tp = _percentiles(turnover)
     return {
-        "unique": int(1 + np.count_nonzero(s_ids[1:] != s_ids[:-1])),  # s_ids is sorted by id
+        "unique": unique,
         "peak": int(cb.max()) if cb.size else 0,
         "mean": integral / duration if duration > 0 else nan,
         "reallocations": int(gap.sum()),

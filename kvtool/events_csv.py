@@ -358,17 +358,16 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
     flag(blk_bad, "unparseable num_blocks")
     flag(blk_null, "missing num_blocks")
     request, request_dict = _dictionary_codes(take("request_id"))
-    if len(request_dict):
-        blank_id = np.asarray(_stripped_empty(request_dict), dtype=bool)
-        request = np.where((request >= 0) & blank_id[np.maximum(request, 0)], -1, request).astype(np.int32)
+    blank_id = np.array([v is None or not v.strip() for v in request_dict] + [True], dtype=bool)
+    if blank_id[:-1].any():
+        request = np.where(blank_id[request], -1, request).astype(np.int32)  # code -1 -> the last entry
     flag(request < 0, "missing request_id")
     flag(event == -1, "unknown event type")
     flag(event == -2, "missing event")
     source = None
     source_dict: list[str] = []
     if "source_request_id" in present:
-        source, sdict = _dictionary_codes(take("source_request_id"))
-        source_dict = sdict.to_pylist()
+        source, source_dict = _dictionary_codes(take("source_request_id"))
     ts, ts_null, ts_bad = _numbers(take("ts"), "ts")
     flag(ts_bad, "unparseable ts")
     flag(ts_null, "missing ts")
@@ -396,11 +395,11 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
     used = np.zeros(len(request_dict), dtype=bool)
     used[request] = True
     if used.all():
-        request_ids = tuple(request_dict.to_pylist())
+        request_ids = tuple(request_dict)
     else:
         remap = (np.cumsum(used) - 1).astype(np.int32)
         request = remap[request]
-        request_ids = tuple(request_dict.filter(pa.array(used)).to_pylist())
+        request_ids = tuple(request_dict[i] for i in np.flatnonzero(used).tolist())
     block_id_rows = block_id_values = None
     if "block_ids" in cols:
         rows, ids = cols["block_ids"]
@@ -465,9 +464,9 @@ def _rejected(reason, accepted_or_blank, bad_lines, first_row_number) -> Rejecte
 def _numbers(col, name: str, integer: bool = False):
     """A column as numpy values with (null, unparseable) masks.
 
-    Typed columns convert directly; text (the fallback read, or Parquet strings) is matched against an explicit
-    number pattern first, so one bad cell marks one row instead of failing the file.  NaN reads as blank.
-    With ``integer``, values are int64 and a fractional or huge value is unparseable.
+    Typed columns convert directly from their Arrow buffers; text (the fallback read, or Parquet strings) is
+    matched against an explicit number pattern first, so one bad cell marks one row instead of failing the
+    file.  NaN reads as blank.  With ``integer``, values are int64 and a fractional or huge value is unparseable.
     """
     import numpy as np
     import pyarrow as pa
@@ -477,29 +476,34 @@ def _numbers(col, name: str, integer: bool = False):
     if pa.types.is_dictionary(typ):
         col = col.cast(typ.value_type)
         typ = col.type
-    matched = blank = None
+    matched = None
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         text = pc.utf8_trim_whitespace(col)
         is_number = pc.match_substring_regex(text, _NUMBER_RE)
-        col = pc.if_else(is_number, text, pa.scalar(None, typ)).cast(pa.float64())
+        blank = ~_valid_np(text) | (_fixed_np(pc.utf8_length(text), np.int64 if
+                                              pa.types.is_large_string(typ) else np.int32) == 0)
         matched = _bool_np(is_number)
-        blank = _bool_np(pc.equal(text, "").fill_null(True))
+        col = pc.if_else(is_number, text, pa.nulls(1, typ)[0]).cast(pa.float64())
         typ = col.type
-    elif not (
-        pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ) or pa.types.is_null(typ)
-    ):
+    elif pa.types.is_boolean(typ) or pa.types.is_null(typ):
+        col = col.cast(pa.float64())
+        typ = col.type
+    elif not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
         raise InputFileError(f"column {name} has type {typ}, expected numbers")
     if integer and pa.types.is_integer(typ):
-        sentinel = np.iinfo(np.int64).min
-        values = col.cast(pa.int64()).fill_null(sentinel).to_numpy() if col.null_count else col.cast(pa.int64()).to_numpy()
-        null = values == sentinel if col.null_count else np.zeros(values.shape, dtype=bool)
+        values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
+        null = ~_valid_np(col)
         bad = values > MAX_COUNT
-        values = np.where(null | bad, 0, values) if (null.any() or bad.any()) else values
+        if null.any() or bad.any():
+            values[null | bad] = 0
         return values, null, bad
-    values = col.cast(pa.float64())
-    v = values.fill_null(np.nan).to_numpy() if values.null_count else values.to_numpy()
+    if typ != pa.float64():
+        col = col.cast(pa.float64())
+    v = _fixed_np(col, np.float64)
+    null = ~_valid_np(col)
+    v[null] = np.nan
     if matched is None:
-        null = np.isnan(v)
+        null |= np.isnan(v)
         bad = np.isinf(v)
     else:
         null = blank
@@ -511,17 +515,64 @@ def _numbers(col, name: str, integer: bool = False):
     return v, null, bad
 
 
-def _bool_np(mask):
-    """A pyarrow boolean (chunked) array as a numpy bool array (null -> False), without the slow bit path."""
-    import numpy as np
-    import pyarrow as pa
+# Arrow -> numpy through the buffers: pyarrow's own to_numpy() on arrays with nulls (and any Python scalar)
+# imports pandas, which alone costs about 0.4 s.
 
-    out = mask.cast(pa.uint8()).fill_null(0).to_numpy()
-    return np.asarray(out, dtype=np.uint8).view(bool)
+
+def _chunks(arr):
+    return arr.chunks if hasattr(arr, "chunks") else [arr]
+
+
+def _fixed_np(arr, dtype):
+    """Values of a fixed-width Arrow (chunked) array as a new numpy array; null slots hold arbitrary values."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    parts = []
+    for ch in _chunks(arr):
+        if len(ch):
+            buf = ch.buffers()[1]
+            parts.append(np.frombuffer(buf, dtype=dtype, count=len(ch), offset=ch.offset * dtype.itemsize))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def _bits(buf, offset: int, length: int):
+    import numpy as np
+
+    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + length, bitorder="little")[offset:].view(
+        bool
+    )
+
+
+def _valid_np(arr):
+    """Validity (not null) of each slot of an Arrow (chunked) array, as numpy bools."""
+    import numpy as np
+
+    parts = []
+    for ch in _chunks(arr):
+        if ch.null_count == 0:
+            parts.append(np.ones(len(ch), dtype=bool))
+        elif ch.null_count == len(ch) or ch.buffers()[0] is None:
+            parts.append(np.zeros(len(ch), dtype=bool))
+        else:
+            parts.append(_bits(ch.buffers()[0], ch.offset, len(ch)))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
+def _bool_np(mask):
+    """A pyarrow boolean (chunked) array as numpy bools (null -> False)."""
+    import numpy as np
+
+    parts = []
+    for ch in _chunks(mask):
+        if len(ch):
+            parts.append(_bits(ch.buffers()[1], ch.offset, len(ch)))
+    values = np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+    return values & _valid_np(mask)
 
 
 def _dictionary_codes(col):
-    """(int32 codes with -1 for null, dictionary values) of a text column."""
+    """(int32 codes with -1 for null, dictionary values as a Python list) of a text column."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -529,37 +580,32 @@ def _dictionary_codes(col):
     if not pa.types.is_dictionary(col.type):
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             col = col.cast(pa.string())
-        col = pc.dictionary_encode(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0))
-        col = pa.chunked_array([col])
+        col = pa.chunked_array([pc.dictionary_encode(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0))])
     chunks = col.chunks
     if not chunks:
-        return np.zeros(0, dtype=np.int32), pa.array([], pa.string())
+        return np.zeros(0, dtype=np.int32), []
     dictionary = chunks[0].dictionary
     if any(not c.dictionary.equals(dictionary) for c in chunks[1:]):  # not unified (Parquet chunks)
         col = pc.dictionary_encode(col.cast(dictionary.type).combine_chunks())
         chunks, dictionary = [col], col.dictionary
-    indices = pa.chunked_array([c.indices for c in chunks], type=chunks[0].indices.type)
-    codes = indices.fill_null(-1).to_numpy() if indices.null_count else indices.to_numpy()
-    return codes.astype(np.int32, copy=False), dictionary.cast(pa.string())
-
-
-def _stripped_empty(values):
-    import pyarrow.compute as pc
-
-    return pc.equal(pc.utf8_trim_whitespace(values), "").fill_null(True).to_numpy(zero_copy_only=False)
+    indices = pa.chunked_array([c.indices for c in chunks])
+    if indices.type != pa.int32():
+        indices = indices.cast(pa.int32())
+    codes = _fixed_np(indices, np.int32)
+    valid = _valid_np(indices)
+    if not valid.all():
+        codes[~valid] = -1
+    return codes, dictionary.cast(pa.string()).to_pylist()
 
 
 def _event_codes(col):
     """int8 event codes: 0..3 for the four types (case-insensitive, stripped), -1 unknown, -2 missing."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     codes, dictionary = _dictionary_codes(col)
-    names = pc.utf8_lower(pc.utf8_trim_whitespace(dictionary))
-    lut = pc.index_in(names, value_set=pa.array(EVENT_TYPES)).fill_null(-1).to_numpy(zero_copy_only=False)
-    lut = np.where(_stripped_empty(dictionary), -2, lut)
-    lut = np.append(lut, -2).astype(np.int8)  # code -1 (null) -> last entry: missing
+    kinds = {name: i for i, name in enumerate(EVENT_TYPES)}
+    lut = [kinds.get(v.strip().lower(), -1) if v is not None and v.strip() else -2 for v in dictionary]
+    lut = np.array(lut + [-2], dtype=np.int8)  # code -1 (null) -> the last entry: missing
     return lut[codes]
 
 
@@ -569,42 +615,46 @@ def _block_ids(col):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    empty = np.zeros(0, np.int64)
     typ = col.type
     if pa.types.is_dictionary(typ):
         col = col.cast(typ.value_type)
         typ = col.type
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):  # Parquet: a list of integers per row
         lists = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         flat = pc.list_flatten(lists)
-        parents = pc.list_parent_indices(lists).to_numpy().astype(np.int64)
+        parents = _fixed_np(pc.list_parent_indices(lists), np.int64)
         try:
             values = flat.cast(pa.int64())
         except pa.ArrowInvalid:
             raise InputFileError(f"block_ids has type {typ}, expected integers") from None
-        valid = ~_to_numpy_bool(pc.is_null(values))
-        vals = values.fill_null(0).to_numpy()
+        valid = _valid_np(values)
+        vals = _fixed_np(values, np.int64)
         bad_rows = np.unique(parents[~valid | (vals < 0)])
         good = valid & (vals >= 0) & ~np.isin(parents, bad_rows)
         return parents[good], vals[good], bad_rows
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         col = col.cast(pa.string())
     if col.null_count == len(col):
-        return empty
-    text = pc.utf8_trim_whitespace(col)
-    lists = pc.split_pattern(text, " ")
+        return empty, empty, empty
+    lists = pc.split_pattern(pc.utf8_trim_whitespace(col), " ")
     lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
     flat = pc.list_flatten(lists)
-    parents = pc.list_parent_indices(lists).to_numpy().astype(np.int64, copy=False)
+    parents = _fixed_np(pc.list_parent_indices(lists), np.int64)
     try:  # fast path: every token is an integer
-        vals = flat.cast(pa.int64()).to_numpy()
+        vals = _fixed_np(flat.cast(pa.int64()), np.int64)
     except pa.ArrowInvalid:
         vals = None
     if vals is not None and not (vals < 0).any():
-        return parents, vals, empty[2]
-    nonempty = _bool_np(pc.not_equal(flat, ""))  # blank cells and doubled spaces are not tokens
-    ok = _bool_np(pc.match_substring_regex(flat, _BLOCK_ID_RE))
+        return parents, vals, empty
+    length_type = np.int64 if pa.types.is_large_string(flat.type) else np.int32
+    nonempty = _fixed_np(pc.utf8_length(flat), length_type) > 0  # doubled spaces are not tokens
+    ok_mask = pc.match_substring_regex(flat, _BLOCK_ID_RE)
+    ok = _bool_np(ok_mask)
     bad_rows = np.unique(parents[nonempty & ~ok])
-    good = ok & ~np.isin(parents, bad_rows) if bad_rows.size else ok
-    vals = pc.if_else(pa.array(good), flat, "0").cast(pa.int64()).to_numpy()
-    return parents[good], vals[good], bad_rows
+    vals = _fixed_np(flat.filter(ok_mask).cast(pa.int64()), np.int64)
+    parents = parents[ok]
+    if bad_rows.size:
+        good = ~np.isin(parents, bad_rows)
+        parents, vals = parents[good], vals[good]
+    return parents, vals, bad_rows
