@@ -321,6 +321,17 @@ def analyze_events(
     if n:
         bp[1:] = b[:-1]
         bp[starts] = 0
+    # unique physical blocks (block_ids) only need b: follow them on a second core meanwhile (numpy releases
+    # the GIL in its sorts and loops)
+    tpos_of_row = None if p0 is None else _inverse(p0)
+    t_ts = ts if p0 is None else ts[p0]
+    physical_job = None
+    if n and table.block_id_rows is not None and table.block_id_rows.size:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool_executor = ThreadPoolExecutor(max_workers=1)
+        physical_job = pool_executor.submit(_physical_blocks, table, q, tpos_of_row, starts, b, bp, t_ts, t_end)
+        pool_executor.shutdown(wait=False)
     over = (d < 0) & (bp + d < 0)  # a free releasing more than is held: clamped at 0
     over_freed = int(-(bp + d)[over].sum())
     del d
@@ -354,7 +365,6 @@ def analyze_events(
     peak_blocks = per_request(b, np.maximum)
 
     # rows of the first holding interval: before the request's second rise from 0 (in (ts, file order) order)
-    tpos_of_row = None if p0 is None else _inverse(p0)
     second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
     if up_pos.size:
         up_req = np.searchsorted(starts, up_pos, side="right") - 1
@@ -409,7 +419,6 @@ def analyze_events(
     db_ts = np.empty_like(db)
     db_ts[q] = db
     del db
-    t_ts = ts if p0 is None else ts[p0]
     in_use = np.cumsum(db_ts, dtype=acc)
     long_in_use = np.cumsum(np.where(requests.long[codes], db_ts, 0), dtype=acc)
     del db_ts
@@ -424,10 +433,8 @@ def analyze_events(
     total_block_seconds = float(block_seconds.sum())
     mean_in_use = total_block_seconds / duration if duration > 0 else nan
 
-    physical = None
-    if n and table.block_id_rows is not None and table.block_id_rows.size:
-        physical = _physical_blocks(table, q, tpos_of_row, starts, b, bp, t_ts, t_end)
     del b, bp
+    physical = physical_job.result() if physical_job is not None else None
 
     capacity = float(pool_blocks) if pool_blocks is not None else None
     free_pool_min = None

@@ -262,3 +262,23 @@ def test_header_names_are_case_and_space_insensitive(tmp_path):
     a = run(f)
     assert a.requests.utilization[0] == pytest.approx(1.0)
     assert a.requests.holding_time_s[0] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("e.parquet", b"PAR1 this is not parquet PAR1", "cannot read the events file"),
+        ("e.csv.gz", gzip.compress(b"ts,event,request_id,num_blocks,num_tokens\n0,allocate,a,1,1\n")[:30],
+         "not a valid gzip file"),
+        ("e.csv", b"ts,event,request_id,num_blocks,num_tokens\n\xff\xfe,allocate,a,1,1\n",
+         "invalid UTF-8 at byte 42"),
+        # invalid UTF-8 beyond the 64 KiB the sniffer reads: pyarrow's error, still one InputFileError
+        ("late.csv", b"ts,event,request_id,num_blocks,num_tokens\n" + b"0,allocate,a,1,1\n" * 5000
+         + b"1,free,\xff\xfe,1,\n", "cannot read the events file"),
+    ],
+)
+def test_corrupt_parquet_gzip_and_utf8_are_input_errors(tmp_path, name, content, message):
+    f = tmp_path / name
+    f.write_bytes(content)
+    with pytest.raises(InputFileError, match=message):
+        load_events(f)

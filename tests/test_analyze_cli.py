@@ -160,3 +160,15 @@ def test_subprocess_json_and_exit_code():
     assert proc.returncode == EXIT_CHECK_FAILED
     assert json.loads(proc.stdout)["summary"]["leaked_requests"] == 1
     assert "Traceback" not in proc.stderr
+
+
+def test_progress_bar_only_on_a_terminal(run_cli, monkeypatch):
+    import sys
+
+    import kvtool.commands.analyze as command
+
+    monkeypatch.setattr(command, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    result = run_cli("analyze", D / "basic.csv", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["summary"]["requests"] == 2  # stdout stays pure JSON
