@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool."""
         name = events_file.name.lower()
         if name.endswith((".jsonl", ".jsonl.gz")):
-            return _analyze_jsonl(events_file, json_out=json_out, strict=strict)
+            return _analyze_jsonl(events_file, json_out=json_out, plot=plot, strict=strict)
 
         import pyarrow as pa
 
@@ -101,7 +101,9 @@ def _positive(value: int, option: str) -> int:
 def _analyze_jsonl(path: Path, **options) -> None:
     """vLLM's JSON-lines KV-cache events.
 
-    TODO(lead): wire this to the vLLM events analysis (issue 6) once it lands.
+    TODO(lead): wire this to the vLLM events analysis (issue 6), e.g.
+    ``from kvtool.commands.analyze_vllm import run_vllm_analysis`` and
+    ``run_vllm_analysis(path, json_output=options["json_out"], plot_dir=options["plot"])``.
     """
     raise InputFileError(
         "JSON-lines event files: see kvtool analyze for vLLM events",
