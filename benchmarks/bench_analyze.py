@@ -131,21 +131,21 @@ def generate(path: Path, n_events: int = 5_000_000, seed: int = 0) -> dict:
     return {"events": int(table.num_rows), "requests": int(n_req), "bytes": path.stat().st_size}
 
 
-def _measure(argv: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process, measured by a fresh wrapper interpreter."""
+def _measure(argv: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds (user + system) of one child process."""
     wrapper = (
         "import resource, subprocess, sys, time, json\n"
         "t = time.perf_counter()\n"
         "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
         "wall = time.perf_counter() - t\n"
-        "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
-        "print(json.dumps([wall, rss, p.returncode]))\n"
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(json.dumps([wall, u.ru_maxrss * 1024, u.ru_utime + u.ru_stime, p.returncode]))\n"
     )
     out = subprocess.run([sys.executable, "-c", wrapper, *argv], capture_output=True, text=True, check=True)
-    wall, rss, code = json.loads(out.stdout)
+    wall, rss, cpu, code = json.loads(out.stdout)
     if code != 0:
         raise SystemExit(f"{argv} exited with {code}")
-    return wall, rss
+    return wall, rss, cpu
 
 
 def main() -> None:
@@ -178,10 +178,16 @@ def main() -> None:
     results = {}
     for name, argv in (("pyarrow_read_csv", read), ("kvtool_analyze_json", analyze)):
         runs = [_measure(argv) for _ in range(args.repeat)]
-        results[name] = {"wall_s": min(r[0] for r in runs), "peak_rss_mb": min(r[1] for r in runs) / 2**20}
+        results[name] = {
+            "wall_s": min(r[0] for r in runs),
+            "peak_rss_mb": min(r[1] for r in runs) / 2**20,
+            "cpu_s": min(r[2] for r in runs),
+        }
     a, r = results["kvtool_analyze_json"], results["pyarrow_read_csv"]
     results["time_ratio"] = a["wall_s"] / r["wall_s"]
     results["memory_ratio"] = a["peak_rss_mb"] / r["peak_rss_mb"]
+    results["cpu_ratio"] = a["cpu_s"] / r["cpu_s"]
+    results["machine"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
     results["file_mb"] = path.stat().st_size / 1e6
     print(json.dumps(results, indent=2))
     if tmp is not None:

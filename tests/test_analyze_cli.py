@@ -172,3 +172,20 @@ def test_progress_bar_only_on_a_terminal(run_cli, monkeypatch):
     result = run_cli("analyze", D / "basic.csv", "--json")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["summary"]["requests"] == 2  # stdout stays pure JSON
+
+
+def test_json_lines_match_the_records(tmp_path):
+    # the fast column-wise JSON writer must agree with the plain per-record conversion
+    import io
+
+    from kvtool.event_analysis import analyze_events
+    from kvtool.event_report import request_records, write_json
+    from kvtool.events_csv import load_events
+
+    f = tmp_path / "e.csv"
+    f.write_text('ts,event,request_id,num_blocks,num_tokens\n0,allocate,"a, ""b""",1,5\n1,free,"a, ""b""",1,\n'
+                 "2,allocate,z,1,1\n2,free,z,1,\n")
+    analysis = analyze_events(load_events(f))
+    out = io.StringIO()
+    write_json(analysis, out)
+    assert json.loads(out.getvalue())["requests"] == request_records(analysis)
