@@ -233,12 +233,12 @@ def _read_csv(path: Path, names: list[str]):
         "ts": pa.float64(),
         "event": text,
         "request_id": text,
-        "num_blocks": pa.int64(),
-        "num_tokens": pa.int64(),
+        "num_blocks": pa.int32(),  # a count above 2**31 - 1 fails here and is rejected by the text path
+        "num_tokens": pa.int32(),
         "block_ids": pa.string(),
         "latency_ms": pa.float64(),
         "source_request_id": text,
-        "block_size": pa.int64(),
+        "block_size": pa.int32(),
         "free_pool_blocks": pa.float64(),
     }
     include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in names]
@@ -277,7 +277,7 @@ def _read_csv(path: Path, names: list[str]):
         if "conversion error" not in str(err).lower():
             raise
         # a value that does not parse as a number: read the numeric columns as text and check them vectorised
-        typed = {k: (pa.string() if v in (pa.float64(), pa.int64()) else v) for k, v in typed.items()}
+        typed = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in typed.items()}
         table, bad = read(typed, threads=True)
     if bad and any(number is None for number, _ in bad):
         table, bad = read(typed, threads=False)  # pyarrow only numbers malformed rows when single-threaded
@@ -491,7 +491,10 @@ def _numbers(col, name: str, integer: bool = False):
     elif not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
         raise InputFileError(f"column {name} has type {typ}, expected numbers")
     if integer and pa.types.is_integer(typ):
-        values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
+        if typ == pa.int32():  # the typed CSV read: every value already fits
+            values = _fixed_np(col, np.int32)
+        else:
+            values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
         null = ~_valid_np(col)
         bad = values > MAX_COUNT
         if null.any() or bad.any():
