@@ -739,7 +739,7 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     e_id[rel_at] = a_ids[released]
     e_key[rel_at] = rel[released] * 2
     del rel, at, rel_at, slots
-    if int(e_id.max()) < (1 << 62) // (2 * n + 2):
+    if int(e_id.max(initial=0)) < (1 << 62) // (2 * n + 2):
         o = np.argsort(e_id.astype(np.int64) * (2 * n + 2) + e_key, kind="stable")
     else:  # pragma: no cover - ids beyond 2**62 / n
         o = _radix_argsort(e_id, _radix_argsort(e_key))

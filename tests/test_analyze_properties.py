@@ -178,3 +178,99 @@ def test_random_rows_never_crash_and_every_row_is_accounted_for(cells, header):
     a = analyze_events(table)
     util = a.requests.utilization[~np.isnan(a.requests.utilization)]
     assert ((util >= 0) & (util <= 1 + 1e-12)).all()
+
+
+def physical_reference(rows):
+    """Distinct block ids held over time, walking rows in (ts, file) order as docs/analyze.md defines it.
+
+    rows: (ts, event, request, num_blocks, ids).  A listed id is held by the request until a free of that
+    request lists it, or until the request's blocks return to 0; the count is read after the last row of each
+    timestamp.  Returns (peak, integral over the trace).
+    """
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    blocks = {}
+    held = {}  # request -> list of ids it holds (one entry per listing)
+    refs: dict[int, int] = {}
+    t_end = max(r[0] for r in rows)
+    curve = []
+    for k, i in enumerate(order):
+        ts, ev, req, nb, ids = rows[i]
+        b = blocks.get(req, 0)
+        mine = held.setdefault(req, [])
+        if ev == "free":
+            b = max(0, b - nb)
+            for x in ids:
+                if x in mine:
+                    mine.remove(x)
+                    refs[x] -= 1
+            if b == 0:
+                for x in mine:
+                    refs[x] -= 1
+                mine.clear()
+        else:
+            b += nb
+            for x in ids:
+                mine.append(x)
+                refs[x] = refs.get(x, 0) + 1
+        blocks[req] = b
+        last_at_ts = k + 1 == len(order) or rows[order[k + 1]][0] != ts
+        if last_at_ts:
+            curve.append((ts, sum(1 for c in refs.values() if c > 0)))
+    peak = max(c for _, c in curve)
+    integral = sum(c * ((curve[j + 1][0] if j + 1 < len(curve) else t_end) - t) for j, (t, c) in enumerate(curve))
+    return peak, integral
+
+
+@st.composite
+def block_traces(draw):
+    n_req = draw(st.integers(1, 5))
+    shared = [0, 1]  # a prefix every request may reuse
+    next_id = [10]
+    rows = []
+    for r in range(n_req):
+        t = draw(st.integers(0, 10))
+        mine: list[int] = []
+        for _ in range(draw(st.integers(1, 6))):
+            ev = draw(st.sampled_from(EVENTS))
+            if ev == "free":
+                nb = draw(st.integers(0, len(mine) + 1))
+                ids = draw(st.lists(st.sampled_from(mine), unique=True, max_size=nb)) if mine and nb else []
+                for x in ids:
+                    mine.remove(x)
+                if nb >= len(mine) + len(ids):
+                    mine = []  # everything is freed: the rest is released implicitly
+            elif ev == "reuse":
+                ids = [x for x in shared if x not in mine][: draw(st.integers(0, 2))]
+                nb = len(ids)
+                mine += ids
+            else:
+                nb = draw(st.integers(0, 2))
+                ids = list(range(next_id[0], next_id[0] + nb))
+                if draw(st.booleans()):  # recycle ids of requests that may have finished: turnover
+                    ids = [x - 10 + 2 for x in ids]
+                ids = [x for x in ids if x not in mine]
+                nb = len(ids)
+                next_id[0] += nb
+                mine += ids
+            rows.append((float(t), ev, f"r{r}", nb, ids))
+            t += draw(st.integers(0, 2))
+    return sorted(rows, key=lambda row: row[0])
+
+
+@SETTINGS
+@given(block_traces())
+def test_physical_blocks_match_reference(rows):
+    text = "ts,event,request_id,num_blocks,num_tokens,block_ids\n" + "".join(
+        f"{ts},{ev},{req},{nb},{'' if ev == 'free' else 1},{' '.join(map(str, ids))}\n"
+        for ts, ev, req, nb, ids in rows
+    )
+    a = _analyze_text(text)
+    if not any(ids for *_, ids in rows):
+        assert not a.pool.has_block_ids
+        return
+    peak, integral = physical_reference(rows)
+    assert a.pool.peak_physical_blocks_in_use == peak
+    duration = max(r[0] for r in rows) - min(r[0] for r in rows)
+    if duration > 0:
+        assert math.isclose(a.pool.mean_physical_blocks_in_use, integral / duration, rel_tol=1e-9, abs_tol=1e-12)
+    assert a.pool.peak_physical_blocks_in_use <= a.pool.unique_physical_blocks
