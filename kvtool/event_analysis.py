@@ -602,13 +602,14 @@ def _radix_argsort(keys, perm=None):
     """
     import numpy as np
 
-    if perm is None:
-        perm = np.arange(keys.size)
     top = int(keys.max()) if keys.size else 0
     shift = 0
     while True:
-        part = keys[perm] if shift == 0 else keys[perm] >> shift
-        perm = perm[np.argsort(part.astype(np.uint16), kind="stable")]
+        if perm is None:  # first pass without a prior order: no gather needed
+            perm = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+        else:
+            part = keys[perm] if shift == 0 else keys[perm] >> shift
+            perm = perm[np.argsort(part.astype(np.uint16), kind="stable")]
         shift += 16
         if top >> shift == 0:
             return perm
@@ -758,6 +759,7 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     oo = _radix_argsort(tr_key)
     ct = tr_t[oo]
     cb = np.cumsum(np.where(tr_up[oo], 1, -1))
+    del oo
     end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
     ct, cb = ct[end_mask], cb[end_mask]
     duration = t_end - float(t_ts[0])
