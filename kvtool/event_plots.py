@@ -103,8 +103,9 @@ def _free_latency(analysis: Analysis, ax) -> None:
     lat = analysis.free_latencies_ms
     if lat.size:
         ax.hist(lat, bins=60)
-        p95 = analysis.pool.free_latency_ms_p95
-        ax.axvline(p95, color="red", linestyle="--", label=f"p95 = {p95:,.1f} ms")
+        p95, p99 = analysis.pool.free_latency_ms_p95, analysis.pool.free_latency_ms_p99
+        ax.axvline(p95, color="orange", linestyle="--", label=f"p95 = {p95:,.1f} ms")
+        ax.axvline(p99, color="red", linestyle="--", label=f"p99 = {p99:,.1f} ms")
         ax.legend(loc="upper right", fontsize="small")
         ax.set_yscale("log")
     ax.set_xlabel("free latency (ms): request finished -> blocks back in the pool")
