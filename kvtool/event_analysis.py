@@ -336,7 +336,8 @@ def analyze_events(
     over_freed = int(-(bp + d)[over].sum())
     del d
     episode = np.flatnonzero(bp == 0)  # a new holding interval starts where nothing was held
-    held_tokens = _segment_cumsum(tok, episode)
+    tokens = np.add.reduceat(tok, starts, dtype=np.int64) if n else np.zeros(0, np.int64)
+    held_tokens = _segment_cumsum(tok, episode, inplace=True)
     del tok
     np.minimum(held_tokens, b * bs, out=held_tokens)
     up = (bp == 0) & (b > 0)
@@ -383,7 +384,6 @@ def analyze_events(
     reuse_rows = np.flatnonzero(is_reuse_f)
     reused_blocks = np.bincount(req_f[reuse_rows], weights=nb_f[reuse_rows], minlength=n_req).astype(np.int64)
     reused_tokens = np.bincount(req_f[reuse_rows], weights=nt_f[reuse_rows], minlength=n_req).astype(np.int64)
-    tokens = np.bincount(req_f, weights=np.where(is_free_f, 0, nt_f), minlength=n_req).astype(np.int64)
     latency = table.latency_ms
     free_latency_max = np.full(n_req, nan)
     if latency is not None:
@@ -623,7 +623,7 @@ def _inverse(perm):
     return inv
 
 
-def _segment_cumsum(values, starts):
+def _segment_cumsum(values, starts, inplace: bool = False):
     """Cumulative sum restarting at each segment start (segments cover the array in order), in values' dtype.
 
     Each segment start subtracts the previous segment's total, so one cumulative sum does all segments (the
@@ -631,7 +631,7 @@ def _segment_cumsum(values, starts):
     """
     import numpy as np
 
-    y = values.copy()
+    y = values if inplace else values.copy()
     if starts.size > 1:
         totals = np.add.reduceat(y, starts)
         y[starts[1:]] -= totals[:-1]
