@@ -303,10 +303,8 @@ def _read_parquet(path: Path):
 
 def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size):
     import numpy as np
-    import pyarrow as pa
 
     table = holder.pop()
-
     if table.num_rows == 0 and not bad_lines:
         raise InputFileError("the events file has a header but no event rows", where=str(path))
     n = table.num_rows
