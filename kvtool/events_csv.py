@@ -7,7 +7,7 @@ not dropped silently: it is counted in :class:`RejectedRows` with its row number
 Row numbers: for CSV files, the line number in the file (the header is line 1; a value with an embedded newline is
 not supported); for Parquet, the 1-based row index.
 
-Public API (also used by ``kvtool simulate --from-events``): :func:`load_events` and :class:`EventTable`.
+Public API (also for ``kvtool simulate``): :func:`load_events` -> :class:`EventTable`, and :func:`write_events`.
 """
 
 from __future__ import annotations
@@ -138,6 +138,59 @@ def load_events(
         return _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size)
     except pa.ArrowException as err:
         raise InputFileError(f"cannot convert the events file: {_first_line(err)}", where=str(path)) from None
+
+
+def write_events(path: str | Path, columns: dict) -> int:
+    """Write events in schema 1 (CSV, ``.csv.gz`` or ``.parquet`` by the file name); return the row count.
+
+    ``columns`` maps column names of the schema to equal-length sequences (numpy arrays or lists); the required
+    columns must be there.  ``event`` values are the four type names; ``block_ids`` may be strings ("3 4 5") or
+    sequences of ints; ``None`` or NaN in an optional column is written as a blank cell.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    unknown = [c for c in columns if c not in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)]
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if unknown or missing:
+        raise UsageError(
+            "events columns do not match schema 1: "
+            + "; ".join(p for p in (f"unknown {', '.join(unknown)}" if unknown else "",
+                                    f"missing {', '.join(missing)}" if missing else "") if p)
+        )
+    arrays = {}
+    for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS):
+        if name not in columns:
+            continue
+        values = columns[name]
+        if name == "block_ids":
+            values = [v if v is None or isinstance(v, str) else " ".join(str(int(x)) for x in v) for v in values]
+            arrays[name] = pa.array(values, pa.string())
+        elif name in ("event", "request_id", "source_request_id"):
+            arrays[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
+        else:
+            values = np.asarray(values, dtype=float if name in ("ts", "latency_ms", "free_pool_blocks") else object)
+            if values.dtype == object:
+                mask = np.array([v is None or (isinstance(v, float) and v != v) for v in values], dtype=bool)
+                values = np.where(mask, 0, values).astype(np.int64)
+            else:
+                mask = np.isnan(values)
+            arrays[name] = pa.array(values, mask=mask if mask.any() else None)
+    table = pa.table(arrays)
+    target = str(path)
+    try:
+        if target.lower().endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, target)
+        else:
+            sink = pa.output_stream(target, compression="gzip" if target.lower().endswith(".gz") else None)
+            with sink:
+                pacsv.write_csv(table, sink, pacsv.WriteOptions(quoting_style="needed"))
+    except (OSError, pa.ArrowException) as err:
+        raise UsageError(f"cannot write the events file: {err}", where=target) from None
+    return table.num_rows
 
 
 def _first_line(err: BaseException) -> str:

@@ -282,3 +282,34 @@ def test_corrupt_parquet_gzip_and_utf8_are_input_errors(tmp_path, name, content,
     f.write_bytes(content)
     with pytest.raises(InputFileError, match=message):
         load_events(f)
+
+
+@pytest.mark.parametrize("name", ["out.csv", "out.csv.gz", "out.parquet"])
+def test_write_events_round_trip(tmp_path, name):
+    from kvtool.events_csv import write_events
+
+    rows = write_events(tmp_path / name, {
+        "ts": [0.0, 1.0, 2.0],
+        "event": ["allocate", "append", "free"],
+        "request_id": ["a", "a", "a"],
+        "num_blocks": [2, 1, 3],
+        "num_tokens": [20, 5, None],
+        "block_ids": [[1, 2], "3", [1, 2, 3]],
+        "latency_ms": [None, None, 800.0],
+    })
+    assert rows == 3
+    a = run(tmp_path / name)
+    # b = 2 on [0,1), 3 on [1,2): 5 block-seconds; n = 20 then 25: (20 + 25) / (16 * 5) = 45/80
+    assert a.summary.rejected_rows == 0 and a.summary.events == 3
+    assert a.requests.block_seconds[0] == pytest.approx(5.0)
+    assert a.requests.utilization[0] == pytest.approx(45 / 80)
+    assert a.pool.unique_physical_blocks == 3 and a.summary.free_latency_ms_max == 800
+
+
+def test_write_events_rejects_unknown_columns(tmp_path):
+    from kvtool.errors import UsageError
+    from kvtool.events_csv import write_events
+
+    with pytest.raises(UsageError, match="unknown colour; missing num_tokens"):
+        write_events(tmp_path / "x.csv", {"ts": [0], "event": ["free"], "request_id": ["a"], "num_blocks": [1],
+                                          "colour": [1]})
