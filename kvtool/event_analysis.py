@@ -365,30 +365,9 @@ def analyze_events(
     db = b - bp  # the change each row actually made (over-frees clamped)
     peak_blocks = per_request(b, np.maximum)
 
-    # rows of the first holding interval: before the request's second rise from 0 (in (ts, file order) order)
-    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
-    if up_pos.size:
-        up_req = np.searchsorted(starts, up_pos, side="right") - 1
-        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
-        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
-        second_rise[up_req[again]] = q[up_pos[again]]
-    is_reuse_f = ev == REUSE
-    prompt_rows = np.flatnonzero((ev == ALLOCATE) | is_reuse_f)
-    pr_req = req_f[prompt_rows]
-    pr_tpos = prompt_rows if tpos_of_row is None else tpos_of_row[prompt_rows]
-    first = pr_tpos < second_rise[pr_req]
-    prompt_tokens = np.bincount(pr_req[first], weights=nt_f[prompt_rows[first]], minlength=n_req).astype(np.int64)
-    first_reuse = first & is_reuse_f[prompt_rows]
-    match_tokens_all = np.bincount(pr_req[first_reuse], weights=nt_f[prompt_rows[first_reuse]],
-                                   minlength=n_req).astype(np.int64)
-    reuse_rows = np.flatnonzero(is_reuse_f)
-    reused_blocks = np.bincount(req_f[reuse_rows], weights=nb_f[reuse_rows], minlength=n_req).astype(np.int64)
-    reused_tokens = np.bincount(req_f[reuse_rows], weights=nt_f[reuse_rows], minlength=n_req).astype(np.int64)
-    latency = table.latency_ms
-    free_latency_max = np.full(n_req, nan)
-    if latency is not None:
-        free_lat_rows = np.flatnonzero(is_free_f & ~np.isnan(latency))
-        np.fmax.at(free_latency_max, req_f[free_lat_rows], latency[free_lat_rows])
+    prompt_tokens, match_tokens_all, reused_blocks, reused_tokens, free_latency_max = _row_figures(
+        table, starts, q, up_pos, tpos_of_row
+    )
     over_per_request = np.bincount(np.searchsorted(starts, np.flatnonzero(over), side="right") - 1,
                                    minlength=n_req) if n else np.zeros(0, int)
     requests = RequestTable(
@@ -415,28 +394,8 @@ def analyze_events(
     )
 
     note("pool")
-    # pool curves in global time order: scatter each row's change back to its position in ts order
-    db_ts = np.empty_like(db)
-    db_ts[q] = db
+    curve_t, curve_b, curve_long, in_use = _pool_curves(db, q, requests.long[codes], t_ts, acc)
     del db
-    in_use = np.cumsum(db_ts, dtype=acc)
-    long_in_use = np.cumsum(np.where(requests.long[codes], db_ts, 0), dtype=acc)
-    del db_ts
-    # the curves keep the value after the last row at each distinct time (no copy when all times differ)
-    at_time_end = np.r_[t_ts[1:] != t_ts[:-1], True] if n else np.zeros(0, bool)
-    if at_time_end.all():
-        curve_t, curve_b, curve_long = t_ts, in_use, long_in_use
-    else:
-        curve_t, curve_b, curve_long = t_ts[at_time_end], in_use[at_time_end], long_in_use[at_time_end]
-    del long_in_use, at_time_end
-    # and only the points where a value changes (a decode step that fits in its block changes nothing)
-    if curve_t.size > 1:
-        changed = np.empty(curve_t.size, dtype=bool)
-        changed[0] = True
-        np.not_equal(curve_b[1:], curve_b[:-1], out=changed[1:])
-        changed[1:] |= curve_long[1:] != curve_long[:-1]
-        curve_t, curve_b, curve_long = curve_t[changed], curve_b[changed], curve_long[changed]
-        del changed
     peak_i = int(np.argmax(curve_b)) if curve_b.size else 0
     total_block_seconds = float(block_seconds.sum())
     mean_in_use = total_block_seconds / duration if duration > 0 else nan
@@ -461,6 +420,7 @@ def analyze_events(
                 capacity = float((used_then + fp).max())
     del in_use
 
+    latency = table.latency_ms
     free_rows_lat = latency[is_free_f] if latency is not None else np.zeros(0)
     free_rows_lat = free_rows_lat[~np.isnan(free_rows_lat)]
     alloc_lat = latency[ev == ALLOCATE] if latency is not None else np.zeros(0)
@@ -469,6 +429,7 @@ def analyze_events(
     al = _percentiles(alloc_lat)
     late_free = 0.0
     if latency is not None:
+        free_lat_rows = np.flatnonzero(is_free_f & ~np.isnan(latency))
         late_free = float((nb_f[free_lat_rows] * latency[free_lat_rows]).sum() / 1000.0)
     blocks_allocated = int(nb_f[(ev == ALLOCATE) | (ev == APPEND)].sum())
     blocks_reused = int(reused_blocks.sum())
@@ -511,7 +472,7 @@ def analyze_events(
     block_size_of_request = (
         np.full(n_req, table.default_block_size) if np.isscalar(bs) else bs[np.minimum(starts, max(n - 1, 0))]
     )[has_prompt]
-    prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool(reuse_rows.size))
+    prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool((ev == REUSE).any()))
 
     long_stats = _long_share(curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert,
                              int(requests.long.sum()))
@@ -592,6 +553,74 @@ def analyze_events(
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row):
+    """Per-request sums over the few rows that need them, in file order (no gather of whole columns).
+
+    Prompt and prefix-match tokens count the allocate/reuse rows of the first holding interval: the rows before
+    the request's second rise of b from 0, in (ts, file order) order.  Returns (prompt_tokens, match_tokens,
+    reused_blocks, reused_tokens, free_latency_ms_max) per request.
+    """
+    import numpy as np
+
+    n, n_req = table.events, len(table.request_ids)
+    ev, req_f, nb_f, nt_f = table.event, table.request, table.num_blocks, table.num_tokens
+    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
+    if up_pos.size:
+        up_req = np.searchsorted(starts, up_pos, side="right") - 1
+        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
+        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
+        second_rise[up_req[again]] = q[up_pos[again]]
+    is_reuse = ev == REUSE
+    prompt_rows = np.flatnonzero((ev == ALLOCATE) | is_reuse)
+    pr_req = req_f[prompt_rows]
+    pr_tpos = prompt_rows if tpos_of_row is None else tpos_of_row[prompt_rows]
+    first = pr_tpos < second_rise[pr_req]
+
+    def total(rows_req, weights):
+        return np.bincount(rows_req, weights=weights, minlength=n_req).astype(np.int64)
+
+    prompt_tokens = total(pr_req[first], nt_f[prompt_rows[first]])
+    first_reuse = first & is_reuse[prompt_rows]
+    match_tokens = total(pr_req[first_reuse], nt_f[prompt_rows[first_reuse]])
+    reuse_rows = np.flatnonzero(is_reuse)
+    reused_blocks = total(req_f[reuse_rows], nb_f[reuse_rows])
+    reused_tokens = total(req_f[reuse_rows], nt_f[reuse_rows])
+    free_latency_max = np.full(n_req, nan)
+    if table.latency_ms is not None:
+        rows = np.flatnonzero((ev == FREE) & ~np.isnan(table.latency_ms))
+        np.fmax.at(free_latency_max, req_f[rows], table.latency_ms[rows])
+    return prompt_tokens, match_tokens, reused_blocks, reused_tokens, free_latency_max
+
+
+def _pool_curves(db, q, long_row, t_ts, acc):
+    """Blocks in use (all, and long requests') as step curves in global time order.
+
+    ``db`` is each row's change in (request, ts) order; it is scattered back to ts order and summed.  The curves
+    keep the value after the last row of each distinct time, and only where a value changes.  Returns
+    (time_s, blocks_in_use, long_blocks_in_use, in_use_per_row).
+    """
+    import numpy as np
+
+    n = db.size
+    db_ts = np.empty_like(db)
+    db_ts[q] = db
+    in_use = np.cumsum(db_ts, dtype=acc)
+    long_in_use = np.cumsum(np.where(long_row, db_ts, 0), dtype=acc)
+    del db_ts
+    at_time_end = np.r_[t_ts[1:] != t_ts[:-1], True] if n else np.zeros(0, bool)
+    if at_time_end.all():  # no copy when all times differ
+        curve_t, curve_b, curve_long = t_ts, in_use, long_in_use
+    else:
+        curve_t, curve_b, curve_long = t_ts[at_time_end], in_use[at_time_end], long_in_use[at_time_end]
+    if curve_t.size > 1:  # a decode step that fits in its block changes nothing
+        changed = np.empty(curve_t.size, dtype=bool)
+        changed[0] = True
+        np.not_equal(curve_b[1:], curve_b[:-1], out=changed[1:])
+        changed[1:] |= curve_long[1:] != curve_long[:-1]
+        curve_t, curve_b, curve_long = curve_t[changed], curve_b[changed], curve_long[changed]
+    return curve_t, curve_b, curve_long, in_use
 
 
 def _radix_argsort(keys, perm=None):
