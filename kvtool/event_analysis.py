@@ -118,6 +118,8 @@ class PrefixReuse:
     histogram: tuple[tuple[int, int], ...]  # (match tokens, requests), the most common first (up to 20)
     diagnosis: tuple[str, ...]  # codes: no_reuse_events, prompts_differ_early, block_alignment, ok
     advice: tuple[str, ...]
+    distinct_sources: int | None  # distinct source_request_id of reuse rows; None without the column
+    top_sources: tuple[tuple[str, int], ...]  # (source_request_id, blocks reused from it), most first (up to 5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,6 +475,7 @@ def analyze_events(
         np.full(n_req, table.default_block_size) if np.isscalar(bs) else bs[np.minimum(starts, max(n - 1, 0))]
     )[has_prompt]
     prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool((ev == REUSE).any()))
+    prefix = dataclasses.replace(prefix, **_reuse_sources(table))
 
     long_stats = _long_share(curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert,
                              int(requests.long.sum()))
@@ -805,6 +808,23 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     }
 
 
+def _reuse_sources(table: EventTable) -> dict:
+    """Which requests' cached prefixes are reused (the optional source_request_id column of reuse rows)."""
+    import numpy as np
+
+    if table.source_request is None:
+        return {"distinct_sources": None, "top_sources": ()}
+    rows = np.flatnonzero((table.event == REUSE) & (table.source_request >= 0))
+    src = table.source_request[rows]
+    blocks = np.bincount(src, weights=table.num_blocks[rows], minlength=len(table.source_request_ids))
+    used = np.flatnonzero(np.bincount(src, minlength=len(table.source_request_ids)))
+    top = used[np.argsort(-blocks[used], kind="stable")][:5]
+    return {
+        "distinct_sources": int(used.size),
+        "top_sources": tuple((table.source_request_ids[i], int(blocks[i])) for i in top.tolist()),
+    }
+
+
 def _prefix_reuse(match_tokens, prompt_tokens, block_size, any_reuse: bool) -> PrefixReuse:
     """Hit share, reused/prompt tokens, the match-length distribution and the diagnosis rules.
 
@@ -873,6 +893,8 @@ def _prefix_reuse(match_tokens, prompt_tokens, block_size, any_reuse: bool) -> P
         histogram=histogram,
         diagnosis=tuple(diagnosis),
         advice=tuple(advice),
+        distinct_sources=None,
+        top_sources=(),
     )
 
 

@@ -48,6 +48,7 @@ def analysis_to_json(analysis: Analysis, with_requests: bool = True) -> dict[str
     anomalies["first_rejected"] = [{"row": row, "reason": reason} for row, reason in analysis.anomalies.first_rejected]
     prefix = to_jsonable(analysis.prefix_reuse)
     prefix["histogram"] = [{"match_tokens": m, "requests": c} for m, c in analysis.prefix_reuse.histogram]
+    prefix["top_sources"] = [{"source_request_id": r, "reused_blocks": b} for r, b in analysis.prefix_reuse.top_sources]
     return {
         "schema_version": analysis.schema_version,
         "file": analysis.file,
@@ -239,7 +240,13 @@ def render_analysis(analysis: Analysis, console) -> None:
                 ("match length p50 / p90", f"{_num(pr.match_tokens_p50, ',.0f')} / {_num(pr.match_tokens_p90, ',.0f')} tokens"),
                 ("most common match lengths", hist),
                 ("diagnosis", ", ".join(pr.diagnosis)),
-            ],
+            ]
+            + (
+                [("prefix sources (most reused blocks)",
+                  f"{pr.distinct_sources:,}: " + (", ".join(f"{r} ({b:,})" for r, b in pr.top_sources[:3]) or "-"))]
+                if pr.distinct_sources is not None
+                else []
+            ),
         )
     )
     for line in pr.advice:

@@ -313,3 +313,11 @@ def test_write_events_rejects_unknown_columns(tmp_path):
     with pytest.raises(UsageError, match="unknown colour; missing num_tokens"):
         write_events(tmp_path / "x.csv", {"ts": [0], "event": ["free"], "request_id": ["a"], "num_blocks": [1],
                                           "colour": [1]})
+
+
+def test_reuse_sources():
+    # reuse.csv: R2 reuses 2 blocks from R1 (source_request_id) -> one source, R1 with 2 blocks
+    a = run(D / "reuse.csv")
+    assert a.prefix_reuse.distinct_sources == 1
+    assert a.prefix_reuse.top_sources == (("R1", 2),)
+    assert run(D / "basic.csv").prefix_reuse.distinct_sources is None  # no source_request_id column
