@@ -321,3 +321,20 @@ def test_reuse_sources():
     assert a.prefix_reuse.distinct_sources == 1
     assert a.prefix_reuse.top_sources == (("R1", 2),)
     assert run(D / "basic.csv").prefix_reuse.distinct_sources is None  # no source_request_id column
+
+
+def test_capacity_from_free_pool_blocks_and_long_share(tmp_path):
+    f = tmp_path / "e.csv"
+    f.write_text(
+        "ts,event,request_id,num_blocks,num_tokens,free_pool_blocks\n"
+        "0,allocate,L,7,100,3\n1,allocate,S,2,20,1\n2,free,L,7,,8\n3,free,S,2,,10\n"
+    )
+    a = run(f, long_threshold_tokens=50)
+    # capacity = blocks in use + free pool blocks at each row: 7+3, 9+1, 2+8, 0+10 -> 10; minimum free pool 1
+    assert a.pool.capacity_blocks == 10 and a.pool.free_pool_blocks_min == 1
+    lr = a.long_requests
+    # L (100 tokens > 50) holds 7 of 10 blocks on [0, 2): 0.7 > 0.6 for 2 s, from t = 0; S is short
+    assert lr.basis == "capacity" and lr.long_requests == 1
+    assert lr.peak_share == pytest.approx(0.7)
+    assert lr.time_above_alert_s == pytest.approx(2.0)
+    assert lr.first_alert_at_s == 0.0 and lr.alert
