@@ -133,6 +133,13 @@ def _num(value: Any, fmt: str = ",.3f", suffix: str = "") -> str:
     return f"{value:{fmt}}{suffix}"
 
 
+def _esc(text: str) -> str:
+    """Request ids and paths are data, not rich markup ("[red]" stays literal)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _pct(value: Any) -> str:
     return _num(None if value is None else value * 100, ".1f", " %")
 
@@ -155,7 +162,7 @@ def render_analysis(analysis: Analysis, console) -> None:
     s, p, pr, lr, an = analysis.summary, analysis.pool, analysis.prefix_reuse, analysis.long_requests, analysis.anomalies
     console.print(
         _kv_table(
-            f"kvtool analyze: {analysis.file} (events schema {analysis.schema_version})",
+            f"kvtool analyze: {_esc(analysis.file)} (events schema {analysis.schema_version})",
             [
                 ("events (accepted rows)", _num(s.events, ",d")),
                 ("requests", _num(s.requests, ",d")),
@@ -194,7 +201,7 @@ def render_analysis(analysis: Analysis, console) -> None:
     for i, c in enumerate(analysis.culprits, 1):
         culprits.add_row(
             str(i),
-            c.request_id,
+            _esc(c.request_id),
             _num(c.wasted_slot_seconds, ",.1f"),
             _num(c.holding_time_s),
             _pct(c.utilization),
@@ -243,7 +250,7 @@ def render_analysis(analysis: Analysis, console) -> None:
             ]
             + (
                 [("prefix sources (most reused blocks)",
-                  f"{pr.distinct_sources:,}: " + (", ".join(f"{r} ({b:,})" for r, b in pr.top_sources[:3]) or "-"))]
+                  f"{pr.distinct_sources:,}: " + (", ".join(f"{_esc(r)} ({b:,})" for r, b in pr.top_sources[:3]) or "-"))]
                 if pr.distinct_sources is not None
                 else []
             ),
@@ -286,7 +293,7 @@ def render_analysis(analysis: Analysis, console) -> None:
         shown = ", ".join(f"row {row} ({reason})" for row, reason in an.first_rejected)
         console.print(f"  - first rejected: {shown}", highlight=False)
     if an.first_leaked_request_ids:
-        console.print(f"  - leaked: {', '.join(an.first_leaked_request_ids)}"
+        console.print(f"  - leaked: {_esc(', '.join(an.first_leaked_request_ids))}"
                       + (" ..." if an.leaked_requests > len(an.first_leaked_request_ids) else ""), highlight=False)
 
 

@@ -189,3 +189,12 @@ def test_json_lines_match_the_records(tmp_path):
     out = io.StringIO()
     write_json(analysis, out)
     assert json.loads(out.getvalue())["requests"] == request_records(analysis)
+
+
+def test_request_ids_are_not_rich_markup(run_cli, tmp_path):
+    f = tmp_path / "e.csv"
+    f.write_text("ts,event,request_id,num_blocks,num_tokens\n0,allocate,[/bold]x,2,1\n1,free,[/bold]x,2,\n"
+                 "0,allocate,[red]leak,1,1\n")
+    result = run_cli("analyze", f)
+    assert result.exit_code == 0, result.stderr
+    assert "[/bold]x" in result.stdout and "[red]leak" in result.stdout
