@@ -691,7 +691,7 @@ def _block_ids(col):
         col = col.cast(pa.string())
     if col.null_count == len(col):
         return empty, empty, empty
-    lists = pc.split_pattern(pc.utf8_trim_whitespace(col), " ")
+    lists = pc.split_pattern(col, " ")  # padding spaces give empty tokens: handled by the slow path
     lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
     flat = pc.list_flatten(lists)
     parents = _fixed_np(pc.list_parent_indices(lists), np.int64)
