@@ -287,53 +287,36 @@ def analyze_events(
     t_start = float(ts.min()) if n else nan
     duration = t_end - t_start if n else 0.0
 
-    # ---- one stable sort by (request, ts): ts first (usually already sorted), then radix passes on the request.
-    # Only three columns are gathered into that order (signed blocks, tokens, ts); everything that concerns a
-    # few rows (reuse, latency, prompts) is computed on those rows in file order.
+    # ---- one stable sort by (request, ts): ts first (usually already sorted), then radix passes on the request
+    # (_hold_blocks).  Everything that concerns a few rows (reuse, latency, prompts) is computed on those rows
+    # in file order (_row_figures).
     note("sorting")
     ts_sorted_already = n < 2 or bool((ts[1:] >= ts[:-1]).all())
     p0 = None if ts_sorted_already else np.argsort(ts, kind="stable")
-    req_f = table.request
-    codes = req_f if p0 is None else req_f[p0]  # request of each row in ts order
-    q = _radix_argsort(codes)  # sorted position k holds ts-order position q[k]
-    order = q if p0 is None else p0[q]
-    counts = np.bincount(req_f, minlength=n_req).astype(np.int64)
-    starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64) if n_req else np.zeros(0, np.int64)
-    lengths = counts
-    last = starts + counts - 1
+    tpos_of_row = None if p0 is None else _inverse(p0)
+    t_ts = ts if p0 is None else ts[p0]
+    # unique physical blocks (block_ids) run on a second core meanwhile (numpy releases the GIL in its sorts
+    # and loops); they need b, which this thread hands over through `later` once computed
+    physical_job = later = None
+    if n and table.block_id_rows is not None and table.block_id_rows.size:
+        from concurrent.futures import Future, ThreadPoolExecutor
 
+        later = Future()
+        executor = ThreadPoolExecutor(max_workers=1)
+        physical_job = executor.submit(_physical_blocks, table, tpos_of_row, t_ts, t_end, later)
+        executor.shutdown(wait=False)
+    try:
+        order, q, codes, starts, lengths, last, t, d, tok, bs, acc, b, bp = _hold_blocks(table, p0)
+    except BaseException as err:
+        if later is not None:
+            later.set_exception(err)  # the physical-block thread must not wait forever
+        raise
+    if later is not None:
+        later.set_result((q, starts, b, bp))
     note("integrating")
     ev = table.event
     is_free_f = ev == FREE
     nb_f, nt_f = table.num_blocks, table.num_tokens
-    # running sums fit int32 when the totals do (halves the memory of the per-row arrays)
-    max_bs = table.default_block_size if table.block_size is None else int(table.block_size.max(initial=1))
-    total_blocks = int(nb_f.sum(dtype=np.int64))
-    total_tokens = int(nt_f.sum(dtype=np.int64))
-    small = max(total_blocks * max_bs, total_tokens) < 2**31
-    acc = np.int32 if small else np.int64
-    d = np.where(is_free_f, -nb_f, nb_f).astype(acc, copy=False)[order]
-    tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
-    t = ts[order]
-    bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
-    s = _segment_cumsum(d, starts)
-    b = _clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
-    del s
-    bp = np.empty_like(b)  # blocks held before each row
-    if n:
-        bp[1:] = b[:-1]
-        bp[starts] = 0
-    # unique physical blocks (block_ids) only need b: follow them on a second core meanwhile (numpy releases
-    # the GIL in its sorts and loops)
-    tpos_of_row = None if p0 is None else _inverse(p0)
-    t_ts = ts if p0 is None else ts[p0]
-    physical_job = None
-    if n and table.block_id_rows is not None and table.block_id_rows.size:
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool_executor = ThreadPoolExecutor(max_workers=1)
-        physical_job = pool_executor.submit(_physical_blocks, table, q, tpos_of_row, starts, b, bp, t_ts, t_end)
-        pool_executor.shutdown(wait=False)
     over = (d < 0) & (bp + d < 0)  # a free releasing more than is held: clamped at 0
     over_freed = int(-(bp + d)[over].sum())
     del d
@@ -558,6 +541,46 @@ def analyze_events(
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
+def _hold_blocks(table: EventTable, p0):
+    """The stable sort by (request, ts) and b, the blocks each request holds after each of its rows.
+
+    ``p0`` is the stable time order (None when the file is already in time order).  Only three columns are
+    gathered into request order (signed blocks, tokens, ts).  Returns (order, q, codes, starts, lengths, last,
+    t, d, tok, bs, acc, b, bp): q maps each sorted position to its position in time order, codes are the
+    requests in time order, d the signed block change of each row, bp the blocks held before it.
+    """
+    import numpy as np
+
+    n, n_req = table.events, len(table.request_ids)
+    req_f = table.request
+    codes = req_f if p0 is None else req_f[p0]  # request of each row in ts order
+    q = _radix_argsort(codes)  # sorted position k holds ts-order position q[k]
+    order = q if p0 is None else p0[q]
+    counts = np.bincount(req_f, minlength=n_req).astype(np.int64)
+    starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64) if n_req else np.zeros(0, np.int64)
+    lengths = counts
+    last = starts + counts - 1
+    is_free_f = table.event == FREE
+    nb_f, nt_f = table.num_blocks, table.num_tokens
+    # running sums fit int32 when the totals do (halves the memory of the per-row arrays)
+    max_bs = table.default_block_size if table.block_size is None else int(table.block_size.max(initial=1))
+    total_blocks = int(nb_f.sum(dtype=np.int64))
+    total_tokens = int(nt_f.sum(dtype=np.int64))
+    acc = np.int32 if max(total_blocks * max_bs, total_tokens) < 2**31 else np.int64
+    d = np.where(is_free_f, -nb_f, nb_f).astype(acc, copy=False)[order]
+    tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
+    t = table.ts[order]
+    bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
+    s = _segment_cumsum(d, starts)
+    b = _clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
+    del s
+    bp = np.empty_like(b)  # blocks held before each row
+    if n:
+        bp[1:] = b[:-1]
+        bp[starts] = 0
+    return order, q, codes, starts, lengths, last, t, d, tok, bs, acc, b, bp
+
+
 def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row):
     """Per-request sums over the few rows that need them, in file order (no gather of whole columns).
 
@@ -707,7 +730,7 @@ def _percentiles(values) -> tuple[float, float, float, float]:
     return float(p[0]), float(p[1]), float(p[2]), float(values.max())
 
 
-def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_end):
+def _physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     """Unique physical blocks in use over time, and block turnover, from block_ids.
 
     A block id listed by an allocate/append/reuse row is held by that request until a later free row of the
@@ -718,6 +741,8 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     is its turnover time.
 
     Times are positions in the global (stable) time order, so every sort here is an integer radix sort.
+    The grouping of listings runs first; ``later`` (a Future) then delivers (q, starts, b, bp) from the
+    per-request pass running meanwhile in the calling thread.
     """
     import numpy as np
 
@@ -729,10 +754,6 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
     req = table.request[rows]
     attach = table.event[rows] != FREE
-    # where each request's holding intervals close (b back to 0), as (request, ts position) keys
-    close = np.flatnonzero((b == 0) & (bp > 0))
-    close_req = np.searchsorted(starts, close, side="right") - 1
-    close_key = close_req * (n + 1) + q[close]
     # listings grouped by (id, request), each group in time order
     g = np.arange(rows.size) if tpos_of_row is None else np.argsort(tpos, kind="stable")
     g = _radix_argsort(req, g)
@@ -745,6 +766,12 @@ def _physical_blocks(table: EventTable, q, tpos_of_row, starts, b, bp, t_ts, t_e
     del new_id
     a = np.flatnonzero(s_att)
     a_ids, a_req, a_tpos = s_ids[a], s_req[a], s_tpos[a]
+    # where each request's holding intervals close (b back to 0), as (request, ts position) keys
+    q, starts, b, bp = later.result()
+    close = np.flatnonzero((b == 0) & (bp > 0))
+    del b, bp
+    close_req = np.searchsorted(starts, close, side="right") - 1
+    close_key = close_req * (n + 1) + q[close]
     j = np.searchsorted(close_key, a_req.astype(np.int64) * (n + 1) + a_tpos, side="right")
     jj = np.minimum(j, max(close.size - 1, 0))
     found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a.size, bool)
