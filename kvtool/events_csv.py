@@ -376,6 +376,13 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
 
     present = set(table.column_names)
     cols: dict[str, object] = {}
+    block_ids_job = None
+    if "block_ids" in present:  # the slowest column: split on another thread (pyarrow releases the GIL)
+        from concurrent.futures import ThreadPoolExecutor
+
+        executor = ThreadPoolExecutor(max_workers=1)
+        block_ids_job = executor.submit(_block_ids, take("block_ids"))
+        executor.shutdown(wait=False)
     # optional columns first (lowest priority reasons), then the required ones in reverse order
     if "free_pool_blocks" in present:
         v, null, bad = _numbers(take("free_pool_blocks"), "free_pool_blocks")
@@ -393,10 +400,6 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
         flag(~null & ~bad & (v < 0), "negative latency_ms")
         flag(bad, "unparseable latency_ms")
         cols["latency_ms"] = v
-    if "block_ids" in present:
-        rows, ids, bad_rows = _block_ids(take("block_ids"))
-        reason[bad_rows] = _REASON_CODE["unparseable block_ids"]
-        cols["block_ids"] = (rows, ids)
     event = None
     if "event" in present:
         event = _event_codes(take("event"))
@@ -423,6 +426,12 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
     flag(ts_bad, "unparseable ts")
     flag(ts_null, "missing ts")
 
+    if block_ids_job is not None:
+        rows, ids, bad_rows = block_ids_job.result()
+        code = _REASON_CODE["unparseable block_ids"]
+        current = reason[bad_rows]
+        reason[bad_rows] = np.where((current == 0) | (current > code), code, current)  # keep a higher priority
+        cols["block_ids"] = (rows, ids)
     # blank rows: every read column empty (a blank line or a row of commas) - skipped, not rejected
     blank = ts_null & (event == -2) & (request < 0) & blk_null & tok_null
     reason[blank] = 0
