@@ -673,8 +673,9 @@ def _radix_argsort(keys, perm=None):
 def _inverse(perm):
     import numpy as np
 
-    inv = np.empty_like(perm)
-    inv[perm] = np.arange(perm.size)
+    dtype = np.int32 if perm.size < 2**31 else np.int64
+    inv = np.empty(perm.size, dtype=dtype)
+    inv[perm] = np.arange(perm.size, dtype=dtype)
     return inv
 
 
