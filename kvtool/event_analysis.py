@@ -23,7 +23,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Callable
 
 from kvtool.errors import UsageError
-from kvtool.events_csv import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable
+from kvtool.events_csv import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable, in_background
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -299,12 +299,10 @@ def analyze_events(
     # and loops); they need b, which this thread hands over through `later` once computed
     physical_job = later = None
     if n and table.block_id_rows is not None and table.block_id_rows.size:
-        from concurrent.futures import Future, ThreadPoolExecutor
+        from concurrent.futures import Future
 
         later = Future()
-        executor = ThreadPoolExecutor(max_workers=1)
-        physical_job = executor.submit(_physical_blocks, table, tpos_of_row, t_ts, t_end, later)
-        executor.shutdown(wait=False)
+        physical_job = in_background(_physical_blocks, table, tpos_of_row, t_ts, t_end, later)
     try:
         order, q, codes, starts, lengths, last, t, d, tok, bs, acc, b, bp = _hold_blocks(table, p0)
     except BaseException as err:

@@ -193,6 +193,17 @@ def write_events(path: str | Path, columns: dict) -> int:
     return table.num_rows
 
 
+def in_background(fn, *args):
+    """Run ``fn(*args)`` on one worker thread; return its Future (numpy and pyarrow release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    try:
+        return executor.submit(fn, *args)
+    finally:
+        executor.shutdown(wait=False)
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
@@ -378,28 +389,25 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
     cols: dict[str, object] = {}
     block_ids_job = None
     if "block_ids" in present:  # the slowest column: split on another thread (pyarrow releases the GIL)
-        from concurrent.futures import ThreadPoolExecutor
+        block_ids_job = in_background(_block_ids, take("block_ids"))
+    def optional_number(name: str, integer: bool = False, positive: bool = False):
+        v, null, bad = _numbers(take(name), name, integer=integer)
+        if positive:
+            flag(~null & ~bad & (v <= 0), f"non-positive {name}")
+        else:
+            flag(~null & ~bad & (v < 0), f"negative {name}")
+        flag(bad, f"unparseable {name}")
+        return v, null
 
-        executor = ThreadPoolExecutor(max_workers=1)
-        block_ids_job = executor.submit(_block_ids, take("block_ids"))
-        executor.shutdown(wait=False)
     # optional columns first (lowest priority reasons), then the required ones in reverse order
     if "free_pool_blocks" in present:
-        v, null, bad = _numbers(take("free_pool_blocks"), "free_pool_blocks")
-        flag(~null & ~bad & (v < 0), "negative free_pool_blocks")
-        flag(bad, "unparseable free_pool_blocks")
-        cols["free_pool_blocks"] = v
+        cols["free_pool_blocks"] = optional_number("free_pool_blocks")[0]
     block_size = None
     if "block_size" in present:
-        v, null, bad = _numbers(take("block_size"), "block_size", integer=True)
-        flag(~null & ~bad & (v <= 0), "non-positive block_size")
-        flag(bad, "unparseable block_size")
+        v, null = optional_number("block_size", integer=True, positive=True)
         block_size = np.where(null, default_block_size, v)
     if "latency_ms" in present:
-        v, null, bad = _numbers(take("latency_ms"), "latency_ms")
-        flag(~null & ~bad & (v < 0), "negative latency_ms")
-        flag(bad, "unparseable latency_ms")
-        cols["latency_ms"] = v
+        cols["latency_ms"] = optional_number("latency_ms")[0]
     event = None
     if "event" in present:
         event = _event_codes(take("event"))
