@@ -23,7 +23,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Callable
 
 from kvtool.errors import UsageError
+from kvtool.block_ids import physical_blocks
 from kvtool.events_csv import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable, in_background
+from kvtool.segments import clamp_at_zero, inverse_permutation, percentiles, radix_argsort, segment_cumsum
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -34,7 +36,6 @@ DEFAULT_TOP = 10
 SHORT_MATCH_SHARE = 0.5  # "many" zero or very short prefix matches: at least half of the requests
 PILE_UP_SHARE = 0.5  # "piling up": at least half of the hits have the same, block-multiple match length
 FIRST_LEAKS_SHOWN = 10
-PERCENTILES = (50, 95, 99)
 
 nan = float("nan")
 
@@ -293,7 +294,7 @@ def analyze_events(
     note("sorting")
     ts_sorted_already = n < 2 or bool((ts[1:] >= ts[:-1]).all())
     p0 = None if ts_sorted_already else np.argsort(ts, kind="stable")
-    tpos_of_row = None if p0 is None else _inverse(p0)
+    tpos_of_row = None if p0 is None else inverse_permutation(p0)
     t_ts = ts if p0 is None else ts[p0]
     # unique physical blocks (block_ids) run on a second core meanwhile (numpy releases the GIL in its sorts
     # and loops); they need b, which this thread hands over through `later` once computed
@@ -302,7 +303,7 @@ def analyze_events(
         from concurrent.futures import Future
 
         later = Future()
-        physical_job = in_background(_physical_blocks, table, tpos_of_row, t_ts, t_end, later)
+        physical_job = in_background(physical_blocks, table, tpos_of_row, t_ts, t_end, later)
     try:
         order, q, codes, starts, lengths, last, t, d, tok, bs, acc, b, bp = _hold_blocks(table, p0)
     except BaseException as err:
@@ -320,7 +321,7 @@ def analyze_events(
     del d
     episode = np.flatnonzero(bp == 0)  # a new holding interval starts where nothing was held
     tokens = np.add.reduceat(tok, starts, dtype=np.int64) if n else np.zeros(0, np.int64)
-    held_tokens = _segment_cumsum(tok, episode, inplace=True)
+    held_tokens = segment_cumsum(tok, episode, inplace=True)
     del tok
     np.minimum(held_tokens, b * bs, out=held_tokens)
     up = (bp == 0) & (b > 0)
@@ -408,8 +409,8 @@ def analyze_events(
     free_rows_lat = free_rows_lat[~np.isnan(free_rows_lat)]
     alloc_lat = latency[ev == ALLOCATE] if latency is not None else np.zeros(0)
     alloc_lat = alloc_lat[~np.isnan(alloc_lat)]
-    fl = _percentiles(free_rows_lat)
-    al = _percentiles(alloc_lat)
+    fl = percentiles(free_rows_lat)
+    al = percentiles(alloc_lat)
     late_free = 0.0
     if latency is not None:
         free_lat_rows = np.flatnonzero(is_free_f & ~np.isnan(latency))
@@ -474,7 +475,7 @@ def analyze_events(
         leaked_blocks=int(leaked_blocks.sum()),
         first_leaked_request_ids=tuple(table.request_ids[i] for i in leaked_idx[:FIRST_LEAKS_SHOWN]),
     )
-    hold_p = _percentiles(holding)
+    hold_p = percentiles(holding)
     summary = Summary(
         requests=n_req,
         events=n,
@@ -552,7 +553,7 @@ def _hold_blocks(table: EventTable, p0):
     n, n_req = table.events, len(table.request_ids)
     req_f = table.request
     codes = req_f if p0 is None else req_f[p0]  # request of each row in ts order
-    q = _radix_argsort(codes)  # sorted position k holds ts-order position q[k]
+    q = radix_argsort(codes)  # sorted position k holds ts-order position q[k]
     order = q if p0 is None else p0[q]
     counts = np.bincount(req_f, minlength=n_req).astype(np.int64)
     starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64) if n_req else np.zeros(0, np.int64)
@@ -569,8 +570,8 @@ def _hold_blocks(table: EventTable, p0):
     tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
     t = table.ts[order]
     bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
-    s = _segment_cumsum(d, starts)
-    b = _clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
+    s = segment_cumsum(d, starts)
+    b = clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
     del s
     bp = np.empty_like(b)  # blocks held before each row
     if n:
@@ -645,193 +646,6 @@ def _pool_curves(db, q, long_row, t_ts, acc):
         changed[1:] |= curve_long[1:] != curve_long[:-1]
         curve_t, curve_b, curve_long = curve_t[changed], curve_b[changed], curve_long[changed]
     return curve_t, curve_b, curve_long, in_use
-
-
-def _radix_argsort(keys, perm=None):
-    """Stable argsort of non-negative integer keys as LSD radix passes of 16 bits.
-
-    numpy's stable sort of uint16 is a radix sort, several times faster than a comparison sort; ``perm``
-    (an order to refine, e.g. a time order) is kept for equal keys.
-    """
-    import numpy as np
-
-    top = int(keys.max()) if keys.size else 0
-    shift = 0
-    while True:
-        if perm is None:  # first pass without a prior order: no gather needed
-            perm = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
-        else:
-            part = keys[perm] if shift == 0 else keys[perm] >> shift
-            perm = perm[np.argsort(part.astype(np.uint16), kind="stable")]
-        shift += 16
-        if top >> shift == 0:
-            return perm
-
-
-def _inverse(perm):
-    import numpy as np
-
-    dtype = np.int32 if perm.size < 2**31 else np.int64
-    inv = np.empty(perm.size, dtype=dtype)
-    inv[perm] = np.arange(perm.size, dtype=dtype)
-    return inv
-
-
-def _segment_cumsum(values, starts, inplace: bool = False):
-    """Cumulative sum restarting at each segment start (segments cover the array in order), in values' dtype.
-
-    Each segment start subtracts the previous segment's total, so one cumulative sum does all segments (the
-    caller picks a dtype wide enough for the total of all values).
-    """
-    import numpy as np
-
-    y = values if inplace else values.copy()
-    if starts.size > 1:
-        totals = np.add.reduceat(y, starts)
-        y[starts[1:]] -= totals[:-1]
-    return np.cumsum(y, out=y)
-
-
-def _clamp_at_zero(s, starts, lengths):
-    """Running sums clamped at 0 from below, per segment: b_i = S_i - min(0, min_{j<=i} S_j) (Skorokhod).
-
-    Only segments that go negative are touched; their running minimum is taken over ranks offset per
-    segment, so one ``minimum.accumulate`` handles them all without mixing segments.
-    """
-    import numpy as np
-
-    seg_min = np.minimum.reduceat(s, starts)
-    bad_seg = seg_min < 0
-    rows = np.repeat(bad_seg, lengths)
-    sub = s[rows]
-    sub_starts = np.r_[0, np.cumsum(lengths[bad_seg])[:-1]]
-    group = np.zeros(sub.size, dtype=np.int64)
-    group[sub_starts[1:]] = 1
-    group = np.cumsum(group)
-    sort = np.argsort(sub, kind="stable")
-    rank = np.empty(sub.size, dtype=np.int64)
-    rank[sort] = np.arange(sub.size)
-    span = sub.size + 1
-    running = np.minimum.accumulate(rank - group * span) + group * span
-    running_min = sub[sort][running]
-    out = s.copy()
-    out[rows] = sub - np.minimum(running_min, 0)
-    return out
-
-
-def _percentiles(values) -> tuple[float, float, float, float]:
-    """p50, p95, p99 (linear interpolation, numpy's default) and max; NaN for an empty sample."""
-    import numpy as np
-
-    if not values.size:
-        return nan, nan, nan, nan
-    p = np.percentile(values, PERCENTILES)
-    return float(p[0]), float(p[1]), float(p[2]), float(values.max())
-
-
-def _physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
-    """Unique physical blocks in use over time, and block turnover, from block_ids.
-
-    A block id listed by an allocate/append/reuse row is held by that request until a later free row of the
-    same request lists it, or until the request's holding interval ends (b back to 0), whichever is first; a
-    request that never frees it holds it to the end of the trace.  Each id's reference count is followed in
-    event order (rows with equal ts in file order; at one row a release before an attach); 0 -> 1 adds a
-    physical block in use, 1 -> 0 removes one.  A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap
-    is its turnover time.
-
-    Times are positions in the global (stable) time order, so every sort here is an integer radix sort.
-    The grouping of listings runs first; ``later`` (a Future) then delivers (q, starts, b, bp) from the
-    per-request pass running meanwhile in the calling thread.
-    """
-    import numpy as np
-
-    n = t_ts.size
-    rows, ids = table.block_id_rows, table.block_id_values
-    small = n < 2**30 and int(ids.max()) < 2**31
-    idx = np.int32 if small else np.int64
-    ids = ids.astype(idx, copy=False)
-    tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
-    req = table.request[rows]
-    attach = table.event[rows] != FREE
-    # listings grouped by (id, request), each group in time order
-    g = np.arange(rows.size) if tpos_of_row is None else np.argsort(tpos, kind="stable")
-    g = _radix_argsort(req, g)
-    g = _radix_argsort(ids, g)
-    s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
-    del g
-    new_id = s_ids[1:] != s_ids[:-1]  # s_ids is sorted by id
-    unique = int(1 + np.count_nonzero(new_id)) if s_ids.size else 0
-    same = ~new_id & (s_req[1:] == s_req[:-1])
-    del new_id
-    a = np.flatnonzero(s_att)
-    a_ids, a_req, a_tpos = s_ids[a], s_req[a], s_tpos[a]
-    # where each request's holding intervals close (b back to 0), as (request, ts position) keys
-    q, starts, b, bp = later.result()
-    close = np.flatnonzero((b == 0) & (bp > 0))
-    del b, bp
-    close_req = np.searchsorted(starts, close, side="right") - 1
-    close_key = close_req * (n + 1) + q[close]
-    j = np.searchsorted(close_key, a_req.astype(np.int64) * (n + 1) + a_tpos, side="right")
-    jj = np.minimum(j, max(close.size - 1, 0))
-    found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a.size, bool)
-    rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
-    nxt = np.minimum(a + 1, s_ids.size - 1)
-    explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
-    rel[explicit] = np.minimum(s_tpos[nxt[explicit]], rel[explicit])
-    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > t_ts[a_tpos])  # a zero-length hold changes nothing
-    a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
-    released = rel < n
-    del s_ids, s_req, s_att, s_tpos
-    # reference counts per id, in event order; at one row a release sorts before an attach.  Each attach is
-    # followed by its release, and listings are grouped by id, then request (roughly arrival order): the
-    # sequence is nearly sorted, which the stable sort (timsort) merges in close to linear time.
-    slots = 1 + released.astype(np.int64)
-    at = np.cumsum(slots) - slots  # position of each attach in the interleaved sequence
-    m = int(slots.sum())
-    e_id = np.empty(m, dtype=a_ids.dtype)
-    e_key = np.empty(m, dtype=np.int64)
-    e_up = np.zeros(m, dtype=bool)
-    e_id[at] = a_ids
-    e_key[at] = a_tpos.astype(np.int64) * 2 + 1
-    e_up[at] = True
-    rel_at = at[released] + 1
-    e_id[rel_at] = a_ids[released]
-    e_key[rel_at] = rel[released] * 2
-    del rel, at, rel_at, slots
-    if int(e_id.max(initial=0)) < (1 << 62) // (2 * n + 2):
-        o = np.argsort(e_id.astype(np.int64) * (2 * n + 2) + e_key, kind="stable")
-    else:  # pragma: no cover - ids beyond 2**62 / n
-        o = _radix_argsort(e_id, _radix_argsort(e_key))
-    e_id, e_key, e_up = e_id[o], e_key[o], e_up[o]
-    del o
-    id_starts = np.flatnonzero(np.r_[True, e_id[1:] != e_id[:-1]])
-    rc = _segment_cumsum(np.where(e_up, 1, -1), id_starts)
-    rise = e_up & (rc == 1)
-    fall = ~e_up & (rc == 0)
-    tr = np.flatnonzero(rise | fall)
-    tr_id, tr_key, tr_up = e_id[tr], e_key[tr], rise[tr]
-    tr_t = t_ts[tr_key // 2]
-    gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
-    turnover = (tr_t[1:] - tr_t[:-1])[gap]
-    # physical blocks in use over time
-    oo = _radix_argsort(tr_key)
-    ct = tr_t[oo]
-    cb = np.cumsum(np.where(tr_up[oo], 1, -1))
-    del oo
-    end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
-    ct, cb = ct[end_mask], cb[end_mask]
-    duration = t_end - float(t_ts[0])
-    integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
-    tp = _percentiles(turnover)
-    return {
-        "unique": unique,
-        "peak": int(cb.max()) if cb.size else 0,
-        "mean": integral / duration if duration > 0 else nan,
-        "reallocations": int(gap.sum()),
-        "turnover": (tp[0], tp[1]),
-        "curve_t": ct,
-        "curve_b": cb,
-    }
 
 
 def _reuse_sources(table: EventTable) -> dict:

@@ -11,6 +11,7 @@ import os
 import tempfile
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -274,3 +275,48 @@ def test_physical_blocks_match_reference(rows):
     if duration > 0:
         assert math.isclose(a.pool.mean_physical_blocks_in_use, integral / duration, rel_tol=1e-9, abs_tol=1e-12)
     assert a.pool.peak_physical_blocks_in_use <= a.pool.unique_physical_blocks
+
+
+# ---- the vectorised helpers (kvtool/segments.py) against plain Python
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 2**40), max_size=300), st.booleans())
+def test_radix_argsort_is_a_stable_sort(keys, with_prior_order):
+    from kvtool.segments import radix_argsort
+
+    arr = np.array(keys, dtype=np.int64)
+    prior = np.arange(arr.size)[::-1].copy() if with_prior_order else None
+    got = radix_argsort(arr, prior)
+    base = list(range(arr.size))[::-1] if with_prior_order else list(range(arr.size))
+    expected = sorted(base, key=lambda i: keys[i])  # Python's sort is stable
+    assert got.tolist() == expected
+
+
+@SETTINGS
+@given(st.lists(st.lists(st.integers(-5, 5), min_size=1, max_size=8), min_size=1, max_size=8))
+def test_segment_cumsum_and_clamp_at_zero(segments):
+    from kvtool.segments import clamp_at_zero, segment_cumsum
+
+    values = np.array([v for seg in segments for v in seg], dtype=np.int64)
+    lengths = np.array([len(seg) for seg in segments])
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    running, clamped = [], []
+    for seg in segments:
+        total = held = 0
+        for v in seg:
+            total += v
+            held = max(0, held + v)  # a free larger than what is held stops at 0
+            running.append(total)
+            clamped.append(held)
+    s = segment_cumsum(values, starts)
+    assert s.tolist() == running
+    assert clamp_at_zero(s, starts, lengths).tolist() == clamped
+
+
+def test_percentiles_interpolate_linearly():
+    from kvtool.segments import percentiles
+
+    # [10, 800]: p50 = 10 + 0.5 * 790 = 405, p95 = 760.5, p99 = 792.1, max 800
+    assert percentiles(np.array([800.0, 10.0])) == pytest.approx((405.0, 760.5, 792.1, 800.0))
+    assert all(math.isnan(v) for v in percentiles(np.array([])))
