@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from kvtool.errors import CheckFailed, InputFileError
+from kvtool.errors import CheckFailed, InputFileError, UsageError
 from kvtool.output import handle_errors
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
@@ -45,9 +45,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool."""
-        name = events_file.name.lower()
-        if name.endswith((".jsonl", ".jsonl.gz")):
-            return _analyze_jsonl(events_file, json_out=json_out, plot=plot, strict=strict)
+        if _is_vllm_events_file(events_file):
+            return _analyze_jsonl(events_file, json_out=json_out, plot=plot, export=export)
 
         import pyarrow as pa
 
@@ -98,18 +97,37 @@ def _positive(value: int, option: str) -> int:
     return value
 
 
-def _analyze_jsonl(path: Path, **options) -> None:
-    """vLLM's JSON-lines KV-cache events.
+_VLLM_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson")
+_CSV_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".pq")
 
-    TODO(lead): wire this to the vLLM events analysis (issue 6), e.g.
-    ``from kvtool.commands.analyze_vllm import run_vllm_analysis`` and
-    ``run_vllm_analysis(path, json_output=options["json_out"], plot_dir=options["plot"])``.
+
+def _is_vllm_events_file(path: Path) -> bool:
+    """vLLM's JSON-lines KV events: by suffix, or by content for a file with no tabular suffix."""
+    name = path.name.lower()
+    if name.endswith(_VLLM_SUFFIXES):
+        return True
+    if name.endswith(_CSV_SUFFIXES):
+        return False
+    from kvtool.vllm_analysis import looks_like_vllm_events
+
+    return looks_like_vllm_events(path)
+
+
+def _analyze_jsonl(path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path]) -> None:
+    """vLLM's JSON-lines KV-cache events (as recorded or captured by `kvtool capture`): issue 6, section 3.
+
+    These events carry no request ids, so the per-request table (--export) does not exist for them;
+    --strict has nothing to check beyond what the reader already rejects (a malformed line is an error).
     """
-    raise InputFileError(
-        "JSON-lines event files: see kvtool analyze for vLLM events",
-        where=str(path),
-        tip="convert the events to the CSV schema (docs/events-schema.md), or use the vLLM events analysis",
-    )
+    if export is not None:
+        raise UsageError(
+            "--export writes the per-request table, which vLLM's KV events cannot give (they carry no request id)",
+            where=str(path),
+            tip="use --json for the vLLM event analysis",
+        )
+    from kvtool.commands.analyze_vllm import run_vllm_analysis
+
+    run_vllm_analysis(path, json_output=json_out, plot_dir=plot)
 
 
 @contextlib.contextmanager
