@@ -415,7 +415,7 @@ def poisson_arrivals(count: int, qps: float, seed: int):
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks, source: str):
+def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks, source: str, note: str = ""):
     """Recover request lengths from KV-cache events (analyze's schema): one request per request id.
 
     Rows are taken per request in time order (ties in file order).  A request's life runs from its first
@@ -461,18 +461,17 @@ def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks,
     prompt = np.minimum(prompt, final)
     arrival = arrival - arrival.min()
     by_arrival = np.argsort(arrival, kind="stable")
-    text = f"events file {source} ({int(keep.sum()):,} requests"
-    text += f"; {skipped:,} without tokens skipped)" if skipped else ")"
+    notes = [f"{int(keep.sum()):,} requests"] + ([f"{skipped:,} without tokens skipped"] if skipped else [])
+    text = f"events file {source} ({'; '.join(notes + ([note] if note else []))})"
     return RequestSet(prompt[by_arrival], (final - prompt)[by_arrival], arrival[by_arrival], text)
 
 
 def load_event_lengths(path: str | Path) -> RequestSet:
     """Request lengths from an events file, read with `kvtool analyze`'s loader (kvtool.events_csv)."""
-    try:
-        from kvtool import events_csv
-    except ImportError:  # pragma: no cover - until analyze's loader is part of the build
-        raise UsageError("--from-events needs kvtool analyze's events loader (kvtool/events_csv.py), which this "
-                         "build does not have", where="--from-events") from None
+    from kvtool import events_csv
+
     table = events_csv.load_events(path)
+    rejected = f"{table.rejected.count:,} rows rejected by the events loader" if table.rejected.count else ""
     return lengths_from_events(table.ts, table.request, table.event == events_csv.APPEND,
-                               table.event == events_csv.FREE, table.num_tokens, table.num_blocks, Path(path).name)
+                               table.event == events_csv.FREE, table.num_tokens, table.num_blocks, Path(path).name,
+                               rejected)

@@ -274,30 +274,6 @@ def test_unsorted_arrivals_are_served_in_time_order():
     assert trace.completion_s.tolist() == pytest.approx([0.004, 0.006, 0.002])
 
 
-def test_lengths_recovered_from_exported_events():
-    # Events of a run with preemptions: each request's final length is prompt + max(output, 1) - 1 tokens (the
-    # last token's KV is never written), its prompt the tokens of its first allocation, its "arrival" its first
-    # admission.
-    from kvtool.request_lengths import lengths_from_events
-
-    rng = np.random.default_rng(11)
-    n = 300
-    prompt, output = rng.integers(1, 900, n), rng.integers(0, 200, n)
-    result, trace = run(prompt, output, np.sort(rng.uniform(0, 3, n)), 16, 12_000, cost=CostModel())
-    assert result.preemptions > 0 and result.completed == n
-    table = events_table(trace).to_pydict()
-    event = np.array(table["event"], dtype=object)
-    req = np.array([int(r[1:]) for r in table["request_id"]])
-    ntok = np.array([0 if v is None else v for v in table["num_tokens"]])
-    got = lengths_from_events(table["ts"], req, event == "append", event == "free", ntok, table["num_blocks"],
-                              "test")
-    assert got.count == n
-    want = sorted(zip(prompt.tolist(), (np.maximum(output, 1) - 1).tolist()))
-    assert sorted(zip(got.prompt_tokens.tolist(), got.output_tokens.tolist())) == want
-    first_admission = trace.step_start_s[[trace.seg_first_step[trace.seg_request == i].min() for i in range(n)]]
-    assert np.allclose(np.sort(got.arrival_s), np.sort(first_admission - first_admission.min()))
-
-
 def test_parallel_block_sizes_give_the_serial_results(monkeypatch):
     import kvtool.simulate_run as simulate_run
     from kvtool.request_lengths import load_trace, sample_requests
