@@ -61,51 +61,6 @@ def parse_block_sizes(text: str) -> list[int]:
     return sizes
 
 
-# Below this much work (requests x block sizes) the block sizes run one after another in this process.
-PARALLEL_MIN_WORK = 100_000
-
-
-def _serve_one(prompt, output, arrival, config, b):
-    from kvtool.serving_sim import simulate_serving
-
-    return b, simulate_serving(prompt, output, arrival, b, config)
-
-
-def _serve_all(requests, arrival, block_sizes, config, progress):
-    """(block size, (ServeResult, ServeTrace)) per block size, in order.
-
-    Block sizes are independent simulations: with enough work and more than one CPU they run in forked worker
-    processes (progress is then reported per finished block size); otherwise here, one after another.
-    """
-    import multiprocessing
-    import os
-
-    from kvtool.serving_sim import simulate_serving
-
-    workers = min(len(block_sizes), os.cpu_count() or 1)
-    parallel = (workers > 1 and requests.count * len(block_sizes) >= PARALLEL_MIN_WORK
-                and "fork" in multiprocessing.get_all_start_methods())
-    if not parallel:
-        for b in block_sizes:
-            def step(done: int, b: int = b) -> None:
-                if progress is not None:
-                    progress(f"serve block {b}", done, requests.count)
-
-            yield b, simulate_serving(requests.prompt_tokens, requests.output_tokens, arrival, b, config,
-                                      progress=step)
-        return
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(_serve_one, requests.prompt_tokens, requests.output_tokens, arrival, config, b)
-                   for b in block_sizes]
-        for future in futures:
-            b, done = future.result()
-            if progress is not None:
-                progress(f"serve block {b}", requests.count, requests.count)
-            yield b, done
-
-
 def run_simulation(requests, options: SimulateOptions,
                    progress: Callable[[str, int, int], None] | None = None,
                    keep_traces: bool = True) -> tuple[SimulateReport, dict[int, Any]]:
@@ -178,7 +133,13 @@ def run_simulation(requests, options: SimulateOptions,
         }
         paths = export_paths(options.export_events, options.block_sizes) if options.export_events else {}
         serve_results = []
-        for b, (result, trace) in _serve_all(requests, arrival, options.block_sizes, config, progress):
+        for b in options.block_sizes:
+            def step(done: int, b: int = b) -> None:
+                if progress is not None:
+                    progress(f"serve block {b}", done, requests.count)
+
+            result, trace = simulate_serving(requests.prompt_tokens, requests.output_tokens, arrival, b, config,
+                                             progress=step)
             serve_results.append(result)
             if keep_traces:
                 traces[b] = trace

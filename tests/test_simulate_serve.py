@@ -273,18 +273,3 @@ def test_unsorted_arrivals_are_served_in_time_order():
     result, trace = run([10, 10, 10], [2, 2, 2], [0.001, 0.002, 0.0], 16, 1600, max_num_seqs=1)
     assert trace.completion_s.tolist() == pytest.approx([0.004, 0.006, 0.002])
 
-
-def test_parallel_block_sizes_give_the_serial_results(monkeypatch):
-    import kvtool.simulate_run as simulate_run
-    from kvtool.request_lengths import load_trace, sample_requests
-    from kvtool.simulate_run import SimulateOptions, run_simulation
-
-    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 2000, seed=4)
-    options = SimulateOptions(block_sizes=[8, 64], serve=True, kv_tokens=30_000)
-    monkeypatch.setattr(simulate_run, "PARALLEL_MIN_WORK", 10**12)
-    serial, _ = run_simulation(reqs, options)
-    monkeypatch.setattr(simulate_run, "PARALLEL_MIN_WORK", 1)
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    parallel, _ = run_simulation(reqs, options)
-    assert parallel.serve == serial.serve
-    assert serial.serve[0].preemptions > 0
