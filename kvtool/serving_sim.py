@@ -54,7 +54,6 @@ class CostModel:
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     pool_tokens: int
-    pool_from_default: bool
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     cost: CostModel = CostModel()
     shared_prefix_tokens: int = 0

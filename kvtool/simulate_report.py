@@ -18,13 +18,27 @@ class Recommendation:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServeSetup:
+    """How the serving simulation was set up, as stated in the output."""
+
+    pool_tokens: int
+    pool_is_default: bool  # no --kv-tokens or --model/--gpu: the documented default pool
+    pool_text: str  # the pool and where it came from, in words
+    arrivals: str  # where arrival times came from, in words
+    max_num_seqs: int
+    cost_model: CostModel
+    cost_text: str  # the step-time formula with its parameters
+    extras: str  # prefix cache and split pools, in words
+
+
+@dataclasses.dataclass(frozen=True)
 class SimulateReport:
     source: str
     requests: int
     block_sizes: list[int]
     static: StaticComparison
     serve: list[ServeResult] | None
-    serve_setup: dict[str, Any] | None  # pool, arrivals, cost model, max_num_seqs, as stated in the output
+    serve_setup: ServeSetup | None
     recommendations: list[Recommendation]
     exported_events: dict[int, str]  # block size -> events file written
 
@@ -153,11 +167,11 @@ def render(report: SimulateReport, console) -> None:
         console.print(f"{st.results[0].requests_shorter_than_prefix:,} prompts are shorter than the shared prefix "
                       "and share only their own full blocks.")
     if report.serve:
-        setup = report.serve_setup or {}
+        setup = report.serve_setup
         console.print()
-        console.print(f"Serving simulation: pool {setup.get('pool_text')}; arrivals {setup.get('arrivals')}; "
-                      f"max_num_seqs {setup.get('max_num_seqs')}; {setup.get('extras')}")
-        console.print(f"Step time: {setup.get('cost_text')}")
+        console.print(f"Serving simulation: pool {setup.pool_text}; arrivals {setup.arrivals}; "
+                      f"max_num_seqs {setup.max_num_seqs}; {setup.extras}")
+        console.print(f"Step time: {setup.cost_text}")
         t = Table(title="Serving: the block pool", title_justify="left")
         for col in ("block", "pool blocks", "peak", "mean", "util.", "preemptions", "preempted", "never fit"):
             t.add_column(col, justify="right")

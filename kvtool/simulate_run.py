@@ -75,7 +75,7 @@ def run_simulation(requests, options: SimulateOptions,
     from kvtool.request_lengths import poisson_arrivals
     from kvtool.serving_sim import ServeConfig, simulate_serving
     from kvtool.sim_events import export_paths, write_events
-    from kvtool.simulate_report import cost_text, recommend
+    from kvtool.simulate_report import ServeSetup, cost_text, recommend
 
     static = compare_block_sizes(
         requests.prompt_tokens,
@@ -108,7 +108,6 @@ def run_simulation(requests, options: SimulateOptions,
             pool_text = f"{pool_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
         config = ServeConfig(
             pool_tokens=pool_tokens,
-            pool_from_default=options.kv_tokens is None,
             max_num_seqs=options.max_num_seqs,
             cost=options.cost,
             shared_prefix_tokens=options.shared_prefix_tokens,
@@ -121,16 +120,16 @@ def run_simulation(requests, options: SimulateOptions,
         if options.split_threshold_tokens is not None:
             extras.append(f"split pools at {options.split_threshold_tokens:,} tokens (final length), capacity in "
                           "proportion to each class's tokens")
-        setup = {
-            "pool_tokens": pool_tokens,
-            "pool_is_default": options.kv_tokens is None,
-            "pool_text": pool_text,
-            "arrivals": arrivals_text,
-            "max_num_seqs": options.max_num_seqs,
-            "cost_model": options.cost,
-            "cost_text": cost_text(options.cost),
-            "extras": "; ".join(extras) or "no prefix cache, one pool",
-        }
+        setup = ServeSetup(
+            pool_tokens=pool_tokens,
+            pool_is_default=options.kv_tokens is None,
+            pool_text=pool_text,
+            arrivals=arrivals_text,
+            max_num_seqs=options.max_num_seqs,
+            cost_model=options.cost,
+            cost_text=cost_text(options.cost),
+            extras="; ".join(extras) or "no prefix cache, one pool",
+        )
         paths = export_paths(options.export_events, options.block_sizes) if options.export_events else {}
         serve_results = []
         for b in options.block_sizes:

@@ -18,7 +18,7 @@ ONE_MS = CostModel(step_overhead_ms=1.0, token_us=0.0, kv_token_us=0.0, table_en
 
 
 def run(prompt, output, arrival, b, pool_tokens, **kw):
-    config = ServeConfig(pool_tokens=pool_tokens, pool_from_default=False, cost=kw.pop("cost", ONE_MS), **kw)
+    config = ServeConfig(pool_tokens=pool_tokens, cost=kw.pop("cost", ONE_MS), **kw)
     return simulate_serving(np.array(prompt), np.array(output), np.array(arrival, dtype=float), b, config)
 
 
@@ -196,7 +196,7 @@ def test_conservation_and_determinism_on_the_azure_trace():
     from kvtool.request_lengths import load_trace, sample_requests
 
     reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 3000, seed=1)
-    config = ServeConfig(pool_tokens=40_000, pool_from_default=False)
+    config = ServeConfig(pool_tokens=40_000)
     a, ta = simulate_serving(reqs.prompt_tokens, reqs.output_tokens, reqs.arrival_s, 16, config)
     b, _ = simulate_serving(reqs.prompt_tokens, reqs.output_tokens, reqs.arrival_s, 16, config)
     assert a == b
