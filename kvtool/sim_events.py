@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import UsageError
+from kvtool.events_csv import ALLOCATE, APPEND, EVENT_TYPES, FREE, REUSE
 from kvtool.serving_sim import ServeTrace, segment_integrals
-
-EVENTS_COLUMNS = ("ts", "event", "request_id", "num_blocks", "num_tokens", "block_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +73,10 @@ def events_table(trace: ServeTrace, request_ids=None):
     has_reuse = reused > 0
     parts = [
         # (ts, kind order, event code, segment, num_blocks, num_tokens)
-        (end[s1], 0, 3, np.arange(len(rid)), -(-x_end // b), None),
-        (start[s0][has_reuse], 1, 2, np.flatnonzero(has_reuse), reused[has_reuse], reused[has_reuse] * b),
-        (start[s0], 2, 0, np.arange(len(rid)), b0 - reused, x0 - reused * b),
-        (start[step], 3, 1, seg_of, crosses.astype(np.int64), np.ones(len(step), dtype=np.int64)),
+        (end[s1], 0, FREE, np.arange(len(rid)), -(-x_end // b), None),
+        (start[s0][has_reuse], 1, REUSE, np.flatnonzero(has_reuse), reused[has_reuse], reused[has_reuse] * b),
+        (start[s0], 2, ALLOCATE, np.arange(len(rid)), b0 - reused, x0 - reused * b),
+        (start[step], 3, APPEND, seg_of, crosses.astype(np.int64), np.ones(len(step), dtype=np.int64)),
     ]
     ts = np.concatenate([p[0] for p in parts])
     kind = np.concatenate([np.full(len(p[3]), p[1]) for p in parts])
@@ -86,7 +85,7 @@ def events_table(trace: ServeTrace, request_ids=None):
     nblocks = np.concatenate([p[4] for p in parts])
     ntok = np.concatenate([np.full(len(p[3]), -1) if p[5] is None else p[5] for p in parts])
     order = np.lexsort((kind, ts))
-    names = pa.array(["allocate", "append", "reuse", "free"])
+    names = pa.array(EVENT_TYPES)  # indexed by analyze's event codes
     req = rid[seg[order]]
     ids = pa.array(request_ids if request_ids is not None else [f"r{i}" for i in range(len(trace.arrival_s))])
     ntok_sorted = ntok[order]
