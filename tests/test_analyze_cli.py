@@ -141,10 +141,12 @@ def test_missing_file(run_cli, tmp_path):
     assert result.stderr == f"Error: events file not found ({tmp_path / 'nope.csv'})\n"
 
 
-def test_jsonl_is_routed_to_the_vllm_events_analysis(run_cli, tmp_path):
+def test_missing_jsonl_file_is_an_input_error(run_cli, tmp_path):
+    # .jsonl goes to the vLLM events analysis (tests/test_analyze_dispatch.py); a missing one is still exit 3.
     result = run_cli("analyze", tmp_path / "events.jsonl")
     assert result.exit_code == EXIT_INPUT
-    assert result.stderr.startswith("Error: JSON-lines event files")
+    assert result.stderr.startswith("Error: ")
+    assert "events.jsonl" in result.stderr
 
 
 @pytest.mark.parametrize("option, value", [("--block-size", "0"), ("--long-share-alert", "1.5"), ("--top", "-1"),
