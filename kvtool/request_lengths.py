@@ -9,6 +9,7 @@ numpy and pyarrow are imported inside the functions, never at module import.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -178,12 +179,12 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     if b"\x00" in head:
         raise InputFileError("not a text CSV file (binary content)", where=str(path))
     try:
-        first_line = head.decode("utf-8").splitlines()[0] if head.strip() else ""
+        first_line = head.decode("utf-8-sig").splitlines()[0] if head.strip() else ""
     except UnicodeDecodeError:
         raise InputFileError("not a UTF-8 text file", where=str(path)) from None
     if not first_line.strip():
         raise InputFileError("empty trace file (no header row)", where=str(path))
-    header = [c.strip() for c in first_line.split(",")]
+    header = [c.strip() for c in next(csv.reader([first_line]))]
     try:
         table = pacsv.read_csv(
             path,
@@ -192,7 +193,8 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         )
     except (pa.ArrowInvalid, OSError) as err:
         raise InputFileError(f"cannot read the CSV: {str(err).splitlines()[0]}", where=str(path)) from None
-    return header, {name.strip().lower(): table.column(name).to_pylist() for name in table.column_names}
+    return header, {name.strip().lstrip("\ufeff").lower(): table.column(name).to_pylist()
+                    for name in table.column_names}
 
 
 def _read_json_lines(path: Path) -> tuple[list[str], dict[str, list[Any]]]:

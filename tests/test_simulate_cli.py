@@ -240,3 +240,12 @@ def test_simulate_does_not_import_pandas_or_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_quoted_header_and_byte_order_mark(tmp_path):
+    quoted = tmp_path / "q.csv"
+    quoted.write_text('"prompt_tokens","output_tokens"\n"10",5\n20,"6"\n')
+    assert load_trace(quoted).lengths.tolist() == [15, 26]
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n")
+    assert load_trace(bom).source.startswith("azure trace")
