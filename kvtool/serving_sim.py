@@ -122,6 +122,7 @@ class ServeTrace:
     arrival_s: Any  # per request
     never_fit: Any  # bool per request
     completion_s: Any  # per request (nan if never run)
+    first_token_s: Any  # per request: end of its first prefill step (nan if never run)
     timeline_s: Any  # start time of each event interval (for plots)
     timeline_blocks: Any  # physical blocks in use during the first step of that interval
 
@@ -314,6 +315,7 @@ def simulate_serving(
             used[pi] = u
         # 4. Admissions (FCFS per pool; pools in the order of their heads' arrival).
         prefill_tokens = 0
+        admitted = 0  # requests prefilled in this step (new or recomputed after a preemption)
         new_ttft: list[int] = []
         if not preempted_now and running < max_seqs:
             candidates = [pi for pi in pool_range if pools[pi].waiting]
@@ -347,6 +349,7 @@ def simulate_serving(
                 heappush(heap, (s + O[rid] - emitted[rid] - 1, seg))
                 running += 1
                 prefill_tokens += x - (sh - new_sh) * b
+                admitted += 1
                 if emitted[rid] == 0:
                     first_admit[rid] = T
                     new_ttft.append(rid)
@@ -362,9 +365,9 @@ def simulate_serving(
             continue
         # 5. Step time and the length of this interval (steps s .. s+K-1).
         blocks_now = sum(used)
-        decoding = running - len(new_ttft)
         tau_r = overhead_s + token_s * running + block_s * blocks_now
-        tau_f = tau_r + token_s * (prefill_tokens - (running - decoding)) if prefill_tokens else tau_r
+        # The first step computes the prefills instead of one decode token for each admitted request.
+        tau_f = tau_r + token_s * (prefill_tokens - admitted)
         K = 1 if preempted_now else refresh
         while heap and not seg_alive[heap[0][1]]:
             heappop(heap)
@@ -499,6 +502,7 @@ def _summarise(b, config, pools, n_req, never, arrival, out_eff, intervals, step
         arrival_s=arrival,
         never_fit=never,
         completion_s=done,
+        first_token_s=np.asarray(ttft_at),
         timeline_s=iv[:, 1],
         timeline_blocks=iv[:, 5].astype(np.int64),
     )
