@@ -275,12 +275,21 @@ def test_unsorted_arrivals_are_served_in_time_order():
 
 
 
-def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_s):
-    """A token-by-token reference of the same scheduling rules, written for this test (one step per loop)."""
+def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_s, prefix=0):
+    """A token-by-token reference of the same scheduling rules, written for this test (one step per loop).
+
+    With a prefix cache, request r shares sh[r] = floor(min(prefix, prompt)/b) full blocks, stored once: the pool
+    holds its own blocks plus the most shared blocks of any running request.
+    """
     from collections import deque
 
     def blocks(x):
         return -(-x // b)
+
+    sh = [min(prefix, p) // b for p in prompt]
+
+    def in_use(rs):
+        return sum(blocks(tok[r]) - sh[r] for r in rs) + max((sh[r] for r in rs), default=0)
 
     n = len(prompt)
     out = [max(o, 1) for o in output]
@@ -296,24 +305,23 @@ def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_
         preempted = False
         for r in running:
             tok[r] += 1  # the next token of every decoding request
-        while sum(blocks(tok[r]) for r in running) > pool:
+        while in_use(running) > pool:
             v = running.pop()  # the newest
             preemptions += 1
             preempted = True
             waiting.appendleft(v)
-        used = sum(blocks(tok[r]) for r in running)
         decoding = len(running)
         prefill, new = 0, []
         while not preempted and waiting and len(running) < max_seqs:
             h = waiting[0]
             x = prompt[h] + emitted[h]
-            if used + blocks(x) > pool:
+            cached = max((sh[r] for r in running), default=0)
+            tok[h] = x
+            if in_use(running + [h]) > pool:
                 break
             waiting.popleft()
-            tok[h] = x
-            used += blocks(x)
             running.append(h)
-            prefill += x
+            prefill += x - min(sh[h], cached) * b
             if emitted[h] == 0:
                 new.append(h)
         if not running:
@@ -321,7 +329,7 @@ def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_
                 break
             t = max(t, arrival[order[ai]])
             continue
-        peak = max(peak, used)
+        peak = max(peak, in_use(running))
         t += overhead_s + token_s * (prefill + decoding)
         for r in new:
             ttft[r] = t
@@ -333,9 +341,10 @@ def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_
     return np.array(ttft), np.array(done), preemptions, peak
 
 
-@pytest.mark.parametrize("seed,b,pool_blocks,max_seqs", [(0, 16, 300, 256), (1, 8, 500, 16), (2, 32, 100, 64),
-                                                        (3, 4, 2000, 8), (4, 128, 40, 256)])
-def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, max_seqs):
+@pytest.mark.parametrize("seed,b,pool_blocks,max_seqs,prefix", [
+    (0, 16, 300, 256, 0), (1, 8, 500, 16, 0), (2, 32, 100, 64, 0), (3, 4, 2000, 8, 0), (4, 128, 40, 256, 0),
+    (5, 16, 200, 256, 100), (6, 8, 300, 32, 300), (7, 32, 60, 256, 64)])
+def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, max_seqs, prefix):
     # With no per-block cost the step time is exact between events, so jumping from event to event must give the
     # same first-token and completion times, preemptions and peak as stepping token by token.  (This test found
     # recomputed prefills being charged one decode token too many.)
@@ -345,8 +354,10 @@ def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, ma
     output = rng.integers(0, 150, n).tolist()
     arrival = np.round(np.sort(rng.uniform(0, 2, n)), 3).tolist()
     cost = CostModel(step_overhead_ms=2.0, token_us=20.0, kv_token_us=0.0, table_entry_us=0.0, refresh_steps=7)
-    result, trace = run(prompt, output, arrival, b, pool_blocks * b, cost=cost, max_num_seqs=max_seqs)
-    ttft, done, preemptions, peak = _step_by_step(prompt, output, arrival, b, pool_blocks, max_seqs, 2e-3, 20e-6)
+    result, trace = run(prompt, output, arrival, b, pool_blocks * b, cost=cost, max_num_seqs=max_seqs,
+                        shared_prefix_tokens=prefix, prefix_cache=prefix > 0)
+    ttft, done, preemptions, peak = _step_by_step(prompt, output, arrival, b, pool_blocks, max_seqs, 2e-3, 20e-6,
+                                                  prefix)
     assert result.preemptions == preemptions
     assert result.peak_blocks == peak
     assert np.allclose(trace.completion_s, done, equal_nan=True, rtol=1e-12, atol=1e-9)
