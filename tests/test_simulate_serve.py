@@ -275,11 +275,13 @@ def test_unsorted_arrivals_are_served_in_time_order():
 
 
 
-def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_s, prefix=0):
+def _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, overhead_s, token_s, prefix=0):
     """A token-by-token reference of the same scheduling rules, written for this test (one step per loop).
 
-    With a prefix cache, request r shares sh[r] = floor(min(prefix, prompt)/b) full blocks, stored once: the pool
-    holds its own blocks plus the most shared blocks of any running request.
+    Pools: request r lives in pool pool_of[r] of caps[pool] blocks, with its own FCFS queue; the newest running
+    request of an overflowing pool is preempted; admissions go to the pool whose queue head arrived first.  With a
+    prefix cache, request r shares sh[r] = floor(min(prefix, prompt)/b) full blocks, stored once per pool: a pool
+    holds its requests' own blocks plus the most shared blocks of any of them.
     """
     from collections import deque
 
@@ -293,58 +295,69 @@ def _step_by_step(prompt, output, arrival, b, pool, max_seqs, overhead_s, token_
 
     n = len(prompt)
     out = [max(o, 1) for o in output]
-    order = sorted((i for i in range(n) if blocks(prompt[i] + out[i] - 1) <= pool), key=lambda i: (arrival[i], i))
-    waiting, running = deque(), []
+    order = sorted((i for i in range(n) if blocks(prompt[i] + out[i] - 1) <= caps[pool_of[i]]),
+                   key=lambda i: (arrival[i], i))
+    pools = range(len(caps))
+    waiting, running = [deque() for _ in pools], [[] for _ in pools]
     tok, emitted = {}, [0] * n
     ttft, done = [np.nan] * n, [np.nan] * n
     t, ai, preemptions, peak = arrival[order[0]], 0, 0, 0
     while True:
         while ai < len(order) and arrival[order[ai]] <= t:
-            waiting.append(order[ai])
+            waiting[pool_of[order[ai]]].append(order[ai])
             ai += 1
         preempted = False
-        for r in running:
-            tok[r] += 1  # the next token of every decoding request
-        while in_use(running) > pool:
-            v = running.pop()  # the newest
-            preemptions += 1
-            preempted = True
-            waiting.appendleft(v)
-        decoding = len(running)
-        prefill, new = 0, []
-        while not preempted and waiting and len(running) < max_seqs:
-            h = waiting[0]
+        for p in pools:
+            for r in running[p]:
+                tok[r] += 1  # the next token of every decoding request
+            while in_use(running[p]) > caps[p]:
+                v = running[p].pop()  # the newest in this pool
+                preemptions += 1
+                preempted = True
+                waiting[p].appendleft(v)
+        decoding = sum(len(rs) for rs in running)
+        prefill, new, admitted = 0, [], 0
+        open_pools = [p for p in pools if waiting[p]]
+        while not preempted and open_pools and decoding + admitted < max_seqs:
+            p = min(open_pools, key=lambda q: arrival[waiting[q][0]])
+            h = waiting[p][0]
             x = prompt[h] + emitted[h]
-            cached = max((sh[r] for r in running), default=0)
+            cached = max((sh[r] for r in running[p]), default=0)
             tok[h] = x
-            if in_use(running + [h]) > pool:
-                break
-            waiting.popleft()
-            running.append(h)
+            if in_use(running[p] + [h]) > caps[p]:
+                open_pools.remove(p)
+                continue
+            waiting[p].popleft()
+            running[p].append(h)
+            admitted += 1
             prefill += x - min(sh[h], cached) * b
             if emitted[h] == 0:
                 new.append(h)
-        if not running:
+            if not waiting[p]:
+                open_pools.remove(p)
+        if not decoding + admitted:
             if ai == len(order):
                 break
             t = max(t, arrival[order[ai]])
             continue
-        peak = max(peak, in_use(running))
+        peak = max(peak, sum(in_use(running[p]) for p in pools))
         t += overhead_s + token_s * (prefill + decoding)
         for r in new:
             ttft[r] = t
-        for r in running:
-            emitted[r] += 1
-        for r in [r for r in running if emitted[r] == out[r]]:
-            running.remove(r)
-            done[r] = t
+        for p in pools:
+            for r in running[p]:
+                emitted[r] += 1
+            for r in [r for r in running[p] if emitted[r] == out[r]]:
+                running[p].remove(r)
+                done[r] = t
     return np.array(ttft), np.array(done), preemptions, peak
 
 
-@pytest.mark.parametrize("seed,b,pool_blocks,max_seqs,prefix", [
-    (0, 16, 300, 256, 0), (1, 8, 500, 16, 0), (2, 32, 100, 64, 0), (3, 4, 2000, 8, 0), (4, 128, 40, 256, 0),
-    (5, 16, 200, 256, 100), (6, 8, 300, 32, 300), (7, 32, 60, 256, 64)])
-def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, max_seqs, prefix):
+@pytest.mark.parametrize("seed,b,pool_blocks,max_seqs,prefix,split", [
+    (0, 16, 300, 256, 0, None), (1, 8, 500, 16, 0, None), (2, 32, 100, 64, 0, None), (3, 4, 2000, 8, 0, None),
+    (4, 128, 40, 256, 0, None), (5, 16, 200, 256, 100, None), (6, 8, 300, 32, 300, None), (7, 32, 60, 256, 64, None),
+    (8, 16, 300, 256, 0, 400), (9, 8, 400, 24, 50, 300)])
+def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, max_seqs, prefix, split):
     # With no per-block cost the step time is exact between events, so jumping from event to event must give the
     # same first-token and completion times, preemptions and peak as stepping token by token.  (This test found
     # recomputed prefills being charged one decode token too many.)
@@ -355,9 +368,17 @@ def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, ma
     arrival = np.round(np.sort(rng.uniform(0, 2, n)), 3).tolist()
     cost = CostModel(step_overhead_ms=2.0, token_us=20.0, kv_token_us=0.0, table_entry_us=0.0, refresh_steps=7)
     result, trace = run(prompt, output, arrival, b, pool_blocks * b, cost=cost, max_num_seqs=max_seqs,
-                        shared_prefix_tokens=prefix, prefix_cache=prefix > 0)
-    ttft, done, preemptions, peak = _step_by_step(prompt, output, arrival, b, pool_blocks, max_seqs, 2e-3, 20e-6,
-                                                  prefix)
+                        shared_prefix_tokens=prefix, prefix_cache=prefix > 0, split_threshold_tokens=split)
+    lengths = [p + o for p, o in zip(prompt, output)]
+    if split is None:
+        caps, pool_of = [pool_blocks], [0] * n
+    else:  # capacity in proportion to each class's tokens (docs/simulate.md)
+        pool_of = [int(x > split) for x in lengths]
+        long_blocks = round(pool_blocks * sum(x for x in lengths if x > split) / sum(lengths))
+        caps = [pool_blocks - long_blocks, long_blocks]
+        assert [p.pool_blocks for p in result.pools] == caps
+    ttft, done, preemptions, peak = _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, 2e-3,
+                                                  20e-6, prefix)
     assert result.preemptions == preemptions
     assert result.peak_blocks == peak
     assert np.allclose(trace.completion_s, done, equal_nan=True, rtol=1e-12, atol=1e-9)
