@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA
+from conftest import DATA
 
 SIZING = DATA / "vllm-sizing"
 
@@ -218,3 +218,52 @@ def test_every_doc_row_has_a_recorded_twin():
             doc.num_gpu_blocks, doc.logged_tokens, doc.logged_concurrency
         )
         assert twin.estimated_max_model_len == doc.estimated_max_model_len
+
+
+# Hand computations for the sliding-window, hybrid and MLA runs, following vLLM 0.32's sizing code
+# (vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups / get_max_concurrency_for_kv_cache_config /
+# _check_enough_kv_cache_memory, and vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request:
+# a sliding layer holds cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1 blocks per request).
+# case: (num_gpu_blocks, blocks per request, logged tokens, logged concurrency, estimated max model length)
+HAND = {
+    # Mistral, 4 sliding layers (window 512), 2 KV heads x 32 dims x 2 (K,V) x 2 B = 256 B/token/layer.
+    # Pool block = 4 layers x 32 tokens x 256 B = 32,768 B; 2,000,000 // 32,768 = 61 blocks.
+    # Per request: cdiv(min(511 + 256, 2048), 32) + 1 = 24 + 1 = 25; 61 / 25 = 2.44; int(2.44 x 2048) = 4997.
+    "mistral-swa-2mb-b32-mnbt256": (61, 25, 4_997, "2.44", None),
+    # Same, max_num_batched_tokens 2048: cdiv(min(511 + 2048, 2048), 32) + 1 = 65 blocks > 60 usable
+    # ((2,000,000 - 32,768) // 32,768 = 60 after the null block): refused. Longest that fits:
+    # cdiv(L, 32) + 1 <= 60 -> L <= 59 x 32 = 1888.
+    "mistral-swa-2mb-b32-mnbt2048": (None, 65, None, None, 1888),
+    # Gemma-2, 2 sliding (window 256) + 2 full layers, 256 B/token/layer: two groups of 2 layers, pool block =
+    # 2 x 32 x 256 = 16,384 B; 2,000,000 // 16,384 = 122. Per request: sliding cdiv(min(255 + 256, 2048), 32) + 1
+    # = 17, full cdiv(2048, 32) = 64; 81 in all; 122 / 81 = 1.506 -> "1.51"; int(1.50617 x 2048) = 3084.
+    "gemma2-hybrid-2mb-b32-mnbt256": (122, 81, 3_084, "1.51", None),
+    # Block 64: pool block 2 x 64 x 256 = 32,768; 3,000,000 // 32,768 = 91. Sliding cdiv(min(255 + 1000, 3000), 64)
+    # + 1 = 21, full cdiv(3000, 64) = 47; 68 in all; 91 / 68 = 1.338 -> "1.34"; int(1.33824 x 3000) = 4014.
+    "gemma2-hybrid-3mb-b64-mnbt1000-len3000": (91, 68, 4_014, "1.34", None),
+    # DeepSeek-V2-style MLA: one latent of kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576 values per token per
+    # layer; the CPU MLA backend forces block 16. bf16: 4 x 16 x 1152 = 73,728 B per block; 20,000,000 // 73,728
+    # = 271; 2048 / 16 = 128 blocks per request; 271 / 128 = 2.117 -> "2.12"; 271 x 16 = 4336.
+    "deepseek-v2-mla-20mb-b32": (271, 128, 4_336, "2.12", None),
+    # fp8 latent: 576 B/token/layer, 36,864 B per block -> 542; 542 / 128 = 4.234 -> "4.23"; 8672 tokens.
+    "deepseek-v2-mla-20mb-b32-fp8": (542, 128, 8_672, "4.23", None),
+    # fp8_ds_mla: 656 B/token/layer (512 fp8 latent + 4 fp32 scales + 64 bf16 rope), 41,984 B per block
+    # -> 476; 476 / 128 = 3.719 -> "3.72"; 7616 tokens.
+    "deepseek-v2-mla-20mb-b32-fp8_ds_mla": (476, 128, 7_616, "3.72", None),
+    # Dense8 (32,768 B/token, block 32 -> 1,048,576 B per block): 50,000,000 // 1,048,576 = 47, 46 usable after
+    # the null block, but cdiv(3000, 32) = 94 are needed: refused, at most 46 x 32 = 1472 tokens.
+    "dense8-50mb-b32-refused": (None, 94, None, None, 1472),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HAND))
+def test_recorded_runs_match_hand_computation(case):
+    fig = next(f for f in FIXTURES if f.case == case)
+    blocks, _per_request, tokens, concurrency, est = HAND[case]
+    assert (fig.num_gpu_blocks, fig.logged_tokens, fig.logged_concurrency, fig.estimated_max_model_len) == (
+        blocks, tokens, concurrency, est
+    )
+
+
+def test_every_recorded_case_is_checked_by_hand_or_closed_form():
+    assert {f.case for f in FIXTURES} == set(HAND) | {f.case for f in DENSE}
