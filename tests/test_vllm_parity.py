@@ -241,6 +241,15 @@ HAND = {
     # Block 64: pool block 2 x 64 x 256 = 32,768; 3,000,000 // 32,768 = 91. Sliding cdiv(min(255 + 1000, 3000), 64)
     # + 1 = 21, full cdiv(3000, 64) = 47; 68 in all; 91 / 68 = 1.338 -> "1.34"; int(1.33824 x 3000) = 4014.
     "gemma2-hybrid-3mb-b64-mnbt1000-len3000": (91, 68, 4_014, "1.34", None),
+    # Gemma-3-like 5 sliding : 1 full (6 layers): group size = the fewest layers of one kind = 1, so 6 groups of
+    # one layer; pool block = 32 x 256 = 8,192 B; 2,000,000 // 8,192 = 244. Per request 5 x 17 + 64 = 149;
+    # 244 / 149 = 1.638 -> "1.64"; int(1.63758 x 2048) = 3353.
+    "gemma2-5to1-2mb-b32-mnbt256": (244, 149, 3_353, "1.64", None),
+    # 3 sliding + 2 full (5 layers): group size 2 (3 < 1.5 x 2 fails, so the minimum), sliding layers split into
+    # cdiv(3, 2) = 2 groups (one padded: "Add 1 padding layers"), full into 1. Pool block = 2 x 8,192 = 16,384 B;
+    # 2,000,000 // 16,384 = 122. Per request 17 + 17 + 64 = 98; 122 / 98 = 1.245 -> "1.24"; int(1.2449 x 2048)
+    # = 2549.
+    "gemma2-3s2f-2mb-b32-mnbt256": (122, 98, 2_549, "1.24", None),
     # DeepSeek-V2-style MLA: one latent of kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576 values per token per
     # layer; the CPU MLA backend forces block 16. bf16: 4 x 16 x 1152 = 73,728 B per block; 20,000,000 // 73,728
     # = 271; 2048 / 16 = 128 blocks per request; 271 / 128 = 2.117 -> "2.12"; 271 x 16 = 4336.

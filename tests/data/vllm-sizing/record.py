@@ -76,17 +76,17 @@ def _mistral_swa():
     ), "MistralForCausalLM"
 
 
-def _gemma2_hybrid():
-    # Gemma-2: layers alternate sliding (window 256) and full attention: a hybrid model.
+def _gemma2_hybrid(pattern: str = "sfsf"):
+    # Gemma-2: layers alternate sliding (window 256) and full attention: a hybrid model. `pattern` spells the
+    # layer types (s = sliding, f = full); "sssssf" is Gemma-3's 5:1 pattern, "sfsfs" forces vLLM to pad a group.
     # Per layer 2 x 2 KV heads x 32 head_dim x 2 B = 256 B per token.
     from transformers import Gemma2Config
 
+    kinds = {"s": "sliding_attention", "f": "full_attention"}
     return Gemma2Config(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        hidden_size=256, num_hidden_layers=len(pattern), num_attention_heads=8, num_key_value_heads=2, head_dim=32,
         intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, sliding_window=256,
-        query_pre_attn_scalar=32,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        dtype="bfloat16",
+        query_pre_attn_scalar=32, layer_types=[kinds[c] for c in pattern], dtype="bfloat16",
     ), "Gemma2ForCausalLM"
 
 
@@ -111,6 +111,8 @@ MODEL_BUILDERS = {
     "llama-dense8": _llama_dense8,
     "mistral-swa": _mistral_swa,
     "gemma2-hybrid": _gemma2_hybrid,
+    "gemma2-5to1": lambda: _gemma2_hybrid("sssssf"),
+    "gemma2-3s2f": lambda: _gemma2_hybrid("sfsfs"),
     "deepseek-v2-mla": _deepseek_v2_mla,
 }
 
@@ -144,6 +146,10 @@ CASES = {
     "mistral-swa-2mb-b32-mnbt2048": _case("mistral-swa", 2_000_000, 32, 2048, batched=2048),
     "gemma2-hybrid-2mb-b32-mnbt256": _case("gemma2-hybrid", 2_000_000, 32, 2048, batched=256),
     "gemma2-hybrid-3mb-b64-mnbt1000-len3000": _case("gemma2-hybrid", 3_000_000, 64, 3000, batched=1000),
+    "gemma2-5to1-2mb-b32-mnbt256": _case("gemma2-5to1", 2_000_000, 32, 2048, batched=256,
+                                         note="Gemma-3-like 5 sliding : 1 full"),
+    "gemma2-3s2f-2mb-b32-mnbt256": _case("gemma2-3s2f", 2_000_000, 32, 2048, batched=256,
+                                         note="3 sliding + 2 full: vLLM pads a group"),
     # (e) MLA (the CPU MLA backend forces block size 16).
     "deepseek-v2-mla-20mb-b32": _case("deepseek-v2-mla", 20_000_000, 32, 2048,
                                       note="CPU MLA backend overrides block_size to 16"),
