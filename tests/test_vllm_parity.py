@@ -259,6 +259,20 @@ HAND = {
     # fp8_ds_mla: 656 B/token/layer (512 fp8 latent + 4 fp32 scales + 64 bf16 rope), 41,984 B per block
     # -> 476; 476 / 128 = 3.719 -> "3.72"; 7616 tokens.
     "deepseek-v2-mla-20mb-b32-fp8_ds_mla": (476, 128, 7_616, "3.72", None),
+    # Configs as the hub publishes them (torch_dtype; no head_dim, num_key_value_heads or layer_types):
+    # Llama-1 style MHA fp16: head_dim 256 / 8 = 32, 8 KV heads: 2 x 4 x 8 x 32 x 2 B = 4096 B/token, 131,072 B
+    # per block. 5,000,000 // 131,072 = 38 blocks, 37 usable < 64 needed: refused at 37 x 32 = 1184.
+    "legacy-llama-mha-fp16-5mb-b32": (None, 64, None, None, 1184),
+    # 20,000,000 // 131,072 = 152; 152 / 64 = 2.375 -> "2.38"; 152 x 32 = 4864.
+    "legacy-llama-mha-fp16-20mb-b32": (152, 64, 4_864, "2.38", None),
+    # Gemma-2 without layer_types: transformers' default makes even layers sliding; same figures as the
+    # gemma2-hybrid-2mb-b32-mnbt256 case.
+    "legacy-gemma2-2mb-b32-mnbt256": (122, 81, 3_084, "1.51", None),
+    # Qwen2 with sliding_window 256 but use_sliding_window false: all 4 layers full attention, 1024 B/token,
+    # 32,768 B per block; 2,000,000 // 32,768 = 61, 60 usable < 64 needed: refused at 60 x 32 = 1920. (Had
+    # layers 2-3, >= max_window_layers, been sized as sliding, it would have fit: 122 blocks of 16,384 B, 64 + 17
+    # = 81 per request.)
+    "legacy-qwen2-nosw-2mb-b32-mnbt256": (None, 64, None, None, 1920),
     # Dense8 (32,768 B/token, block 32 -> 1,048,576 B per block): 50,000,000 // 1,048,576 = 47, 46 usable after
     # the null block, but cdiv(3000, 32) = 94 are needed: refused, at most 46 x 32 = 1472 tokens.
     "dense8-50mb-b32-refused": (None, 94, None, None, 1472),

@@ -44,12 +44,12 @@ GIB = 1 << 30
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _llama_tiny(dtype: str = "bfloat16"):
+def _llama_tiny(dtype: str = "bfloat16", kv_heads: int = 2):
     # The doc's tiny model: 2 (K,V) x 4 layers x 2 KV heads x 32 head_dim x 2 B = 1024 B per token (bf16).
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=kv_heads,
         intermediate_size=512, vocab_size=1000, max_position_embeddings=2048, dtype=dtype,
     ), "LlamaForCausalLM"
 
@@ -105,6 +105,54 @@ def _deepseek_v2_mla():
     ), "DeepseekV2ForCausalLM"
 
 
+def _qwen2_no_swa():
+    # Qwen2: config carries sliding_window but use_sliding_window=false, as published Qwen2.5 configs do; vLLM
+    # must size every layer as full attention. 2 x 4 x 2 x 32 x 2 B = 1024 B per token.
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, use_sliding_window=False,
+        sliding_window=256, max_window_layers=2, dtype="bfloat16",
+    ), "Qwen2ForCausalLM"
+
+
+def _legacy_config(edit):
+    """Rewrite a saved config.json the way older transformers versions (and published hub configs) wrote it."""
+
+    def apply(config: dict) -> dict:
+        config = dict(config)
+        if "dtype" in config:
+            config["torch_dtype"] = config.pop("dtype")
+        config.pop("layer_types", None)
+        edit(config)
+        return config
+
+    return apply
+
+
+def _llama_legacy_edit(config: dict) -> None:
+    # Llama-1 style: no head_dim (hidden_size / num_attention_heads), no num_key_value_heads (MHA: the model was
+    # built with 8 KV heads = 8 heads), fp16. 2 x 4 x 8 x 32 x 2 B = 4096 B per token.
+    config.pop("head_dim", None)
+    config.pop("num_key_value_heads", None)
+    config["torch_dtype"] = "float16"
+
+
+def _qwen2_legacy_edit(config: dict) -> None:
+    # Published Qwen2.5 configs keep a sliding_window value while use_sliding_window is false.
+    config["sliding_window"] = 256
+    config["use_sliding_window"] = False
+
+
+# Edits applied to config.json after save_pretrained (the weights are unaffected), keyed by model name.
+CONFIG_EDITS = {
+    "llama-legacy": _legacy_config(_llama_legacy_edit),
+    "gemma2-legacy": _legacy_config(lambda config: None),  # no layer_types: sliding on even layers
+    "qwen2-legacy": _legacy_config(_qwen2_legacy_edit),
+}
+
+
 MODEL_BUILDERS = {
     "llama-tiny": lambda: _llama_tiny("bfloat16"),
     "llama-tiny-fp32": lambda: _llama_tiny("float32"),
@@ -114,6 +162,9 @@ MODEL_BUILDERS = {
     "gemma2-5to1": lambda: _gemma2_hybrid("sssssf"),
     "gemma2-3s2f": lambda: _gemma2_hybrid("sfsfs"),
     "deepseek-v2-mla": _deepseek_v2_mla,
+    "llama-legacy": lambda: _llama_tiny("float16", kv_heads=8),
+    "gemma2-legacy": _gemma2_hybrid,
+    "qwen2-legacy": _qwen2_no_swa,
 }
 
 
@@ -150,6 +201,12 @@ CASES = {
                                          note="Gemma-3-like 5 sliding : 1 full"),
     "gemma2-3s2f-2mb-b32-mnbt256": _case("gemma2-3s2f", 2_000_000, 32, 2048, batched=256,
                                          note="3 sliding + 2 full: vLLM pads a group"),
+    # Configs as older transformers / the hub wrote them (torch_dtype, no head_dim, no layer_types).
+    "legacy-llama-mha-fp16-5mb-b32": _case("llama-legacy", 5_000_000, 32, 2048, note="refusal expected"),
+    "legacy-llama-mha-fp16-20mb-b32": _case("llama-legacy", 20_000_000, 32, 2048),
+    "legacy-gemma2-2mb-b32-mnbt256": _case("gemma2-legacy", 2_000_000, 32, 2048, batched=256),
+    "legacy-qwen2-nosw-2mb-b32-mnbt256": _case("qwen2-legacy", 2_000_000, 32, 2048, batched=256,
+                                               note="use_sliding_window false: all full attention"),
     # (e) MLA (the CPU MLA backend forces block size 16).
     "deepseek-v2-mla-20mb-b32": _case("deepseek-v2-mla", 20_000_000, 32, 2048,
                                       note="CPU MLA backend overrides block_size to 16"),
@@ -203,6 +260,10 @@ def build_model(name: str) -> Path:
     dtype = getattr(torch, config.dtype) if isinstance(config.dtype, str) else config.dtype
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(out)
+    if name in CONFIG_EDITS:
+        config_path = out / "config.json"
+        edited = CONFIG_EDITS[name](json.loads(config_path.read_text()))
+        config_path.write_text(json.dumps(edited, indent=2, sort_keys=True) + "\n")
     return out
 
 
@@ -259,8 +320,9 @@ def run_one(case_name: str) -> None:
     }
     try:
         llm = LLM(**kwargs)
-    except Exception as exc:  # the refusal is the observation
-        result["refused"] = True
+    except Exception as exc:  # a refusal is the observation; anything else is a failed recording
+        result["refused"] = "To serve at least one request" in str(exc)
+        result["failed"] = not result["refused"]
         result["error_type"] = type(exc).__name__
         result["error"] = str(exc)
         result["error_chain"] = [f"{type(e).__name__}: {e}" for e in _chain(exc)]
@@ -323,7 +385,6 @@ def record(case_name: str) -> dict:
     """Parent: run one case in a child interpreter and write the three fixture files."""
     case = CASES[case_name]
     out_dir = HERE / case_name
-    out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = SCRATCH / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -339,6 +400,10 @@ def record(case_name: str) -> dict:
         print(f"{case_name}: child exited {proc.returncode} without a result; see {log_dir}", file=sys.stderr)
         return {"refused": None, "num_gpu_blocks": None, "run_seconds": round(elapsed, 1)}
     result = json.loads(result_lines[-1][len("RECORD_RESULT "):])
+    if result.get("failed"):
+        print(f"{case_name}: engine failed, not a sizing refusal: {result['error']}; see {log_dir}", file=sys.stderr)
+        return {"refused": None, "num_gpu_blocks": None, "run_seconds": round(elapsed, 1)}
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "vllm.log").write_text(relevant_lines(full, result))
     model_dir = MODELS / case["model"]
     config_text = (model_dir / "config.json").read_text()
