@@ -259,6 +259,11 @@ HAND = {
     # fp8_ds_mla: 656 B/token/layer (512 fp8 latent + 4 fp32 scales + 64 bf16 rope), 41,984 B per block
     # -> 476; 476 / 128 = 3.719 -> "3.72"; 7616 tokens.
     "deepseek-v2-mla-20mb-b32-fp8_ds_mla": (476, 128, 7_616, "3.72", None),
+    # Gemma-2 hybrid at 1,000,000 B: 1,000,000 // 16,384 = 61 blocks, 60 usable < 81 needed: refused. Longest
+    # that fits: 17 sliding + cdiv(L, 32) full <= 60 -> cdiv(L, 32) <= 43 -> L = 43 x 32 = 1376.
+    "gemma2-hybrid-1mb-b32-mnbt256-refused": (None, 81, None, None, 1376),
+    # MLA at 5,000,000 B (block 16, 73,728 B per block): 67 blocks, 66 usable < 128: refused at 66 x 16 = 1056.
+    "deepseek-v2-mla-5mb-b32-refused": (None, 128, None, None, 1056),
     # Configs as the hub publishes them (torch_dtype; no head_dim, num_key_value_heads or layer_types):
     # Llama-1 style MHA fp16: head_dim 256 / 8 = 32, 8 KV heads: 2 x 4 x 8 x 32 x 2 B = 4096 B/token, 131,072 B
     # per block. 5,000,000 // 131,072 = 38 blocks, 37 usable < 64 needed: refused at 37 x 32 = 1184.

@@ -207,6 +207,10 @@ CASES = {
     "legacy-gemma2-2mb-b32-mnbt256": _case("gemma2-legacy", 2_000_000, 32, 2048, batched=256),
     "legacy-qwen2-nosw-2mb-b32-mnbt256": _case("qwen2-legacy", 2_000_000, 32, 2048, batched=256,
                                                note="use_sliding_window false: all full attention"),
+    # Refusals where the longest length that fits depends on more than full-attention blocks.
+    "gemma2-hybrid-1mb-b32-mnbt256-refused": _case("gemma2-hybrid", 1_000_000, 32, 2048, batched=256,
+                                                   note="refusal expected"),
+    "deepseek-v2-mla-5mb-b32-refused": _case("deepseek-v2-mla", 5_000_000, 32, 2048, note="refusal expected"),
     # (e) MLA (the CPU MLA backend forces block size 16).
     "deepseek-v2-mla-20mb-b32": _case("deepseek-v2-mla", 20_000_000, 32, 2048,
                                       note="CPU MLA backend overrides block_size to 16"),
