@@ -31,6 +31,8 @@ CAPACITY_LINE = re.compile(
 )
 # "... Based on the available memory, the estimated maximum model length is 928. ..."
 REFUSAL_LINE = re.compile(r"the estimated maximum model length is (?P<max_len>\d+)\.")
+# "CPU MLA backend requires block_size=16, overriding user-specified block_size=32." (vllm/platforms/cpu.py)
+BLOCK_OVERRIDE_LINE = re.compile(r"requires block_size=(?P<block>\d+), overriding user-specified block_size=\d+")
 TOO_SMALL_LINE = re.compile(r"To serve at least one request with the model's max seq len \((?P<max_len>\d+)\)")
 
 
@@ -67,9 +69,12 @@ def load_fixture(case_dir: Path) -> VllmFigures:
     else:
         assert capacity is not None, f"{case_dir.name}: no 'KV cache size' line in vllm.log"
         assert _int(capacity["max_len"]) == case["max_model_len"]
-    observed = case.get("observed") or {}
-    # The CPU MLA backend overrides the requested block size (16); size with what the engine really used.
-    block_size = observed.get("block_size") or case["block_size"]
+    # The CPU MLA backend overrides the requested block size (16); size with what the engine really used, as
+    # read back from the engine or, where it refused before that, as its log says.
+    override = BLOCK_OVERRIDE_LINE.search(log)
+    block_size = (case.get("observed") or {}).get("block_size") or (
+        int(override["block"]) if override else case["block_size"]
+    )
     kv_dtype = case["kv_cache_dtype"]
     return VllmFigures(
         case=case_dir.name,
