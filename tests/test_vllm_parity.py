@@ -47,6 +47,7 @@ class VllmFigures:
     max_model_len: int
     kv_dtype: str | None  # vLLM's kv_cache_dtype; None for "auto" (the model dtype)
     max_num_batched_tokens: int | None
+    tp: int  # tensor_parallel_size; the budget is per rank
     refused: bool
     num_gpu_blocks: int | None  # None where vLLM refused before allocating
     logged_tokens: int | None
@@ -84,6 +85,7 @@ def load_fixture(case_dir: Path) -> VllmFigures:
         max_model_len=case["max_model_len"],
         kv_dtype=None if kv_dtype == "auto" else kv_dtype,
         max_num_batched_tokens=case["max_num_batched_tokens"],
+        tp=case.get("tensor_parallel_size", 1),
         refused=case["refused"],
         num_gpu_blocks=case["num_gpu_blocks"],
         logged_tokens=_int(capacity["tokens"]) if capacity else None,
@@ -120,6 +122,7 @@ DOC_FIGURES = [
         max_model_len=max_len,
         kv_dtype=kv,
         max_num_batched_tokens=None,
+        tp=1,
         refused=est is not None,
         num_gpu_blocks=blocks,
         logged_tokens=tokens,
@@ -139,6 +142,8 @@ def _estimate_args(fig: VllmFigures) -> list[str]:
         args += ["--kv-dtype", fig.kv_dtype]
     if fig.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(fig.max_num_batched_tokens)]
+    if fig.tp > 1:
+        args += ["--tp", str(fig.tp)]
     return [*args, "--json"]
 
 
@@ -181,14 +186,16 @@ def test_estimate_matches_doc_table(run_cli, fig):
 # --- The fixtures themselves, against the doc's closed forms (no kvtool involved) ---------------------------
 
 
-def _dense_bytes_per_token(config: dict, kv_dtype: str | None) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x element bytes: full attention, no MLA, no sliding window."""
+def _dense_bytes_per_token(config: dict, kv_dtype: str | None, tp: int) -> int:
+    """2 (K and V) x layers x KV heads per rank x head_dim x element bytes: full attention, no MLA, no sliding
+    window. With tensor parallelism each rank holds max(1, KV heads // tp) heads (replicated when tp > heads)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     element = {"fp8": 1}.get(kv_dtype) or {"bfloat16": 2, "float16": 2, "float32": 4}[config["dtype"]]
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * element
+    kv_heads = max(1, config["num_key_value_heads"] // tp)
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * element
 
 
-DENSE = [f for f in FIXTURES if f.case.startswith(("doc-", "dense8-"))]
+DENSE = [f for f in FIXTURES if f.case.startswith(("doc-", "dense8-", "tiny-"))]
 
 
 @pytest.mark.parametrize("fig", DENSE, ids=[f.case for f in DENSE])
@@ -197,7 +204,7 @@ def test_recorded_dense_runs_follow_the_docs_closed_forms(fig):
     # ceil(max_model_len / block); logged tokens = int(concurrency x max_model_len); a refused request can
     # use at most (blocks - 1) x block tokens.
     config = json.loads((fig.config_dir / "config.json").read_text())
-    blocks = fig.kv_memory_bytes // (_dense_bytes_per_token(config, fig.kv_dtype) * fig.block_size)
+    blocks = fig.kv_memory_bytes // (_dense_bytes_per_token(config, fig.kv_dtype, fig.tp) * fig.block_size)
     blocks_per_request = -(-fig.max_model_len // fig.block_size)
     if fig.refused:
         assert blocks - 1 < blocks_per_request

@@ -168,10 +168,11 @@ MODEL_BUILDERS = {
 }
 
 
-def _case(model, budget, block, max_len, kv_dtype="auto", batched=None, dtype=None, note=""):
+def _case(model, budget, block, max_len, kv_dtype="auto", batched=None, dtype=None, tp=1, note=""):
     return {
         "model": model, "kv_cache_memory_bytes": budget, "block_size": block, "max_model_len": max_len,
-        "kv_cache_dtype": kv_dtype, "max_num_batched_tokens": batched, "dtype": dtype, "note": note,
+        "kv_cache_dtype": kv_dtype, "max_num_batched_tokens": batched, "dtype": dtype,
+        "tensor_parallel_size": tp, "note": note,
     }
 
 
@@ -211,6 +212,11 @@ CASES = {
     "gemma2-hybrid-1mb-b32-mnbt256-refused": _case("gemma2-hybrid", 1_000_000, 32, 2048, batched=256,
                                                    note="refusal expected"),
     "deepseek-v2-mla-5mb-b32-refused": _case("deepseek-v2-mla", 5_000_000, 32, 2048, note="refusal expected"),
+    # Tensor parallelism on the CPU (one worker process per rank; kv_cache_memory_bytes is per rank):
+    # 8 KV heads over 2 ranks, and 2 KV heads over 4 ranks (replicated: one head per rank).
+    "dense8-300mb-b32-tp2": _case("llama-dense8", 300_000_000, 32, 3000, tp=2),
+    "tiny-5mb-b32-tp4": _case("llama-tiny", 5_000_000, 32, 2048, tp=4,
+                              note="tp > KV heads: vLLM replicates KV heads"),
     # (e) MLA (the CPU MLA backend forces block size 16).
     "deepseek-v2-mla-20mb-b32": _case("deepseek-v2-mla", 20_000_000, 32, 2048,
                                       note="CPU MLA backend overrides block_size to 16"),
@@ -232,7 +238,7 @@ NOISE = re.compile(r"Traceback|^\s+File |^\s+\^|^ {4}|site-packages|\[base\.py:3
                    r"set_num_threads|Triton|Reset SSM cache")
 
 
-def offline_env() -> dict[str, str]:
+def offline_env(tp: int = 1) -> dict[str, str]:
     """The loopback/offline environment of vllm-on-cpu.md, with every cache under the scratch folder."""
     env = dict(os.environ)
     for sub in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
@@ -247,6 +253,10 @@ def offline_env() -> dict[str, str]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     })
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
+    if tp > 1:
+        # One NUMA node here: "auto" refuses to place several CPU workers; bind rank i to core i % cores.
+        cores = os.cpu_count() or 1
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % cores) for i in range(tp))
     return env
 
 
@@ -317,6 +327,8 @@ def run_one(case_name: str) -> None:
         kwargs["max_num_batched_tokens"] = case["max_num_batched_tokens"]
     if case["dtype"] is not None:
         kwargs["dtype"] = case["dtype"]
+    if case.get("tensor_parallel_size", 1) > 1:
+        kwargs["tensor_parallel_size"] = case["tensor_parallel_size"]
     result = {
         "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__},
@@ -394,7 +406,8 @@ def record(case_name: str) -> dict:
     started = time.time()
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--run-one", case_name],
-        env=offline_env(), cwd=str(SCRATCH), capture_output=True, text=True, timeout=900,
+        env=offline_env(case.get("tensor_parallel_size", 1)), cwd=str(SCRATCH), capture_output=True, text=True,
+        timeout=900,
     )
     elapsed = time.time() - started
     full = proc.stdout + proc.stderr
@@ -422,6 +435,7 @@ def record(case_name: str) -> dict:
         "kv_cache_dtype": case["kv_cache_dtype"],
         "max_num_batched_tokens": case["max_num_batched_tokens"],
         "dtype": case["dtype"],
+        "tensor_parallel_size": case.get("tensor_parallel_size", 1),
         "vllm_version": result["versions"]["vllm"],
         "versions": result["versions"],
         "engine_args": result["engine_args"],
