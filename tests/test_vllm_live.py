@@ -14,61 +14,55 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+from conftest import DATA
+from test_vllm_parity import CAPACITY_LINE
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (optional live parity check)"
 )
 
-CAPACITY_LINE = re.compile(
-    r"KV cache size: (?P<tokens>[\d,]+) tokens, "
-    r"Maximum concurrency for [\d,]+ tokens per request: (?P<concurrency>\d+\.\d\d)x"
-)
+RECORD_PY = DATA / "vllm-sizing" / "record.py"
 
+# Runs in a child interpreter (vLLM must not start inside pytest's process): builds the doc's tiny Llama with
+# record.py's builder, starts vLLM with the budget, prints what the engine allocated.
 ENGINE_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import importlib.util, json, sys
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model_dir, budget, block, max_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    config = LlamaConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                         intermediate_size=512, vocab_size=1000, max_position_embeddings=2048, dtype="bfloat16")
+    record_py, model_dir = sys.argv[1], sys.argv[2]
+    budget, block, max_len = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    spec = importlib.util.spec_from_file_location("record", record_py)
+    record = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record)
+    config, arch = record.MODEL_BUILDERS["llama-tiny"]()
+    config.architectures = [arch]
     torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
 
     from vllm import LLM
     llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=block, enable_prefix_caching=True,
               max_model_len=max_len, enforce_eager=True, kv_cache_memory_bytes=budget)
-    print("LIVE_RESULT " + json.dumps({"num_gpu_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks}),
-          flush=True)
+    blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    print("LIVE_RESULT " + json.dumps({"num_gpu_blocks": blocks}), flush=True)
     """
 )
 
 
-def _offline_env(scratch) -> dict[str, str]:
-    """Loopback and offline, every cache under tmp_path (/work/shared/docs/vllm-on-cpu.md, "Install" step 3)."""
-    env = dict(os.environ)
-    dirs = {}
-    for name in ("TMPDIR", "VLLM_RPC_BASE_PATH", "VLLM_CACHE_ROOT", "HF_HOME", "XDG_CACHE_HOME",
-                 "TORCHINDUCTOR_CACHE_DIR"):
-        path = scratch / name.lower()
-        path.mkdir()
-        dirs[name] = str(path)
-    env.update(dirs)
-    env.update({
-        "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    })
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override kv_cache_memory_bytes
-    return env
+def _offline_env(scratch: Path) -> dict[str, str]:
+    """record.py's loopback/offline environment (vllm-on-cpu.md, "Install" step 3), caches under tmp_path."""
+    spec = importlib.util.spec_from_file_location("vllm_sizing_record", RECORD_PY)
+    record = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record)
+    return record.offline_env(scratch=scratch)
 
 
 @pytest.mark.parametrize(("budget", "block", "max_len"), [(5_000_000, 32, 2000), (3_000_000, 64, 1500)])
@@ -77,7 +71,7 @@ def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, budget, block, max_l
     script = tmp_path / "engine.py"
     script.write_text(ENGINE_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, str(script), str(model_dir), str(budget), str(block), str(max_len)],
+        [sys.executable, str(script), str(RECORD_PY), str(model_dir), str(budget), str(block), str(max_len)],
         env=_offline_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
     output = proc.stdout + proc.stderr

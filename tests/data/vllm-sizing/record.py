@@ -238,17 +238,19 @@ NOISE = re.compile(r"Traceback|^\s+File |^\s+\^|^ {4}|site-packages|\[base\.py:3
                    r"set_num_threads|Triton|Reset SSM cache")
 
 
-def offline_env(tp: int = 1) -> dict[str, str]:
-    """The loopback/offline environment of vllm-on-cpu.md, with every cache under the scratch folder."""
+def offline_env(tp: int = 1, scratch: Path = SCRATCH) -> dict[str, str]:
+    """The loopback/offline environment of vllm-on-cpu.md, with every cache under the scratch folder.
+
+    Also used by tests/test_vllm_live.py (with its tmp_path as the scratch folder)."""
     env = dict(os.environ)
     for sub in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
-        (SCRATCH / sub).mkdir(parents=True, exist_ok=True)
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
     env.update({
         "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "TMPDIR": str(SCRATCH / "tmp"), "VLLM_RPC_BASE_PATH": str(SCRATCH / "rpc"),
-        "VLLM_CACHE_ROOT": str(SCRATCH / "cache"), "HF_HOME": str(SCRATCH / "hf"),
-        "XDG_CACHE_HOME": str(SCRATCH / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(SCRATCH / "inductor"),
+        "TMPDIR": str(scratch / "tmp"), "VLLM_RPC_BASE_PATH": str(scratch / "rpc"),
+        "VLLM_CACHE_ROOT": str(scratch / "cache"), "HF_HOME": str(scratch / "hf"),
+        "XDG_CACHE_HOME": str(scratch / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
         # One process: the engine core runs in-process, so its log lines and its KV cache config are ours.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     })
