@@ -1,0 +1,192 @@
+"""`kvtool estimate` and `kvtool models` through the real entry point: output contract, sweeps, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import DATA, REPO_ROOT
+
+from kvtool.errors import EXIT_INPUT, EXIT_USAGE
+
+EST = DATA / "estimate"
+
+CONTRACT_KEYS = {
+    "bytes_per_token", "kv_bytes", "kv_bytes_per_gpu", "weights_bytes", "num_blocks", "kv_cache_tokens",
+    "vllm_logged_tokens", "max_concurrency", "max_seq_len", "fits", "seq_len", "batch", "kv_dtype", "block_size",
+}
+
+
+def test_table_shows_formula_bytes_gib_and_gb(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048")
+    assert r.exit_code == 0 and r.stderr == ""
+    out = " ".join(r.stdout.split())
+    assert "2 x 32 x 32 x 2048 x 128 x 2 x 1 = 1,073,741,824 bytes" in out
+    assert "1,073,741,824 B (1.00 GiB, 1.07 GB)" in out
+    assert "Defaults used: batch 1; kv-dtype auto" in out
+
+
+def test_json_contract(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--batch", "16", "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+    out = json.loads(r.stdout)
+    assert CONTRACT_KEYS <= set(out)
+    assert out["kv_bytes"] == 17_179_869_184 and out["bytes_per_token"] == 524_288
+    assert out["num_blocks"] is None and out["fits"] is None  # no budget asked
+    assert isinstance(out["weights_bytes"], int)
+    assert not any(d.startswith("batch") for d in out["defaults"])  # given, so not a default
+
+
+def test_default_seq_len_is_stated(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--json").stdout)
+    assert out["seq_len"] == 8192
+    assert any("seq-len 8,192" in d for d in out["defaults"])
+
+
+def test_sweep(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048", "--batch", "1,16", "--json")
+    points = json.loads(r.stdout)["sweep"]
+    assert [(p["seq_len"], p["batch"]) for p in points] == [(1024, 1), (1024, 16), (2048, 1), (2048, 16)]
+    assert points[3]["kv_bytes"] == 17_179_869_184 and points[0]["kv_bytes"] == 536_870_912
+    table = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048", "--batch", "1,16", "--kv-memory", "20GiB")
+    assert table.exit_code == 0 and "Sweep" in table.stdout
+
+
+def test_compare(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--compare", "--json").stdout)
+    rows = {row["label"]: row for row in out["compare"]}
+    assert rows["as-is"]["kv_bytes"] == 1_073_741_824
+    assert rows["GQA-8"]["kv_bytes"] == 1_073_741_824 // 4
+    assert rows["MQA"]["kv_bytes"] == 1_073_741_824 // 32
+    assert rows["fp8 KV"]["kv_bytes"] == rows["int8 KV"]["kv_bytes"] == 1_073_741_824 // 2
+    r = run_cli("estimate", "--model", "deepseek-v2-lite", "--seq-len", "4096", "--compare")
+    assert r.exit_code == 0 and "MLA" in r.stdout
+
+
+def test_manual_mode_and_huge_values_exact(run_cli):
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128",
+                             "--seq-len", str(10**12), "--batch", str(10**6), "--json").stdout)
+    assert out["kv_bytes"] == 2 * 32 * 32 * 128 * 2 * 10**12 * 10**6
+    assert out["weights_bytes"] is None
+
+
+def test_fp32_config_means_fp32_kv(run_cli, tmp_path):
+    config = json.loads((EST / "tiny-llama" / "config.json").read_text())
+    config["dtype"] = "float32"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = json.loads(run_cli("estimate", "--config", tmp_path, "--kv-memory", str(1024**3), "--block-size", "32",
+                             "--max-model-len", "2048", "--json").stdout)
+    assert (out["kv_dtype"], out["num_blocks"], out["vllm_logged_tokens"]) == ("fp32", 16_384, 524_288)
+
+
+def test_gpu_verdict_table(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--seq-len", "4096", "--batch", "64")
+    assert r.exit_code == 0
+    out = " ".join(r.stdout.split())
+    assert "Does not fit" in out and "vLLM would log" in out and "reserve 2 GiB" in out
+
+
+def test_list_and_models(run_cli):
+    r = run_cli("estimate", "--list")
+    assert r.exit_code == 0 and "deepseek-v3" in r.stdout and "MI300X" in r.stdout
+    out = json.loads(run_cli("models", "--json").stdout)
+    assert len(out["models"]) >= 16 and len(out["gpus"]) >= 10
+
+
+def err(run_cli, *args):
+    r = run_cli("estimate", *map(str, args))
+    assert r.stdout == ""
+    assert r.stderr.startswith("Error: ") and "Traceback" not in r.stderr
+    return r
+
+
+def test_unknown_model_suggests(run_cli):
+    r = err(run_cli, "--model", "llama2-7b")
+    assert r.exit_code == EXIT_USAGE
+    assert r.stderr.splitlines()[0] == "Error: unknown model 'llama2-7b' (--model)"
+    assert "llama-2-7b" in r.stderr.splitlines()[1]
+
+
+def test_bad_config_names_file_and_field(run_cli, tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 2}')
+    r = err(run_cli, "--config", tmp_path)
+    assert r.exit_code == EXIT_INPUT
+    assert str(tmp_path / "config.json") in r.stderr and "num_attention_heads" in r.stderr
+    (tmp_path / "config.json").write_text("{")
+    r = err(run_cli, "--config", tmp_path)
+    assert r.exit_code == EXIT_INPUT and "not valid JSON" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--seq-len", "0"), ("--seq-len", "-5"), ("--seq-len", "abc"), ("--batch", "0"), ("--batch", "1,x"),
+        ("--tp", "0"), ("--tp", "two"), ("--kv-memory", "0"), ("--kv-memory", "-1GiB"), ("--kv-memory", "ten"),
+        ("--kv-memory", "10XB"), ("--block-size", "0"), ("--kv-dtype", "fp9"), ("--gpu", "h1000"),
+        ("--gpu-memory-utilization", "1.5", "--gpu", "h100"), ("--gpu-memory", "0GiB"),
+    ],
+)
+def test_bad_sizes_are_usage_errors(run_cli, args):
+    r = err(run_cli, "--model", "llama-2-7b", *args)
+    assert r.exit_code == EXIT_USAGE
+    assert len(r.stderr.splitlines()) <= 2
+
+
+def test_needs_exactly_one_model_source(run_cli):
+    assert err(run_cli).exit_code == EXIT_USAGE
+    assert err(run_cli, "--model", "llama-2-7b", "--config", EST / "falcon-7b").exit_code == EXIT_USAGE
+    assert err(run_cli, "--layers", "2").exit_code == EXIT_USAGE
+
+
+def test_estimate_does_not_import_torch_or_pandas():
+    code = (
+        "import sys\n"
+        "from kvtool.cli import run\n"
+        "run(['--help'])\n"
+        "run(['estimate', '--model', 'llama-2-7b', '--gpu', 'h100', '--compare'])\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas', 'numpy', 'matplotlib') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_manual_mode_with_kv_memory_and_gpu_needs_weights(run_cli):
+    out = json.loads(run_cli("estimate", "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--dtype", "bfloat16",
+                             "--kv-memory", "5000000", "--block-size", "32", "--seq-len", "2048", "--json").stdout)
+    assert (out["bytes_per_token"], out["num_blocks"]) == (1024, 152)  # same as the tiny Llama config
+    r = err(run_cli, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--gpu", "l4")
+    assert r.exit_code == EXIT_USAGE and "weights" in r.stderr
+
+
+def test_profiles_env_var_through_cli(run_cli, tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "toy.yaml").write_text(
+        "name: toy\nhf_repo: me/toy\nconfig:\n  hidden_size: 64\n  num_hidden_layers: 2\n  num_attention_heads: 4\n"
+    )
+    monkeypatch.setenv("KVTOOL_PROFILES", str(tmp_path))
+    out = json.loads(run_cli("estimate", "--model", "toy", "--seq-len", "10", "--json").stdout)
+    # 2 x 2 layers x 4 heads x 10 tokens x 16 dims x 4 bytes (no dtype: float32)
+    assert out["kv_bytes"] == 2 * 2 * 4 * 10 * 16 * 4
+    assert "toy" in run_cli("models").stdout
+
+
+def test_reserve_zero_and_conflicting_budgets(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu-memory", "24GiB", "--reserve", "0",
+                             "--gpu-memory-utilization", "1", "--json").stdout)
+    assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
+    assert err(run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB").exit_code == EXIT_USAGE
+
+
+def test_config_dir_with_header_only_safetensors(run_cli, tmp_path):
+    import shutil
+    import struct
+
+    shutil.copy(EST / "tiny-llama" / "config.json", tmp_path / "config.json")
+    header = {"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 256], "data_offsets": [0, 512000]}}
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)  # header, no tensor data
+    out = json.loads(run_cli("estimate", "--config", tmp_path, "--seq-len", "2048", "--json").stdout)
+    assert (out["weights_bytes"], out["weights_method"]) == (512_000, "safetensors headers")

@@ -1,0 +1,198 @@
+"""`kvtool repro` through the real entry point: --list, --json, --target, usage errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import DATA, REPO_ROOT
+
+from kvtool.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from kvtool.repro_scenarios import SCENARIO_NAMES
+
+pytest.importorskip("torch")
+
+TARGETS = DATA / "repro"
+
+
+@pytest.fixture
+def targets_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(TARGETS))
+    sys.modules.pop("repro_targets", None)
+    yield
+    sys.modules.pop("repro_targets", None)
+
+
+def test_list_names_every_scenario_without_torch():
+    code = (
+        "import sys\n"
+        "from kvtool.cli import run\n"
+        "rc = run(['repro', '--list'])\n"
+        "rc += run(['repro', '--help'])\n"
+        "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for name in SCENARIO_NAMES:
+        assert name in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "RC 0 TORCH False"
+
+
+def test_help(run_cli):
+    result = run_cli("repro", "--help")
+    assert result.exit_code == 0
+    for option in ("--target", "--interleavings", "--dtype", "--device", "--json", "--list"):
+        assert option in result.stdout
+
+
+def test_default_run_json_passes(run_cli):
+    result = run_cli("repro", "--json")
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert result.stderr == ""
+    data = json.loads(result.stdout)
+    assert [s["name"] for s in data["scenarios"]] == list(SCENARIO_NAMES)
+    assert data["interleavings"] == 200 and data["device"] in ("cpu", "cuda") and data["target"] is None
+    for s in data["scenarios"]:
+        for side in ("buggy", "fixed"):
+            for key in ("detected", "allclose", "max_abs_diff", "shared_storage", "interleaving_mismatches"):
+                assert key in s[side]
+        assert s["buggy"]["detected"] is True and s["fixed"]["detected"] is False
+        assert s["fixed"]["interleaving_mismatches"] == 0
+        assert s["buggy"]["cache_tensors"][0]["data_ptr"] > 0
+
+
+def test_named_scenarios_table(run_cli):
+    result = run_cli("repro", "layer-index", "rope-offset", "--interleavings", "5", "--seed", "3")
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert "layer-index" in result.stdout and "rope-offset" in result.stdout
+    assert "shared-instance-cache" not in result.stdout
+    assert "2 of 2 scenarios" in result.stdout
+    assert "rtol 0.0001, atol 1e-05" in result.stdout
+
+
+def test_dtype_tolerances_shown(run_cli):
+    result = run_cli("repro", "prealloc-slice", "--dtype", "bfloat16", "--interleavings", "5", "--json")
+    assert result.exit_code == EXIT_OK, result.stderr
+    data = json.loads(result.stdout)
+    assert data["dtype"] == "bfloat16" and data["tolerance"]["rtol"] == 1.6e-2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no-such-scenario"], "Error: unknown scenario 'no-such-scenario' (NAME)"),
+        (["--interleavings", "0"], "Error: --interleavings must be at least 1, got 0 (--interleavings)"),
+        (["--seed", "-1"], "Error: --seed must be between 0 and 4611686018427387904, got -1 (--seed)"),
+        (["--seed", str(2**64)], "Error: --seed must be between 0 and 4611686018427387904, got 18446744073709551616 (--seed)"),
+        (["--dtype", "float16"], "Error: unknown dtype 'float16'; use one of float32, float64, bfloat16 (--dtype)"),
+        (["--device", "tpu"], "Error: unknown device 'tpu'; use cpu or cuda (--device)"),
+        (["layer-index", "--target", "x:y"], "Error: give scenario names or --target, not both (--target)"),
+        (["--target", "no_colon"], "Error: --target must look like package.module:factory, got 'no_colon' (--target)"),
+        (["--d-model", "8"], "Error: --d-model only applies with --target (--d-model)"),
+    ],
+)
+def test_usage_errors(run_cli, args, message):
+    result = run_cli("repro", *args)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.splitlines()[0] == message
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_cuda_asked_but_absent(run_cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_cli("repro", "--device", "cuda")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("Error: --device cuda asked, but this torch")
+    assert "Tip: run with --device cpu" in result.stderr
+
+
+def test_correct_target_passes(run_cli, targets_on_path):
+    result = run_cli("repro", "--target", "repro_targets:correct", "--json", "--interleavings", "30")
+    assert result.exit_code == EXIT_OK, result.stdout
+    data = json.loads(result.stdout)
+    assert data["scenarios"] == []  # with --target only the target is checked
+    assert data["target"]["passed"] is True and data["target"]["failed_checks"] == []
+    assert data["target"]["d_model"] == 16
+
+
+def test_scratch_buffer_alias_is_caught(run_cli, targets_on_path):
+    # Not a built-in: caches are views of one module-level scratch buffer.  Alone it is right.
+    result = run_cli("repro", "--target", "repro_targets:scratch_alias", "--json", "--interleavings", "30")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    assert target["passed"] is False
+    assert target["failed_checks"] == ["isolation", "no-shared-storage"]
+    storage = next(c for c in target["checks"] if c["name"] == "no-shared-storage")
+    assert any("r0 cache[0]" in line and "data_ptr" in line for line in storage["evidence"])
+
+
+def test_module_state_cache_is_caught(run_cli, targets_on_path):
+    # The article's bug under the fixed signature.  Its torch.cat makes a new tensor each step, so the
+    # requests' final caches are distinct tensors (no shared bytes); the state shows in the outputs and the
+    # cache length instead.
+    result = run_cli("repro", "--target", "repro_targets:instance_cache", "--json", "--interleavings", "10")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    assert target["failed_checks"] == ["determinism", "isolation", "cache-length"]
+
+
+def test_trimmed_cache_is_caught_by_cache_length(run_cli, targets_on_path):
+    result = run_cli("repro", "--target", "repro_targets:trimmed", "--interleavings", "10")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    assert "cache-length" in result.stdout
+    # r0: prompt 5 + 4 tokens = 9 seen, the cache keeps 8.
+    assert "r0 cache[0]: shape [1, 2, 8, 8] after 9 tokens seen" in result.stdout
+
+
+def test_exception_in_forward_fails_the_checks_with_its_message(run_cli, targets_on_path):
+    result = run_cli("repro", "--target", "repro_targets:raising", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    assert "determinism" in target["failed_checks"]
+    det = next(c for c in target["checks"] if c["name"] == "determinism")
+    assert det["message"] == "forward raised RuntimeError: cache layout [B, H, S, d] not supported"
+
+
+def test_d_model_from_option(run_cli, targets_on_path):
+    missing = run_cli("repro", "--target", "repro_targets:no_d_model")
+    assert missing.exit_code == EXIT_USAGE
+    assert missing.stderr.splitlines() == [
+        "Error: cannot tell d_model of target 'repro_targets:no_d_model': the module has no positive integer "
+        "d_model attribute (--target)",
+        "Tip: pass --d-model N",
+    ]
+    given = run_cli("repro", "--target", "repro_targets:no_d_model", "--d-model", "16", "--interleavings", "5")
+    assert given.exit_code == EXIT_OK, given.stdout
+
+
+@pytest.mark.parametrize(
+    "spec, start",
+    [
+        ("no_such_pkg.mod:make", "Error: cannot import module 'no_such_pkg.mod' of target 'no_such_pkg.mod:make'"),
+        ("repro_targets:missing", "Error: target 'repro_targets:missing': 'repro_targets' has no attribute"),
+        ("repro_targets:not_a_module", "Error: factory of target 'repro_targets:not_a_module' returned int"),
+        ("repro_targets:NOT_CALLABLE", "Error: target 'repro_targets:NOT_CALLABLE' is not callable"),
+        (
+            "repro_targets:broken_factory",
+            "Error: factory of target 'repro_targets:broken_factory' raised FileNotFoundError: weights.pt not found",
+        ),
+    ],
+)
+def test_bad_targets_are_usage_errors(run_cli, targets_on_path, spec, start):
+    result = run_cli("repro", "--target", spec)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith(start)
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_unimportable_target_in_a_fresh_interpreter():
+    from conftest import run_subprocess
+
+    proc = run_subprocess("repro", "--target", "no_such_pkg:factory")
+    assert proc.returncode == EXIT_USAGE
+    assert proc.stderr.startswith("Error: cannot import module 'no_such_pkg'")
