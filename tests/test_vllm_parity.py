@@ -276,6 +276,9 @@ HAND = {
     "gemma2-hybrid-1mb-b32-mnbt256-refused": (None, 81, None, None, 1376),
     # MLA at 5,000,000 B (block 16, 73,728 B per block): 67 blocks, 66 usable < 128: refused at 66 x 16 = 1056.
     "deepseek-v2-mla-5mb-b32-refused": (None, 128, None, None, 1056),
+    # Mistral with sliding_window 0: vLLM's ModelConfig reads 0 as "no sliding window", so all 4 layers are full
+    # attention (1024 B/token, 32,768 B per block): 5,000,000 // 32,768 = 152; 152 / 64 = 2.375 -> "2.38"; 4864.
+    "mistral-sw0-5mb-b32-mnbt256": (152, 64, 4_864, "2.38", None),
     # Configs as the hub publishes them (torch_dtype; no head_dim, num_key_value_heads or layer_types):
     # Llama-1 style MHA fp16: head_dim 256 / 8 = 32, 8 KV heads: 2 x 4 x 8 x 32 x 2 B = 4096 B/token, 131,072 B
     # per block. 5,000,000 // 131,072 = 38 blocks, 37 usable < 64 needed: refused at 37 x 32 = 1184.

@@ -150,6 +150,8 @@ CONFIG_EDITS = {
     "llama-legacy": _legacy_config(_llama_legacy_edit),
     "gemma2-legacy": _legacy_config(lambda config: None),  # no layer_types: sliding on even layers
     "qwen2-legacy": _legacy_config(_qwen2_legacy_edit),
+    # "Some checkpoints set sliding_window to 0 to indicate that sliding window is disabled" (vLLM ModelConfig).
+    "mistral-sw0": lambda config: {**config, "sliding_window": 0},
 }
 
 
@@ -165,6 +167,7 @@ MODEL_BUILDERS = {
     "llama-legacy": lambda: _llama_tiny("float16", kv_heads=8),
     "gemma2-legacy": _gemma2_hybrid,
     "qwen2-legacy": _qwen2_no_swa,
+    "mistral-sw0": _mistral_swa,
 }
 
 
@@ -208,6 +211,8 @@ CASES = {
     "legacy-gemma2-2mb-b32-mnbt256": _case("gemma2-legacy", 2_000_000, 32, 2048, batched=256),
     "legacy-qwen2-nosw-2mb-b32-mnbt256": _case("qwen2-legacy", 2_000_000, 32, 2048, batched=256,
                                                note="use_sliding_window false: all full attention"),
+    "mistral-sw0-5mb-b32-mnbt256": _case("mistral-sw0", 5_000_000, 32, 2048, batched=256,
+                                         note="sliding_window 0: no sliding window"),
     # Refusals where the longest length that fits depends on more than full-attention blocks.
     "gemma2-hybrid-1mb-b32-mnbt256-refused": _case("gemma2-hybrid", 1_000_000, 32, 2048, batched=256,
                                                    note="refusal expected"),
