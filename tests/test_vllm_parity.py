@@ -279,6 +279,9 @@ HAND = {
     # Mistral with sliding_window 0: vLLM's ModelConfig reads 0 as "no sliding window", so all 4 layers are full
     # attention (1024 B/token, 32,768 B per block): 5,000,000 // 32,768 = 152; 152 / 64 = 2.375 -> "2.38"; 4864.
     "mistral-sw0-5mb-b32-mnbt256": (152, 64, 4_864, "2.38", None),
+    # Falcon-7B-style multi-query (multi_query true, no new_decoder_architecture): 1 KV head, 512 B/token,
+    # 16,384 B per block: 5,000,000 // 16,384 = 305; 305 / 64 = 4.766 -> "4.77"; 305 x 32 = 9760.
+    "falcon-mqa-5mb-b32": (305, 64, 9_760, "4.77", None),
     # Configs as the hub publishes them (torch_dtype; no head_dim, num_key_value_heads or layer_types):
     # Llama-1 style MHA fp16: head_dim 256 / 8 = 32, 8 KV heads: 2 x 4 x 8 x 32 x 2 B = 4096 B/token, 131,072 B
     # per block. 5,000,000 // 131,072 = 38 blocks, 37 usable < 64 needed: refused at 37 x 32 = 1184.

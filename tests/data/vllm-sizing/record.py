@@ -117,6 +117,18 @@ def _qwen2_no_swa():
     ), "Qwen2ForCausalLM"
 
 
+def _falcon_mqa():
+    # Falcon-7B style multi-query attention: multi_query true without new_decoder_architecture = 1 KV head.
+    # 2 x 4 layers x 1 KV head x 32 head_dim x 2 B = 512 B per token.
+    from transformers import FalconConfig
+
+    return FalconConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, multi_query=True,
+        new_decoder_architecture=False, parallel_attn=True, alibi=False, bias=False, vocab_size=1000,
+        max_position_embeddings=2048, dtype="bfloat16",
+    ), "FalconForCausalLM"
+
+
 def _legacy_config(edit):
     """Rewrite a saved config.json the way older transformers versions (and published hub configs) wrote it."""
 
@@ -168,6 +180,7 @@ MODEL_BUILDERS = {
     "gemma2-legacy": _gemma2_hybrid,
     "qwen2-legacy": _qwen2_no_swa,
     "mistral-sw0": _mistral_swa,
+    "falcon-mqa": _falcon_mqa,
 }
 
 
@@ -213,6 +226,7 @@ CASES = {
                                                note="use_sliding_window false: all full attention"),
     "mistral-sw0-5mb-b32-mnbt256": _case("mistral-sw0", 5_000_000, 32, 2048, batched=256,
                                          note="sliding_window 0: no sliding window"),
+    "falcon-mqa-5mb-b32": _case("falcon-mqa", 5_000_000, 32, 2048),
     # Refusals where the longest length that fits depends on more than full-attention blocks.
     "gemma2-hybrid-1mb-b32-mnbt256-refused": _case("gemma2-hybrid", 1_000_000, 32, 2048, batched=256,
                                                    note="refusal expected"),
