@@ -48,6 +48,7 @@ class VllmFigures:
     kv_dtype: str | None  # vLLM's kv_cache_dtype; None for "auto" (the model dtype)
     max_num_batched_tokens: int | None
     tp: int  # tensor_parallel_size; the budget is per rank
+    dtype: str | None  # vLLM's dtype engine argument (kvtool --dtype); None for "auto"
     refused: bool
     num_gpu_blocks: int | None  # None where vLLM refused before allocating
     logged_tokens: int | None
@@ -86,6 +87,7 @@ def load_fixture(case_dir: Path) -> VllmFigures:
         kv_dtype=None if kv_dtype == "auto" else kv_dtype,
         max_num_batched_tokens=case["max_num_batched_tokens"],
         tp=case.get("tensor_parallel_size", 1),
+        dtype=case["dtype"],
         refused=case["refused"],
         num_gpu_blocks=case["num_gpu_blocks"],
         logged_tokens=_int(capacity["tokens"]) if capacity else None,
@@ -123,6 +125,9 @@ DOC_FIGURES = [
         kv_dtype=kv,
         max_num_batched_tokens=None,
         tp=1,
+        # The doc's fp32 row needs vLLM's dtype="float32": with dtype "auto" vLLM downcasts a float32 checkpoint
+        # to bfloat16 (recorded: llama-fp32-auto-1gib-b32).
+        dtype="float32" if fp32 else None,
         refused=est is not None,
         num_gpu_blocks=blocks,
         logged_tokens=tokens,
@@ -144,6 +149,8 @@ def _estimate_args(fig: VllmFigures) -> list[str]:
         args += ["--max-num-batched-tokens", str(fig.max_num_batched_tokens)]
     if fig.tp > 1:
         args += ["--tp", str(fig.tp)]
+    if fig.dtype is not None:
+        args += ["--dtype", fig.dtype]
     return [*args, "--json"]
 
 
@@ -171,8 +178,25 @@ def _check_parity(run_cli, fig: VllmFigures) -> None:
     assert f"{out['max_concurrency']:.2f}" == fig.logged_concurrency
 
 
+# Known differences between kvtool and vLLM 0.32, each shown by a recorded run; strict, so a fix must remove them.
+KNOWN_MISMATCHES = {
+    "llama-fp32-auto-1gib-b32": (
+        "vLLM's dtype 'auto' downcasts a float32 checkpoint to bfloat16 (vllm/config/model.py _resolve_auto_dtype, "
+        "logged 'Downcasting torch.float32 to torch.bfloat16.'); kvtool sizes the KV cache in fp32"
+    ),
+}
+
+
+def _with_known_mismatches(figs):
+    return [
+        pytest.param(f, id=f.case, marks=pytest.mark.xfail(reason=KNOWN_MISMATCHES[f.case], strict=True))
+        if f.case in KNOWN_MISMATCHES else pytest.param(f, id=f.case)
+        for f in figs
+    ]
+
+
 @pytest.mark.usefixtures("_estimate_available")
-@pytest.mark.parametrize("fig", FIXTURES, ids=[f.case for f in FIXTURES])
+@pytest.mark.parametrize("fig", _with_known_mismatches(FIXTURES))
 def test_estimate_matches_recorded_vllm_run(run_cli, fig):
     _check_parity(run_cli, fig)
 
@@ -186,11 +210,11 @@ def test_estimate_matches_doc_table(run_cli, fig):
 # --- The fixtures themselves, against the doc's closed forms (no kvtool involved) ---------------------------
 
 
-def _dense_bytes_per_token(config: dict, kv_dtype: str | None, tp: int) -> int:
+def _dense_bytes_per_token(config: dict, kv_dtype: str | None, tp: int, dtype: str | None) -> int:
     """2 (K and V) x layers x KV heads per rank x head_dim x element bytes: full attention, no MLA, no sliding
     window. With tensor parallelism each rank holds max(1, KV heads // tp) heads (replicated when tp > heads)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    element = {"fp8": 1}.get(kv_dtype) or {"bfloat16": 2, "float16": 2, "float32": 4}[config["dtype"]]
+    element = {"fp8": 1}.get(kv_dtype) or {"bfloat16": 2, "float16": 2, "float32": 4}[dtype or config["dtype"]]
     kv_heads = max(1, config["num_key_value_heads"] // tp)
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * element
 
@@ -204,7 +228,7 @@ def test_recorded_dense_runs_follow_the_docs_closed_forms(fig):
     # ceil(max_model_len / block); logged tokens = int(concurrency x max_model_len); a refused request can
     # use at most (blocks - 1) x block tokens.
     config = json.loads((fig.config_dir / "config.json").read_text())
-    blocks = fig.kv_memory_bytes // (_dense_bytes_per_token(config, fig.kv_dtype, fig.tp) * fig.block_size)
+    blocks = fig.kv_memory_bytes // (_dense_bytes_per_token(config, fig.kv_dtype, fig.tp, fig.dtype) * fig.block_size)
     blocks_per_request = -(-fig.max_model_len // fig.block_size)
     if fig.refused:
         assert blocks - 1 < blocks_per_request
@@ -282,6 +306,9 @@ HAND = {
     # Falcon-7B-style multi-query (multi_query true, no new_decoder_architecture): 1 KV head, 512 B/token,
     # 16,384 B per block: 5,000,000 // 16,384 = 305; 305 / 64 = 4.766 -> "4.77"; 305 x 32 = 9760.
     "falcon-mqa-5mb-b32": (305, 64, 9_760, "4.77", None),
+    # The fp32 tiny Llama with vLLM's default dtype "auto": weights and KV downcast to bf16 (1024 B/token), so
+    # the same figures as the bf16 model: 1 GiB // 32,768 = 32,768 blocks; 32,768 / 64 = 512.00; 1,048,576.
+    "llama-fp32-auto-1gib-b32": (32_768, 64, 1_048_576, "512.00", None),
     # Configs as the hub publishes them (torch_dtype; no head_dim, num_key_value_heads or layer_types):
     # Llama-1 style MHA fp16: head_dim 256 / 8 = 32, 8 KV heads: 2 x 4 x 8 x 32 x 2 B = 4096 B/token, 131,072 B
     # per block. 5,000,000 // 131,072 = 38 blocks, 37 usable < 64 needed: refused at 37 x 32 = 1184.

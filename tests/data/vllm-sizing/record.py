@@ -199,6 +199,8 @@ CASES = {
     "doc-llama-fp32-1gib-b32": _case("llama-tiny-fp32", GIB, 32, 2048, dtype="float32"),
     "doc-llama-1gib-b32-fp8": _case("llama-tiny", GIB, 32, 2048, kv_dtype="fp8"),
     "doc-llama-5mb-b32": _case("llama-tiny", 5_000_000, 32, 2048),
+    # The fp32 model without dtype="float32": vLLM's dtype "auto" downcasts float32 checkpoints.
+    "llama-fp32-auto-1gib-b32": _case("llama-tiny-fp32", GIB, 32, 2048, note="dtype auto downcasts fp32"),
     "doc-llama-5mb-b32-len2000": _case("llama-tiny", 5_000_000, 32, 2000),
     "doc-llama-5mb-b96": _case("llama-tiny", 5_000_000, 96, 2048),
     "doc-llama-1mb-refused": _case("llama-tiny", 1_000_000, 32, 2048, note="refusal expected"),
@@ -250,7 +252,8 @@ CASES = {
 RELEVANT = re.compile(
     r"KV cache|kv cache|kv_cache|Chunked prefill|non-default args|Using max model len|Resolved architecture|"
     r"backend|block size|block_size|sliding|[Hh]ybrid|Overriding|Auto-fit|estimated maximum model length|"
-    r"To serve at least one request|Initializing a V1 LLM engine|ValueError|NotImplementedError|RuntimeError"
+    r"To serve at least one request|Initializing a V1 LLM engine|ValueError|NotImplementedError|RuntimeError|"
+    r"Downcasting"
 )
 # The chat-template warm-up traceback (no tokenizer) and other tracebacks are not sizing facts.
 NOISE = re.compile(r"Traceback|^\s+File |^\s+\^|^ {4}|site-packages|\[base\.py:380\]|\[rank0\]:|"
