@@ -12,7 +12,7 @@ writes, into ``tests/data/vllm-sizing/<case>/``:
 - ``case.json``: the engine arguments, the vLLM/torch/transformers versions, and what the engine reported
   (``num_gpu_blocks`` from ``llm.llm_engine.vllm_config.cache_config.num_gpu_blocks`` and the KV cache groups).
 
-Usage (one engine at a time; each run takes 25-40 s):
+Usage (one engine at a time; each run takes 10-40 s on 2 cores, tensor-parallel ones the longest):
 
     /work/vllm-venv/bin/python tests/data/vllm-sizing/record.py --list
     /work/vllm-venv/bin/python tests/data/vllm-sizing/record.py CASE [CASE...]
