@@ -318,6 +318,10 @@ HAND = {
     # Gemma-2 without layer_types: transformers' default makes even layers sliding; same figures as the
     # gemma2-hybrid-2mb-b32-mnbt256 case.
     "legacy-gemma2-2mb-b32-mnbt256": (122, 81, 3_084, "1.51", None),
+    # Gemma-3 text model without layer_types, sliding_window_pattern 3 over 6 layers: layers 2 and 5 full, 4
+    # sliding; group size 2 -> 2 sliding groups + 1 full group of 2 layers; pool block 16,384 B -> 122 blocks;
+    # per request 17 + 17 + 64 = 98; 122 / 98 = 1.245 -> "1.24"; int(1.2449 x 2048) = 2549.
+    "legacy-gemma3-pattern3-2mb-b32-mnbt256": (122, 98, 2_549, "1.24", None),
     # Qwen2 with sliding_window 256 but use_sliding_window false: all 4 layers full attention, 1024 B/token,
     # 32,768 B per block; 2,000,000 // 32,768 = 61, 60 usable < 64 needed: refused at 60 x 32 = 1920. (Had
     # layers 2-3, >= max_window_layers, been sized as sliding, it would have fit: 122 blocks of 16,384 B, 64 + 17

@@ -129,6 +129,18 @@ def _falcon_mqa():
     ), "FalconForCausalLM"
 
 
+def _gemma3_text():
+    # Gemma-3 text model, 6 layers; the config.json is then rewritten with sliding_window_pattern 3 and no
+    # layer_types (as published Gemma-3 configs were), so layers 2 and 5 are full. 256 B per token per layer.
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, sliding_window=256,
+        query_pre_attn_scalar=32, sliding_window_pattern=3, dtype="bfloat16",
+    ), "Gemma3ForCausalLM"
+
+
 def _legacy_config(edit):
     """Rewrite a saved config.json the way older transformers versions (and published hub configs) wrote it."""
 
@@ -164,6 +176,7 @@ CONFIG_EDITS = {
     "qwen2-legacy": _legacy_config(_qwen2_legacy_edit),
     # "Some checkpoints set sliding_window to 0 to indicate that sliding window is disabled" (vLLM ModelConfig).
     "mistral-sw0": lambda config: {**config, "sliding_window": 0},
+    "gemma3-legacy": _legacy_config(lambda config: config.update(sliding_window_pattern=3)),
 }
 
 
@@ -181,6 +194,7 @@ MODEL_BUILDERS = {
     "qwen2-legacy": _qwen2_no_swa,
     "mistral-sw0": _mistral_swa,
     "falcon-mqa": _falcon_mqa,
+    "gemma3-legacy": _gemma3_text,
 }
 
 
@@ -224,6 +238,8 @@ CASES = {
     "legacy-llama-mha-fp16-5mb-b32": _case("llama-legacy", 5_000_000, 32, 2048, note="refusal expected"),
     "legacy-llama-mha-fp16-20mb-b32": _case("llama-legacy", 20_000_000, 32, 2048),
     "legacy-gemma2-2mb-b32-mnbt256": _case("gemma2-legacy", 2_000_000, 32, 2048, batched=256),
+    "legacy-gemma3-pattern3-2mb-b32-mnbt256": _case("gemma3-legacy", 2_000_000, 32, 2048, batched=256,
+                                                    note="sliding_window_pattern 3, no layer_types"),
     "legacy-qwen2-nosw-2mb-b32-mnbt256": _case("qwen2-legacy", 2_000_000, 32, 2048, batched=256,
                                                note="use_sliding_window false: all full attention"),
     "mistral-sw0-5mb-b32-mnbt256": _case("mistral-sw0", 5_000_000, 32, 2048, batched=256,
