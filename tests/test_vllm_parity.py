@@ -344,3 +344,11 @@ def test_recorded_runs_match_hand_computation(case):
 
 def test_every_recorded_case_is_checked_by_hand_or_closed_form():
     assert {f.case for f in FIXTURES} == set(HAND) | {f.case for f in DENSE}
+
+
+def test_fixture_folders_hold_only_config_log_and_case():
+    # No weights (safetensors) are ever committed: a fixture is config.json, vllm.log and case.json.
+    for case_dir in FIXTURE_DIRS:
+        assert sorted(p.name for p in case_dir.iterdir()) == ["case.json", "config.json", "vllm.log"], case_dir
+        case = json.loads((case_dir / "case.json").read_text())
+        assert case["vllm_version"] == "0.32.0"
