@@ -1,0 +1,113 @@
+"""Unique physical KV blocks in use over time, and block turnover, from the block_ids of an events file."""
+
+from __future__ import annotations
+
+from kvtool.events_csv import FREE, EventTable
+from kvtool.segments import percentiles, radix_argsort, segment_cumsum
+
+nan = float("nan")
+
+
+def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
+    """Unique physical blocks in use over time, and block turnover, from block_ids.
+
+    A block id listed by an allocate/append/reuse row is held by that request until a later free row of the
+    same request lists it, or until the request's holding interval ends (b back to 0), whichever is first; a
+    request that never frees it holds it to the end of the trace.  Each id's reference count is followed in
+    event order (rows with equal ts in file order; at one row a release before an attach); 0 -> 1 adds a
+    physical block in use, 1 -> 0 removes one.  A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap
+    is its turnover time.
+
+    Times are positions in the global (stable) time order, so every sort here is an integer radix sort.
+    The grouping of listings runs first; ``later`` (a Future) then delivers (q, starts, b, bp) from the
+    per-request pass running meanwhile in the calling thread.
+    """
+    import numpy as np
+
+    n = t_ts.size
+    rows, ids = table.block_id_rows, table.block_id_values
+    small = n < 2**30 and int(ids.max()) < 2**31
+    idx = np.int32 if small else np.int64
+    ids = ids.astype(idx, copy=False)
+    tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
+    req = table.request[rows]
+    attach = table.event[rows] != FREE
+    # listings grouped by (id, request), each group in time order
+    g = np.arange(rows.size) if tpos_of_row is None else np.argsort(tpos, kind="stable")
+    g = radix_argsort(req, g)
+    g = radix_argsort(ids, g)
+    s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
+    del g
+    new_id = s_ids[1:] != s_ids[:-1]  # s_ids is sorted by id
+    unique = int(1 + np.count_nonzero(new_id)) if s_ids.size else 0
+    same = ~new_id & (s_req[1:] == s_req[:-1])
+    del new_id
+    a = np.flatnonzero(s_att)
+    a_ids, a_req, a_tpos = s_ids[a], s_req[a], s_tpos[a]
+    # where each request's holding intervals close (b back to 0), as (request, ts position) keys
+    q, starts, b, bp = later.result()
+    close = np.flatnonzero((b == 0) & (bp > 0))
+    del b, bp
+    close_req = np.searchsorted(starts, close, side="right") - 1
+    close_key = close_req * (n + 1) + q[close]
+    j = np.searchsorted(close_key, a_req.astype(np.int64) * (n + 1) + a_tpos, side="right")
+    jj = np.minimum(j, max(close.size - 1, 0))
+    found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a.size, bool)
+    rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
+    nxt = np.minimum(a + 1, s_ids.size - 1)
+    explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
+    rel[explicit] = np.minimum(s_tpos[nxt[explicit]], rel[explicit])
+    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > t_ts[a_tpos])  # a zero-length hold changes nothing
+    a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
+    released = rel < n
+    del s_ids, s_req, s_att, s_tpos
+    # reference counts per id, in event order; at one row a release sorts before an attach.  Each attach is
+    # followed by its release, and listings are grouped by id, then request (roughly arrival order): the
+    # sequence is nearly sorted, which the stable sort (timsort) merges in close to linear time.
+    slots = 1 + released.astype(np.int64)
+    at = np.cumsum(slots) - slots  # position of each attach in the interleaved sequence
+    m = int(slots.sum())
+    e_id = np.empty(m, dtype=a_ids.dtype)
+    e_key = np.empty(m, dtype=np.int64)
+    e_up = np.zeros(m, dtype=bool)
+    e_id[at] = a_ids
+    e_key[at] = a_tpos.astype(np.int64) * 2 + 1
+    e_up[at] = True
+    rel_at = at[released] + 1
+    e_id[rel_at] = a_ids[released]
+    e_key[rel_at] = rel[released] * 2
+    del rel, at, rel_at, slots
+    if int(e_id.max(initial=0)) < (1 << 62) // (2 * n + 2):
+        o = np.argsort(e_id.astype(np.int64) * (2 * n + 2) + e_key, kind="stable")
+    else:  # pragma: no cover - ids beyond 2**62 / n
+        o = radix_argsort(e_id, radix_argsort(e_key))
+    e_id, e_key, e_up = e_id[o], e_key[o], e_up[o]
+    del o
+    id_starts = np.flatnonzero(np.r_[True, e_id[1:] != e_id[:-1]])
+    rc = segment_cumsum(np.where(e_up, 1, -1), id_starts)
+    rise = e_up & (rc == 1)
+    fall = ~e_up & (rc == 0)
+    tr = np.flatnonzero(rise | fall)
+    tr_id, tr_key, tr_up = e_id[tr], e_key[tr], rise[tr]
+    tr_t = t_ts[tr_key // 2]
+    gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
+    turnover = (tr_t[1:] - tr_t[:-1])[gap]
+    # physical blocks in use over time
+    oo = radix_argsort(tr_key)
+    ct = tr_t[oo]
+    cb = np.cumsum(np.where(tr_up[oo], 1, -1))
+    del oo
+    end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
+    ct, cb = ct[end_mask], cb[end_mask]
+    duration = t_end - float(t_ts[0])
+    integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
+    tp = percentiles(turnover)
+    return {
+        "unique": unique,
+        "peak": int(cb.max()) if cb.size else 0,
+        "mean": integral / duration if duration > 0 else nan,
+        "reallocations": int(gap.sum()),
+        "turnover": (tp[0], tp[1]),
+        "curve_t": ct,
+        "curve_b": cb,
+    }

@@ -1,0 +1,59 @@
+"""`kvtool analyze` routes vLLM's JSON-lines KV events to the vLLM analysis and CSV-schema files to the
+per-request analysis (issue 6 section 3 wired into issue 4's command)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from conftest import DATA
+
+from kvtool.errors import EXIT_INPUT, EXIT_USAGE
+
+INCREMENTAL = DATA / "vllm-events" / "small-cache-evictions-incremental.jsonl"
+
+
+def _count_types(path):
+    # Independent count straight from the file: one event per line with its "type".
+    counts = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            kind = json.loads(line)["type"]
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def test_jsonl_goes_to_the_vllm_analysis(run_cli):
+    result = run_cli("analyze", INCREMENTAL, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report["kind"] == "vllm-kv-events"
+    expected = _count_types(INCREMENTAL)  # the data README's table says 28 / 25 / 1
+    assert (expected["BlockStored"], expected["BlockRemoved"], expected["AllBlocksCleared"]) == (28, 25, 1)
+    assert report["counts"]["block_stored_events"] == expected["BlockStored"]
+    assert report["counts"]["block_removed_events"] == expected["BlockRemoved"]
+
+
+def test_vllm_events_recognised_by_content_without_suffix(run_cli, tmp_path):
+    plain = tmp_path / "events.log"
+    shutil.copy(INCREMENTAL, plain)
+    result = run_cli("analyze", plain, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["kind"] == "vllm-kv-events"
+
+
+def test_export_is_refused_for_vllm_events(run_cli):
+    result = run_cli("analyze", INCREMENTAL, "--export", "x.csv")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("Error: --export writes the per-request table")
+    assert result.stdout == ""
+
+
+def test_jsonl_that_is_not_vllm_events(run_cli, tmp_path):
+    bogus = tmp_path / "other.jsonl"
+    bogus.write_text('{"hello": 1}\n')
+    result = run_cli("analyze", bogus)
+    assert result.exit_code == EXIT_INPUT
+    assert result.stderr.startswith("Error:")
+    assert "Traceback" not in result.stderr
