@@ -179,12 +179,7 @@ def _check_parity(run_cli, fig: VllmFigures) -> None:
 
 
 # Known differences between kvtool and vLLM 0.32, each shown by a recorded run; strict, so a fix must remove them.
-KNOWN_MISMATCHES = {
-    "llama-fp32-auto-1gib-b32": (
-        "vLLM's dtype 'auto' downcasts a float32 checkpoint to bfloat16 (vllm/config/model.py _resolve_auto_dtype, "
-        "logged 'Downcasting torch.float32 to torch.bfloat16.'); kvtool sizes the KV cache in fp32"
-    ),
-}
+KNOWN_MISMATCHES: dict[str, str] = {}  # none left: float32 checkpoints now follow vLLM's auto downcast
 
 
 def _with_known_mismatches(figs):
