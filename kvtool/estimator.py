@@ -165,7 +165,9 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
         return spec, estimate_weights(spec)
     if request.config:
         data, file = load_config_path(request.config)
-        spec = _with_dtype(parse_config(data, where=str(file), name=Path(request.config).resolve().name), request.dtype)
+        parsed = parse_config(data, where=str(file), name=Path(request.config).resolve().name)
+        parsed_dtype = parsed.dtype
+        spec = _with_dtype(parsed, request.dtype)
         weights = None
         if file.parent.is_dir():
             from kvtool.safetensors_header import weights_from_dir
@@ -173,6 +175,15 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
             found = weights_from_dir(file.parent)
             if found is not None:
                 weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
+                if found.num_params and spec.dtype != parsed_dtype:
+                    # vLLM loads the checkpoint in the run dtype, whatever the files store
+                    from kvtool.dtypes import model_dtype_bytes
+
+                    weights = WeightEstimate(
+                        found.num_params,
+                        found.num_params * model_dtype_bytes(spec.dtype),
+                        f"{found.method} (parameters) at {spec.dtype}",
+                    )
         return spec, weights or estimate_weights(spec)
     if not all(manual):
         raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
@@ -186,7 +197,23 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
 
 
 def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
-    if dtype is None:
+    """The dtype the model runs in: --dtype when given, else vLLM's ``dtype="auto"`` rule.
+
+    vLLM's auto rule (vllm/config/model.py ``_resolve_auto_dtype``, 0.32) keeps a 16-bit checkpoint's dtype and
+    downcasts a float32 one (and a config with no dtype, which transformers reads as float32) to the platform's
+    preferred 16-bit type: bfloat16 on every GPU with bf16 and on the CPU (recorded: "Downcasting torch.float32 to
+    torch.bfloat16.", tests/data/vllm-sizing/llama-fp32-auto-1gib-b32).  ``--dtype float32`` keeps float32.
+    """
+    if dtype is None or dtype == "auto":
+        if spec.dtype in ("float32", "float"):
+            return dataclasses.replace(
+                spec,
+                dtype="bfloat16",
+                notes=(
+                    *spec.notes,
+                    "float32 checkpoint runs in bfloat16, as vLLM's --dtype auto downcasts it; --dtype float32 keeps it",
+                ),
+            )
         return spec
     from kvtool.dtypes import MODEL_DTYPE_BYTES
 

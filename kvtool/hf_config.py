@@ -7,7 +7,9 @@ Rules (vllm/config/model.py ``get_head_size``, ``get_total_num_kv_heads``; trans
   of ``n_head_kv``, ``num_kv_heads``, ``num_key_value_heads``, ``multi_query_group_num`` that is set; otherwise
   the attention-head count (MHA);
 - MLA (``kv_lora_rank`` set): one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer;
-- sliding windows: ``layer_types`` when present; else ``use_sliding_window: false`` means none; Gemma-2
+- sliding windows: ``sliding_window: 0`` means none (vLLM ``ModelConfig``: "Some checkpoints set sliding_window
+  to 0 to indicate that sliding window is disabled"); ``layer_types`` when present; else
+  ``use_sliding_window: false`` means none; Gemma-2
   alternates (layer 0 sliding); ``sliding_window_pattern`` (Gemma-3) makes every N-th layer full; Qwen2's
   ``max_window_layers`` keeps the first layers full; otherwise a set ``sliding_window`` covers every layer (Mistral);
 - dtype: ``dtype`` (transformers 5) or ``torch_dtype`` (older); multimodal configs use ``text_config``.
@@ -304,6 +306,9 @@ def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -
 
 def _layer_kinds(cfg: _Reader, model_type: str, n: int, notes: list[str]) -> tuple[tuple[str, ...], int | None]:
     window = cfg.get("sliding_window")
+    if window == 0:  # vLLM turns 0 into None before reading layer kinds, so every layer is full attention
+        notes.append("sliding_window 0: no sliding window (as vLLM reads it)")
+        return (FULL,) * n, None
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
         if len(layer_types) != n:

