@@ -98,9 +98,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare KV-cache block sizes against a real or sampled request-length distribution."""
         from kvtool.request_lengths import load_event_lengths, load_trace, parametric_requests, sample_requests
-        from kvtool.simulate_run import SimulateOptions, parse_block_sizes, run_simulation
-
-        from kvtool.simulate_run import planned_pool_tokens
+        from kvtool.simulate_run import SimulateOptions, parse_block_sizes, planned_pool_tokens, run_simulation
 
         sizes = parse_block_sizes(block_sizes)
         kv_text = "--kv-tokens" if kv_tokens is not None else None
