@@ -12,16 +12,17 @@ from typing import Sequence
 import typer
 
 from kvtool import __version__
-from kvtool.commands import analyze, capture, estimate, repro, simulate
 
-app = typer.Typer(
-    name="kvtool",
-    help="Diagnose and plan the KV cache of LLM inference.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# Command name -> the module whose register(app) adds it.  Only the module of the command being run is
+# imported (see build_app), so `kvtool estimate` pays for no other command's imports.
+COMMAND_MODULES: dict[str, str] = {
+    "estimate": "kvtool.commands.estimate",
+    "models": "kvtool.commands.estimate",
+    "repro": "kvtool.commands.repro",
+    "analyze": "kvtool.commands.analyze",
+    "simulate": "kvtool.commands.simulate",
+    "capture": "kvtool.commands.capture",
+}
 
 
 def _version_callback(value: bool) -> None:
@@ -30,7 +31,6 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def main(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
@@ -39,11 +39,39 @@ def main(
     """Diagnose and plan the KV cache of LLM inference."""
 
 
-estimate.register(app)
-repro.register(app)
-analyze.register(app)
-simulate.register(app)
-capture.register(app)
+def build_app(only: str | None = None) -> typer.Typer:
+    """The typer app with every command, or with just the module that provides command ``only``."""
+    from importlib import import_module
+
+    new_app = typer.Typer(
+        name="kvtool",
+        help="Diagnose and plan the KV cache of LLM inference.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    new_app.callback()(main)
+    modules = [COMMAND_MODULES[only]] if only in COMMAND_MODULES else list(dict.fromkeys(COMMAND_MODULES.values()))
+    for name in modules:
+        import_module(name).register(new_app)
+    return new_app
+
+
+def _command_named(args: Sequence[str]) -> str | None:
+    """The command word of an argument list (the first argument that is not an option), if any."""
+    for arg in args:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def __getattr__(name: str):
+    # `kvtool.cli.app`: the full app (for typer's CliRunner and tools that import it), built on first use.
+    if name == "app":
+        globals()["app"] = full = build_app()
+        return full
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _click_exceptions():
@@ -63,8 +91,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     from kvtool.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
     exceptions = _click_exceptions()
-    command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
+    command = typer.main.get_command(build_app(_command_named(args)))
     try:
         result = command.main(args=args, prog_name="kvtool", standalone_mode=False)
     except exceptions.UsageError as err:
