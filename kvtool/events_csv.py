@@ -138,6 +138,11 @@ def load_events(
         return _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size)
     except pa.ArrowException as err:
         raise InputFileError(f"cannot convert the events file: {_first_line(err)}", where=str(path)) from None
+    finally:
+        # Arrow's default pool (mimalloc) reads fastest but keeps freed buffers resident; hand them back to the
+        # OS now that every column is converted, so the analysis that follows does not stack on top of them
+        # (5M-event benchmark: peak RSS 1.07 GB with the system allocator, about 0.85 GB this way).
+        pa.default_memory_pool().release_unused()
 
 
 def write_events(path: str | Path, columns: dict) -> int:

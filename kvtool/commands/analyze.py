@@ -48,12 +48,6 @@ def register(app: typer.Typer) -> None:
         if _is_vllm_events_file(events_file):
             return _analyze_jsonl(events_file, json_out=json_out, plot=plot, export=export)
 
-        import pyarrow as pa
-
-        # The system allocator hands freed Arrow buffers straight back to the OS; with mimalloc the columns
-        # freed after conversion stay resident and the peak memory grows by about a third (benchmarks/).
-        pa.set_memory_pool(pa.system_memory_pool())
-
         from kvtool.event_analysis import analyze_events
         from kvtool.event_report import anomaly_line, export_requests_csv, render_analysis, write_json
         from kvtool.events_csv import load_events
