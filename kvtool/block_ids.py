@@ -33,7 +33,7 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     req = table.request[rows]
     attach = table.event[rows] != FREE
     # listings grouped by (id, request), each group in time order
-    g = np.arange(rows.size) if tpos_of_row is None else np.argsort(tpos, kind="stable")
+    g = None if tpos_of_row is None else np.argsort(tpos, kind="stable")  # None: listings are in time order
     g = radix_argsort(req, g)
     g = radix_argsort(ids, g)
     s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
