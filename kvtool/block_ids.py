@@ -32,38 +32,44 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
     req = table.request[rows]
     attach = table.event[rows] != FREE
-    # listings grouped by (id, request), each group in time order
-    g = None if tpos_of_row is None else np.argsort(tpos, kind="stable")  # None: listings are in time order
-    g = radix_argsort(req, g)
-    g = radix_argsort(ids, g)
-    s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
+    # Usually every free row that lists ids also ends its request's holding interval (b back to 0): then a
+    # listed id is released exactly where the interval closes, and only the attaches need grouping, by id
+    # alone.  That is checked once b is known; otherwise every listing is grouped by (id, request).
+    att = np.flatnonzero(attach)
+    a_ids, a_req, a_tpos = ids[att], req[att], tpos[att]
+    del att
+    g = None if tpos_of_row is None else np.argsort(a_tpos, kind="stable")  # None: listings are in time order
+    g = radix_argsort(a_ids, g)
+    a_ids, a_req, a_tpos = a_ids[g], a_req[g], a_tpos[g]  # attaches by id, each id in time order
     del g
-    new_id = s_ids[1:] != s_ids[:-1]  # s_ids is sorted by id
-    unique = int(1 + np.count_nonzero(new_id)) if s_ids.size else 0
-    same = ~new_id & (s_req[1:] == s_req[:-1])
-    del new_id
-    a = np.flatnonzero(s_att)
-    a_ids, a_req, a_tpos = s_ids[a], s_req[a], s_tpos[a]
     # where each request's holding intervals close (b back to 0), as (request, ts position) keys
     q, starts, b, bp = later.result()
     close = np.flatnonzero((b == 0) & (bp > 0))
     del b, bp
+    closing = np.zeros(n, dtype=bool)  # by ts position
+    closing[q[close]] = True
+    only_closing_frees = bool(closing[tpos[~attach]].all())
+    del closing
+    if only_closing_frees:
+        unique = _distinct(ids)
+    else:
+        a_ids, a_req, a_tpos, explicit_rel, unique = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
     close_req = np.searchsorted(starts, close, side="right") - 1
     close_key = close_req * (n + 1) + q[close]
     j = np.searchsorted(close_key, a_req.astype(np.int64) * (n + 1) + a_tpos, side="right")
     jj = np.minimum(j, max(close.size - 1, 0))
-    found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a.size, bool)
+    found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a_ids.size, bool)
     rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
-    nxt = np.minimum(a + 1, s_ids.size - 1)
-    explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
-    rel[explicit] = np.minimum(s_tpos[nxt[explicit]], rel[explicit])
+    if not only_closing_frees:
+        np.minimum(rel, explicit_rel, out=rel)
+        del explicit_rel
     keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > t_ts[a_tpos])  # a zero-length hold changes nothing
     a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
     released = rel < n
-    del s_ids, s_req, s_att, s_tpos
     # reference counts per id, in event order; at one row a release sorts before an attach.  Each attach is
-    # followed by its release, and listings are grouped by id, then request (roughly arrival order): the
-    # sequence is nearly sorted, which the stable sort (timsort) merges in close to linear time.
+    # followed by its release, and attaches are grouped by id, then in time order (or by request, roughly
+    # arrival order): the sequence is nearly sorted, which the stable sort (timsort) merges in close to linear
+    # time.  Equal (id, key) entries are identical, so either grouping gives the same sorted sequence.
     slots = 1 + released.astype(np.int64)
     at = np.cumsum(slots) - slots  # position of each attach in the interleaved sequence
     m = int(slots.sum())
@@ -111,3 +117,43 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
         "curve_t": ct,
         "curve_b": cb,
     }
+
+
+def _distinct(ids) -> int:
+    """How many distinct values (non-negative integers): a bitmap when they are dense enough, else a sort."""
+    import numpy as np
+
+    if not ids.size:
+        return 0
+    top = int(ids.max())
+    if top < 8 * ids.size + (1 << 20):
+        seen = np.zeros(top + 1, dtype=bool)
+        seen[ids] = True
+        return int(np.count_nonzero(seen))
+    return int(np.unique(ids).size)
+
+
+def _explicit_releases(ids, req, attach, tpos, tpos_of_row):
+    """Group every listing by (id, request), each group in time order.
+
+    Returns the attaches in that order (ids, requests, ts positions), the explicit release of each (the ts
+    position of the next listing of its group when that is a free row, else the largest int64) and the number of
+    distinct ids.
+    """
+    import numpy as np
+
+    g = None if tpos_of_row is None else np.argsort(tpos, kind="stable")  # None: listings are in time order
+    g = radix_argsort(req, g)
+    g = radix_argsort(ids, g)
+    s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
+    del g
+    new_id = s_ids[1:] != s_ids[:-1]  # s_ids is sorted by id
+    unique = int(1 + np.count_nonzero(new_id)) if s_ids.size else 0
+    same = ~new_id & (s_req[1:] == s_req[:-1])
+    del new_id
+    a = np.flatnonzero(s_att)
+    nxt = np.minimum(a + 1, s_ids.size - 1)
+    explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
+    rel = np.full(a.size, np.iinfo(np.int64).max, dtype=np.int64)
+    rel[explicit] = s_tpos[nxt[explicit]]
+    return s_ids[a], s_req[a], s_tpos[a], rel, unique
