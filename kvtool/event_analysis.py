@@ -633,12 +633,24 @@ def _pool_curves(db, q, long_row, t_ts, acc):
     db_ts[q] = db
     in_use = np.cumsum(db_ts, dtype=acc)
     long_in_use = np.cumsum(np.where(long_row, db_ts, 0), dtype=acc)
-    del db_ts
-    at_time_end = np.r_[t_ts[1:] != t_ts[:-1], True] if n else np.zeros(0, bool)
-    if at_time_end.all():  # no copy when all times differ
-        curve_t, curve_b, curve_long = t_ts, in_use, long_in_use
-    else:
-        curve_t, curve_b, curve_long = t_ts[at_time_end], in_use[at_time_end], long_in_use[at_time_end]
+    # Candidate points: the first time, and the last row of each time whose rows change something (a time
+    # whose rows change nothing repeats the value before it, so the change-point filter below would drop it).
+    point = np.zeros(n, dtype=bool)
+    if n:
+        np.not_equal(t_ts[1:], t_ts[:-1], out=point[:-1])
+        point[-1] = True  # point: the last row of each time
+        first = int(np.argmax(point))
+        moves = db_ts != 0
+        del db_ts
+        inner = np.flatnonzero(moves & ~point)  # a change on a row that is not its time's last
+        point &= moves
+        point[first] = True
+        if inner.size:
+            point[np.searchsorted(t_ts, t_ts[inner], side="right") - 1] = True
+        del moves, inner
+    point = np.flatnonzero(point)  # few: one scan of the mask, then small gathers
+    curve_t, curve_b, curve_long = t_ts[point], in_use[point], long_in_use[point]
+    del point
     if curve_t.size > 1:  # a decode step that fits in its block changes nothing
         changed = np.empty(curve_t.size, dtype=bool)
         changed[0] = True

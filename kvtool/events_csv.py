@@ -463,8 +463,8 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
         index_map = np.cumsum(keep) - 1
     ts = ts[sel]
     event = event[sel]
-    num_blocks = num_blocks[sel].astype(np.int32)  # rejected above MAX_COUNT, so int32 is exact
-    num_tokens = num_tokens[sel].astype(np.int32)  # a blank (free) num_tokens is already 0
+    num_blocks = num_blocks[sel].astype(np.int32, copy=False)  # rejected above MAX_COUNT, so int32 is exact
+    num_tokens = num_tokens[sel].astype(np.int32, copy=False)  # a blank (free) num_tokens is already 0
     block_size = None if block_size is None else block_size[sel]
     # request ids: the dictionary's order (first appearance per read block), only those of accepted rows
     request = request[sel]
