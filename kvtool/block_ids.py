@@ -95,7 +95,7 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     fall = ~e_up & (rc == 0)
     tr = np.flatnonzero(rise | fall)
     tr_id, tr_key, tr_up = e_id[tr], e_key[tr], rise[tr]
-    tr_t = t_ts[tr_key // 2]
+    tr_t = t_ts[tr_key >> 1]  # key // 2: the ts position
     gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
     turnover = (tr_t[1:] - tr_t[:-1])[gap]
     # physical blocks in use over time

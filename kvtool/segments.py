@@ -22,11 +22,12 @@ def radix_argsort(keys, perm=None):
     shift = 0
     while True:
         digit = np.uint8 if top >> shift < 256 else np.uint16  # a last digit of <= 8 bits sorts twice as fast
+        part = (keys >> shift if shift else keys).astype(digit)  # the cast keeps the digit's low bits
         if perm is None:  # first pass without a prior order: no gather needed
-            perm = np.argsort((keys & 0xFFFF).astype(digit), kind="stable")
-        else:
-            part = keys[perm] if shift == 0 else keys[perm] >> shift
-            perm = perm[np.argsort(part.astype(digit), kind="stable")]
+            perm = np.argsort(part, kind="stable")
+        else:  # gather the narrow digits, not the keys
+            perm = perm[np.argsort(part[perm], kind="stable")]
+        del part
         shift += 16
         if top >> shift == 0:
             return perm
