@@ -42,6 +42,9 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     g = radix_argsort(a_ids, g)
     a_ids, a_req, a_tpos = a_ids[g], a_req[g], a_tpos[g]  # attaches by id, each id in time order
     del g
+    # what does not need b is done before waiting for it
+    a_key, a_t = a_req.astype(np.int64) * (n + 1) + a_tpos, t_ts[a_tpos]  # (request, ts position) key; time
+    unique = _distinct(ids)
     # where each request's holding intervals close (b back to 0), as (request, ts position) keys
     q, starts, b, bp = later.result()
     close = np.flatnonzero((b == 0) & (bp > 0))
@@ -50,20 +53,21 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     closing[q[close]] = True
     only_closing_frees = bool(closing[tpos[~attach]].all())
     del closing
-    if only_closing_frees:
-        unique = _distinct(ids)
-    else:
-        a_ids, a_req, a_tpos, explicit_rel, unique = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
+    if not only_closing_frees:
+        a_ids, a_req, a_tpos, explicit_rel = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
+        a_key, a_t = a_req.astype(np.int64) * (n + 1) + a_tpos, t_ts[a_tpos]
     close_req = np.searchsorted(starts, close, side="right") - 1
     close_key = close_req * (n + 1) + q[close]
-    j = np.searchsorted(close_key, a_req.astype(np.int64) * (n + 1) + a_tpos, side="right")
+    j = np.searchsorted(close_key, a_key, side="right")
+    del a_key
     jj = np.minimum(j, max(close.size - 1, 0))
     found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a_ids.size, bool)
     rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
     if not only_closing_frees:
         np.minimum(rel, explicit_rel, out=rel)
         del explicit_rel
-    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > t_ts[a_tpos])  # a zero-length hold changes nothing
+    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > a_t)  # a zero-length hold changes nothing
+    del a_t
     a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
     released = rel < n
     # reference counts per id, in event order; at one row a release sorts before an attach.  Each attach is
@@ -136,9 +140,8 @@ def _distinct(ids) -> int:
 def _explicit_releases(ids, req, attach, tpos, tpos_of_row):
     """Group every listing by (id, request), each group in time order.
 
-    Returns the attaches in that order (ids, requests, ts positions), the explicit release of each (the ts
-    position of the next listing of its group when that is a free row, else the largest int64) and the number of
-    distinct ids.
+    Returns the attaches in that order (ids, requests, ts positions) and the explicit release of each (the ts
+    position of the next listing of its group when that is a free row, else the largest int64).
     """
     import numpy as np
 
@@ -147,13 +150,10 @@ def _explicit_releases(ids, req, attach, tpos, tpos_of_row):
     g = radix_argsort(ids, g)
     s_ids, s_req, s_att, s_tpos = ids[g], req[g], attach[g], tpos[g]  # sorted by id
     del g
-    new_id = s_ids[1:] != s_ids[:-1]  # s_ids is sorted by id
-    unique = int(1 + np.count_nonzero(new_id)) if s_ids.size else 0
-    same = ~new_id & (s_req[1:] == s_req[:-1])
-    del new_id
+    same = (s_ids[1:] == s_ids[:-1]) & (s_req[1:] == s_req[:-1])
     a = np.flatnonzero(s_att)
     nxt = np.minimum(a + 1, s_ids.size - 1)
     explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
     rel = np.full(a.size, np.iinfo(np.int64).max, dtype=np.int64)
     rel[explicit] = s_tpos[nxt[explicit]]
-    return s_ids[a], s_req[a], s_tpos[a], rel, unique
+    return s_ids[a], s_req[a], s_tpos[a], rel
