@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.events_csv import FREE, EventTable
-from kvtool.segments import percentiles, radix_argsort, segment_cumsum
+from kvtool.segments import percentiles, radix_argsort
 
 nan = float("nan")
 
@@ -69,36 +69,41 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > a_t)  # a zero-length hold changes nothing
     del a_t
     a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
-    released = rel < n
-    # reference counts per id, in event order; at one row a release sorts before an attach.  Each attach is
-    # followed by its release, and attaches are grouped by id, then in time order (or by request, roughly
-    # arrival order): the sequence is nearly sorted, which the stable sort (timsort) merges in close to linear
-    # time.  Equal (id, key) entries are identical, so either grouping gives the same sorted sequence.
-    slots = 1 + released.astype(np.int64)
-    at = np.cumsum(slots) - slots  # position of each attach in the interleaved sequence
-    m = int(slots.sum())
-    e_id = np.empty(m, dtype=a_ids.dtype)
-    e_key = np.empty(m, dtype=np.int64)
-    e_up = np.zeros(m, dtype=bool)
-    e_id[at] = a_ids
-    e_key[at] = a_tpos.astype(np.int64) * 2 + 1
-    e_up[at] = True
-    rel_at = at[released] + 1
-    e_id[rel_at] = a_ids[released]
-    e_key[rel_at] = rel[released] * 2
-    del rel, at, rel_at, slots
-    if int(e_id.max(initial=0)) < (1 << 62) // (2 * n + 2):
-        o = np.argsort(e_id.astype(np.int64) * (2 * n + 2) + e_key, kind="stable")
-    else:  # pragma: no cover - ids beyond 2**62 / n
-        o = radix_argsort(e_id, radix_argsort(e_key))
-    e_id, e_key, e_up = e_id[o], e_key[o], e_up[o]
-    del o
-    id_starts = np.flatnonzero(np.r_[True, e_id[1:] != e_id[:-1]])
-    rc = segment_cumsum(np.where(e_up, 1, -1), id_starts)
-    rise = e_up & (rc == 1)
-    fall = ~e_up & (rc == 0)
-    tr = np.flatnonzero(rise | fall)
-    tr_id, tr_key, tr_up = e_id[tr], e_key[tr], rise[tr]
+    # Each id is in use while any of its holds [attach, release) covers the time: the union of those intervals,
+    # in event keys (attach at 2 x position + 1, release at 2 x position, so at one row a release comes first;
+    # never released: 2n).  A hold that starts after every earlier hold of its id has ended starts a new part
+    # of the union (a rise, 0 -> 1 references); the part ends at the largest release seen so far (a fall).
+    if not only_closing_frees:  # grouped by (id, request): put each id's holds in time order
+        if int(a_ids.max(initial=0)) < (1 << 62) // (n + 1):
+            o = np.argsort(a_ids.astype(np.int64) * (n + 1) + a_tpos, kind="stable")  # nearly sorted: timsort
+        else:  # pragma: no cover - ids beyond 2**62 / n
+            o = np.lexsort((a_tpos, a_ids))
+        a_ids, a_tpos, rel = a_ids[o], a_tpos[o], rel[o]
+        del o
+    m = a_ids.size
+    new_id = np.ones(m, dtype=bool)
+    np.not_equal(a_ids[1:], a_ids[:-1], out=new_id[1:])
+    span = 2 * n + 2  # every key is below it
+    offset = (np.cumsum(new_id) - 1) * span  # ids in increasing order: a running max never crosses into the next
+    reach = np.maximum.accumulate(rel * 2 + offset) - offset  # largest release key of the id so far
+    del offset
+    start_key = a_tpos.astype(np.int64) * 2 + 1
+    rise = new_id
+    rise[1:] |= start_key[1:] > reach[:-1]
+    del new_id
+    part = np.flatnonzero(rise)
+    del rise
+    end_key = reach[np.r_[part[1:] - 1, m - 1]] if m else np.zeros(0, np.int64)
+    del reach
+    ends = end_key < 2 * n  # released before the end of the trace
+    slots = 1 + ends.astype(np.int64)
+    at = np.cumsum(slots) - slots  # position of each rise among the transitions (each followed by its fall)
+    tr_id = np.empty(int(slots.sum()), dtype=a_ids.dtype)
+    tr_key = np.empty(tr_id.size, dtype=np.int64)
+    tr_up = np.zeros(tr_id.size, dtype=bool)
+    tr_id[at], tr_key[at], tr_up[at] = a_ids[part], start_key[part], True
+    tr_id[at[ends] + 1], tr_key[at[ends] + 1] = a_ids[part[ends]], end_key[ends]
+    del start_key, end_key, part, ends, slots, at, rel, a_ids, a_tpos
     tr_t = t_ts[tr_key >> 1]  # key // 2: the ts position
     gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
     turnover = (tr_t[1:] - tr_t[:-1])[gap]
