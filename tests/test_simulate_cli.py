@@ -249,3 +249,51 @@ def test_quoted_header_and_byte_order_mark(tmp_path):
     bom = tmp_path / "bom.csv"
     bom.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n")
     assert load_trace(bom).source.startswith("azure trace")
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        # 1e20 and 9e18 tokens overflowed int64 (a negative length and a RuntimeWarning before the limit)
+        ("prompt_tokens,output_tokens\n1e20,5\n", "too large"),
+        ("prompt_tokens,output_tokens\n9e18,9e18\n", "too large"),
+    ],
+)
+def test_token_counts_beyond_the_limit_are_errors(run_cli, tmp_path, content, needle):
+    path = tmp_path / "t.csv"
+    path.write_text(content)
+    res = run_cli("simulate", "--trace", path)
+    assert res.exit_code == 3
+    line = _err(res)
+    assert needle in line and "line 2" in line
+    assert "Warning" not in res.stderr
+
+
+@pytest.mark.parametrize("value", ["true", "[1]", '{"a": 1}'])
+def test_json_values_that_are_not_numbers_are_errors(run_cli, tmp_path, value):
+    # a list used to reach numpy as a 2-D array and end in a traceback; true was read as 1 token
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"input_toks": {value}, "output_toks": 3, "arrival_time_ns": 1}}\n')
+    res = run_cli("simulate", "--trace", path)
+    assert res.exit_code == 3
+    line = _err(res)
+    assert "'input_toks' is not a number" in line and "record 1" in line
+
+
+@pytest.mark.parametrize(
+    "args,where",
+    [
+        (["--dist", "zipf", "--alpha", "1", "--min", "1", "--max", "1e10"], "--max"),  # was a MemoryError
+        (["--dist", "zipf", "--alpha", "1", "--min", "1", "--max", "100000000"], "--min/--max"),  # 1e8 lengths
+        (["--dist", "uniform", "--min", "1", "--max", "1e30"], "--max"),  # was a numpy ValueError
+        (["--dist", "fixed", "--length", "1e30"], "--length"),  # was an OverflowError
+        (["--dist", "fixed", "--length", "100", "--requests", "100000000000"], "--requests"),  # was a MemoryError
+        (["--dist", "fixed", "--length", "100", "--kv-tokens", str(10**23)], "--kv-tokens"),  # was an OverflowError
+        (["--dist", "fixed", "--length", "100", "--shared-prefix", str(10**23)], "--shared-prefix"),
+        (["--dist", "fixed", "--length", "100", "--block-sizes", str(10**23)], "--block-sizes"),
+    ],
+)
+def test_out_of_range_parameters_are_usage_errors(run_cli, args, where):
+    res = run_cli("simulate", *args)
+    assert res.exit_code == 2
+    assert _err(res).endswith(f"({where})")

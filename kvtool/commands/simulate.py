@@ -113,15 +113,19 @@ def register(app: typer.Typer) -> None:
         _check_options(trace, from_events, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps,
                        max_num_seqs, prefix_cache, split_pools, export_events, serve,
                        (step_overhead_ms, token_us, kv_token_us, table_entry_us))
-        if trace is not None or from_events is not None:
-            reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
-            if requests is not None:
-                reqs = sample_requests(reqs, requests, seed)
-        else:
-            reqs = parametric_requests(
-                dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, mean=mean, p99=p99,
-                min_tokens=min_tokens, max_tokens=max_tokens, length=length, alpha=alpha,
-            )
+        try:
+            if trace is not None or from_events is not None:
+                reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
+                if requests is not None:
+                    reqs = sample_requests(reqs, requests, seed)
+            else:
+                reqs = parametric_requests(
+                    dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, mean=mean, p99=p99,
+                    min_tokens=min_tokens, max_tokens=max_tokens, length=length, alpha=alpha,
+                )
+        except MemoryError:
+            raise UsageError(f"not enough memory for {requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
+                             where="--requests", tip="ask for fewer --requests") from None
         options = SimulateOptions(
             block_sizes=sizes,
             shared_prefix_tokens=shared_prefix,
@@ -166,12 +170,21 @@ def _check_options(trace, from_events, dist, requests, output_share, shared_pref
     if sum(x is not None for x in (trace, from_events, dist)) != 1:
         raise UsageError("give exactly one source of lengths: --trace FILE, --from-events FILE or --dist NAME",
                          where="--trace/--from-events/--dist")
-    for value, name in ((requests, "--requests"), (max_model_len, "--max-model-len"), (kv_tokens, "--kv-tokens"),
-                        (split_pools, "--split-pools"), (max_num_seqs, "--max-num-seqs")):
+    from kvtool.request_lengths import MAX_REQUEST_TOKENS, MAX_REQUESTS
+    from kvtool.simulate_run import MAX_KV_TOKENS
+
+    for value, name, most in ((requests, "--requests", MAX_REQUESTS), (max_model_len, "--max-model-len", None),
+                              (kv_tokens, "--kv-tokens", MAX_KV_TOKENS),
+                              (split_pools, "--split-pools", MAX_REQUEST_TOKENS), (max_num_seqs, "--max-num-seqs", None)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
+        if value is not None and most is not None and value > most:
+            raise UsageError(f"{name} is too large: {value:,} (at most {most:,})", where=name)
     if shared_prefix < 0:
         raise UsageError(f"--shared-prefix must be 0 or more tokens, got {shared_prefix}", where="--shared-prefix")
+    if shared_prefix > MAX_REQUEST_TOKENS:
+        raise UsageError(f"--shared-prefix is too large: {shared_prefix:,} tokens (at most {MAX_REQUEST_TOKENS:,})",
+                         where="--shared-prefix")
     if not 0 <= output_share < 1:
         raise UsageError(f"--output-share must be in [0, 1), got {output_share:g}", where="--output-share")
     if qps is not None and not qps > 0:
