@@ -61,6 +61,7 @@ class StaticComparison:
     mean_length_tokens: float
     p99_length_tokens: float
     max_length_tokens: int
+    min_length_tokens: int
 
 
 # Windows evaluated for the requests-that-fit percentiles: every start when there are at most this many requests,
@@ -178,4 +179,5 @@ def compare_block_sizes(
         mean_length_tokens=total / n,
         p99_length_tokens=float(np.percentile(lengths, 99)),
         max_length_tokens=int(lengths.max()),
+        min_length_tokens=int(lengths.min()),
     )

@@ -297,3 +297,25 @@ def test_out_of_range_parameters_are_usage_errors(run_cli, args, where):
     res = run_cli("simulate", *args)
     assert res.exit_code == 2
     assert _err(res).endswith(f"({where})")
+
+
+def test_fixed_length_claim_shows_its_overstatement_of_p1(run_cli, tmp_path):
+    # Lengths 16, 16, 16, 80 tokens at b = 16: 1, 1, 1, 5 blocks; --kv-tokens 96 = 6 blocks.  Cyclic windows:
+    # from 0: 1+1+1 = 3 (+5 > 6) -> 3; from 1: 1+1 (+5) -> 2; from 2: 1+5 = 6 -> 2; from 3: 5+1 = 6 -> 2.
+    # p1 of [3, 2, 2, 2] = 2.  Mean length 128/4 = 32 = 2 blocks: a fixed-length test claims 6 // 2 = 3,
+    # +50% over p1.
+    path = tmp_path / "t.csv"
+    path.write_text("prompt_tokens,output_tokens\n15,1\n15,1\n15,1\n79,1\n")
+    res = run_cli("simulate", "--trace", path, "--block-sizes", "16", "--kv-tokens", "96")
+    assert res.exit_code == 0, res.stderr
+    assert "3 (+50% vs p1)" in res.stdout
+
+
+def test_fixed_distribution_says_how_it_misleads(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100")
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "Every request is 2,048 tokens long: a fixed length has no spread" in text
+    assert "(b-1)/2 slots per request" in text
+    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "100")
+    assert "no spread" not in res.stdout
