@@ -319,3 +319,34 @@ def test_fixed_distribution_says_how_it_misleads(run_cli):
     assert "(b-1)/2 slots per request" in text
     res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "100")
     assert "no spread" not in res.stdout
+
+
+def test_recommendations_state_how_ties_are_broken(run_cli):
+    # 2,048 tokens is a multiple of 16 and 128: both waste 0 slots, and with 100,000 KV tokens both fit
+    # floor(6250 / 128) = floor(781 / 16) = 48 requests (100,000 // 16 = 6,250 blocks of 16; // 128 = 781 of 128).
+    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100", "--block-sizes", "16,128",
+                  "--kv-tokens", "100000", "--json")
+    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
+    assert recs["least waste"]["block_size"] == 128
+    assert recs["least waste"]["reason"] == ("0.00% of allocated slots empty (16: 0.00%); tied with 16: the largest "
+                                             "has the fewest table entries")
+    assert recs["most concurrency"]["reason"].startswith("48 requests fit at once (p50)")
+    assert recs["most concurrency"]["reason"].endswith("; tied with 16: the largest has the fewest table entries")
+    # 10 requests in a large pool: no block size preempts, so the choice falls to TTFT p99, and says so
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16,32",
+                  "--serve", "--json")
+    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
+    assert recs["fewest preemptions"]["reason"].startswith("0 preemptions (")
+    assert "; tied with " in recs["fewest preemptions"]["reason"]
+    assert "lowest TTFT p99" in recs["fewest preemptions"]["reason"]
+
+
+def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
+    # 1,000-token requests in a 100-token pool: ceil(1000/16) = 63 blocks > 100 // 16 = 6, so nothing runs.
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16",
+                  "--kv-tokens", "100", "--serve")
+    assert res.exit_code == 0, res.stderr
+    assert "nan" not in res.stdout
+    assert "No request ran at any block size" in res.stdout
+    assert "Recommendation (fewest preemptions)" not in res.stdout
+    assert "Recommendation (most concurrency): block size 16: none" in " ".join(res.stdout.split())
