@@ -41,6 +41,7 @@ class SimulateReport:
     serve_setup: ServeSetup | None
     recommendations: list[Recommendation]
     exported_events: dict[int, str]  # block size -> events file written
+    kv_tokens_text: str | None = None  # where the KV budget came from ("--kv-tokens", estimate's plan for ...)
 
 
 def _pct(x: float | None) -> str:
@@ -131,6 +132,7 @@ def to_json(report: SimulateReport) -> dict[str, Any]:
         "requests": report.requests,
         "block_sizes": report.block_sizes,
         "kv_tokens": report.static.kv_tokens,
+        "kv_tokens_text": report.kv_tokens_text,
         "mean_length_tokens": report.static.mean_length_tokens,
         "p99_length_tokens": report.static.p99_length_tokens,
         "max_length_tokens": report.static.max_length_tokens,
@@ -182,6 +184,8 @@ def render(report: SimulateReport, console) -> None:
             t3.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.fit_at_once_p50:.0f}",
                        f"{r.fit_at_once_p99:.0f}", f"{r.fit_at_once_p1:.0f}", _claim(r))
         console.print(t3)
+        if report.kv_tokens_text:
+            console.print(f"KV budget: {st.kv_tokens:,} tokens ({report.kv_tokens_text}).")
         console.print("Over windows of consecutive requests; p1 is what fits 99% of the time; the fixed-length "
                       "claim is what a test at the mean length would report, and how far it is above p1.")
     if st.max_length_tokens == st.min_length_tokens:

@@ -164,5 +164,6 @@ def run_simulation(requests, options: SimulateOptions,
         serve_setup=setup,
         recommendations=recommend(static, serve_results),
         exported_events=exported,
+        kv_tokens_text=None if options.kv_tokens is None else options.kv_tokens_text or "--kv-tokens",
     )
     return report, traces

@@ -350,3 +350,23 @@ def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
     assert "No request ran at any block size" in res.stdout
     assert "Recommendation (fewest preemptions)" not in res.stdout
     assert "Recommendation (most concurrency): block size 16: none" in " ".join(res.stdout.split())
+
+
+def test_static_budget_names_where_it_came_from(run_cli):
+    # --model/--gpu: the static table says whose plan the budget is, not just a token count
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--model", "llama-2-7b",
+                  "--gpu", "h100-80gb", "--block-sizes", "16")
+    assert res.exit_code == 0, res.stderr
+    assert "tokens (kvtool estimate's plan for llama-2-7b on h100-80gb" in " ".join(res.stdout.split())
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--kv-tokens", "5000",
+                  "--json")
+    assert json.loads(res.stdout)["kv_tokens_text"] == "--kv-tokens"
+
+
+def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
+    # it used to write NAME-b16.csv files beside the folder (or fail only after the simulation with one size)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve",
+                  "--export-events", tmp_path)
+    assert res.exit_code == 2
+    assert "not a folder" in _err(res)
+    assert not list(tmp_path.parent.glob(f"{tmp_path.name}-b*.csv"))

@@ -196,6 +196,9 @@ def _check_options(trace, from_events, dist, requests, output_share, shared_pref
                         ("--export-events", export_events)):
         if value is not None and not serve:
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
+    if export_events is not None and export_events.is_dir():
+        raise UsageError("--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events "
+                         f"{export_events}")
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
     for value, name in zip(cost, ("--step-overhead-ms", "--token-us", "--kv-token-us", "--table-entry-us")):
