@@ -200,3 +200,30 @@ def test_request_ids_are_not_rich_markup(run_cli, tmp_path):
     result = run_cli("analyze", f)
     assert result.exit_code == 0, result.stderr
     assert "[/bold]x" in result.stdout and "[red]leak" in result.stdout
+
+
+def test_empty_charts_say_why(tmp_path):
+    # leak_preempt.csv has no latency_ms column and no reuse rows: those two charts used to be bare axes (or one
+    # bar at 0 tokens for every request); they now say what is missing.  reuse.csv has hits: a real histogram.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvtool import event_plots
+    from kvtool.event_analysis import analyze_events
+    from kvtool.events_csv import load_events
+
+    def texts(path, painter):
+        fig, ax = plt.subplots()
+        painter(analyze_events(load_events(path)), ax)
+        found = [t.get_text() for t in ax.texts]
+        plt.close(fig)
+        return found
+
+    assert texts(D / "leak_preempt.csv", event_plots._free_latency) == [
+        "no free latency recorded (no latency_ms on free rows)"]
+    assert texts(D / "leak_preempt.csv", event_plots._match_lengths) == [
+        "no prefix-cache hits in the file (no reuse rows, or none with tokens)"]
+    assert texts(D / "reuse.csv", event_plots._match_lengths) == []
+    assert texts(D / "basic.csv", event_plots._free_latency) == []  # basic.csv has a free latency
