@@ -227,3 +227,12 @@ def test_empty_charts_say_why(tmp_path):
         "no prefix-cache hits in the file (no reuse rows, or none with tokens)"]
     assert texts(D / "reuse.csv", event_plots._match_lengths) == []
     assert texts(D / "basic.csv", event_plots._free_latency) == []  # basic.csv has a free latency
+
+
+def test_top_zero_does_not_claim_there_are_no_culprits(run_cli):
+    # basic.csv: A holds 20 tokens in 2 blocks of 16 for its first second, so it wastes slots (wasted > 0); with
+    # --top 0 the table is not listed, which is not the same as "no request holds unused slots".
+    result = run_cli("analyze", D / "basic.csv", "--top", "0")
+    assert result.exit_code == 0, result.stderr
+    assert "Culprits: not listed (--top 0)" in result.stdout
+    assert "no request holds unused slots" not in result.stdout
