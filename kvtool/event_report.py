@@ -242,7 +242,7 @@ def render_analysis(analysis: Analysis, console) -> None:
         pool_rows.append(("pool capacity (blocks)", _num(p.capacity_blocks, ",.0f")))
     console.print(_kv_table("Pool", pool_rows))
     console.print()
-    hist = ", ".join(f"{m} tok x {c}" for m, c in pr.histogram[:4]) or "-"
+    hist = ", ".join(f"{m:,} tok x {c:,}" for m, c in pr.histogram[:4]) or "-"
     console.print(
         _kv_table(
             "Prefix reuse",

@@ -236,3 +236,13 @@ def test_top_zero_does_not_claim_there_are_no_culprits(run_cli):
     assert result.exit_code == 0, result.stderr
     assert "Culprits: not listed (--top 0)" in result.stdout
     assert "no request holds unused slots" not in result.stdout
+
+
+def test_match_length_counts_have_thousands_separators(run_cli, tmp_path):
+    # 1,200 requests that each allocate one block and never hit the prefix cache: 1,200 matches of 0 tokens.
+    path = tmp_path / "many.csv"
+    rows = "".join(f"{i},allocate,q{i},1,16\n{i + 0.5},free,q{i},1,\n" for i in range(1200))
+    path.write_text("ts,event,request_id,num_blocks,num_tokens\n" + rows)
+    result = run_cli("analyze", path)
+    assert result.exit_code == 0, result.stderr
+    assert "0 tok x 1,200" in result.stdout
