@@ -159,7 +159,7 @@ def render(report: SimulateReport, console) -> None:
                   f"p99 {st.p99_length_tokens:,.1f}, max {st.max_length_tokens:,} tokens")
     has_prefix = st.results[0].shared_prefix_tokens > 0
     table = Table(title="Static comparison: final lengths in blocks", title_justify="left")
-    for col in ("block", "frag.", "util.", "waste/req", "entries mean", "p99", "max"):
+    for col in ("block", "frag.", "util.", "empty slots/req", "entries mean", "p99", "max"):
         table.add_column(col, justify="right")
     for r in st.results:
         table.add_row(str(r.block_size), _pct(r.internal_fragmentation), _pct(r.effective_utilization),

@@ -370,3 +370,13 @@ def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
     assert res.exit_code == 2
     assert "not a folder" in _err(res)
     assert not list(tmp_path.parent.glob(f"{tmp_path.name}-b*.csv"))
+
+
+def test_static_waste_column_names_its_unit(run_cli):
+    # uniform 1..4096 at b = 8: (b - 1)/2 = 3.5 empty slots per request on average (closed form)
+    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000",
+                  "--block-sizes", "8")
+    assert res.exit_code == 0, res.stderr
+    assert "empty slots/req" in res.stdout
+    row = next(line for line in res.stdout.splitlines() if line.startswith("│     8 │"))
+    assert float(row.split("│")[4]) == pytest.approx(3.5, abs=0.1)
