@@ -143,12 +143,21 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
     import numpy as np
 
     if unit == "datetime":
+        import warnings
+
         try:
-            stamps = np.asarray(values, dtype="datetime64[ns]")
+            # numpy converts a UTC offset ("+00:00", "Z": the Azure 2024 traces) to UTC, which is what arrival
+            # differences need, but warns about it on stderr; the warning is not the user's concern.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stamps = np.asarray(values, dtype="datetime64[ns]")
         except ValueError:
             for i, v in enumerate(values):
                 try:
-                    np.datetime64(v, "ns")
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        np.datetime64(v, "ns")
                 except ValueError:
                     raise InputFileError(
                         f"'{column}' is not a date and time: {str(v)[:40]!r}", where=f"{path}, {where_rows(i)}"

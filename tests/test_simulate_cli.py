@@ -380,3 +380,23 @@ def test_static_waste_column_names_its_unit(run_cli):
     assert "empty slots/req" in res.stdout
     row = next(line for line in res.stdout.splitlines() if line.startswith("│     8 │"))
     assert float(row.split("│")[4]) == pytest.approx(3.5, abs=0.1)
+
+
+def test_azure_2024_timestamps_with_a_utc_offset(run_cli, tmp_path):
+    # The Azure LLM inference trace 2024 writes TIMESTAMP as '2024-05-10 00:00:00.009930+00:00'.  numpy reads the
+    # offset (converting to UTC) but used to print a UserWarning on stderr, breaking --json's clean stderr.
+    # By hand: the second row is 1.5 s after the first; the third, 2024-05-10 01:00:00.509930+01:00, is
+    # 00:00:00.509930 UTC, 0.5 s after the first.
+    path = tmp_path / "az24.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2024-05-10 00:00:00.009930+00:00,100,10\n"
+                    "2024-05-10 00:00:01.509930+00:00,200,20\n"
+                    "2024-05-10 01:00:00.509930+01:00,300,30\n")
+    res = run_cli("simulate", "--trace", path, "--serve", "--block-sizes", "16", "--json")
+    assert res.exit_code == 0
+    assert res.stderr == ""
+    json.loads(res.stdout)
+    reqs = load_trace(path)
+    # sorted by arrival: 0, 0.5 (the +01:00 row), 1.5
+    assert reqs.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.5])
+    assert reqs.prompt_tokens.tolist() == [100, 300, 200]
