@@ -88,3 +88,19 @@ def test_from_events_errors(run_cli, tmp_path):
     assert res.exit_code == 3 and "columns found" in res.stderr
     res = run_cli("simulate", "--from-events", DATA / "analyze" / "basic.csv", "--trace", CONV)
     assert res.exit_code == 2 and "exactly one" in res.stderr
+
+
+@pytest.mark.parametrize("name,magic", [("ev.csv.gz", b"\x1f\x8b"), ("ev.parquet", b"PAR1")])
+def test_exported_events_take_the_format_their_name_says(run_cli, tmp_path, name, magic):
+    # --export-events ev.csv.gz used to write plain CSV under a .gz name (analyze then failed to inflate it);
+    # the gzip magic is 1f 8b (RFC 1952) and a Parquet file starts with 'PAR1' (the Parquet format spec).
+    args = ["--trace", DATA / "simulate" / "generic-head20.csv", "--serve", "--block-sizes", "16"]
+    assert run_cli("simulate", *args, "--export-events", tmp_path / "ev.csv").exit_code == 0
+    assert run_cli("simulate", *args, "--export-events", tmp_path / name).exit_code == 0
+    assert (tmp_path / name).read_bytes()[:len(magic)] == magic
+    plain = json.loads(run_cli("analyze", tmp_path / "ev.csv", "--json").stdout)
+    other = run_cli("analyze", tmp_path / name, "--json")
+    assert other.exit_code == 0, other.stderr
+    other = json.loads(other.stdout)
+    assert other["summary"]["events"] == plain["summary"]["events"] > 0
+    assert other["requests"] == plain["requests"]

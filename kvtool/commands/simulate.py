@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
                                                   rich_help_panel=_SERVE),
         export_events: Optional[Path] = typer.Option(None, "--export-events", help="Write the simulated events in "
                                                      "`kvtool analyze`'s schema (NAME-bB.csv per block size when "
-                                                     "several).", rich_help_panel=_SERVE),
+                                                     "several; .csv.gz or .parquet by the name).", rich_help_panel=_SERVE),
         step_overhead_ms: float = typer.Option(_COST_DEFAULTS.step_overhead_ms, "--step-overhead-ms", help="Fixed time per step.",
                                                rich_help_panel=_COST),
         token_us: float = typer.Option(_COST_DEFAULTS.token_us, "--token-us", help="Time per token computed (prefill or decode).",
