@@ -328,7 +328,8 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
         prompt, output, arrival = prompt[order], output[order], arrival[order]
-    return RequestSet(prompt, output, arrival, f"{fmt.name} trace {path.name} ({n:,} rows)")
+    split = f"; output = {output_share:g} of each length (--output-share)" if fmt.length_column else ""
+    return RequestSet(prompt, output, arrival, f"{fmt.name} trace {path.name} ({n:,} rows{split})")
 
 
 def split_lengths(lengths, output_share: float):
@@ -429,7 +430,8 @@ def parametric_requests(dist: str, count: int, seed: int, output_share: float = 
     """A parametric distribution of final lengths, split into prompt/output with ``output_share``."""
     lengths, text = parametric_lengths(dist, count, seed, **params)
     prompt, output = split_lengths(lengths, output_share)
-    return RequestSet(prompt, output, None, f"{text}, {count:,} requests (seed {seed})")
+    return RequestSet(prompt, output, None, f"{text}, {count:,} requests (seed {seed}; output = {output_share:g} "
+                                            "of each length, --output-share)")
 
 
 def sample_requests(requests: RequestSet, count: int, seed: int) -> RequestSet:

@@ -400,3 +400,13 @@ def test_azure_2024_timestamps_with_a_utc_offset(run_cli, tmp_path):
     # sorted by arrival: 0, 0.5 (the +01:00 row), 1.5
     assert reqs.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.5])
     assert reqs.prompt_tokens.tolist() == [100, 300, 200]
+
+
+def test_the_output_share_default_is_stated(run_cli):
+    # --dist and `length` traces split each length with --output-share (default 0.15): the source line says so
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--json")
+    assert "output = 0.15 of each length" in json.loads(res.stdout)["source"]
+    res = run_cli("simulate", "--trace", SIM / "length-head20.csv", "--output-share", "0.3", "--json")
+    assert "output = 0.3 of each length" in json.loads(res.stdout)["source"]
+    res = run_cli("simulate", "--trace", SIM / "generic-head20.csv", "--json")
+    assert "output-share" not in json.loads(res.stdout)["source"]  # the trace gives both parts
