@@ -395,3 +395,11 @@ def test_the_output_share_default_is_stated(run_cli):
     assert "output = 0.3 of each length" in json.loads(res.stdout)["source"]
     res = run_cli("simulate", "--trace", SIM / "generic-head20.csv", "--json")
     assert "output-share" not in json.loads(res.stdout)["source"]  # the trace gives both parts
+
+
+def test_help_states_the_serving_defaults(run_cli):
+    # the pool and the arrivals --serve uses when nothing is given are stated in --help, not only in the output
+    res = run_cli("simulate", "--help")
+    text = " ".join(res.stdout.replace("│", " ").split())
+    assert "for --serve kvtool estimate's plan for llama-2-7b on h100-80gb" in text
+    assert "default: the trace's timestamps, else all at t=0" in text

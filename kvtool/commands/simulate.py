@@ -12,7 +12,7 @@ from kvtool.errors import UsageError
 from kvtool.output import handle_errors
 from kvtool.request_lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.serving_sim import DEFAULT_MAX_NUM_SEQS, CostModel
-from kvtool.simulate_run import DEFAULT_BLOCK_SIZES
+from kvtool.simulate_run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
 
 _COST_DEFAULTS = CostModel()
 
@@ -62,7 +62,9 @@ def register(app: typer.Typer) -> None:
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Slots each request reserves in "
                                                     "the contiguous baseline (default: the longest request).",
                                                     rich_help_panel=_STATIC),
-        kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV-cache budget in tokens (the pool).",
+        kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV-cache budget in tokens (the pool; default: none "
+                                                "for the static comparison, and for --serve kvtool estimate's plan for "
+                                                f"{DEFAULT_POOL_MODEL} on {DEFAULT_POOL_GPU}).",
                                                 rich_help_panel=_STATIC),
         model: Optional[str] = typer.Option(None, "--model", help="With --gpu: the pool from `kvtool estimate`'s "
                                             "capacity planner (a profile name, as estimate takes).",
@@ -71,8 +73,8 @@ def register(app: typer.Typer) -> None:
                                           rich_help_panel=_STATIC),
         serve: bool = typer.Option(False, "--serve", help="Also run the event-driven continuous-batching "
                                    "simulation.", rich_help_panel=_SERVE),
-        qps: Optional[float] = typer.Option(None, "--qps", help="Poisson arrivals at this rate instead of the "
-                                            "trace's timestamps.", rich_help_panel=_SERVE),
+        qps: Optional[float] = typer.Option(None, "--qps", help="Poisson arrivals at this rate (requests/s; "
+                                            "default: the trace's timestamps, else all at t=0).", rich_help_panel=_SERVE),
         max_num_seqs: int = typer.Option(DEFAULT_MAX_NUM_SEQS, "--max-num-seqs", help="Most requests running at "
                                          "once (vLLM's default).", rich_help_panel=_SERVE),
         prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Share the --shared-prefix's full blocks "
