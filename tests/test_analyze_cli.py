@@ -19,6 +19,9 @@ def test_help(run_cli):
     assert "holding time versus utilization" in result.stdout
     for option in ("--json", "--export", "--plot", "--strict", "--long-threshold", "--long-share-alert"):
         assert option in result.stdout
+    # typer 0.19 under click 8.5 drops an argument's help= text, so the accepted formats are in the docstring
+    text = " ".join(result.stdout.split())
+    assert "EVENTS_FILE: .csv, .csv.gz or .parquet in the events schema 1" in text
 
 
 def test_tables(run_cli):

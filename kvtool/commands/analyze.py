@@ -45,7 +45,11 @@ def register(app: typer.Typer) -> None:
             "events: if batches were lost)."
         ),
     ) -> None:
-        """Per-request KV block holding time versus utilization, and the health of the block pool."""
+        """Per-request KV block holding time versus utilization, and the health of the block pool.
+
+        EVENTS_FILE: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md), or vLLM's KV-event
+        JSON lines (.jsonl, as `kvtool capture` records them).
+        """
         if _is_vllm_events_file(events_file):
             ignored = [name for name, value, default in (
                 ("--block-size", block_size, 16), ("--long-threshold", long_threshold, 2048),
