@@ -190,8 +190,12 @@ def _match_format(columns: list[str]) -> TraceFormat | None:
 
 def _unrecognised(path: str, columns: list[str]) -> InputFileError:
     shown = ", ".join(repr(c) for c in columns[:12]) or "none"
+    names = {c.strip().lower() for c in columns}
+    tip = None
+    if {"ts", "event", "request_id"} <= names:
+        tip = "this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
     return InputFileError(
-        f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path
+        f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path, tip=tip
     )
 
 
@@ -520,7 +524,12 @@ def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks,
 def load_event_lengths(path: str | Path) -> RequestSet:
     """Request lengths from an events file, read with `kvtool analyze`'s loader (kvtool.events_csv)."""
     from kvtool import events_csv
+    from kvtool.vllm_analysis import looks_like_vllm_events
 
+    if Path(path).is_file() and looks_like_vllm_events(Path(path)):
+        raise InputFileError("vLLM's KV events carry no request ids: request lengths cannot be recovered from them",
+                             where=str(path), tip="give a request trace with --trace, or an events file of "
+                             "`kvtool analyze`'s schema (docs/events-schema.md)")
     table = events_csv.load_events(path)
     rejected = f"{table.rejected.count:,} rows rejected by the events loader" if table.rejected.count else ""
     return lengths_from_events(table.ts, table.request, table.event == events_csv.APPEND,

@@ -104,3 +104,17 @@ def test_exported_events_take_the_format_their_name_says(run_cli, tmp_path, name
     other = json.loads(other.stdout)
     assert other["summary"]["events"] == plain["summary"]["events"] > 0
     assert other["requests"] == plain["requests"]
+
+
+def test_events_files_given_to_the_wrong_option_get_a_tip(run_cli):
+    # an analyze events file given as --trace: the error says to use --from-events
+    res = run_cli("simulate", "--trace", DATA / "analyze" / "basic.csv")
+    assert res.exit_code == 3
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("Error: unrecognised trace format: columns found 'ts', 'event', 'request_id'")
+    assert lines[1] == "Tip: this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
+    # vLLM's KV events (no request ids) given as --from-events: one line saying why, not the JSON line as a header
+    res = run_cli("simulate", "--from-events", DATA / "vllm-events" / "prefix-cache-1gib-block32.jsonl")
+    assert res.exit_code == 3
+    assert res.stderr.splitlines()[0].startswith("Error: vLLM's KV events carry no request ids")
+    assert "block_hashes" not in res.stderr
