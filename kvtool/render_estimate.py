@@ -137,17 +137,30 @@ def render_compare(result: EstimateResult, console) -> None:
 def render_models(models: list, gpus: list, console) -> None:
     from rich.table import Table
 
-    table = Table(title="Models (kvtool estimate --model NAME)", header_style="bold", title_justify="left")
-    for col in ("name", "attention", "layers", "KV heads x dim", "dtype", "sliding", "params", "values from"):
-        table.add_column(col)
+    # The name is what the user types next: it is never truncated.  The Hugging Face repository (also in
+    # --json) is shown only where it fits on one line, so an 80-column terminal keeps every other column whole.
+    show_repo = console.width >= 130
+    table = Table(
+        title="Models (kvtool estimate --model NAME)", header_style="bold", title_justify="left",
+        box=None, pad_edge=False,
+    )
+    table.add_column("name", no_wrap=True)
+    for col in ("attention", "layers", "KV x dim", "dtype", "sliding", "params"):
+        table.add_column(col, no_wrap=True)
+    if show_repo:
+        table.add_column("values from", no_wrap=True)
     for m in models:
         sliding = f"{m.sliding_layers}/{m.num_layers} x {m.sliding_window:,}" if m.sliding_layers else "-"
         params = f"{m.published_params / 1e9:,.2f} B" if m.published_params else "-"
-        table.add_row(m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params, m.hf_repo)
+        row = [m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params]
+        table.add_row(*row, *([m.hf_repo] if show_repo else []))
     console.print(table)
-    gt = Table(title="GPUs (kvtool estimate --gpu NAME)", header_style="bold", title_justify="left")
+    gt = Table(
+        title="GPUs (kvtool estimate --gpu NAME)", header_style="bold", title_justify="left",
+        box=None, pad_edge=False,
+    )
     for col in ("name", "memory", "bytes", "vendor"):
-        gt.add_column(col)
+        gt.add_column(col, no_wrap=True)
     for g in gpus:
         gt.add_row(g.name, g.memory_text, f"{g.memory_bytes:,}", g.vendor)
     console.print(gt)

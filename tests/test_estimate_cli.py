@@ -101,6 +101,25 @@ def test_list_and_models(run_cli):
     assert len(out["models"]) >= 16 and len(out["gpus"]) >= 10
 
 
+def test_models_table_keeps_every_name_whole_at_80_columns(run_cli, monkeypatch):
+    # The name is what the user types next; at 80 columns rich used to cut "deepseek-v2-lite" to "deepse…".
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run_cli("models")
+    assert r.exit_code == 0
+    names = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+    listed = json.loads(run_cli("models", "--json").stdout)
+    assert {m["name"] for m in listed["models"]} <= names and {g["name"] for g in listed["gpus"]} <= names
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_unknown_gpu_tip_names_a_command_that_exists(run_cli):
+    r = err(run_cli, "--model", "llama-2-7b", "--gpu", "h1000")
+    assert r.exit_code == EXIT_USAGE and "H100-80GB" in r.stderr
+    tip = r.stderr.split("Tip: ", 1)[1]
+    command = tip.split("'")[1].split()  # the command the tip names, e.g. ['kvtool', 'models']
+    assert command[0] == "kvtool" and run_cli(*command[1:]).exit_code == 0  # 'kvtool models --gpus' did not exist
+
+
 def err(run_cli, *args):
     r = run_cli("estimate", *map(str, args))
     assert r.stdout == ""
