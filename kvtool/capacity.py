@@ -247,7 +247,7 @@ def kv_budget_tokens(
     ``result.num_blocks`` and ``result.kv_cache_tokens`` are the pool size; ``block_size`` is echoed.
     Sizes may be ints (bytes) or strings such as ``"80GiB"``.  Raises KvtoolError subclasses on bad input.
     """
-    from kvtool.estimator import EstimateRequest, resolve_budget, resolve_model
+    from kvtool.estimator import EstimateRequest, check_tp, resolve_budget, resolve_model
 
     request = EstimateRequest(
         model=model,
@@ -265,6 +265,7 @@ def kv_budget_tokens(
         profile_dirs=tuple(profile_dirs),
     )
     spec, weights = resolve_model(request)
+    check_tp(spec, tp)
     layout = kv_layout(spec, kv_dtype, tp)
     budget = resolve_budget(request, weights)
     if budget is None:

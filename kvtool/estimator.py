@@ -275,10 +275,36 @@ def _check_positive(request: EstimateRequest) -> None:
             raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
 
 
+def check_tp(spec: ModelSpec, tp: int) -> None:
+    """Refuse a tensor-parallel size vLLM refuses, with vLLM's reason.
+
+    vllm/config/model.py ``verify_with_parallel_config``: "Total number of attention heads (N) must be divisible
+    by tensor parallel size (T)"; vllm/model_executor/layers/linear.py ``QKVParallelLinear``: KV heads are split
+    (``kv_heads % tp == 0``) or replicated (``tp % kv_heads == 0``).  MLA keeps one latent, replicated.
+    """
+    heads = spec.num_attention_heads
+    if heads % tp:
+        raise UsageError(
+            f"--tp {tp} does not divide the {heads} attention heads of {spec.name}; vLLM refuses to start "
+            f"(total number of attention heads must be divisible by tensor parallel size)",
+            where="--tp",
+            tip=f"use a --tp that divides {heads}: {', '.join(str(t) for t in range(1, heads + 1) if heads % t == 0)}"
+            if heads <= 128 else f"use a --tp that divides {heads}",
+        )
+    kv = spec.num_kv_heads
+    if not spec.is_mla and (kv % tp if kv >= tp else tp % kv):
+        raise UsageError(
+            f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {spec.name}; vLLM cannot "
+            f"split or replicate them evenly",
+            where="--tp",
+        )
+
+
 def estimate(request: EstimateRequest) -> EstimateResult:
     """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way)."""
     _check_positive(request)
     spec, weights = resolve_model(request)
+    check_tp(spec, request.tp)
     layout = kv_layout(spec, request.kv_dtype, request.tp)
     budget = resolve_budget(request, weights)
 

@@ -120,6 +120,21 @@ def test_unknown_gpu_tip_names_a_command_that_exists(run_cli):
     assert command[0] == "kvtool" and run_cli(*command[1:]).exit_code == 0  # 'kvtool models --gpus' did not exist
 
 
+def test_tp_that_vllm_refuses_is_a_usage_error(run_cli):
+    # Falcon-7B has 71 attention heads (tiiuae/falcon-7b config.json): vLLM's verify_with_parallel_config refuses
+    # tp 8 ("Total number of attention heads (71) must be divisible by tensor parallel size (8)").
+    r = err(run_cli, "--model", "falcon-7b", "--tp", "8")
+    assert r.exit_code == EXIT_USAGE and "71 attention heads" in r.stderr and "Tip: use a --tp that divides 71: 1, 71" in r.stderr
+    # Qwen2.5-7B: 28 heads, 4 KV heads; tp 7 divides the heads but can neither split nor replicate 4 KV heads.
+    r = err(run_cli, "--model", "qwen2.5-7b", "--tp", "7")
+    assert r.exit_code == EXIT_USAGE and "4 KV heads" in r.stderr
+    # Valid: Llama-3-8B (32 heads, 8 KV heads) at tp 16 replicates each KV head on 2 GPUs: 1 head per GPU,
+    # 2 x 32 layers x 1 x 128 x 2 B = 16,384 B per token per GPU; DeepSeek-V3's MLA latent at tp 8 is replicated.
+    out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--tp", "16", "--json").stdout)
+    assert out["bytes_per_token_per_gpu"] == 16_384
+    assert run_cli("estimate", "--model", "deepseek-v3", "--tp", "8").exit_code == 0
+
+
 def err(run_cli, *args):
     r = run_cli("estimate", *map(str, args))
     assert r.stdout == ""
