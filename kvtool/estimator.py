@@ -9,12 +9,12 @@ from pathlib import Path
 from kvtool.capacity import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_RESERVE_BYTES,
     Budget,
     Capacity,
     gpu_budget,
     plan_capacity,
+    serve_max_num_batched_tokens,
 )
 from kvtool.errors import UsageError
 from kvtool.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
@@ -47,7 +47,7 @@ class EstimateRequest:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     reserve: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_batched_tokens)
     compare: bool = False
     profile_dirs: tuple[str, ...] = ()
 
@@ -307,6 +307,13 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     check_tp(spec, request.tp)
     layout = kv_layout(spec, request.kv_dtype, request.tp)
     budget = resolve_budget(request, weights)
+    mnbt_default = None
+    if request.max_num_batched_tokens is None:
+        mnbt, why = serve_max_num_batched_tokens(
+            budget.gpu_memory_bytes if budget else None, budget.gpu_name if budget else None
+        )
+        request = dataclasses.replace(request, max_num_batched_tokens=mnbt)
+        mnbt_default = f"max-num-batched-tokens {mnbt} ({why})"
 
     defaults: list[str] = []
     if request.seq_lens:
@@ -331,8 +338,8 @@ def estimate(request: EstimateRequest) -> EstimateResult:
                 defaults.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
             if request.reserve is None:
                 defaults.append(f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory")
-        if any(g.window_tokens for g in layout.groups) and request.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:
-            defaults.append(f"max-num-batched-tokens {DEFAULT_MAX_NUM_BATCHED_TOKENS} (vllm serve's default below 70 GiB)")
+        if any(g.window_tokens for g in layout.groups) and mnbt_default:
+            defaults.append(mnbt_default)
 
     seq_len, batch = seq_lens[0], batches[0]
     capacity = _capacity(spec, layout, budget, request, seq_len, batch)

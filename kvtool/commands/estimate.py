@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM's fraction of GPU memory for weights, activations and KV."),
         reserve: Optional[str] = typer.Option(None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
-        max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="vLLM's scheduler budget; sizes sliding-window layers."),
+        max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB)."),
         compare: bool = typer.Option(False, "--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         list_models: bool = typer.Option(False, "--list", help="List the model and GPU profiles and exit."),
