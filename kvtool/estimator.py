@@ -139,6 +139,8 @@ class EstimateResult:
     capacity_method: str | None
     defaults: tuple[str, ...]  # every default used, in words
     notes: tuple[str, ...]
+    max_position_embeddings: int | None  # the model's context (vLLM's derived max_model_len); None if unknown
+    warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
 
@@ -417,8 +419,28 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         capacity_method=capacity.method if capacity else None,
         defaults=tuple(defaults),
         notes=(*spec.notes, *layout.notes, *_weights_notes(request, weights), *_budget_notes(budget)),
+        max_position_embeddings=spec.max_position_embeddings,
+        warnings=_context_warnings(spec, seq_lens),
         sweep=sweep,
         compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
+    )
+
+
+def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, ...]:
+    """vLLM refuses a max_model_len above the model's context; kvtool sizes it, and says so.
+
+    vllm/config/model.py ``_get_and_verify_max_len``: "User-specified max_model_len (N) is greater than the
+    derived max_model_len (max_position_embeddings=M ...)" unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+    """
+    limit = spec.max_position_embeddings
+    too_long = [s for s in seq_lens if limit is not None and s > limit]
+    if not too_long:
+        return ()
+    asked = ", ".join(f"{s:,}" for s in too_long)
+    return (
+        f"--seq-len {asked} exceeds {spec.name}'s max_position_embeddings {limit:,}: vLLM refuses to start with "
+        f"--max-model-len above it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
+        f"the figures are sized as asked",
     )
 
 

@@ -62,14 +62,22 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
             )
         limit = " (the model's context; sliding layers never run out)" if r.max_seq_len_limited_by == "model context" else ""
+        if _beyond_context(r):
+            limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
         table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
         table.add_row("how blocks were counted", r.capacity_method or "")
     console.print(table)
     if r.fits is not None:
         if r.fits:
+            longest = f"one request of up to {r.max_seq_len:,} tokens"
+            if _beyond_context(r):
+                longest = (
+                    f"one request of up to {r.max_position_embeddings:,} tokens, the model's context "
+                    f"(memory would hold {r.max_seq_len:,})"
+                )
             console.print(
                 f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
-                f"requests of {r.seq_len:,} tokens, or one request of up to {r.max_seq_len:,} tokens."
+                f"requests of {r.seq_len:,} tokens, or {longest}."
             )
         elif r.max_seq_len == 0:
             console.print(
@@ -91,6 +99,14 @@ def render_estimate(result: EstimateResult, console) -> None:
     for note in r.notes:
         console.print(f"Note: {note}", style="dim")
     console.print(f"Source: {r.source}", style="dim")
+
+
+def _beyond_context(r: EstimateResult) -> bool:
+    """Memory would hold a longer request than the model's context allows."""
+    return (
+        r.max_seq_len is not None and r.max_position_embeddings is not None
+        and r.max_seq_len > r.max_position_embeddings
+    )
 
 
 def render_sweep(result: EstimateResult, console) -> None:

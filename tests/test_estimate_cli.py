@@ -231,3 +231,33 @@ def test_config_dir_with_header_only_safetensors(run_cli, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)  # header, no tensor data
     out = json.loads(run_cli("estimate", "--config", tmp_path, "--seq-len", "2048", "--json").stdout)
     assert (out["weights_bytes"], out["weights_method"]) == (512_000, "safetensors headers")
+
+
+def test_seq_len_beyond_the_models_context_is_sized_and_warned(run_cli):
+    # Llama-2-7B's config.json: max_position_embeddings 4096. vLLM refuses --max-model-len 8192 for it
+    # ("User-specified max_model_len (8192) is greater than the derived max_model_len ..."); kvtool sizes it
+    # (2 x 32 x 32 x 8192 x 128 x 2 = 4,294,967,296 B) and says vLLM would refuse.
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048,8192")
+    assert r.exit_code == 0
+    warnings = [line for line in r.stderr.splitlines() if line]
+    assert len(warnings) == 1 and warnings[0].startswith("Warning: --seq-len 8,192 exceeds")
+    assert "max_position_embeddings 4,096" in warnings[0] and "vLLM refuses to start" in warnings[0]
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "8192", "--json")
+    assert r.exit_code == 0 and r.stderr == ""  # --json: the warning is a field, stderr stays empty
+    out = json.loads(r.stdout)
+    assert out["kv_bytes"] == 4_294_967_296 and out["max_position_embeddings"] == 4096
+    assert len(out["warnings"]) == 1 and "vLLM refuses to start" in out["warnings"][0]
+    # at the context length itself (vLLM's default max_model_len) there is nothing to warn about
+    r = run_cli("estimate", "--model", "llama-2-7b", "--json")
+    assert json.loads(r.stdout)["warnings"] == [] and r.stderr == ""
+
+
+def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli):
+    # Llama-2-7B on an 80 GiB A100: ceil(80 GiB x 0.9) - 13,476,831,232 B weights - 2 GiB = 61,685,096,448 B;
+    # / (16 x 524,288 B) = 7,353 blocks: memory would hold (7,353 - 1) x 16 = 117,632 tokens, but the model's
+    # context is 4,096, so the verdict offers 4,096.
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB")
+    out = " ".join(r.stdout.split())
+    assert "or one request of up to 4,096 tokens, the model's context (memory would hold 117,632)" in out
+    assert json.loads(run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB",
+                              "--json").stdout)["max_seq_len"] == 117_632  # the JSON keeps vLLM's memory figure

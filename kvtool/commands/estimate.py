@@ -79,6 +79,10 @@ def register(app: typer.Typer) -> None:
             console = stdout_console()
             console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
             render_estimate(result, console)
+            from kvtool.output import warn
+
+            for warning in result.warnings:  # --json carries them in "warnings" and keeps stderr empty
+                warn(warning)
 
     @app.command("models")
     @handle_errors
