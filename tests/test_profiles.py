@@ -141,3 +141,9 @@ def test_profiles_load_after_non_editable_install(tmp_path):
 
 def test_builtin_dir_in_source_tree():
     assert (builtin_dir() / "models" / "llama-2-7b.yaml").is_file()
+
+
+def test_falcon_context_is_transformers_default():
+    # tiiuae/falcon-7b's config.json has no max_position_embeddings; transformers' FalconConfig defaults it to
+    # 2048, and vLLM derives max_model_len from that config object.
+    assert model_spec(find_model("falcon-7b")).max_position_embeddings == 2048
