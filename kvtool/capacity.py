@@ -257,7 +257,7 @@ def kv_budget_tokens(
     tp: int = 1,
     kv_dtype: str = "auto",
     block_size: int = DEFAULT_BLOCK_SIZE,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    gpu_memory_utilization: float | None = None,
     reserve: str | int | None = None,
     max_model_len: int | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,

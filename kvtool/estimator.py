@@ -44,7 +44,7 @@ class EstimateRequest:
     gpu: str | None = None
     gpu_memory: str | None = None
     kv_memory: str | None = None
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: float | None = None  # None: vLLM's default 0.9 (only with --gpu/--gpu-memory)
     reserve: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_batched_tokens)
@@ -226,13 +226,25 @@ def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
 
 def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> Budget | None:
     """The per-GPU KV budget from --kv-memory, --gpu or --gpu-memory; None when none was asked."""
+    given = (("--reserve", request.reserve), ("--gpu-memory-utilization", request.gpu_memory_utilization))
+    gpu_only = [option for option, value in given if value is not None]  # options that size a GPU budget only
     if request.kv_memory is not None:
         if request.gpu or request.gpu_memory:
             raise UsageError("--kv-memory gives the KV budget directly; drop --gpu/--gpu-memory", where="--kv-memory")
+        if gpu_only:  # vLLM too ignores gpu_memory_utilization once kv_cache_memory_bytes is set
+            raise UsageError(
+                f"{' and '.join(gpu_only)} would be ignored: --kv-memory is the KV budget itself",
+                where=gpu_only[0], tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
+            )
         return Budget(parse_size(request.kv_memory, option="--kv-memory"), "--kv-memory")
     if request.gpu and request.gpu_memory:
         raise UsageError("give --gpu or --gpu-memory, not both", where="--gpu")
     if not (request.gpu or request.gpu_memory):
+        if gpu_only:
+            raise UsageError(
+                f"{' and '.join(gpu_only)} would be ignored without a GPU", where=gpu_only[0],
+                tip="add --gpu NAME or --gpu-memory SIZE",
+            )
         return None
     if request.gpu:
         from kvtool.profile_loader import find_gpu
@@ -249,7 +261,9 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
     reserve = DEFAULT_RESERVE_BYTES if request.reserve is None else _parse_reserve(request.reserve)
     return gpu_budget(
         gpu_memory_bytes=memory,
-        gpu_memory_utilization=request.gpu_memory_utilization,
+        gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
+        ),
         weights_bytes=weights.weights_bytes,
         tp=request.tp,
         reserve_bytes=reserve,
@@ -336,7 +350,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         if request.block_size == DEFAULT_BLOCK_SIZE:
             defaults.append(f"block-size {DEFAULT_BLOCK_SIZE} (vLLM's default)")
         if budget.method == "gpu":
-            if request.gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION:
+            if request.gpu_memory_utilization is None:
                 defaults.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
             if request.reserve is None:
                 defaults.append(f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory")

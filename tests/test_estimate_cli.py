@@ -135,6 +135,29 @@ def test_tp_that_vllm_refuses_is_a_usage_error(run_cli):
     assert run_cli("estimate", "--model", "deepseek-v3", "--tp", "8").exit_code == 0
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--kv-memory", "10GiB", "--reserve", "1GiB"),  # --kv-memory is the KV budget: nothing to reserve from
+        ("--kv-memory", "10GiB", "--gpu-memory-utilization", "0.5"),  # vLLM ignores it beside kv_cache_memory_bytes
+        ("--reserve", "1GiB"),  # no GPU: no budget for these to change
+        ("--gpu-memory-utilization", "0.95"),
+    ],
+)
+def test_gpu_budget_options_are_never_ignored_silently(run_cli, args):
+    r = err(run_cli, "--model", "llama-2-7b", *args)
+    assert r.exit_code == EXIT_USAGE and "would be ignored" in r.stderr
+
+
+def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
+    # Llama-2-7B on an 80 GiB H100 at 0.95, no reserve: ceil(85,899,345,920 x 0.95) = 81,604,378,624;
+    # minus 6,738,415,616 params x 2 B = 13,476,831,232 -> 68,127,547,392 B.
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--gpu-memory-utilization", "0.95",
+                             "--reserve", "0", "--json").stdout)
+    assert out["kv_budget_bytes"] == 68_127_547_392
+    assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
+
+
 def err(run_cli, *args):
     r = run_cli("estimate", *map(str, args))
     assert r.stdout == ""

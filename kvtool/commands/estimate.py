@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."),
         gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="GPU memory instead of --gpu, e.g. 80GiB."),
         kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."),
-        gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM's fraction of GPU memory for weights, activations and KV."),
+        gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9."),
         reserve: Optional[str] = typer.Option(None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
         max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB)."),
