@@ -61,6 +61,9 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     num_nextn_predict_layers: int = 0
+    # quantization_config.quant_method "fp8": linear weights are 1 byte with one float32 scale per block of
+    # (rows, cols) ((0, 0): one scale per matrix); None: every weight at `dtype`
+    fp8_weight_block: tuple[int, int] | None = None
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -127,6 +130,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "parallel_attn": (bool,),
     "bias": (bool,),
     "text_config": (dict,),
+    "quantization_config": (dict,),
 }
 
 _FALCON_TYPES = {"falcon", "RefinedWeb", "RefinedWebModel"}
@@ -284,8 +288,32 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
+        fp8_weight_block=_fp8_weight_block(top, notes),
         notes=tuple(notes),
     )
+
+
+def _fp8_weight_block(top: _Reader, notes: list[str]) -> tuple[int, int] | None:
+    """FP8 weight blocks from ``quantization_config`` (DeepSeek-V3: quant_method fp8, weight_block_size [128, 128])."""
+    quant = top.get("quantization_config")
+    if quant is None:
+        return None
+    method = quant.get("quant_method")
+    if method != "fp8":
+        notes.append(
+            f"quantization_config quant_method {method!r} is not modelled: weights estimated at the config dtype "
+            f"(safetensors headers beside the config give exact bytes)"
+        )
+        return None
+    block = quant.get("weight_block_size")
+    if block is None:
+        return (0, 0)
+    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
+        raise InputFileError(
+            f"weight_block_size must be two positive integers, not {block!r}",
+            where=f"{top.where}: field quantization_config.weight_block_size",
+        )
+    return (block[0], block[1])
 
 
 def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:
