@@ -59,7 +59,7 @@ class LayerGroupResult:
     kv_heads_per_gpu: int
     elements_per_head: int
     window_tokens: int | None
-    bytes_per_token_per_layer: float  # one GPU; a whole number except for int4/nvfp4 odd widths
+    bytes_per_token_per_layer: int | float  # one GPU; a JSON integer, a float only for an int4 vector of odd width
     kv_bytes_per_gpu: int  # this group's share at seq_len x batch
     formula: str
 
@@ -379,7 +379,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             kv_heads_per_gpu=g.kv_heads_per_gpu,
             elements_per_head=g.vector_elements,
             window_tokens=g.window_tokens,
-            bytes_per_token_per_layer=float(g.bytes_per_token_per_layer),
+            bytes_per_token_per_layer=_whole_or_float(g.bytes_per_token_per_layer),
             kv_bytes_per_gpu=_ceil(g.bytes_per_token_per_layer * g.num_layers * g.tokens_held(seq_len) * batch),
             formula=group_formula(g, layout.kv_dtype, seq_len, batch),
         )
@@ -456,6 +456,11 @@ def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, 
         f"--max-model-len above it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
         f"the figures are sized as asked",
     )
+
+
+def _whole_or_float(x) -> int | float:
+    """Byte counts are JSON integers; a Fraction is a float only when it truly has a fractional part."""
+    return int(x) if x.denominator == 1 else float(x)
 
 
 def _ceil(x) -> int:

@@ -39,6 +39,29 @@ def test_json_contract(run_cli):
     assert not any(d.startswith("batch") for d in out["defaults"])  # given, so not a default
 
 
+def _numbers_with_bytes_in_their_name(value, key=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers_with_bytes_in_their_name(v, k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers_with_bytes_in_their_name(v, key)
+    elif "bytes" in key and value is not None:
+        yield key, value
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "gemma-3-27b", "deepseek-v3"])
+def test_every_byte_count_in_json_is_an_integer(run_cli, model):
+    # Llama-2-7B per layer: 2 x 32 heads x 128 x 2 B = 16,384 B per token (it was printed as 16384.0)
+    out = json.loads(run_cli("estimate", "--model", model, "--seq-len", "1024,2048", "--compare", "--kv-memory",
+                             "10GiB", "--json").stdout)
+    found = dict(_numbers_with_bytes_in_their_name(out))
+    assert "bytes_per_token_per_layer" in found
+    assert all(type(v) is int for _, v in _numbers_with_bytes_in_their_name(out)), found
+    if model == "llama-2-7b":
+        assert out["layer_groups"][0]["bytes_per_token_per_layer"] == 16_384
+
+
 def test_default_seq_len_is_stated(run_cli):
     out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--json").stdout)
     assert out["seq_len"] == 8192
