@@ -85,11 +85,15 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"(vLLM would refuse to start)."
             )
         else:
+            fitting = [f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens"] if r.max_batch else []
+            if r.max_seq_len_at_batch:
+                fitting.append(f"{r.batch:,} of {r.max_seq_len_at_batch:,} tokens")
+            else:
+                fitting.append(f"no length at which {r.batch:,} requests fit")
             console.print(
                 f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
                 f"{r.batch * r.blocks_per_request:,} blocks; {max(r.num_blocks - 1, 0):,} are usable. Largest that fit: "
-                f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens, or {r.batch:,} of {r.max_seq_len_at_batch:,} tokens "
-                f"(one request: {r.max_seq_len:,} tokens)."
+                f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
             )
     if r.sweep:
         render_sweep(result, console)

@@ -181,6 +181,17 @@ def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
     assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
 
 
+def test_does_not_fit_verdict_never_offers_zero(run_cli):
+    # Manual 1 layer x 1 KV head x 64, fp16: 2 x 64 x 2 = 256 B per token, a 16-token block 4,096 B; 12,288 B
+    # = 3 blocks, 2 usable (one is the null block). 4 requests of 16 tokens need 4 blocks: 2 fit, and 4 requests
+    # fit at no length (each needs at least one block).
+    r = run_cli("estimate", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--seq-len", "16", "--batch", "4",
+                "--kv-memory", "12288")
+    out = " ".join(r.stdout.split())
+    assert "Largest that fit: 2 request(s) of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)" in out
+    assert " of 0 tokens" not in out and "0 request(s)" not in out
+
+
 def err(run_cli, *args):
     r = run_cli("estimate", *map(str, args))
     assert r.stdout == ""
