@@ -332,6 +332,8 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         mnbt_default = f"max-num-batched-tokens {mnbt} ({why})"
 
     defaults: list[str] = []
+    if spec.model_type == "manual" and request.dtype is None:
+        defaults.append("dtype float16 (kvtool's default in manual mode; --dtype to change)")
     if request.seq_lens:
         seq_lens = request.seq_lens
     else:

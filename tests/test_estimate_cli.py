@@ -62,6 +62,15 @@ def test_every_byte_count_in_json_is_an_integer(run_cli, model):
         assert out["layer_groups"][0]["bytes_per_token_per_layer"] == 16_384
 
 
+def test_manual_mode_states_its_default_dtype(run_cli):
+    # manual mode has no config to read a dtype from: float16 is kvtool's choice, so it is a stated default
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--json").stdout)
+    assert out["model_dtype"] == "float16" and any(d.startswith("dtype float16") for d in out["defaults"])
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--dtype",
+                             "bfloat16", "--json").stdout)
+    assert not any(d.startswith("dtype") for d in out["defaults"])
+
+
 def test_default_seq_len_is_stated(run_cli):
     out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--json").stdout)
     assert out["seq_len"] == 8192
