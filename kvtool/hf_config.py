@@ -274,7 +274,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         is_mla=is_mla,
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope,
-        max_position_embeddings=cfg.positive("max_position_embeddings", required=False),
+        max_position_embeddings=_context_length(cfg, notes),
         vocab_size=vocab,
         intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
         # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
@@ -291,6 +291,26 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         fp8_weight_block=_fp8_weight_block(top, notes),
         notes=tuple(notes),
     )
+
+
+# vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py
+# ``derive_max_model_len_and_key``): the smallest one set wins.
+_CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_sequence_length", "max_seq_length", "seq_len",
+)
+
+
+def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
+    """The model's context as vLLM derives its default max_model_len: the smallest integer of _CONTEXT_KEYS."""
+    cfg.positive("max_position_embeddings", required=False)  # type-checked and > 0, with file and field on error
+    found = {k: cfg.data[k] for k in _CONTEXT_KEYS if type(cfg.data.get(k)) is int and cfg.data[k] > 0}
+    if not found:
+        return None
+    key = min(found, key=lambda k: found[k])
+    if key != "max_position_embeddings":
+        notes.append(f"context {found[key]:,} from {key} (vLLM takes the smallest of its length keys)")
+    return found[key]
 
 
 def _fp8_weight_block(top: _Reader, notes: list[str]) -> tuple[int, int] | None:
