@@ -130,7 +130,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "parallel_attn": (bool,),
     "bias": (bool,),
     "text_config": (dict,),
-    "quantization_config": (dict,),
+    "quantization_config": (dict, type(None)),
 }
 
 _FALCON_TYPES = {"falcon", "RefinedWeb", "RefinedWebModel"}
