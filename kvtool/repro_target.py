@@ -17,6 +17,7 @@ happened in, with its message):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import os
@@ -152,7 +153,18 @@ def check_target(
     seed: int = 0,
     interleavings: int = 200,
 ) -> TargetResult:
-    """Load the target and run the four checks; UsageError if it cannot be loaded or has no d_model."""
+    """Load the target and run the four checks; UsageError if it cannot be loaded or has no d_model.
+
+    Whatever the target's own code prints (the article's habit: print each cache's shape and data_ptr
+    on every step) goes to stderr, so stdout carries only kvtool's answer and ``--json`` stays JSON.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        return _check_target(spec, d_model=d_model, device=device, dtype=dtype, seed=seed, interleavings=interleavings)
+
+
+def _check_target(
+    spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, interleavings: int
+) -> TargetResult:
     module, factory = load_target(spec)
     if d_model is None:
         d_model = getattr(module, "d_model", None)

@@ -141,6 +141,14 @@ def test_module_state_cache_is_caught(run_cli, targets_on_path):
     assert target["failed_checks"] == ["determinism", "isolation", "cache-length"]
 
 
+def test_prints_of_the_target_go_to_stderr_and_json_stays_json(run_cli, targets_on_path):
+    # A correct module that prints in its factory and in every forward: stdout must stay one JSON object.
+    result = run_cli("repro", "--target", "repro_targets:chatty", "--json", "--interleavings", "3")
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert json.loads(result.stdout)["target"]["passed"] is True
+    assert result.stderr.startswith("loading chatty attention\ncache k (1, 2, 5, 8) data_ptr 0x")
+
+
 def test_trimmed_cache_is_caught_by_cache_length(run_cli, targets_on_path):
     result = run_cli("repro", "--target", "repro_targets:trimmed", "--interleavings", "10")
     assert result.exit_code == EXIT_CHECK_FAILED

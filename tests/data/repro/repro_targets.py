@@ -105,6 +105,15 @@ class RaisingAttention(Attention):
         return super().forward(x, cache)
 
 
+class ChattyAttention(Attention):
+    """Correct, and prints each step's cache shape and data_ptr, as the article's third habit advises."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, cache)
+        print(f"cache k {tuple(new['k'].shape)} data_ptr {new['k'].data_ptr():#x}")
+        return out, new
+
+
 class NoDModel(Attention):
     def __init__(self):
         super().__init__()
@@ -147,6 +156,12 @@ def instance_cache():
 def raising():
     torch.manual_seed(0)
     return RaisingAttention()
+
+
+def chatty():
+    print("loading chatty attention")
+    torch.manual_seed(0)
+    return ChattyAttention()
 
 
 def no_d_model():
