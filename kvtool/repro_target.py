@@ -33,6 +33,12 @@ from kvtool.repro_results import TargetCheck, TargetResult
 from kvtool.repro_storage import overlap_pairs
 
 
+# What the user's code may raise into kvtool: any exception, and SystemExit (a module that runs argparse
+# at import, a factory that calls sys.exit("no GPU")), which would otherwise end kvtool with the
+# target's exit code (1 would read as "checks failed").  KeyboardInterrupt still stops kvtool.
+_USER_ERRORS = (Exception, SystemExit)
+
+
 class TargetFailure(Exception):
     """The target misbehaved during a check (raised, or returned something unusable)."""
 
@@ -46,7 +52,7 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the current directory's packages are importable
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import-time failure is the target's fault
+    except _USER_ERRORS as err:  # noqa: BLE001 - any import-time failure is the target's fault
         raise UsageError(
             f"cannot import module '{module_name}' of target '{spec}': {type(err).__name__}: {err}", where="--target"
         ) from None
@@ -61,7 +67,7 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
     factory = obj
     try:
         module = factory()
-    except Exception as err:  # noqa: BLE001
+    except _USER_ERRORS as err:  # noqa: BLE001
         raise UsageError(f"factory of target '{spec}' raised {type(err).__name__}: {err}", where="--target") from None
     if not isinstance(module, torch.nn.Module):
         raise UsageError(
@@ -85,7 +91,7 @@ def _leaves(cache: Any, path: str = "cache") -> list[tuple[str, torch.Tensor]]:
 def _forward(module: torch.nn.Module, x: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
     try:
         result = module(x, cache)
-    except Exception as err:  # noqa: BLE001 - the target's exception is the finding
+    except _USER_ERRORS as err:  # noqa: BLE001 - the target's exception is the finding
         raise TargetFailure(f"forward raised {type(err).__name__}: {' '.join(str(err).split())}") from None
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
         raise TargetFailure(f"forward returned {type(result).__name__}, expected (out tensor, new_cache)")
@@ -178,12 +184,12 @@ def _check_target(
     dev = torch.device(device)
     try:
         module = module.to(device=dev, dtype=DTYPES[dtype]).eval()
-    except Exception as err:  # noqa: BLE001
+    except _USER_ERRORS as err:  # noqa: BLE001
         raise UsageError(f"cannot move target '{spec}' to {device}/{dtype}: {err}", where="--target") from None
     work = _Workload(d_model, seed, DTYPES[dtype], dev)
     try:
         pristine = copy.deepcopy(module)
-    except Exception:  # noqa: BLE001 - fall back to a new instance with the same weights
+    except _USER_ERRORS:  # noqa: BLE001 - fall back to a new instance with the same weights
         pristine = None
     state = {k: v.detach().clone() for k, v in module.state_dict().items()}
 
@@ -194,7 +200,7 @@ def _check_target(
             other = factory().to(device=dev, dtype=DTYPES[dtype]).eval()
             other.load_state_dict(state)
             return other
-        except Exception as err:  # noqa: BLE001
+        except _USER_ERRORS as err:  # noqa: BLE001
             raise TargetFailure(f"could not make a fresh copy of the module: {type(err).__name__}: {err}") from None
 
     with torch.no_grad():

@@ -185,6 +185,7 @@ def test_d_model_from_option(run_cli, targets_on_path):
         ("repro_targets:missing", "Error: target 'repro_targets:missing': 'repro_targets' has no attribute"),
         ("repro_targets:not_a_module", "Error: factory of target 'repro_targets:not_a_module' returned int"),
         ("repro_targets:NOT_CALLABLE", "Error: target 'repro_targets:NOT_CALLABLE' is not callable"),
+        ("repro_targets:exits", "Error: factory of target 'repro_targets:exits' raised SystemExit: no GPU found, exiting"),
         (
             "repro_targets:broken_factory",
             "Error: factory of target 'repro_targets:broken_factory' raised FileNotFoundError: weights.pt not found",
@@ -195,6 +196,16 @@ def test_bad_targets_are_usage_errors(run_cli, targets_on_path, spec, start):
     result = run_cli("repro", "--target", spec)
     assert result.exit_code == EXIT_USAGE
     assert result.stderr.startswith(start)
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_target_that_exits_at_import_is_a_usage_error_not_its_exit_code(run_cli, targets_on_path):
+    # argparse at import sees kvtool's argv and exits 2 after printing its usage (the user's own stderr).
+    result = run_cli("repro", "--target", "argparse_at_import:make")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.splitlines()[-1] == (
+        "Error: cannot import module 'argparse_at_import' of target 'argparse_at_import:make': SystemExit: 2 (--target)"
+    )
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 

@@ -6,6 +6,7 @@ Imported as ``repro_targets:<factory>`` with tests/data/repro on sys.path.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +168,10 @@ def chatty():
 def no_d_model():
     torch.manual_seed(0)
     return NoDModel()
+
+
+def exits():
+    sys.exit("no GPU found, exiting")
 
 
 def not_a_module():
