@@ -127,6 +127,33 @@ def resolve_role(endpoint: str, role: str) -> tuple[str, str]:
     return role, address
 
 
+def _zmq_reason(err) -> str:
+    """pyzmq's message without the " (addr='...')" it appends: the address is already in our message."""
+    return re.sub(r"\s*\(addr='[^']*'\)$", "", str(err)).rstrip(".")
+
+
+def _socket_tip(role: str, err, options: "CaptureOptions") -> str | None:
+    """What to do about a bind/connect failure; most come from binding an endpoint vLLM binds itself."""
+    import errno
+
+    if role != "bind":
+        return None
+    endpoint = options.endpoint
+    if err.errno == errno.EADDRINUSE:
+        return (
+            "something already listens there: if vLLM binds this port (its endpoint has '*' or '::'), give "
+            "--endpoint exactly as in its KVEventsConfig (tcp://*:PORT), or --role connect; or another capture runs"
+        )
+    if err.errno in (errno.EADDRNOTAVAIL, errno.ENODEV):
+        return (
+            "kvtool binds endpoints that vLLM connects to, so the host must be an address of this machine; "
+            f"to reach a vLLM that binds on another host, use --endpoint {endpoint} --role connect"
+        )
+    if err.errno == errno.ENOENT and endpoint.startswith("ipc://"):
+        return "create the directory of the ipc path first"
+    return None
+
+
 class _Writer:
     """The output file, written and flushed batch by batch, plus the lazily created side file."""
 
@@ -249,7 +276,9 @@ def run_capture(
     except zmq.ZMQError as err:
         sub.close(linger=0)
         ctx.term()
-        raise UsageError(f"cannot {role} {address}: {err}", where="--endpoint") from None
+        raise UsageError(
+            f"cannot {role} {address}: {_zmq_reason(err)}", where="--endpoint", tip=_socket_tip(role, err, options)
+        ) from None
     try:
         writer = _Writer(options.output)
     except UsageError:

@@ -335,7 +335,34 @@ def test_port_in_use_is_a_usage_error(run_cli, tmp_path):
         port = busy.getsockname()[1]
         result = run_cli("capture", "--endpoint", f"tcp://127.0.0.1:{port}", "-o", tmp_path / "e.jsonl", "--duration", "1")
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: cannot bind tcp://127.0.0.1:{port}: Address already in use")
+    # The likely cause: vLLM binds this port itself (endpoint tcp://*:PORT) and we were told 127.0.0.1.
+    assert result.stderr.splitlines() == [
+        f"Error: cannot bind tcp://127.0.0.1:{port}: Address already in use (--endpoint)",
+        "Tip: something already listens there: if vLLM binds this port (its endpoint has '*' or '::'), give "
+        "--endpoint exactly as in its KVEventsConfig (tcp://*:PORT), or --role connect; or another capture runs",
+    ]
+
+
+def test_binding_an_address_of_another_host_says_to_connect(run_cli, tmp_path):
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never an address of this machine, so the bind fails.
+    result = run_cli("capture", "--endpoint", "tcp://192.0.2.1:5557", "-o", tmp_path / "e.jsonl", "--duration", "1")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "Error: cannot bind tcp://192.0.2.1:5557: Cannot assign requested address (--endpoint)",
+        "Tip: kvtool binds endpoints that vLLM connects to, so the host must be an address of this machine; "
+        "to reach a vLLM that binds on another host, use --endpoint tcp://192.0.2.1:5557 --role connect",
+    ]
+    assert not (tmp_path / "e.jsonl").exists()
+
+
+def test_ipc_bind_in_a_missing_directory(run_cli, tmp_path):
+    sock = tmp_path / "no-dir" / "kv.sock"
+    result = run_cli("capture", "-e", f"ipc://{sock}", "--role", "bind", "-o", tmp_path / "e.jsonl", "--duration", "1")
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"Error: cannot bind ipc://{sock}: No such file or directory")
+    assert "addr=" not in lines[0] and lines[0].endswith("(--endpoint)")
+    assert lines[1:] == ["Tip: create the directory of the ipc path first"]
 
 
 def test_missing_pyzmq_gives_one_line_and_the_install_tip(run_cli, tmp_path, monkeypatch):
