@@ -165,28 +165,51 @@ class _Writer:
         except OSError as err:
             raise UsageError(f"cannot write the output file: {err.strerror or err}", where=str(output)) from None
         self.malformed_handle: TextIO | None = None
+        self.failed = False  # a write failed (its UsageError is on its way up)
         self.events = 0
         self.batches = 0
 
     def batch(self, seq: int, batch) -> None:
         rows = batch_rows(seq, batch)
         if rows:
-            self.handle.write("".join(row_to_json(r) + "\n" for r in rows))
-            self.handle.flush()
+            self._write(self.handle, self.output, "".join(row_to_json(r) + "\n" for r in rows))
         self.events += len(rows)
         self.batches += 1
 
     def malformed(self, frames: list[bytes], reason: str) -> None:
-        if self.malformed_handle is None:
-            self.malformed_handle = self.malformed_path.open("w", encoding="utf-8")
         record = {"received_ts": time.time(), "reason": reason, "frames_hex": [bytes(f).hex() for f in frames]}
-        self.malformed_handle.write(json.dumps(record) + "\n")
-        self.malformed_handle.flush()
+        if self.malformed_handle is None:
+            try:
+                self.malformed_handle = self.malformed_path.open("w", encoding="utf-8")
+            except OSError as err:
+                self._failed(self.malformed_path, err)
+        self._write(self.malformed_handle, self.malformed_path, json.dumps(record) + "\n")
+
+    def _write(self, handle: TextIO, path: Path, text: str) -> None:
+        try:
+            handle.write(text)
+            handle.flush()
+        except OSError as err:  # a full disk, a quota, a file system gone away
+            self._failed(path, err)
+
+    def _failed(self, path: Path, err: OSError):
+        self.failed = True
+        raise UsageError(
+            f"writing failed after {self.events:,} events in {self.batches:,} batches, which the file keeps: "
+            f"{err.strerror or err}",
+            where=str(path),
+        ) from None
 
     def close(self) -> None:
-        self.handle.close()
-        if self.malformed_handle is not None:
-            self.malformed_handle.close()
+        """Close both files; after a write failure, a close that fails the same way adds nothing."""
+        for handle, path in ((self.handle, self.output), (self.malformed_handle, self.malformed_path)):
+            if handle is None:
+                continue
+            try:
+                handle.close()
+            except OSError as err:
+                if not self.failed:
+                    self._failed(path, err)
 
 
 class _Replayer:
@@ -371,11 +394,13 @@ def run_capture(
             if sub.poll(int(wait_s * 1000)):
                 handle(sub.recv_multipart())
     finally:
-        writer.close()
-        if replayer is not None:
-            replayer.close()
-        sub.close(linger=0)
-        ctx.term()
+        try:
+            writer.close()
+        finally:
+            if replayer is not None:
+                replayer.close()
+            sub.close(linger=0)
+            ctx.term()
     if on_progress is not None:
         on_progress(writer.events, writer.batches, missed - recovered, malformed)
     return CaptureResult(

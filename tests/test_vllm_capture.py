@@ -256,6 +256,63 @@ def test_max_events_stops_after_the_whole_batch(tmp_path):
     assert len(out.read_text().splitlines()) == 4
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: ENOSPC)")
+def test_full_disk_is_one_error_line_not_a_traceback(tmp_path):
+    port = free_port()
+    proc = _capture_process("--endpoint", f"tcp://127.0.0.1:{port}", "-o", "/dev/full", "--duration", "30")
+    pub = FakeVllmPublisher(f"tcp://127.0.0.1:{port}")
+    try:
+        pub.wait_subscribed(timeout_s=30)
+        pub.publish(0, msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0]))
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close()
+    assert proc.returncode == 2
+    assert (stdout, stderr) == (
+        "",
+        "Error: writing failed after 0 events in 0 batches, which the file keeps: No space left on device (/dev/full)\n",
+    )
+
+
+def test_a_write_failure_mid_capture_names_what_the_file_keeps(tmp_path):
+    from kvtool.errors import UsageError
+    from kvtool.vllm_capture import _Writer
+
+    class FailsOnThirdFlush:  # a disk that fills up after two batches
+        def __init__(self, real):
+            self.real, self.flushes = real, 0
+
+        def write(self, text):
+            return self.real.write(text)
+
+        def flush(self):
+            self.flushes += 1
+            if self.flushes == 3:
+                raise OSError(28, "No space left on device")
+            self.real.flush()
+
+        def close(self):
+            self.real.close()
+
+    out = tmp_path / "events.jsonl"
+    writer = _Writer(out)
+    writer.handle = FailsOnThirdFlush(writer.handle)
+    batch = [1.0, [{"type": "AllBlocksCleared"}] * 2, 0]
+    from kvtool.vllm_events import decode_payload
+
+    writer.batch(0, decode_payload(msgpack.packb(batch)))
+    writer.batch(1, decode_payload(msgpack.packb(batch)))
+    with pytest.raises(UsageError) as caught:
+        writer.batch(2, decode_payload(msgpack.packb(batch)))
+    writer.close()
+    assert caught.value.one_line() == (
+        f"writing failed after 4 events in 2 batches, which the file keeps: No space left on device ({out})"
+    )
+    assert [json.loads(line)["seq"] for line in out.read_text().splitlines()][:4] == [0, 0, 1, 1]
+
+
 def _capture_process(*args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.Popen(
