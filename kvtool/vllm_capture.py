@@ -230,8 +230,9 @@ class _Replayer:
             self.socket.connect(self.endpoint)
         return self.socket
 
-    def fetch(self, first: int, last: int) -> tuple[list[tuple[int, bytes]], list[tuple[list[bytes], str]]]:
-        """Batches ``first..last`` (inclusive) as (seq, payload); plus malformed replies."""
+    def fetch(self, first: int, last: int) -> tuple[list[tuple[int, bytes]], list[tuple[list[bytes], str]], bool]:
+        """Batches ``first..last`` (inclusive) as (seq, payload); malformed replies; and whether the reply
+        ended with vLLM's end marker (False: the replay socket went silent for ``timeout_s``)."""
         socket = self._open()
         got: list[tuple[int, bytes]] = []
         bad: list[tuple[list[bytes], str]] = []
@@ -242,7 +243,7 @@ class _Replayer:
                 # mistaken for the answer to a later request.
                 socket.close(linger=0)
                 self.socket = None
-                break
+                return got, bad, False
             frames = socket.recv_multipart()
             body = frames[1:] if frames and frames[0] == b"" else frames
             # vLLM 0.32 replies (topic, seq, payload); earlier versions (seq, payload).
@@ -258,7 +259,7 @@ class _Replayer:
                 break
             if first <= seq <= last:
                 got.append((seq, body[-1]))
-        return got, bad
+        return got, bad, True
 
     def close(self) -> None:
         if self.socket is not None:
@@ -332,10 +333,15 @@ def run_capture(
             return
         nonlocal replay_error
         try:
-            replies, bad = replayer.fetch(first, last)
+            replies, bad, answered = replayer.fetch(first, last)
         except zmq.ZMQError as err:  # e.g. a replay address that cannot be reached at all
             replay_error = f"replay of batches {first}..{last} failed: {err}"
             return
+        if not answered:
+            replay_error = (
+                f"replay of batches {first}..{last}: {replayer.endpoint} did not answer within "
+                f"{options.replay_timeout_s:g} s"
+            )
         for frames, reason in bad:
             bad_frame(frames, reason)
         seen: set[int] = set()

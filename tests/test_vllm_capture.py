@@ -235,6 +235,8 @@ def test_gap_with_dead_replay_endpoint_is_counted_unrecovered(tmp_path):
     result = box["result"]
     assert (result.gaps, result.batches_missed, result.batches_recovered, result.batches_unrecovered) == (1, 2, 0, 2)
     assert [json.loads(line)["seq"] for line in out.read_text().splitlines()] == [0, 3]
+    # Why they were lost is said, not left for the user to guess.
+    assert result.replay_error == f"replay of batches 1..2: {options.replay_endpoint} did not answer within 0.3 s"
 
 
 def test_max_events_stops_after_the_whole_batch(tmp_path):
