@@ -2,7 +2,7 @@
 
 The factory returns a ``torch.nn.Module`` whose ``forward(x, cache)`` takes x [batch, seq, d_model] and a
 cache (None on a request's first call) and returns ``(out, new_cache)``; the cache is any nesting of
-tensors, tuples, lists and dicts.  Requests run with batch 1, one cache per request, held by kvtool.
+tensors, tuples, lists, dicts and objects with tensor attributes.  Requests run with batch 1, one cache per request, held by kvtool.
 
 Checks (each fails on its own, naming the evidence; an exception inside forward fails the check it
 happened in, with its message):
@@ -77,15 +77,39 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
     return module, factory
 
 
-def _leaves(cache: Any, path: str = "cache") -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) for every tensor in a nesting of tuples, lists and dicts; other leaves are skipped."""
+def _leaves(cache: Any, path: str = "cache", _seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor in a nesting of tuples, lists, dicts and plain objects (their
+    attributes: a ``KVCache`` class, a dataclass, HF's ``DynamicCache``); other leaves are skipped.
+
+    Modules are not descended into (their weights are shared by design), nor anything seen already."""
+    seen = set() if _seen is None else _seen
     if isinstance(cache, torch.Tensor):
         return [(path, cache)]
+    if id(cache) in seen or isinstance(cache, (torch.nn.Module, str, bytes, int, float, bool, type(None))):
+        return []
+    seen.add(id(cache))
     if isinstance(cache, dict):
-        return [leaf for key, value in cache.items() for leaf in _leaves(value, f"{path}[{key!r}]")]
+        return [leaf for key, value in cache.items() for leaf in _leaves(value, f"{path}[{key!r}]", seen)]
     if isinstance(cache, (tuple, list)):
-        return [leaf for i, value in enumerate(cache) for leaf in _leaves(value, f"{path}[{i}]")]
-    return []
+        return [leaf for i, value in enumerate(cache) for leaf in _leaves(value, f"{path}[{i}]", seen)]
+    if callable(cache):
+        return []
+    attributes = dict(getattr(cache, "__dict__", None) or {})
+    for klass in type(cache).__mro__:  # a class with __slots__ has no __dict__
+        slots = klass.__dict__.get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if hasattr(cache, name):
+                attributes.setdefault(name, getattr(cache, name))
+    return [leaf for key, value in attributes.items() for leaf in _leaves(value, f"{path}.{key}", seen)]
+
+
+def _no_tensors(caches: dict[int, Any], what: str) -> str:
+    """Why no tensor was found: name the type the target returned as its cache."""
+    kinds = sorted({type(c).__name__ for c in caches.values()})
+    return (
+        f"the returned caches hold no {what} (kvtool looks inside tuples, lists, dicts and object attributes; "
+        f"the caches are of type {', '.join(kinds) or 'nothing'})"
+    )
 
 
 def _forward(module: torch.nn.Module, x: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
@@ -272,7 +296,7 @@ def _no_shared_storage(module, work: _Workload) -> TargetCheck:
                 f"{ti.untyped_storage().data_ptr():#x}"
             )
     if not labelled:
-        return TargetCheck("no-shared-storage", False, "the returned caches hold no tensors", ())
+        return TargetCheck("no-shared-storage", False, _no_tensors(caches, "tensors"), ())
     if not evidence:
         return TargetCheck(
             "no-shared-storage",
@@ -298,7 +322,7 @@ def _cache_length(module, work: _Workload) -> TargetCheck:
                 shapes.setdefault((rid, path), []).append((seen, tuple(t.shape)))
 
     schedule = [[r] for _ in range(1 + DECODE_STEPS) for r in range(len(work.chunks))]
-    work.run_schedule(module, schedule, on_step=record)
+    _, caches = work.run_schedule(module, schedule, on_step=record)
     evidence = []
     for (rid, path), history in shapes.items():
         ndim = len(history[0][1])
@@ -314,7 +338,7 @@ def _cache_length(module, work: _Workload) -> TargetCheck:
                 )
                 break
     if not shapes:
-        return TargetCheck("cache-length", False, "the returned caches hold no tensor of 2 or more dimensions", ())
+        return TargetCheck("cache-length", False, _no_tensors(caches, "tensor of 2 or more dimensions"), ())
     if not evidence:
         return TargetCheck(
             "cache-length", True, f"{len(shapes)} cache tensors: length equals tokens seen after every step", ()

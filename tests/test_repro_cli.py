@@ -149,6 +149,26 @@ def test_prints_of_the_target_go_to_stderr_and_json_stays_json(run_cli, targets_
     assert result.stderr.startswith("loading chatty attention\ncache k (1, 2, 5, 8) data_ptr 0x")
 
 
+def test_a_cache_object_is_looked_into(run_cli, targets_on_path):
+    # The cache as a class with k and v attributes (here __slots__), not a tuple or dict: correct, so clean.
+    result = run_cli("repro", "--target", "repro_targets:object_cache", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_OK, result.stdout
+    storage = next(c for c in json.loads(result.stdout)["target"]["checks"] if c["name"] == "no-shared-storage")
+    assert storage["message"] == "6 cache tensors of 3 live requests: no shared bytes"  # k and v of 3 requests
+
+
+def test_a_cache_without_tensors_names_its_type(run_cli, targets_on_path):
+    result = run_cli("repro", "--target", "repro_targets:handle_cache", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    assert target["failed_checks"] == ["no-shared-storage", "cache-length"]
+    storage = next(c for c in target["checks"] if c["name"] == "no-shared-storage")
+    assert storage["message"] == (
+        "the returned caches hold no tensors (kvtool looks inside tuples, lists, dicts and object attributes; "
+        "the caches are of type int)"
+    )
+
+
 def test_trimmed_cache_is_caught_by_cache_length(run_cli, targets_on_path):
     result = run_cli("repro", "--target", "repro_targets:trimmed", "--interleavings", "10")
     assert result.exit_code == EXIT_CHECK_FAILED

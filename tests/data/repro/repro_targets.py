@@ -115,6 +115,36 @@ class ChattyAttention(Attention):
         return out, new
 
 
+class KVCache:
+    """A cache object rather than a tuple or dict: kvtool must look at its attributes."""
+
+    __slots__ = ("k", "v")
+
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+
+
+class ObjectCacheAttention(Attention):
+    """Correct, with the cache as a ``KVCache`` object."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, None if cache is None else {"k": cache.k, "v": cache.v})
+        return out, KVCache(new["k"], new["v"])
+
+
+_HANDLES: dict[int, dict] = {}
+
+
+class HandleCacheAttention(Attention):
+    """Correct outputs, but the "cache" it returns is an int handle into a module-level table."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, None if cache is None else _HANDLES[cache])
+        handle = len(_HANDLES)
+        _HANDLES[handle] = new
+        return out, handle
+
+
 class NoDModel(Attention):
     def __init__(self):
         super().__init__()
@@ -163,6 +193,16 @@ def chatty():
     print("loading chatty attention")
     torch.manual_seed(0)
     return ChattyAttention()
+
+
+def object_cache():
+    torch.manual_seed(0)
+    return ObjectCacheAttention()
+
+
+def handle_cache():
+    torch.manual_seed(0)
+    return HandleCacheAttention()
 
 
 def no_d_model():
