@@ -164,50 +164,30 @@ class NoDModel(Attention):
             del self.d_model
 
 
-def correct():
-    torch.manual_seed(0)
-    return Attention()
+def _seeded(cls):
+    """A factory: the same seeded weights on every call."""
+
+    def factory():
+        torch.manual_seed(0)
+        return cls()
+
+    return factory
 
 
-def scratch_alias():
-    torch.manual_seed(0)
-    return ScratchAliasAttention()
-
-
-def trimmed():
-    torch.manual_seed(0)
-    return TrimmedCacheAttention()
-
-
-def instance_cache():
-    torch.manual_seed(0)
-    return InstanceCacheAttention()
-
-
-def raising():
-    torch.manual_seed(0)
-    return RaisingAttention()
+correct = _seeded(Attention)
+scratch_alias = _seeded(ScratchAliasAttention)
+trimmed = _seeded(TrimmedCacheAttention)
+instance_cache = _seeded(InstanceCacheAttention)
+raising = _seeded(RaisingAttention)
+object_cache = _seeded(ObjectCacheAttention)
+handle_cache = _seeded(HandleCacheAttention)
+no_d_model = _seeded(NoDModel)
 
 
 def chatty():
     print("loading chatty attention")
     torch.manual_seed(0)
     return ChattyAttention()
-
-
-def object_cache():
-    torch.manual_seed(0)
-    return ObjectCacheAttention()
-
-
-def handle_cache():
-    torch.manual_seed(0)
-    return HandleCacheAttention()
-
-
-def no_d_model():
-    torch.manual_seed(0)
-    return NoDModel()
 
 
 def exits():
