@@ -110,6 +110,13 @@ def _connect_address(endpoint: str) -> str:
     return f"tcp://{host}:{match['port']}"
 
 
+def _is_ipv6(address: str) -> bool:
+    """A tcp:// address whose host is an IPv6 literal: libzmq needs the IPV6 option for it (without it a
+    bind fails with "No such device" and a connect waits forever)."""
+    match = _TCP.match(address)
+    return match is not None and ":" in match["host"]
+
+
 def _bind_address(endpoint: str) -> str:
     match = _TCP.match(endpoint)
     if match is None:
@@ -227,6 +234,8 @@ class _Replayer:
         if self.socket is None:
             self.socket = self.ctx.socket(self.zmq.DEALER)
             self.socket.setsockopt(self.zmq.LINGER, 0)
+            if _is_ipv6(self.endpoint):
+                self.socket.setsockopt(self.zmq.IPV6, 1)
             self.socket.connect(self.endpoint)
         return self.socket
 
@@ -295,6 +304,8 @@ def run_capture(
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVHWM, 0)  # no receive limit: never drop what vLLM sent while we write
     sub.setsockopt(zmq.SUBSCRIBE, options.topic.encode("utf-8"))
+    if _is_ipv6(address):
+        sub.setsockopt(zmq.IPV6, 1)
     try:
         (sub.bind if role == "bind" else sub.connect)(address)
     except zmq.ZMQError as err:

@@ -466,6 +466,39 @@ def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
     assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_ipv6_endpoint(tmp_path):
+    """vLLM binds an endpoint with '::' (its _is_bind_endpoint) and sets zmq.IPV6 for an IPv6 node address;
+    without that option on our side libzmq's connect to [::1] silently never happens."""
+    port = free_port()
+    endpoint = f"tcp://[::1]:{port}"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.IPV6, 1)
+    pub.bind(endpoint)
+    out = tmp_path / "events.jsonl"
+    thread, stop, box = start_capture(CaptureOptions(endpoint=endpoint, output=out, max_events=1, duration_s=30))
+    try:
+        assert pub.poll(10000), "the capture never subscribed over IPv6"
+        pub.recv()
+        pub.send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0])])
+        thread.join(30)
+    finally:
+        stop.set()
+        pub.close(linger=0)
+        ctx.term()
+    assert (box["result"].role, box["result"].events_written) == ("connect", 1)
+
+
 def test_live_count_on_a_terminal(monkeypatch):
     import io
 
