@@ -23,6 +23,7 @@ import importlib
 import os
 import random
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -81,11 +82,13 @@ def _leaves(cache: Any, path: str = "cache", _seen: set[int] | None = None) -> l
     """(path, tensor) for every tensor in a nesting of tuples, lists, dicts and plain objects (their
     attributes: a ``KVCache`` class, a dataclass, HF's ``DynamicCache``); other leaves are skipped.
 
-    Modules are not descended into (their weights are shared by design), nor anything seen already."""
+    Modules (torch's or Python's) are not descended into: their weights and globals are shared by design.
+    Nothing is visited twice."""
     seen = set() if _seen is None else _seen
     if isinstance(cache, torch.Tensor):
         return [(path, cache)]
-    if id(cache) in seen or isinstance(cache, (torch.nn.Module, str, bytes, int, float, bool, type(None))):
+    skipped = (torch.nn.Module, types.ModuleType, str, bytes, int, float, bool, type(None))
+    if id(cache) in seen or isinstance(cache, skipped):
         return []
     seen.add(id(cache))
     if isinstance(cache, dict):

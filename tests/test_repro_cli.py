@@ -235,3 +235,23 @@ def test_unimportable_target_in_a_fresh_interpreter():
     proc = run_subprocess("repro", "--target", "no_such_pkg:factory")
     assert proc.returncode == EXIT_USAGE
     assert proc.stderr.startswith("Error: cannot import module 'no_such_pkg'")
+
+
+def test_cache_leaves_skip_modules_and_cycles():
+    # A cache object that refers to itself, to a Python module (with a tensor global, shared by design) and to
+    # a torch module: only its own tensor counts.
+    import types
+
+    import torch
+
+    from kvtool.repro_target import _leaves
+
+    lib = types.ModuleType("rope_tables")
+    lib.cos = torch.ones(64, 8)
+
+    class Cache:
+        def __init__(self):
+            self.k = torch.zeros(1, 2, 3, 4)
+            self.me, self.lib, self.proj, self.fn = self, lib, torch.nn.Linear(2, 2), print
+
+    assert [path for path, _ in _leaves({"layer0": Cache()})] == ["cache['layer0'].k"]
