@@ -448,13 +448,21 @@ def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
     folder = tempfile.mkdtemp(prefix="kvc")  # ipc paths must stay short
     endpoint = f"ipc://{folder}/kv.sock"
     assert resolve_role(endpoint, "auto") == ("connect", endpoint)
+    out = tmp_path / "events.jsonl"
+    result = _one_batch_from_a_binding_publisher(endpoint, out)
+    assert result.role == "connect"
+    assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
+
+
+def _one_batch_from_a_binding_publisher(endpoint: str, out, ipv6: bool = False):
+    """vLLM's side when it binds: one batch once the capture has subscribed; returns the capture's result."""
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.IPV6, int(ipv6))
     pub.bind(endpoint)
-    out = tmp_path / "events.jsonl"
     thread, stop, box = start_capture(CaptureOptions(endpoint=endpoint, output=out, max_events=1, duration_s=30))
     try:
-        assert pub.poll(10000)
+        assert pub.poll(10000), "the capture never subscribed"
         pub.recv()
         pub.send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0])])
         thread.join(30)
@@ -462,8 +470,7 @@ def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
         stop.set()
         pub.close(linger=0)
         ctx.term()
-    assert box["result"].role == "connect"
-    assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
+    return box["result"]
 
 
 def _ipv6_loopback() -> bool:
@@ -479,24 +486,8 @@ def _ipv6_loopback() -> bool:
 def test_ipv6_endpoint(tmp_path):
     """vLLM binds an endpoint with '::' (its _is_bind_endpoint) and sets zmq.IPV6 for an IPv6 node address;
     without that option on our side libzmq's connect to [::1] silently never happens."""
-    port = free_port()
-    endpoint = f"tcp://[::1]:{port}"
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)
-    pub.setsockopt(zmq.IPV6, 1)
-    pub.bind(endpoint)
-    out = tmp_path / "events.jsonl"
-    thread, stop, box = start_capture(CaptureOptions(endpoint=endpoint, output=out, max_events=1, duration_s=30))
-    try:
-        assert pub.poll(10000), "the capture never subscribed over IPv6"
-        pub.recv()
-        pub.send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0])])
-        thread.join(30)
-    finally:
-        stop.set()
-        pub.close(linger=0)
-        ctx.term()
-    assert (box["result"].role, box["result"].events_written) == ("connect", 1)
+    result = _one_batch_from_a_binding_publisher(f"tcp://[::1]:{free_port()}", tmp_path / "e.jsonl", ipv6=True)
+    assert (result.role, result.events_written) == ("connect", 1)
 
 
 def test_live_count_on_a_terminal(monkeypatch):
