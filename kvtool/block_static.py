@@ -36,7 +36,9 @@ class StaticResult:
     fit_at_once_p50: float | None  # requests that fit in the pool at once, over windows of consecutive requests
     fit_at_once_p99: float | None
     fit_at_once_p1: float | None  # the count that fits 99% of the time
-    fit_if_fixed_mean_length: int | None  # what a fixed-length test at the mean length would claim
+    # What a fixed-length test at the mean length (and mean prompt, for the shared prefix) would claim, on the same
+    # basis as the fit_at_once figures: its full prefix blocks stored once.
+    fit_if_fixed_mean_length: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,7 @@ class StaticComparison:
     mean_length_tokens: float
     p99_length_tokens: float
     max_length_tokens: int
+    min_length_tokens: int
 
 
 # Windows evaluated for the requests-that-fit percentiles: every start when there are at most this many requests,
@@ -126,6 +129,10 @@ def compare_block_sizes(
             counts = fit_at_once(own, max(pool - shared_once, 0))
             fit = np.percentile(counts, [50, 99, 1])
         mean_len = total / n
+        if pool is not None:
+            fixed_blocks = -(-round(mean_len) // b)
+            fixed_shared = min(round(float(prompt.mean())), shared_prefix_tokens) // b
+            fixed_claim = max(pool - fixed_shared, 0) // max(fixed_blocks - fixed_shared, 1)
         results.append(
             StaticResult(
                 block_size=b,
@@ -149,7 +156,7 @@ def compare_block_sizes(
                 fit_at_once_p50=None if fit is None else float(fit[0]),
                 fit_at_once_p99=None if fit is None else float(fit[1]),
                 fit_at_once_p1=None if fit is None else float(fit[2]),
-                fit_if_fixed_mean_length=None if pool is None else int(pool // -(-round(mean_len) // b)),
+                fit_if_fixed_mean_length=None if pool is None else int(fixed_claim),
             )
         )
     from_data = max_model_len is None
@@ -172,4 +179,5 @@ def compare_block_sizes(
         mean_length_tokens=total / n,
         p99_length_tokens=float(np.percentile(lengths, 99)),
         max_length_tokens=int(lengths.max()),
+        min_length_tokens=int(lengths.min()),
     )

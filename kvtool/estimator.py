@@ -9,12 +9,12 @@ from pathlib import Path
 from kvtool.capacity import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_RESERVE_BYTES,
     Budget,
     Capacity,
     gpu_budget,
     plan_capacity,
+    serve_max_num_batched_tokens,
 )
 from kvtool.errors import UsageError
 from kvtool.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
@@ -44,10 +44,10 @@ class EstimateRequest:
     gpu: str | None = None
     gpu_memory: str | None = None
     kv_memory: str | None = None
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: float | None = None  # None: vLLM's default 0.9 (only with --gpu/--gpu-memory)
     reserve: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_batched_tokens)
     compare: bool = False
     profile_dirs: tuple[str, ...] = ()
 
@@ -59,7 +59,7 @@ class LayerGroupResult:
     kv_heads_per_gpu: int
     elements_per_head: int
     window_tokens: int | None
-    bytes_per_token_per_layer: float  # one GPU; a whole number except for int4/nvfp4 odd widths
+    bytes_per_token_per_layer: int | float  # one GPU; a JSON integer, a float only for an int4 vector of odd width
     kv_bytes_per_gpu: int  # this group's share at seq_len x batch
     formula: str
 
@@ -139,6 +139,8 @@ class EstimateResult:
     capacity_method: str | None
     defaults: tuple[str, ...]  # every default used, in words
     notes: tuple[str, ...]
+    max_position_embeddings: int | None  # the model's context (vLLM's derived max_model_len); None if unknown
+    warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
 
@@ -224,13 +226,25 @@ def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
 
 def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> Budget | None:
     """The per-GPU KV budget from --kv-memory, --gpu or --gpu-memory; None when none was asked."""
+    given = (("--reserve", request.reserve), ("--gpu-memory-utilization", request.gpu_memory_utilization))
+    gpu_only = [option for option, value in given if value is not None]  # options that size a GPU budget only
     if request.kv_memory is not None:
         if request.gpu or request.gpu_memory:
             raise UsageError("--kv-memory gives the KV budget directly; drop --gpu/--gpu-memory", where="--kv-memory")
+        if gpu_only:  # vLLM too ignores gpu_memory_utilization once kv_cache_memory_bytes is set
+            raise UsageError(
+                f"{' and '.join(gpu_only)} would be ignored: --kv-memory is the KV budget itself",
+                where=gpu_only[0], tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
+            )
         return Budget(parse_size(request.kv_memory, option="--kv-memory"), "--kv-memory")
     if request.gpu and request.gpu_memory:
         raise UsageError("give --gpu or --gpu-memory, not both", where="--gpu")
     if not (request.gpu or request.gpu_memory):
+        if gpu_only:
+            raise UsageError(
+                f"{' and '.join(gpu_only)} would be ignored without a GPU", where=gpu_only[0],
+                tip="add --gpu NAME or --gpu-memory SIZE",
+            )
         return None
     if request.gpu:
         from kvtool.profile_loader import find_gpu
@@ -247,7 +261,9 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
     reserve = DEFAULT_RESERVE_BYTES if request.reserve is None else _parse_reserve(request.reserve)
     return gpu_budget(
         gpu_memory_bytes=memory,
-        gpu_memory_utilization=request.gpu_memory_utilization,
+        gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
+        ),
         weights_bytes=weights.weights_bytes,
         tp=request.tp,
         reserve_bytes=reserve,
@@ -275,14 +291,49 @@ def _check_positive(request: EstimateRequest) -> None:
             raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
 
 
+def check_tp(spec: ModelSpec, tp: int) -> None:
+    """Refuse a tensor-parallel size vLLM refuses, with vLLM's reason.
+
+    vllm/config/model.py ``verify_with_parallel_config``: "Total number of attention heads (N) must be divisible
+    by tensor parallel size (T)"; vllm/model_executor/layers/linear.py ``QKVParallelLinear``: KV heads are split
+    (``kv_heads % tp == 0``) or replicated (``tp % kv_heads == 0``).  MLA keeps one latent, replicated.
+    """
+    heads = spec.num_attention_heads
+    if heads % tp:
+        raise UsageError(
+            f"--tp {tp} does not divide the {heads} attention heads of {spec.name}; vLLM refuses to start "
+            f"(total number of attention heads must be divisible by tensor parallel size)",
+            where="--tp",
+            tip=f"use a --tp that divides {heads}: {', '.join(str(t) for t in range(1, heads + 1) if heads % t == 0)}"
+            if heads <= 128 else f"use a --tp that divides {heads}",
+        )
+    kv = spec.num_kv_heads
+    if not spec.is_mla and (kv % tp if kv >= tp else tp % kv):
+        raise UsageError(
+            f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {spec.name}; vLLM cannot "
+            f"split or replicate them evenly",
+            where="--tp",
+        )
+
+
 def estimate(request: EstimateRequest) -> EstimateResult:
     """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way)."""
     _check_positive(request)
     spec, weights = resolve_model(request)
+    check_tp(spec, request.tp)
     layout = kv_layout(spec, request.kv_dtype, request.tp)
     budget = resolve_budget(request, weights)
+    mnbt_default = None
+    if request.max_num_batched_tokens is None:
+        mnbt, why = serve_max_num_batched_tokens(
+            budget.gpu_memory_bytes if budget else None, budget.gpu_name if budget else None
+        )
+        request = dataclasses.replace(request, max_num_batched_tokens=mnbt)
+        mnbt_default = f"max-num-batched-tokens {mnbt} ({why})"
 
     defaults: list[str] = []
+    if spec.model_type == "manual" and request.dtype is None:
+        defaults.append("dtype float16 (kvtool's default in manual mode; --dtype to change)")
     if request.seq_lens:
         seq_lens = request.seq_lens
     else:
@@ -301,12 +352,12 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         if request.block_size == DEFAULT_BLOCK_SIZE:
             defaults.append(f"block-size {DEFAULT_BLOCK_SIZE} (vLLM's default)")
         if budget.method == "gpu":
-            if request.gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION:
+            if request.gpu_memory_utilization is None:
                 defaults.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
             if request.reserve is None:
                 defaults.append(f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory")
-        if any(g.window_tokens for g in layout.groups) and request.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:
-            defaults.append(f"max-num-batched-tokens {DEFAULT_MAX_NUM_BATCHED_TOKENS} (vllm serve's default below 70 GiB)")
+        if any(g.window_tokens for g in layout.groups) and mnbt_default:
+            defaults.append(mnbt_default)
 
     seq_len, batch = seq_lens[0], batches[0]
     capacity = _capacity(spec, layout, budget, request, seq_len, batch)
@@ -330,7 +381,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             kv_heads_per_gpu=g.kv_heads_per_gpu,
             elements_per_head=g.vector_elements,
             window_tokens=g.window_tokens,
-            bytes_per_token_per_layer=float(g.bytes_per_token_per_layer),
+            bytes_per_token_per_layer=_whole_or_float(g.bytes_per_token_per_layer),
             kv_bytes_per_gpu=_ceil(g.bytes_per_token_per_layer * g.num_layers * g.tokens_held(seq_len) * batch),
             formula=group_formula(g, layout.kv_dtype, seq_len, batch),
         )
@@ -384,9 +435,34 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         capacity_method=capacity.method if capacity else None,
         defaults=tuple(defaults),
         notes=(*spec.notes, *layout.notes, *_weights_notes(request, weights), *_budget_notes(budget)),
+        max_position_embeddings=spec.max_position_embeddings,
+        warnings=_context_warnings(spec, seq_lens),
         sweep=sweep,
         compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
     )
+
+
+def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, ...]:
+    """vLLM refuses a max_model_len above the model's context; kvtool sizes it, and says so.
+
+    vllm/config/model.py ``_get_and_verify_max_len``: "User-specified max_model_len (N) is greater than the
+    derived max_model_len (max_position_embeddings=M ...)" unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+    """
+    limit = spec.max_position_embeddings
+    too_long = [s for s in seq_lens if limit is not None and s > limit]
+    if not too_long:
+        return ()
+    asked = ", ".join(f"{s:,}" for s in too_long)
+    return (
+        f"--seq-len {asked} exceeds {spec.name}'s max_position_embeddings {limit:,}: vLLM refuses to start with "
+        f"--max-model-len above it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
+        f"the figures are sized as asked",
+    )
+
+
+def _whole_or_float(x) -> int | float:
+    """Byte counts are JSON integers; a Fraction is a float only when it truly has a fractional part."""
+    return int(x) if x.denominator == 1 else float(x)
 
 
 def _ceil(x) -> int:

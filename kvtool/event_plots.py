@@ -90,9 +90,18 @@ def _holding_vs_utilization(analysis: Analysis, ax) -> None:
     ax.legend(loc="lower right", fontsize="small")
 
 
+def _no_data(ax, text: str) -> None:
+    """An empty chart says why it is empty instead of showing bare axes."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def _match_lengths(analysis: Analysis, ax) -> None:
     m = analysis.match_tokens
-    if m.size:
+    if not analysis.prefix_reuse.reused_tokens and not analysis.prefix_reuse.requests_with_hit:
+        _no_data(ax, "no prefix-cache hits in the file (no reuse rows, or none with tokens)")
+    elif m.size:
         ax.hist(m, bins=min(100, max(10, int(m.max() // max(analysis.summary.default_block_size, 1)) + 1)))
     ax.set_xlabel("prefix match length (tokens)")
     ax.set_ylabel("requests")
@@ -108,6 +117,8 @@ def _free_latency(analysis: Analysis, ax) -> None:
         ax.axvline(p99, color="red", linestyle="--", label=f"p99 = {p99:,.1f} ms")
         ax.legend(loc="upper right", fontsize="small")
         ax.set_yscale("log")
+    else:
+        _no_data(ax, "no free latency recorded (no latency_ms on free rows)")
     ax.set_xlabel("free latency (ms): request finished -> blocks back in the pool")
     ax.set_ylabel("free events")
     ax.set_title("Free latency")

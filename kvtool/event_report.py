@@ -209,7 +209,12 @@ def render_analysis(analysis: Analysis, console) -> None:
             _num(c.peak_blocks, ",d"),
             "yes" if c.leaked else "",
         )
-    console.print(culprits if analysis.culprits else "Culprits: none (no request holds unused slots)")
+    if analysis.culprits:
+        console.print(culprits)
+    elif s.wasted_slot_seconds > 0:  # requests did waste slots: --top 0 asked for none to be listed
+        console.print("Culprits: not listed (--top 0)")
+    else:
+        console.print("Culprits: none (no request holds unused slots)")
     console.print()
     pool_rows = [
         ("blocks allocated / reused / freed", f"{p.blocks_allocated:,} / {p.blocks_reused:,} / {p.blocks_freed:,}"),
@@ -237,7 +242,7 @@ def render_analysis(analysis: Analysis, console) -> None:
         pool_rows.append(("pool capacity (blocks)", _num(p.capacity_blocks, ",.0f")))
     console.print(_kv_table("Pool", pool_rows))
     console.print()
-    hist = ", ".join(f"{m} tok x {c}" for m, c in pr.histogram[:4]) or "-"
+    hist = ", ".join(f"{m:,} tok x {c:,}" for m, c in pr.histogram[:4]) or "-"
     console.print(
         _kv_table(
             "Prefix reuse",

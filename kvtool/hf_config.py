@@ -61,6 +61,9 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     num_nextn_predict_layers: int = 0
+    # quantization_config.quant_method "fp8": linear weights are 1 byte with one float32 scale per block of
+    # (rows, cols) ((0, 0): one scale per matrix); None: every weight at `dtype`
+    fp8_weight_block: tuple[int, int] | None = None
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -127,6 +130,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "parallel_attn": (bool,),
     "bias": (bool,),
     "text_config": (dict,),
+    "quantization_config": (dict, type(None)),
 }
 
 _FALCON_TYPES = {"falcon", "RefinedWeb", "RefinedWebModel"}
@@ -270,7 +274,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         is_mla=is_mla,
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope,
-        max_position_embeddings=cfg.positive("max_position_embeddings", required=False),
+        max_position_embeddings=_context_length(cfg, notes),
         vocab_size=vocab,
         intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
         # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
@@ -284,8 +288,52 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
+        fp8_weight_block=_fp8_weight_block(top, notes),
         notes=tuple(notes),
     )
+
+
+# vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py
+# ``derive_max_model_len_and_key``): the smallest one set wins.
+_CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_sequence_length", "max_seq_length", "seq_len",
+)
+
+
+def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
+    """The model's context as vLLM derives its default max_model_len: the smallest integer of _CONTEXT_KEYS."""
+    cfg.positive("max_position_embeddings", required=False)  # type-checked and > 0, with file and field on error
+    found = {k: cfg.data[k] for k in _CONTEXT_KEYS if type(cfg.data.get(k)) is int and cfg.data[k] > 0}
+    if not found:
+        return None
+    key = min(found, key=lambda k: found[k])
+    if key != "max_position_embeddings":
+        notes.append(f"context {found[key]:,} from {key} (vLLM takes the smallest of its length keys)")
+    return found[key]
+
+
+def _fp8_weight_block(top: _Reader, notes: list[str]) -> tuple[int, int] | None:
+    """FP8 weight blocks from ``quantization_config`` (DeepSeek-V3: quant_method fp8, weight_block_size [128, 128])."""
+    quant = top.get("quantization_config")
+    if quant is None:
+        return None
+    method = quant.get("quant_method")
+    if method != "fp8":
+        notes.append(
+            f"quantization_config quant_method {method!r} is not modelled: weights estimated at the config dtype "
+            f"(safetensors headers beside the config give exact bytes)"
+        )
+        return None
+    block = quant.get("weight_block_size")
+    if block is None:
+        return (0, 0)
+    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
+        raise InputFileError(
+            f"weight_block_size must be two positive integers, not {block!r}",
+            where=f"{top.where}: field quantization_config.weight_block_size",
+        )
+    return (block[0], block[1])
 
 
 def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:

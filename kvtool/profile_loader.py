@@ -231,10 +231,9 @@ def _suggest(key: str, profiles: list, kind: str) -> str:
         for alias in p.aliases:
             names.setdefault(alias.lower(), p.name)
     close = get_close_matches(key, list(names), n=3, cutoff=0.6)
-    listing = "kvtool models" if kind == "model" else "kvtool models --gpus"
     if close:
-        return f"did you mean {', '.join(dict.fromkeys(names[c] for c in close))}? ('{listing}' lists them all)"
-    return f"'{listing}' lists the known {kind}s"
+        return f"did you mean {', '.join(dict.fromkeys(names[c] for c in close))}? ('kvtool models' lists them all)"
+    return f"'kvtool models' lists the known {kind}s"
 
 
 def find_model(name: str, extra: Iterable[str | Path] = ()) -> ModelProfile:

@@ -62,14 +62,22 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
             )
         limit = " (the model's context; sliding layers never run out)" if r.max_seq_len_limited_by == "model context" else ""
+        if _beyond_context(r):
+            limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
         table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
         table.add_row("how blocks were counted", r.capacity_method or "")
     console.print(table)
     if r.fits is not None:
         if r.fits:
+            longest = f"one request of up to {r.max_seq_len:,} tokens"
+            if _beyond_context(r):
+                longest = (
+                    f"one request of up to {r.max_position_embeddings:,} tokens, the model's context "
+                    f"(memory would hold {r.max_seq_len:,})"
+                )
             console.print(
                 f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
-                f"requests of {r.seq_len:,} tokens, or one request of up to {r.max_seq_len:,} tokens."
+                f"requests of {r.seq_len:,} tokens, or {longest}."
             )
         elif r.max_seq_len == 0:
             console.print(
@@ -77,11 +85,15 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"(vLLM would refuse to start)."
             )
         else:
+            fitting = [f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens"] if r.max_batch else []
+            if r.max_seq_len_at_batch:
+                fitting.append(f"{r.batch:,} of {r.max_seq_len_at_batch:,} tokens")
+            else:
+                fitting.append(f"no length at which {r.batch:,} requests fit")
             console.print(
                 f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
                 f"{r.batch * r.blocks_per_request:,} blocks; {max(r.num_blocks - 1, 0):,} are usable. Largest that fit: "
-                f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens, or {r.batch:,} of {r.max_seq_len_at_batch:,} tokens "
-                f"(one request: {r.max_seq_len:,} tokens)."
+                f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
             )
     if r.sweep:
         render_sweep(result, console)
@@ -91,6 +103,14 @@ def render_estimate(result: EstimateResult, console) -> None:
     for note in r.notes:
         console.print(f"Note: {note}", style="dim")
     console.print(f"Source: {r.source}", style="dim")
+
+
+def _beyond_context(r: EstimateResult) -> bool:
+    """Memory would hold a longer request than the model's context allows."""
+    return (
+        r.max_seq_len is not None and r.max_position_embeddings is not None
+        and r.max_seq_len > r.max_position_embeddings
+    )
 
 
 def render_sweep(result: EstimateResult, console) -> None:
@@ -137,17 +157,30 @@ def render_compare(result: EstimateResult, console) -> None:
 def render_models(models: list, gpus: list, console) -> None:
     from rich.table import Table
 
-    table = Table(title="Models (kvtool estimate --model NAME)", header_style="bold", title_justify="left")
-    for col in ("name", "attention", "layers", "KV heads x dim", "dtype", "sliding", "params", "values from"):
-        table.add_column(col)
+    # The name is what the user types next: it is never truncated.  The Hugging Face repository (also in
+    # --json) is shown only where it fits on one line, so an 80-column terminal keeps every other column whole.
+    show_repo = console.width >= 130
+    table = Table(
+        title="Models (kvtool estimate --model NAME)", header_style="bold", title_justify="left",
+        box=None, pad_edge=False,
+    )
+    table.add_column("name", no_wrap=True)
+    for col in ("attention", "layers", "KV x dim", "dtype", "sliding", "params"):
+        table.add_column(col, no_wrap=True)
+    if show_repo:
+        table.add_column("values from", no_wrap=True)
     for m in models:
         sliding = f"{m.sliding_layers}/{m.num_layers} x {m.sliding_window:,}" if m.sliding_layers else "-"
         params = f"{m.published_params / 1e9:,.2f} B" if m.published_params else "-"
-        table.add_row(m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params, m.hf_repo)
+        row = [m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params]
+        table.add_row(*row, *([m.hf_repo] if show_repo else []))
     console.print(table)
-    gt = Table(title="GPUs (kvtool estimate --gpu NAME)", header_style="bold", title_justify="left")
+    gt = Table(
+        title="GPUs (kvtool estimate --gpu NAME)", header_style="bold", title_justify="left",
+        box=None, pad_edge=False,
+    )
     for col in ("name", "memory", "bytes", "vendor"):
-        gt.add_column(col)
+        gt.add_column(col, no_wrap=True)
     for g in gpus:
         gt.add_row(g.name, g.memory_text, f"{g.memory_bytes:,}", g.vendor)
     console.print(gt)

@@ -113,7 +113,7 @@ def _tensor_table(b: ImplResult, f: ImplResult):
     table = Table(title="cache tensors per request / layer (per-head views inside)", title_justify="left")
     table.add_column("tensor")
     for side in ("buggy", "fixed"):
-        table.add_column(f"{side} data_ptr")
+        table.add_column(f"{side} data_ptr", overflow="fold")  # never an ellipsis inside an address
         table.add_column("per-head shape")
         table.add_column("shares memory with")
     gb, gf = _grouped(b.cache_tensors), _grouped(f.cache_tensors)

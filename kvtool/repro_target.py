@@ -2,7 +2,7 @@
 
 The factory returns a ``torch.nn.Module`` whose ``forward(x, cache)`` takes x [batch, seq, d_model] and a
 cache (None on a request's first call) and returns ``(out, new_cache)``; the cache is any nesting of
-tensors, tuples, lists and dicts.  Requests run with batch 1, one cache per request, held by kvtool.
+tensors, tuples, lists, dicts and objects with tensor attributes.  Requests run with batch 1, one cache per request, held by kvtool.
 
 Checks (each fails on its own, naming the evidence; an exception inside forward fails the check it
 happened in, with its message):
@@ -17,11 +17,13 @@ happened in, with its message):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import os
 import random
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -30,6 +32,12 @@ from kvtool.errors import UsageError
 from kvtool.repro_checks import DECODE_STEPS, DTYPES, N_REQUESTS, PROMPT_LENGTHS, TOLERANCES, random_schedule
 from kvtool.repro_results import TargetCheck, TargetResult
 from kvtool.repro_storage import overlap_pairs
+
+
+# What the user's code may raise into kvtool: any exception, and SystemExit (a module that runs argparse
+# at import, a factory that calls sys.exit("no GPU")), which would otherwise end kvtool with the
+# target's exit code (1 would read as "checks failed").  KeyboardInterrupt still stops kvtool.
+_USER_ERRORS = (Exception, SystemExit)
 
 
 class TargetFailure(Exception):
@@ -45,7 +53,7 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the current directory's packages are importable
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import-time failure is the target's fault
+    except _USER_ERRORS as err:  # noqa: BLE001 - any import-time failure is the target's fault
         raise UsageError(
             f"cannot import module '{module_name}' of target '{spec}': {type(err).__name__}: {err}", where="--target"
         ) from None
@@ -60,7 +68,7 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
     factory = obj
     try:
         module = factory()
-    except Exception as err:  # noqa: BLE001
+    except _USER_ERRORS as err:  # noqa: BLE001
         raise UsageError(f"factory of target '{spec}' raised {type(err).__name__}: {err}", where="--target") from None
     if not isinstance(module, torch.nn.Module):
         raise UsageError(
@@ -70,21 +78,47 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
     return module, factory
 
 
-def _leaves(cache: Any, path: str = "cache") -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) for every tensor in a nesting of tuples, lists and dicts; other leaves are skipped."""
+def _leaves(cache: Any, path: str = "cache", _seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor in a nesting of tuples, lists, dicts and plain objects (their
+    attributes: a ``KVCache`` class, a dataclass, HF's ``DynamicCache``); other leaves are skipped.
+
+    Modules (torch's or Python's) are not descended into: their weights and globals are shared by design.
+    Nothing is visited twice."""
+    seen = set() if _seen is None else _seen
     if isinstance(cache, torch.Tensor):
         return [(path, cache)]
+    skipped = (torch.nn.Module, types.ModuleType, str, bytes, int, float, bool, type(None))
+    if id(cache) in seen or isinstance(cache, skipped):
+        return []
+    seen.add(id(cache))
     if isinstance(cache, dict):
-        return [leaf for key, value in cache.items() for leaf in _leaves(value, f"{path}[{key!r}]")]
+        return [leaf for key, value in cache.items() for leaf in _leaves(value, f"{path}[{key!r}]", seen)]
     if isinstance(cache, (tuple, list)):
-        return [leaf for i, value in enumerate(cache) for leaf in _leaves(value, f"{path}[{i}]")]
-    return []
+        return [leaf for i, value in enumerate(cache) for leaf in _leaves(value, f"{path}[{i}]", seen)]
+    if callable(cache):
+        return []
+    attributes = dict(getattr(cache, "__dict__", None) or {})
+    for klass in type(cache).__mro__:  # a class with __slots__ has no __dict__
+        slots = klass.__dict__.get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if hasattr(cache, name):
+                attributes.setdefault(name, getattr(cache, name))
+    return [leaf for key, value in attributes.items() for leaf in _leaves(value, f"{path}.{key}", seen)]
+
+
+def _no_tensors(caches: dict[int, Any], what: str) -> str:
+    """Why no tensor was found: name the type the target returned as its cache."""
+    kinds = sorted({type(c).__name__ for c in caches.values()})
+    return (
+        f"the returned caches hold no {what} (kvtool looks inside tuples, lists, dicts and object attributes; "
+        f"the caches are of type {', '.join(kinds) or 'nothing'})"
+    )
 
 
 def _forward(module: torch.nn.Module, x: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
     try:
         result = module(x, cache)
-    except Exception as err:  # noqa: BLE001 - the target's exception is the finding
+    except _USER_ERRORS as err:  # noqa: BLE001 - the target's exception is the finding
         raise TargetFailure(f"forward raised {type(err).__name__}: {' '.join(str(err).split())}") from None
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
         raise TargetFailure(f"forward returned {type(result).__name__}, expected (out tensor, new_cache)")
@@ -152,7 +186,18 @@ def check_target(
     seed: int = 0,
     interleavings: int = 200,
 ) -> TargetResult:
-    """Load the target and run the four checks; UsageError if it cannot be loaded or has no d_model."""
+    """Load the target and run the four checks; UsageError if it cannot be loaded or has no d_model.
+
+    Whatever the target's own code prints (the article's habit: print each cache's shape and data_ptr
+    on every step) goes to stderr, so stdout carries only kvtool's answer and ``--json`` stays JSON.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        return _check_target(spec, d_model=d_model, device=device, dtype=dtype, seed=seed, interleavings=interleavings)
+
+
+def _check_target(
+    spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, interleavings: int
+) -> TargetResult:
     module, factory = load_target(spec)
     if d_model is None:
         d_model = getattr(module, "d_model", None)
@@ -166,12 +211,12 @@ def check_target(
     dev = torch.device(device)
     try:
         module = module.to(device=dev, dtype=DTYPES[dtype]).eval()
-    except Exception as err:  # noqa: BLE001
+    except _USER_ERRORS as err:  # noqa: BLE001
         raise UsageError(f"cannot move target '{spec}' to {device}/{dtype}: {err}", where="--target") from None
     work = _Workload(d_model, seed, DTYPES[dtype], dev)
     try:
         pristine = copy.deepcopy(module)
-    except Exception:  # noqa: BLE001 - fall back to a new instance with the same weights
+    except _USER_ERRORS:  # noqa: BLE001 - fall back to a new instance with the same weights
         pristine = None
     state = {k: v.detach().clone() for k, v in module.state_dict().items()}
 
@@ -182,7 +227,7 @@ def check_target(
             other = factory().to(device=dev, dtype=DTYPES[dtype]).eval()
             other.load_state_dict(state)
             return other
-        except Exception as err:  # noqa: BLE001
+        except _USER_ERRORS as err:  # noqa: BLE001
             raise TargetFailure(f"could not make a fresh copy of the module: {type(err).__name__}: {err}") from None
 
     with torch.no_grad():
@@ -254,7 +299,7 @@ def _no_shared_storage(module, work: _Workload) -> TargetCheck:
                 f"{ti.untyped_storage().data_ptr():#x}"
             )
     if not labelled:
-        return TargetCheck("no-shared-storage", False, "the returned caches hold no tensors", ())
+        return TargetCheck("no-shared-storage", False, _no_tensors(caches, "tensors"), ())
     if not evidence:
         return TargetCheck(
             "no-shared-storage",
@@ -280,7 +325,7 @@ def _cache_length(module, work: _Workload) -> TargetCheck:
                 shapes.setdefault((rid, path), []).append((seen, tuple(t.shape)))
 
     schedule = [[r] for _ in range(1 + DECODE_STEPS) for r in range(len(work.chunks))]
-    work.run_schedule(module, schedule, on_step=record)
+    _, caches = work.run_schedule(module, schedule, on_step=record)
     evidence = []
     for (rid, path), history in shapes.items():
         ndim = len(history[0][1])
@@ -296,7 +341,7 @@ def _cache_length(module, work: _Workload) -> TargetCheck:
                 )
                 break
     if not shapes:
-        return TargetCheck("cache-length", False, "the returned caches hold no tensor of 2 or more dimensions", ())
+        return TargetCheck("cache-length", False, _no_tensors(caches, "tensor of 2 or more dimensions"), ())
     if not evidence:
         return TargetCheck(
             "cache-length", True, f"{len(shapes)} cache tensors: length equals tokens seen after every step", ()

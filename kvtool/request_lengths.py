@@ -26,6 +26,16 @@ DEFAULT_OUTPUT_SHARE = 0.15
 # Requests drawn from a parametric distribution when --requests is not given.
 DEFAULT_PARAMETRIC_REQUESTS = 10_000
 
+# The longest request length accepted (tokens), from a trace or a parameter: 10^9, a hundred times the longest
+# context window of any released model, and low enough that a billion such requests still sum inside int64.
+MAX_REQUEST_TOKENS = 1_000_000_000
+
+# The most requests --requests may ask for (a billion: the arrays alone take tens of GB).
+MAX_REQUESTS = 1_000_000_000
+
+# The most distinct lengths --dist zipf tabulates (its CDF is built over every length in --min..--max: 80 MB).
+MAX_ZIPF_SUPPORT = 10_000_000
+
 # z-score of the 99th percentile of a standard normal (for the lognormal's mean/p99 parametrisation).
 _Z99 = 2.3263478740408408
 
@@ -118,6 +128,13 @@ def _to_int_tokens(values: list[Any], column: str, path: str, where_rows) -> Any
         raise InputFileError(
             f"'{column}' must be a whole number of tokens, got {values[i]!r}", where=f"{path}, {where_rows(i)}"
         )
+    bad = np.flatnonzero(np.abs(arr) > MAX_REQUEST_TOKENS)
+    if len(bad):
+        i = int(bad[0])
+        raise InputFileError(
+            f"'{column}' is too large: {values[i]!r} tokens (at most {MAX_REQUEST_TOKENS:,})",
+            where=f"{path}, {where_rows(i)}",
+        )
     return arr.astype(np.int64)
 
 
@@ -126,12 +143,21 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
     import numpy as np
 
     if unit == "datetime":
+        import warnings
+
         try:
-            stamps = np.asarray(values, dtype="datetime64[ns]")
+            # numpy converts a UTC offset ("+00:00", "Z": the Azure 2024 traces) to UTC, which is what arrival
+            # differences need, but warns about it on stderr; the warning is not the user's concern.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stamps = np.asarray(values, dtype="datetime64[ns]")
         except ValueError:
             for i, v in enumerate(values):
                 try:
-                    np.datetime64(v, "ns")
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        np.datetime64(v, "ns")
                 except ValueError:
                     raise InputFileError(
                         f"'{column}' is not a date and time: {str(v)[:40]!r}", where=f"{path}, {where_rows(i)}"
@@ -164,8 +190,12 @@ def _match_format(columns: list[str]) -> TraceFormat | None:
 
 def _unrecognised(path: str, columns: list[str]) -> InputFileError:
     shown = ", ".join(repr(c) for c in columns[:12]) or "none"
+    names = {c.strip().lower() for c in columns}
+    tip = None
+    if {"ts", "event", "request_id"} <= names:
+        tip = "this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
     return InputFileError(
-        f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path
+        f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path, tip=tip
     )
 
 
@@ -226,6 +256,13 @@ def _read_json_lines(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
     return order, columns
 
 
+def _check_json_scalars(values: list[Any], column: str, path: str, where_rows) -> None:
+    """A JSON value used as a number must be a number or a string (true, a list or an object is an error)."""
+    for i, v in enumerate(values):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, str))):
+            raise InputFileError(f"'{column}' is not a number: {json.dumps(v)[:40]}", where=f"{path}, {where_rows(i)}")
+
+
 def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> RequestSet:
     """Read a trace file, recognising its format by its columns.
 
@@ -262,6 +299,10 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     def where_rows(i: int) -> str:
         return f"line {i + 2}" if not json_lines else f"record {i + 1}"
 
+    if json_lines:
+        for c in (fmt.prompt_column, fmt.output_column, fmt.length_column, fmt.arrival_column):
+            if c in cols:
+                _check_json_scalars(cols[c], c, str(path), where_rows)
     for c in (fmt.prompt_column, fmt.output_column, fmt.length_column):
         if c is not None:
             missing = [i for i, v in enumerate(cols[c]) if v is None or v == ""]
@@ -291,7 +332,8 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
         prompt, output, arrival = prompt[order], output[order], arrival[order]
-    return RequestSet(prompt, output, arrival, f"{fmt.name} trace {path.name} ({n:,} rows)")
+    split = f"; output = {output_share:g} of each length (--output-share)" if fmt.length_column else ""
+    return RequestSet(prompt, output, arrival, f"{fmt.name} trace {path.name} ({n:,} rows{split})")
 
 
 def split_lengths(lengths, output_share: float):
@@ -330,8 +372,8 @@ def parametric_lengths(dist: str, count: int, seed: int, *, mean=None, p99=None,
     if dist == "lognormal":
         if mean is None or p99 is None:
             raise UsageError("--dist lognormal needs --mean and --p99 (tokens)", where="--dist")
-        _positive(mean, "--mean")
-        _positive(p99, "--p99")
+        _tokens(mean, "--mean")
+        _tokens(p99, "--p99")
         sigma = lognormal_sigma(mean, p99)
         mu = math.log(mean) - sigma * sigma / 2
         values = np.maximum(1, np.rint(rng.lognormal(mu, sigma, count))).astype(np.int64)
@@ -345,7 +387,7 @@ def parametric_lengths(dist: str, count: int, seed: int, *, mean=None, p99=None,
     if dist == "fixed":
         if length is None:
             raise UsageError("--dist fixed needs --length (tokens)", where="--dist")
-        _positive(length, "--length")
+        _tokens(length, "--length")
         if length != int(length):
             raise UsageError(f"--length must be a whole number of tokens, got {length:g}", where="--length")
         return np.full(count, int(length), dtype=np.int64), f"fixed {int(length)} tokens"
@@ -354,6 +396,9 @@ def parametric_lengths(dist: str, count: int, seed: int, *, mean=None, p99=None,
             raise UsageError("--dist zipf needs --alpha, --min and --max (tokens)", where="--dist")
         _bounds(min_tokens, max_tokens)
         _positive(alpha, "--alpha")
+        if max_tokens - min_tokens + 1 > MAX_ZIPF_SUPPORT:
+            raise UsageError(f"--dist zipf tabulates every length in --min..--max: at most {MAX_ZIPF_SUPPORT:,} "
+                             f"lengths, got {int(max_tokens - min_tokens + 1):,}", where="--min/--max")
         support = np.arange(int(min_tokens), int(max_tokens) + 1, dtype=np.int64)
         weights = support.astype(np.float64) ** -float(alpha)
         cdf = np.cumsum(weights)
@@ -368,9 +413,16 @@ def _positive(value: float, option: str) -> None:
         raise UsageError(f"{option} must be a positive number, got {value:g}", where=option)
 
 
+def _tokens(value: float, option: str) -> None:
+    """A positive token count no longer than MAX_REQUEST_TOKENS."""
+    _positive(value, option)
+    if value > MAX_REQUEST_TOKENS:
+        raise UsageError(f"{option} is too large: {value:g} tokens (at most {MAX_REQUEST_TOKENS:,})", where=option)
+
+
 def _bounds(lo: float, hi: float) -> None:
     for v, opt in ((lo, "--min"), (hi, "--max")):
-        _positive(v, opt)
+        _tokens(v, opt)
         if v != int(v):
             raise UsageError(f"{opt} must be a whole number of tokens, got {v:g}", where=opt)
     if lo > hi:
@@ -382,7 +434,8 @@ def parametric_requests(dist: str, count: int, seed: int, output_share: float = 
     """A parametric distribution of final lengths, split into prompt/output with ``output_share``."""
     lengths, text = parametric_lengths(dist, count, seed, **params)
     prompt, output = split_lengths(lengths, output_share)
-    return RequestSet(prompt, output, None, f"{text}, {count:,} requests (seed {seed})")
+    return RequestSet(prompt, output, None, f"{text}, {count:,} requests (seed {seed}; output = {output_share:g} "
+                                            "of each length, --output-share)")
 
 
 def sample_requests(requests: RequestSet, count: int, seed: int) -> RequestSet:
@@ -471,7 +524,12 @@ def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks,
 def load_event_lengths(path: str | Path) -> RequestSet:
     """Request lengths from an events file, read with `kvtool analyze`'s loader (kvtool.events_csv)."""
     from kvtool import events_csv
+    from kvtool.vllm_analysis import looks_like_vllm_events
 
+    if Path(path).is_file() and looks_like_vllm_events(Path(path)):
+        raise InputFileError("vLLM's KV events carry no request ids: request lengths cannot be recovered from them",
+                             where=str(path), tip="give a request trace with --trace, or an events file of "
+                             "`kvtool analyze`'s schema (docs/events-schema.md)")
     table = events_csv.load_events(path)
     rejected = f"{table.rejected.count:,} rows rejected by the events loader" if table.rejected.count else ""
     return lengths_from_events(table.ts, table.request, table.event == events_csv.APPEND,

@@ -112,14 +112,24 @@ def export_paths(path: str | Path, block_sizes: list[int]) -> dict[int, Path]:
 
 
 def write_events(trace: ServeTrace, path: Path) -> int:
-    """Write the events CSV; returns the number of rows."""
+    """Write the events file, in the format its name says (like analyze's loader reads): ``.parquet``, gzip-
+    compressed CSV for ``.gz``, else CSV.  Returns the number of rows."""
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
     table = events_table(trace)
+    name = str(path).lower()
     try:
-        with open(path, "wb") as fh:
-            fh.write((",".join(table.column_names) + "\n").encode())
-            pacsv.write_csv(table, fh, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
-    except OSError as err:
-        raise UsageError(f"cannot write the events file: {err.strerror or err}", where=str(path)) from None
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, str(path))
+        else:
+            with pa.output_stream(str(path), compression="gzip" if name.endswith(".gz") else None) as fh:
+                fh.write((",".join(table.column_names) + "\n").encode())
+                pacsv.write_csv(table, fh, write_options=pacsv.WriteOptions(include_header=False,
+                                                                            quoting_style="none"))
+    except (OSError, pa.ArrowException) as err:
+        raise UsageError(f"cannot write the events file: {getattr(err, 'strerror', None) or err}",
+                         where=str(path)) from None
     return table.num_rows

@@ -41,10 +41,16 @@ class SimulateReport:
     serve_setup: ServeSetup | None
     recommendations: list[Recommendation]
     exported_events: dict[int, str]  # block size -> events file written
+    kv_tokens_text: str | None = None  # where the KV budget came from ("--kv-tokens", estimate's plan for ...)
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f}%"
+    return "-" if x is None or x != x else f"{100 * x:.2f}%"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    """A figure, or '-' when it does not exist (None or NaN: no request ran)."""
+    return "-" if x is None or x != x else format(x, fmt)
 
 
 def _alt(values: dict[int, float], best: int, fmt, extra: str = "") -> str:
@@ -54,35 +60,59 @@ def _alt(values: dict[int, float], best: int, fmt, extra: str = "") -> str:
     return f" ({inside})" if inside else ""
 
 
+def _ties(values: dict[int, float], best: int, rule: str) -> str:
+    """'; tied with 8, 16: <rule>' when other block sizes have the winning figure, else ''."""
+    tied = [b for b, v in values.items() if b != best and v == values[best]]
+    return f"; tied with {', '.join(map(str, tied))}: {rule}" if tied else ""
+
+
 def recommend(static: StaticComparison, serve: list[ServeResult] | None) -> list[Recommendation]:
-    """One line per objective: the block size that wins it, with the figures of the others."""
+    """One line per objective: the block size that wins it, with the figures of the others and how a tie was broken.
+
+    Serving objectives are judged only over block sizes where some request ran; none when no request ran at all.
+    """
     recs = []
     frag = {r.block_size: r.internal_fragmentation for r in static.results}
     best = min(frag, key=lambda b: (frag[b], -b))
     recs.append(Recommendation("least waste", best, f"{_pct(frag[best])} of allocated slots empty"
-                               + _alt(frag, best, _pct)))
+                               + _alt(frag, best, _pct) + _ties(frag, best, "the largest has the fewest table entries")))
     if static.kv_tokens is not None:
         fit = {r.block_size: r.fit_at_once_p50 for r in static.results}
         best = max(fit, key=lambda b: (fit[b], b))
-        recs.append(Recommendation("most concurrency", best, f"{fit[best]:.0f} requests fit at once (p50) in "
-                                   f"{static.kv_tokens:,} KV tokens" + _alt(fit, best, lambda v: f"{v:.0f}",
-                                   f"contiguous: {static.contiguous.fit_at_once}")))
-    if serve:
-        pre = {r.block_size: r for r in serve}
+        if fit[best] == 0:
+            reason = (f"none: at every block size most requests alone need more than the {static.kv_tokens:,} KV "
+                      "tokens (p50 of requests that fit at once is 0)")
+        else:
+            reason = (f"{fit[best]:.0f} requests fit at once (p50) in {static.kv_tokens:,} KV tokens"
+                      + _alt(fit, best, lambda v: f"{v:.0f}", f"contiguous: {static.contiguous.fit_at_once}")
+                      + _ties(fit, best, "the largest has the fewest table entries"))
+        recs.append(Recommendation("most concurrency", best, reason))
+    ran = [r for r in serve or [] if r.completed]
+    if ran:
+        pre = {r.block_size: r for r in ran}
+        counts = {b: r.preemptions for b, r in pre.items()}
         best = min(pre, key=lambda b: (pre[b].preemptions, pre[b].ttft_p99_s or 0.0, b))
-        recs.append(Recommendation("fewest preemptions", best, f"{pre[best].preemptions:,} preemptions"
-                                   + _alt({b: r.preemptions for b, r in pre.items()}, best, lambda v: f"{v:,}")))
-        tpot = {r.block_size: r.tpot_p50_s for r in serve if r.tpot_p50_s is not None}
+        recs.append(Recommendation("fewest preemptions", best, f"{_n(pre[best].preemptions, 'preemption')}"
+                                   + _alt(counts, best, lambda v: f"{v:,}")
+                                   + _ties(counts, best, f"lowest TTFT p99 ({_s(pre[best].ttft_p99_s)})")))
+        tpot = {r.block_size: r.tpot_p50_s for r in ran if r.tpot_p50_s is not None}
         if tpot:
             best = min(tpot, key=lambda b: (tpot[b], -b))
             recs.append(Recommendation("fastest decode", best, f"time per output token p50 {tpot[best] * 1e3:.2f} ms"
-                                       + _alt(tpot, best, lambda v: f"{v * 1e3:.2f} ms")))
-        ttft = {r.block_size: r.ttft_p99_s for r in serve if r.ttft_p99_s is not None}
+                                       + _alt(tpot, best, lambda v: f"{v * 1e3:.2f} ms")
+                                       + _ties(tpot, best, "the largest has the fewest table entries")))
+        ttft = {r.block_size: r.ttft_p99_s for r in ran if r.ttft_p99_s is not None}
         if ttft:
             best = min(ttft, key=lambda b: (ttft[b], b))
             recs.append(Recommendation("lowest TTFT p99", best, f"{ttft[best]:.3f} s"
-                                       + _alt(ttft, best, lambda v: f"{v:.3f} s")))
+                                       + _alt(ttft, best, lambda v: f"{v:.3f} s")
+                                       + _ties(ttft, best, "the smallest wastes the least")))
     return recs
+
+
+def _n(count: int, noun: str) -> str:
+    """'1 preemption', '3 preemptions'."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def to_json(report: SimulateReport) -> dict[str, Any]:
@@ -102,9 +132,11 @@ def to_json(report: SimulateReport) -> dict[str, Any]:
         "requests": report.requests,
         "block_sizes": report.block_sizes,
         "kv_tokens": report.static.kv_tokens,
+        "kv_tokens_text": report.kv_tokens_text,
         "mean_length_tokens": report.static.mean_length_tokens,
         "p99_length_tokens": report.static.p99_length_tokens,
         "max_length_tokens": report.static.max_length_tokens,
+        "min_length_tokens": report.static.min_length_tokens,
         "contiguous": to_jsonable(report.static.contiguous),
         "serve_setup": to_jsonable(report.serve_setup),
         "results": results,
@@ -127,7 +159,7 @@ def render(report: SimulateReport, console) -> None:
                   f"p99 {st.p99_length_tokens:,.1f}, max {st.max_length_tokens:,} tokens")
     has_prefix = st.results[0].shared_prefix_tokens > 0
     table = Table(title="Static comparison: final lengths in blocks", title_justify="left")
-    for col in ("block", "frag.", "util.", "waste/req", "entries mean", "p99", "max"):
+    for col in ("block", "frag.", "util.", "empty slots/req", "entries mean", "p99", "max"):
         table.add_column(col, justify="right")
     for r in st.results:
         table.add_row(str(r.block_size), _pct(r.internal_fragmentation), _pct(r.effective_utilization),
@@ -150,16 +182,23 @@ def render(report: SimulateReport, console) -> None:
             t3.add_column(col, justify="right")
         for r in st.results:
             t3.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.fit_at_once_p50:.0f}",
-                       f"{r.fit_at_once_p99:.0f}", f"{r.fit_at_once_p1:.0f}", f"{r.fit_if_fixed_mean_length:,}")
+                       f"{r.fit_at_once_p99:.0f}", f"{r.fit_at_once_p1:.0f}", _claim(r))
         console.print(t3)
+        if report.kv_tokens_text:
+            console.print(f"KV budget: {st.kv_tokens:,} tokens ({report.kv_tokens_text}).")
         console.print("Over windows of consecutive requests; p1 is what fits 99% of the time; the fixed-length "
-                      "claim is what a test at the mean length would report.")
+                      "claim is what a test at the mean length would report, and how far it is above p1.")
+    if st.max_length_tokens == st.min_length_tokens:
+        console.print(f"Every request is {st.max_length_tokens:,} tokens long: a fixed length has no spread, so each "
+                      "request wastes the same part of one block and every window fits the same count. Real "
+                      "lengths waste about (b-1)/2 slots per request and fit fewer requests at the tail (p1); "
+                      "run --trace or --dist lognormal with the same mean to see by how much.")
     c = st.contiguous
     origin = "the longest request" if c.max_model_len_from_data else "--max-model-len"
     line = (f"Contiguous baseline: every request reserves {c.max_model_len:,} slots ({origin}): utilization "
             f"{_pct(c.utilization)}, waste {_pct(c.waste_fraction)}")
     if c.requests_too_long:
-        line += f", {c.requests_too_long:,} requests longer than that cannot be served"
+        line += f", {_n(c.requests_too_long, 'request')} longer than that cannot be served"
     if c.fit_at_once is not None:
         line += f", {c.fit_at_once:,} requests fit at once"
     console.print(line)
@@ -176,7 +215,7 @@ def render(report: SimulateReport, console) -> None:
         for col in ("block", "pool blocks", "peak", "mean", "util.", "preemptions", "preempted", "never fit"):
             t.add_column(col, justify="right")
         for r in report.serve:
-            t.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.peak_blocks:,}", f"{r.mean_blocks:,.1f}",
+            t.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.peak_blocks:,}", _num(r.mean_blocks, ",.1f"),
                       _pct(r.utilization), f"{r.preemptions:,}", f"{r.preempted_requests:,}", f"{r.never_fit:,}")
         console.print(t)
         t = Table(title="Serving: latency and throughput", title_justify="left")
@@ -186,18 +225,29 @@ def render(report: SimulateReport, console) -> None:
         for r in report.serve:
             t.add_row(str(r.block_size), _s(r.queue_delay_p50_s), _s(r.queue_delay_p99_s), _s(r.ttft_p50_s),
                       _s(r.ttft_p99_s), _s(r.tpot_p50_s), f"{r.completed:,}",
-                      f"{100 * r.busy_s / r.span_s:.1f}%" if r.span_s else "-", f"{r.throughput_tokens_per_s:,.0f}")
+                      f"{100 * r.busy_s / r.span_s:.1f}%" if r.span_s else "-", _num(r.throughput_tokens_per_s, ",.0f"))
         console.print(t)
+        if not any(r.completed for r in report.serve):
+            console.print(f"No request ran at any block size: every final length needs more blocks than the pool "
+                          f"has ({setup.pool_tokens:,} tokens).")
         if len(report.serve[0].pools) > 1:
             for r in report.serve:
                 parts = [f"{p.name}: {p.pool_blocks:,} blocks, {p.requests:,} requests, peak {p.peak_blocks:,}, "
-                         f"{p.preemptions:,} preemptions, TTFT p99 {_s(p.ttft_p99_s)}" for p in r.pools]
+                         f"{_n(p.preemptions, 'preemption')}, TTFT p99 {_s(p.ttft_p99_s)}" for p in r.pools]
                 console.print(f"block {r.block_size} pools: " + "; ".join(parts))
     for path in report.exported_events.values():
         console.print(f"Events written: {path}")
     console.print()
     for rec in report.recommendations:
         console.print(f"Recommendation ({rec.objective}): block size {rec.block_size}: {rec.reason}")
+
+
+def _claim(r) -> str:
+    """'146 (+33% vs p1)': the fixed-length claim and its overstatement of what fits 99% of the time."""
+    claim = f"{r.fit_if_fixed_mean_length:,}"
+    if r.fit_at_once_p1:
+        claim += f" ({r.fit_if_fixed_mean_length / r.fit_at_once_p1 - 1:+.0%} vs p1)"
+    return claim
 
 
 def cost_text(cost: CostModel) -> str:

@@ -43,8 +43,15 @@ class SimulateOptions:
     export_events: Path | None = None
 
 
+# The largest KV budget accepted (tokens): a thousand times the pool of a thousand 80 GB GPUs, low enough that
+# block counts and their sums stay inside int64.
+MAX_KV_TOKENS = 10**15
+
+
 def parse_block_sizes(text: str) -> list[int]:
-    """'8,16,32' -> [8, 16, 32]; every entry a positive integer, no duplicates."""
+    """'8,16,32' -> [8, 16, 32]; every entry a positive integer up to MAX_REQUEST_TOKENS, no duplicates."""
+    from kvtool.request_lengths import MAX_REQUEST_TOKENS
+
     sizes = []
     for part in text.split(","):
         part = part.strip()
@@ -54,6 +61,9 @@ def parse_block_sizes(text: str) -> list[int]:
             raise UsageError(f"block sizes must be positive integers, got {part!r}", where="--block-sizes") from None
         if value <= 0:
             raise UsageError(f"block sizes must be positive integers, got {value}", where="--block-sizes")
+        if value > MAX_REQUEST_TOKENS:
+            raise UsageError(f"block size {value:,} is above the longest request accepted "
+                             f"({MAX_REQUEST_TOKENS:,} tokens)", where="--block-sizes")
         if value not in sizes:
             sizes.append(value)
     if not sizes:
@@ -154,5 +164,6 @@ def run_simulation(requests, options: SimulateOptions,
         serve_setup=setup,
         recommendations=recommend(static, serve_results),
         exported_events=exported,
+        kv_tokens_text=None if options.kv_tokens is None else options.kv_tokens_text or "--kv-tokens",
     )
     return report, traces

@@ -110,6 +110,13 @@ def _connect_address(endpoint: str) -> str:
     return f"tcp://{host}:{match['port']}"
 
 
+def _is_ipv6(address: str) -> bool:
+    """A tcp:// address whose host is an IPv6 literal: libzmq needs the IPV6 option for it (without it a
+    bind fails with "No such device" and a connect waits forever)."""
+    match = _TCP.match(address)
+    return match is not None and ":" in match["host"]
+
+
 def _bind_address(endpoint: str) -> str:
     match = _TCP.match(endpoint)
     if match is None:
@@ -127,6 +134,33 @@ def resolve_role(endpoint: str, role: str) -> tuple[str, str]:
     return role, address
 
 
+def _zmq_reason(err) -> str:
+    """pyzmq's message without the " (addr='...')" it appends: the address is already in our message."""
+    return re.sub(r"\s*\(addr='[^']*'\)$", "", str(err)).rstrip(".")
+
+
+def _socket_tip(role: str, err, options: "CaptureOptions") -> str | None:
+    """What to do about a bind/connect failure; most come from binding an endpoint vLLM binds itself."""
+    import errno
+
+    if role != "bind":
+        return None
+    endpoint = options.endpoint
+    if err.errno == errno.EADDRINUSE:
+        return (
+            "something already listens there: if vLLM binds this port (its endpoint has '*' or '::'), give "
+            "--endpoint exactly as in its KVEventsConfig (tcp://*:PORT), or --role connect; or another capture runs"
+        )
+    if err.errno in (errno.EADDRNOTAVAIL, errno.ENODEV):
+        return (
+            "kvtool binds endpoints that vLLM connects to, so the host must be an address of this machine; "
+            f"to reach a vLLM that binds on another host, use --endpoint {endpoint} --role connect"
+        )
+    if err.errno == errno.ENOENT and endpoint.startswith("ipc://"):
+        return "create the directory of the ipc path first"
+    return None
+
+
 class _Writer:
     """The output file, written and flushed batch by batch, plus the lazily created side file."""
 
@@ -138,28 +172,51 @@ class _Writer:
         except OSError as err:
             raise UsageError(f"cannot write the output file: {err.strerror or err}", where=str(output)) from None
         self.malformed_handle: TextIO | None = None
+        self.failed = False  # a write failed (its UsageError is on its way up)
         self.events = 0
         self.batches = 0
 
     def batch(self, seq: int, batch) -> None:
         rows = batch_rows(seq, batch)
         if rows:
-            self.handle.write("".join(row_to_json(r) + "\n" for r in rows))
-            self.handle.flush()
+            self._write(self.handle, self.output, "".join(row_to_json(r) + "\n" for r in rows))
         self.events += len(rows)
         self.batches += 1
 
     def malformed(self, frames: list[bytes], reason: str) -> None:
-        if self.malformed_handle is None:
-            self.malformed_handle = self.malformed_path.open("w", encoding="utf-8")
         record = {"received_ts": time.time(), "reason": reason, "frames_hex": [bytes(f).hex() for f in frames]}
-        self.malformed_handle.write(json.dumps(record) + "\n")
-        self.malformed_handle.flush()
+        if self.malformed_handle is None:
+            try:
+                self.malformed_handle = self.malformed_path.open("w", encoding="utf-8")
+            except OSError as err:
+                self._failed(self.malformed_path, err)
+        self._write(self.malformed_handle, self.malformed_path, json.dumps(record) + "\n")
+
+    def _write(self, handle: TextIO, path: Path, text: str) -> None:
+        try:
+            handle.write(text)
+            handle.flush()
+        except OSError as err:  # a full disk, a quota, a file system gone away
+            self._failed(path, err)
+
+    def _failed(self, path: Path, err: OSError):
+        self.failed = True
+        raise UsageError(
+            f"writing failed after {self.events:,} events in {self.batches:,} batches, which the file keeps: "
+            f"{err.strerror or err}",
+            where=str(path),
+        ) from None
 
     def close(self) -> None:
-        self.handle.close()
-        if self.malformed_handle is not None:
-            self.malformed_handle.close()
+        """Close both files; after a write failure, a close that fails the same way adds nothing."""
+        for handle, path in ((self.handle, self.output), (self.malformed_handle, self.malformed_path)):
+            if handle is None:
+                continue
+            try:
+                handle.close()
+            except OSError as err:
+                if not self.failed:
+                    self._failed(path, err)
 
 
 class _Replayer:
@@ -177,11 +234,14 @@ class _Replayer:
         if self.socket is None:
             self.socket = self.ctx.socket(self.zmq.DEALER)
             self.socket.setsockopt(self.zmq.LINGER, 0)
+            if _is_ipv6(self.endpoint):
+                self.socket.setsockopt(self.zmq.IPV6, 1)
             self.socket.connect(self.endpoint)
         return self.socket
 
-    def fetch(self, first: int, last: int) -> tuple[list[tuple[int, bytes]], list[tuple[list[bytes], str]]]:
-        """Batches ``first..last`` (inclusive) as (seq, payload); plus malformed replies."""
+    def fetch(self, first: int, last: int) -> tuple[list[tuple[int, bytes]], list[tuple[list[bytes], str]], bool]:
+        """Batches ``first..last`` (inclusive) as (seq, payload); malformed replies; and whether the reply
+        ended with vLLM's end marker (False: the replay socket went silent for ``timeout_s``)."""
         socket = self._open()
         got: list[tuple[int, bytes]] = []
         bad: list[tuple[list[bytes], str]] = []
@@ -192,7 +252,7 @@ class _Replayer:
                 # mistaken for the answer to a later request.
                 socket.close(linger=0)
                 self.socket = None
-                break
+                return got, bad, False
             frames = socket.recv_multipart()
             body = frames[1:] if frames and frames[0] == b"" else frames
             # vLLM 0.32 replies (topic, seq, payload); earlier versions (seq, payload).
@@ -208,7 +268,7 @@ class _Replayer:
                 break
             if first <= seq <= last:
                 got.append((seq, body[-1]))
-        return got, bad
+        return got, bad, True
 
     def close(self) -> None:
         if self.socket is not None:
@@ -244,12 +304,16 @@ def run_capture(
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVHWM, 0)  # no receive limit: never drop what vLLM sent while we write
     sub.setsockopt(zmq.SUBSCRIBE, options.topic.encode("utf-8"))
+    if _is_ipv6(address):
+        sub.setsockopt(zmq.IPV6, 1)
     try:
         (sub.bind if role == "bind" else sub.connect)(address)
     except zmq.ZMQError as err:
         sub.close(linger=0)
         ctx.term()
-        raise UsageError(f"cannot {role} {address}: {err}", where="--endpoint") from None
+        raise UsageError(
+            f"cannot {role} {address}: {_zmq_reason(err)}", where="--endpoint", tip=_socket_tip(role, err, options)
+        ) from None
     try:
         writer = _Writer(options.output)
     except UsageError:
@@ -280,10 +344,15 @@ def run_capture(
             return
         nonlocal replay_error
         try:
-            replies, bad = replayer.fetch(first, last)
+            replies, bad, answered = replayer.fetch(first, last)
         except zmq.ZMQError as err:  # e.g. a replay address that cannot be reached at all
             replay_error = f"replay of batches {first}..{last} failed: {err}"
             return
+        if not answered:
+            replay_error = (
+                f"replay of batches {first}..{last}: {replayer.endpoint} did not answer within "
+                f"{options.replay_timeout_s:g} s"
+            )
         for frames, reason in bad:
             bad_frame(frames, reason)
         seen: set[int] = set()
@@ -342,11 +411,13 @@ def run_capture(
             if sub.poll(int(wait_s * 1000)):
                 handle(sub.recv_multipart())
     finally:
-        writer.close()
-        if replayer is not None:
-            replayer.close()
-        sub.close(linger=0)
-        ctx.term()
+        try:
+            writer.close()
+        finally:
+            if replayer is not None:
+                replayer.close()
+            sub.close(linger=0)
+            ctx.term()
     if on_progress is not None:
         on_progress(writer.events, writer.batches, missed - recovered, malformed)
     return CaptureResult(

@@ -57,3 +57,30 @@ def test_jsonl_that_is_not_vllm_events(run_cli, tmp_path):
     assert result.exit_code == EXIT_INPUT
     assert result.stderr.startswith("Error:")
     assert "Traceback" not in result.stderr
+
+
+def test_per_request_options_on_vllm_events_are_named_not_dropped(run_cli):
+    # --top and --block-size mean nothing for events without request ids: a warning names them, the JSON stays pure
+    result = run_cli("analyze", INCREMENTAL, "--json", "--top", "3", "--block-size", "32")
+    assert result.exit_code == 0
+    json.loads(result.stdout)
+    assert result.stderr == ("Warning: --block-size, --top do not apply to vLLM's KV events (no request ids, "
+                             "no per-request table): ignored\n")
+
+
+def test_strict_fails_on_lost_vllm_batches(run_cli, tmp_path):
+    # Drop the batches with seq 3 and 4 from a file whose seqs run 0..N without gaps: 2 sequence numbers are
+    # missing between the first and the last, so --strict exits 1; the complete file passes --strict.
+    from kvtool.errors import EXIT_CHECK_FAILED
+
+    lines = [line for line in INCREMENTAL.read_text().splitlines() if line.strip()]
+    seqs = sorted({json.loads(line)["seq"] for line in lines})
+    assert seqs == list(range(seqs[0], seqs[-1] + 1)) and len(seqs) > 6
+    gappy = tmp_path / "gappy.jsonl"
+    gappy.write_text("\n".join(line for line in lines if json.loads(line)["seq"] not in (3, 4)) + "\n")
+    result = run_cli("analyze", gappy, "--strict", "--json")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    json.loads(result.stdout)  # the report is still printed
+    assert result.stderr.splitlines()[0] == (
+        f"Error: 2 batch sequence numbers are missing: those events were lost ({gappy})")
+    assert run_cli("analyze", INCREMENTAL, "--strict").exit_code == 0

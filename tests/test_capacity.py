@@ -172,3 +172,30 @@ def test_capacity_invariants(budget, block, mml, batch):
 def test_gpu_budget_uses_exact_utilization():
     b = gpu_budget(gpu_memory_bytes=10**9, gpu_memory_utilization=0.9, weights_bytes=3, tp=2, reserve_bytes=0)
     assert b.requested_memory_bytes == 900_000_000 and b.weights_bytes_per_gpu == 2
+
+
+@pytest.mark.parametrize(
+    "gpu_args, mnbt, blocks_per_request",
+    [
+        # vLLM 0.32 EngineArgs.get_batch_defaults, `vllm serve` column: 2048 below 70 GiB and on A100s, 8192 on
+        # other GPUs with >= 70 GiB, 16384 at >= 160 GiB.  Gemma-3-27B at S = 32,768, block 16: 10 full layers
+        # form one group of cdiv(32768, 16) = 2,048 blocks; 52 sliding layers (window 1,024) form 6 groups of
+        # cdiv(min(1023 + mnbt, 32768), 16) + 1 blocks each.
+        (("--gpu", "L40S"), 2048, 2048 + 6 * (192 + 1)),  # cdiv(3071, 16) = 192
+        (("--gpu", "A100-80GB"), 2048, 2048 + 6 * (192 + 1)),  # "a100" in the name keeps 2048
+        (("--gpu", "H100-80GB"), 8192, 2048 + 6 * (576 + 1)),  # cdiv(9215, 16) = 576
+        (("--gpu", "H200"), 8192, 2048 + 6 * (576 + 1)),
+        (("--gpu", "B200"), 16384, 2048 + 6 * (1088 + 1)),  # cdiv(17407, 16) = 1,088
+        (("--kv-memory", "20GiB"), 2048, 2048 + 6 * (192 + 1)),  # no GPU known
+        (("--gpu", "H200", "--max-num-batched-tokens", "2048"), 2048, 2048 + 6 * (192 + 1)),  # given: kept
+    ],
+)
+def test_default_max_num_batched_tokens_follows_the_gpu_like_vllm_serve(run_cli, gpu_args, mnbt, blocks_per_request):
+    out = estimate_json(run_cli, "--model", "gemma-3-27b", "--seq-len", 32768, *gpu_args)
+    assert out["max_num_batched_tokens"] == mnbt
+    assert out["blocks_per_request"] == blocks_per_request
+    stated = [d for d in out["defaults"] if d.startswith("max-num-batched-tokens")]
+    if "--max-num-batched-tokens" in gpu_args:
+        assert stated == []  # given, so not a default
+    else:
+        assert len(stated) == 1 and f"max-num-batched-tokens {mnbt} (" in stated[0]

@@ -58,3 +58,10 @@ def test_help_does_not_import_torch_or_pandas():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_argument_help_is_shown(run_cli):
+    # click 8.5 overwrites typer 0.19's argument help with None (pyproject pins click < 8.5)
+    result = run_cli("repro", "--help")
+    assert result.exit_code == 0
+    assert "Scenarios to run" in result.stdout

@@ -39,6 +39,38 @@ def test_json_contract(run_cli):
     assert not any(d.startswith("batch") for d in out["defaults"])  # given, so not a default
 
 
+def _numbers_with_bytes_in_their_name(value, key=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers_with_bytes_in_their_name(v, k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers_with_bytes_in_their_name(v, key)
+    elif "bytes" in key and value is not None:
+        yield key, value
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "gemma-3-27b", "deepseek-v3"])
+def test_every_byte_count_in_json_is_an_integer(run_cli, model):
+    # Llama-2-7B per layer: 2 x 32 heads x 128 x 2 B = 16,384 B per token (it was printed as 16384.0)
+    out = json.loads(run_cli("estimate", "--model", model, "--seq-len", "1024,2048", "--compare", "--kv-memory",
+                             "10GiB", "--json").stdout)
+    found = dict(_numbers_with_bytes_in_their_name(out))
+    assert "bytes_per_token_per_layer" in found
+    assert all(type(v) is int for _, v in _numbers_with_bytes_in_their_name(out)), found
+    if model == "llama-2-7b":
+        assert out["layer_groups"][0]["bytes_per_token_per_layer"] == 16_384
+
+
+def test_manual_mode_states_its_default_dtype(run_cli):
+    # manual mode has no config to read a dtype from: float16 is kvtool's choice, so it is a stated default
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--json").stdout)
+    assert out["model_dtype"] == "float16" and any(d.startswith("dtype float16") for d in out["defaults"])
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--dtype",
+                             "bfloat16", "--json").stdout)
+    assert not any(d.startswith("dtype") for d in out["defaults"])
+
+
 def test_default_seq_len_is_stated(run_cli):
     out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--json").stdout)
     assert out["seq_len"] == 8192
@@ -99,6 +131,74 @@ def test_list_and_models(run_cli):
     assert r.exit_code == 0 and "deepseek-v3" in r.stdout and "MI300X" in r.stdout
     out = json.loads(run_cli("models", "--json").stdout)
     assert len(out["models"]) >= 16 and len(out["gpus"]) >= 10
+
+
+def test_models_table_keeps_every_name_whole_at_80_columns(run_cli, monkeypatch):
+    # The name is what the user types next; at 80 columns rich used to cut "deepseek-v2-lite" to "deepse…".
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run_cli("models")
+    assert r.exit_code == 0
+    names = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+    listed = json.loads(run_cli("models", "--json").stdout)
+    assert {m["name"] for m in listed["models"]} <= names and {g["name"] for g in listed["gpus"]} <= names
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_unknown_gpu_tip_names_a_command_that_exists(run_cli):
+    r = err(run_cli, "--model", "llama-2-7b", "--gpu", "h1000")
+    assert r.exit_code == EXIT_USAGE and "H100-80GB" in r.stderr
+    tip = r.stderr.split("Tip: ", 1)[1]
+    command = tip.split("'")[1].split()  # the command the tip names, e.g. ['kvtool', 'models']
+    assert command[0] == "kvtool" and run_cli(*command[1:]).exit_code == 0  # 'kvtool models --gpus' did not exist
+
+
+def test_tp_that_vllm_refuses_is_a_usage_error(run_cli):
+    # Falcon-7B has 71 attention heads (tiiuae/falcon-7b config.json): vLLM's verify_with_parallel_config refuses
+    # tp 8 ("Total number of attention heads (71) must be divisible by tensor parallel size (8)").
+    r = err(run_cli, "--model", "falcon-7b", "--tp", "8")
+    assert r.exit_code == EXIT_USAGE and "71 attention heads" in r.stderr and "Tip: use a --tp that divides 71: 1, 71" in r.stderr
+    # Qwen2.5-7B: 28 heads, 4 KV heads; tp 7 divides the heads but can neither split nor replicate 4 KV heads.
+    r = err(run_cli, "--model", "qwen2.5-7b", "--tp", "7")
+    assert r.exit_code == EXIT_USAGE and "4 KV heads" in r.stderr
+    # Valid: Llama-3-8B (32 heads, 8 KV heads) at tp 16 replicates each KV head on 2 GPUs: 1 head per GPU,
+    # 2 x 32 layers x 1 x 128 x 2 B = 16,384 B per token per GPU; DeepSeek-V3's MLA latent at tp 8 is replicated.
+    out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--tp", "16", "--json").stdout)
+    assert out["bytes_per_token_per_gpu"] == 16_384
+    assert run_cli("estimate", "--model", "deepseek-v3", "--tp", "8").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--kv-memory", "10GiB", "--reserve", "1GiB"),  # --kv-memory is the KV budget: nothing to reserve from
+        ("--kv-memory", "10GiB", "--gpu-memory-utilization", "0.5"),  # vLLM ignores it beside kv_cache_memory_bytes
+        ("--reserve", "1GiB"),  # no GPU: no budget for these to change
+        ("--gpu-memory-utilization", "0.95"),
+    ],
+)
+def test_gpu_budget_options_are_never_ignored_silently(run_cli, args):
+    r = err(run_cli, "--model", "llama-2-7b", *args)
+    assert r.exit_code == EXIT_USAGE and "would be ignored" in r.stderr
+
+
+def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
+    # Llama-2-7B on an 80 GiB H100 at 0.95, no reserve: ceil(85,899,345,920 x 0.95) = 81,604,378,624;
+    # minus 6,738,415,616 params x 2 B = 13,476,831,232 -> 68,127,547,392 B.
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--gpu-memory-utilization", "0.95",
+                             "--reserve", "0", "--json").stdout)
+    assert out["kv_budget_bytes"] == 68_127_547_392
+    assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
+
+
+def test_does_not_fit_verdict_never_offers_zero(run_cli):
+    # Manual 1 layer x 1 KV head x 64, fp16: 2 x 64 x 2 = 256 B per token, a 16-token block 4,096 B; 12,288 B
+    # = 3 blocks, 2 usable (one is the null block). 4 requests of 16 tokens need 4 blocks: 2 fit, and 4 requests
+    # fit at no length (each needs at least one block).
+    r = run_cli("estimate", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--seq-len", "16", "--batch", "4",
+                "--kv-memory", "12288")
+    out = " ".join(r.stdout.split())
+    assert "Largest that fit: 2 request(s) of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)" in out
+    assert " of 0 tokens" not in out and "0 request(s)" not in out
 
 
 def err(run_cli, *args):
@@ -197,3 +297,33 @@ def test_config_dir_with_header_only_safetensors(run_cli, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)  # header, no tensor data
     out = json.loads(run_cli("estimate", "--config", tmp_path, "--seq-len", "2048", "--json").stdout)
     assert (out["weights_bytes"], out["weights_method"]) == (512_000, "safetensors headers")
+
+
+def test_seq_len_beyond_the_models_context_is_sized_and_warned(run_cli):
+    # Llama-2-7B's config.json: max_position_embeddings 4096. vLLM refuses --max-model-len 8192 for it
+    # ("User-specified max_model_len (8192) is greater than the derived max_model_len ..."); kvtool sizes it
+    # (2 x 32 x 32 x 8192 x 128 x 2 = 4,294,967,296 B) and says vLLM would refuse.
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048,8192")
+    assert r.exit_code == 0
+    warnings = [line for line in r.stderr.splitlines() if line]
+    assert len(warnings) == 1 and warnings[0].startswith("Warning: --seq-len 8,192 exceeds")
+    assert "max_position_embeddings 4,096" in warnings[0] and "vLLM refuses to start" in warnings[0]
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "8192", "--json")
+    assert r.exit_code == 0 and r.stderr == ""  # --json: the warning is a field, stderr stays empty
+    out = json.loads(r.stdout)
+    assert out["kv_bytes"] == 4_294_967_296 and out["max_position_embeddings"] == 4096
+    assert len(out["warnings"]) == 1 and "vLLM refuses to start" in out["warnings"][0]
+    # at the context length itself (vLLM's default max_model_len) there is nothing to warn about
+    r = run_cli("estimate", "--model", "llama-2-7b", "--json")
+    assert json.loads(r.stdout)["warnings"] == [] and r.stderr == ""
+
+
+def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli):
+    # Llama-2-7B on an 80 GiB A100: ceil(80 GiB x 0.9) - 13,476,831,232 B weights - 2 GiB = 61,685,096,448 B;
+    # / (16 x 524,288 B) = 7,353 blocks: memory would hold (7,353 - 1) x 16 = 117,632 tokens, but the model's
+    # context is 4,096, so the verdict offers 4,096.
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB")
+    out = " ".join(r.stdout.split())
+    assert "or one request of up to 4,096 tokens, the model's context (memory would hold 117,632)" in out
+    assert json.loads(run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB",
+                              "--json").stdout)["max_seq_len"] == 117_632  # the JSON keeps vLLM's memory figure

@@ -107,3 +107,15 @@ def test_random_configs_never_crash(data):
         parse_config(data, where="c")
     except KvtoolError:
         pass
+
+
+def test_context_length_from_vllms_length_keys():
+    # GPT-2's config.json (openai-community/gpt2): n_positions 1024, n_layer 12, n_head 12, n_embd 768 and no
+    # max_position_embeddings; vLLM derives max_model_len 1024 from n_positions.
+    gpt2 = {"model_type": "gpt2", "n_positions": 1024, "n_ctx": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768,
+            "vocab_size": 50257}
+    assert parse_config(gpt2, where="gpt2").max_position_embeddings == 1024
+    # the smallest key wins (vLLM: "Choose the smallest max_length from the possible keys")
+    both = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64, "max_position_embeddings": 8192,
+            "seq_length": 4096}
+    assert parse_config(both, where="x").max_position_embeddings == 4096

@@ -33,7 +33,15 @@ def test_builtin_profiles_all_load_and_cite_their_source():
 
 def test_gpu_sizes():
     assert find_gpu("h100-80gb").memory_bytes == 80 * 1024**3
-    assert find_gpu("H200").memory_bytes == 141 * 10**9
+    # Vendors' "GB" for HBM is binary: nvidia-smi reports 143,771 MiB on an H200 (140.4 GiB, 150.8e9 B),
+    # 183,359 MiB on a B200 (179.1 GiB), and rocm-smi 205,822,885,888 B on an MI300X (191.7 GiB); each nominal
+    # size in GiB sits just above what the driver shows, as 80 GiB does for the H100's 81,559 MiB.
+    assert find_gpu("H200").memory_bytes == 141 * 1024**3
+    assert find_gpu("B200").memory_bytes == 180 * 1024**3
+    assert find_gpu("MI300X").memory_bytes == 192 * 1024**3
+    for gpu, shown_mib in (("H200", 143_771), ("B200", 183_359), ("H100-80GB", 81_559)):
+        shown = shown_mib * 1024**2
+        assert shown <= find_gpu(gpu).memory_bytes <= shown * 1.01
     assert find_gpu("h100").name == "H100-80GB"  # alias
 
 
@@ -133,3 +141,9 @@ def test_profiles_load_after_non_editable_install(tmp_path):
 
 def test_builtin_dir_in_source_tree():
     assert (builtin_dir() / "models" / "llama-2-7b.yaml").is_file()
+
+
+def test_falcon_context_is_transformers_default():
+    # tiiuae/falcon-7b's config.json has no max_position_embeddings; transformers' FalconConfig defaults it to
+    # 2048, and vLLM derives max_model_len from that config object.
+    assert model_spec(find_model("falcon-7b")).max_position_embeddings == 2048

@@ -141,6 +141,34 @@ def test_module_state_cache_is_caught(run_cli, targets_on_path):
     assert target["failed_checks"] == ["determinism", "isolation", "cache-length"]
 
 
+def test_prints_of_the_target_go_to_stderr_and_json_stays_json(run_cli, targets_on_path):
+    # A correct module that prints in its factory and in every forward: stdout must stay one JSON object.
+    result = run_cli("repro", "--target", "repro_targets:chatty", "--json", "--interleavings", "3")
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert json.loads(result.stdout)["target"]["passed"] is True
+    assert result.stderr.startswith("loading chatty attention\ncache k (1, 2, 5, 8) data_ptr 0x")
+
+
+def test_a_cache_object_is_looked_into(run_cli, targets_on_path):
+    # The cache as a class with k and v attributes (here __slots__), not a tuple or dict: correct, so clean.
+    result = run_cli("repro", "--target", "repro_targets:object_cache", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_OK, result.stdout
+    storage = next(c for c in json.loads(result.stdout)["target"]["checks"] if c["name"] == "no-shared-storage")
+    assert storage["message"] == "6 cache tensors of 3 live requests: no shared bytes"  # k and v of 3 requests
+
+
+def test_a_cache_without_tensors_names_its_type(run_cli, targets_on_path):
+    result = run_cli("repro", "--target", "repro_targets:handle_cache", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    assert target["failed_checks"] == ["no-shared-storage", "cache-length"]
+    storage = next(c for c in target["checks"] if c["name"] == "no-shared-storage")
+    assert storage["message"] == (
+        "the returned caches hold no tensors (kvtool looks inside tuples, lists, dicts and object attributes; "
+        "the caches are of type int)"
+    )
+
+
 def test_trimmed_cache_is_caught_by_cache_length(run_cli, targets_on_path):
     result = run_cli("repro", "--target", "repro_targets:trimmed", "--interleavings", "10")
     assert result.exit_code == EXIT_CHECK_FAILED
@@ -177,6 +205,7 @@ def test_d_model_from_option(run_cli, targets_on_path):
         ("repro_targets:missing", "Error: target 'repro_targets:missing': 'repro_targets' has no attribute"),
         ("repro_targets:not_a_module", "Error: factory of target 'repro_targets:not_a_module' returned int"),
         ("repro_targets:NOT_CALLABLE", "Error: target 'repro_targets:NOT_CALLABLE' is not callable"),
+        ("repro_targets:exits", "Error: factory of target 'repro_targets:exits' raised SystemExit: no GPU found, exiting"),
         (
             "repro_targets:broken_factory",
             "Error: factory of target 'repro_targets:broken_factory' raised FileNotFoundError: weights.pt not found",
@@ -190,9 +219,39 @@ def test_bad_targets_are_usage_errors(run_cli, targets_on_path, spec, start):
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 
+def test_target_that_exits_at_import_is_a_usage_error_not_its_exit_code(run_cli, targets_on_path):
+    # argparse at import sees kvtool's argv and exits 2 after printing its usage (the user's own stderr).
+    result = run_cli("repro", "--target", "argparse_at_import:make")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.splitlines()[-1] == (
+        "Error: cannot import module 'argparse_at_import' of target 'argparse_at_import:make': SystemExit: 2 (--target)"
+    )
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
 def test_unimportable_target_in_a_fresh_interpreter():
     from conftest import run_subprocess
 
     proc = run_subprocess("repro", "--target", "no_such_pkg:factory")
     assert proc.returncode == EXIT_USAGE
     assert proc.stderr.startswith("Error: cannot import module 'no_such_pkg'")
+
+
+def test_cache_leaves_skip_modules_and_cycles():
+    # A cache object that refers to itself, to a Python module (with a tensor global, shared by design) and to
+    # a torch module: only its own tensor counts.
+    import types
+
+    import torch
+
+    from kvtool.repro_target import _leaves
+
+    lib = types.ModuleType("rope_tables")
+    lib.cos = torch.ones(64, 8)
+
+    class Cache:
+        def __init__(self):
+            self.k = torch.zeros(1, 2, 3, 4)
+            self.me, self.lib, self.proj, self.fn = self, lib, torch.nn.Linear(2, 2), print
+
+    assert [path for path, _ in _leaves({"layer0": Cache()})] == ["cache['layer0'].k"]

@@ -83,3 +83,24 @@ def test_json_is_derived_from_the_same_dataclasses():
     assert s["buggy"]["detected"] is True and s["fixed"]["shared_storage"] is False
     assert s["buggy"]["cache_tensors"][0]["overlaps_with"] == ["r1 L0 k h0"]
     assert data["target"]["failed_checks"] == ["isolation"]
+
+
+def test_addresses_are_folded_not_cut_on_a_narrow_terminal():
+    # Real heap addresses are 14 characters; at 80 columns rich used to cut them to "0x55a55…",
+    # which hid the very evidence (equal data_ptr) the article diagnosed the bug with.
+    from dataclasses import replace
+
+    report = _report()
+    scenario = report.scenarios[0]
+    big = 0x55A55C0A3600
+
+    def real(impl):
+        infos = tuple(replace(i, data_ptr=i.data_ptr + big, storage_ptr=i.storage_ptr + big) for i in impl.cache_tensors)
+        return replace(impl, cache_tensors=infos)
+
+    report = replace(report, scenarios=(replace(scenario, buggy=real(scenario.buggy), fixed=real(scenario.fixed)),))
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=80, color_system=None, soft_wrap=False))
+    assert "…" not in out.getvalue()
+    cells = [line.split("│")[2].strip() for line in out.getvalue().splitlines() if line.count("│") == 8]
+    assert "".join(cells[:2]).startswith(f"{big + 0x1000:#x}")  # r0's buggy data_ptr, folded over two lines

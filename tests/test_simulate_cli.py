@@ -123,6 +123,9 @@ def test_unrecognised_trace_names_columns_and_formats(run_cli, tmp_path):
         ("prompt_tokens,output_tokens\n", "no rows"),
         ("", "empty"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "date and time"),
+        # 1e20 and 9e18 tokens overflowed int64: a negative length after a RuntimeWarning (the first stderr line)
+        ("prompt_tokens,output_tokens\n1e20,5\n", "too large: '1e20' tokens (at most 1,000,000,000)"),
+        ("prompt_tokens,output_tokens\n9e18,9e18\n", "too large"),
     ],
 )
 def test_bad_trace_contents(run_cli, tmp_path, content, needle):
@@ -249,3 +252,154 @@ def test_quoted_header_and_byte_order_mark(tmp_path):
     bom = tmp_path / "bom.csv"
     bom.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n")
     assert load_trace(bom).source.startswith("azure trace")
+
+
+@pytest.mark.parametrize("value", ["true", "[1]", '{"a": 1}'])
+def test_json_values_that_are_not_numbers_are_errors(run_cli, tmp_path, value):
+    # a list used to reach numpy as a 2-D array and end in a traceback; true was read as 1 token
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"input_toks": {value}, "output_toks": 3, "arrival_time_ns": 1}}\n')
+    res = run_cli("simulate", "--trace", path)
+    assert res.exit_code == 3
+    line = _err(res)
+    assert "'input_toks' is not a number" in line and "record 1" in line
+
+
+@pytest.mark.parametrize(
+    "args,where",
+    [
+        (["--dist", "zipf", "--alpha", "1", "--min", "1", "--max", "1e10"], "--max"),  # was a MemoryError
+        (["--dist", "zipf", "--alpha", "1", "--min", "1", "--max", "100000000"], "--min/--max"),  # 1e8 lengths
+        (["--dist", "uniform", "--min", "1", "--max", "1e30"], "--max"),  # was a numpy ValueError
+        (["--dist", "fixed", "--length", "1e30"], "--length"),  # was an OverflowError
+        (["--dist", "fixed", "--length", "100", "--requests", "100000000000"], "--requests"),  # was a MemoryError
+        (["--dist", "fixed", "--length", "100", "--kv-tokens", str(10**23)], "--kv-tokens"),  # was an OverflowError
+        (["--dist", "fixed", "--length", "100", "--shared-prefix", str(10**23)], "--shared-prefix"),
+        (["--dist", "fixed", "--length", "100", "--block-sizes", str(10**23)], "--block-sizes"),
+    ],
+)
+def test_out_of_range_parameters_are_usage_errors(run_cli, args, where):
+    res = run_cli("simulate", *args)
+    assert res.exit_code == 2
+    assert _err(res).endswith(f"({where})")
+
+
+def test_fixed_length_claim_shows_its_overstatement_of_p1(run_cli, tmp_path):
+    # Lengths 16, 16, 16, 80 tokens at b = 16: 1, 1, 1, 5 blocks; --kv-tokens 96 = 6 blocks.  Cyclic windows:
+    # from 0: 1+1+1 = 3 (+5 > 6) -> 3; from 1: 1+1 (+5) -> 2; from 2: 1+5 = 6 -> 2; from 3: 5+1 = 6 -> 2.
+    # p1 of [3, 2, 2, 2] = 2.  Mean length 128/4 = 32 = 2 blocks: a fixed-length test claims 6 // 2 = 3,
+    # +50% over p1.
+    path = tmp_path / "t.csv"
+    path.write_text("prompt_tokens,output_tokens\n15,1\n15,1\n15,1\n79,1\n")
+    res = run_cli("simulate", "--trace", path, "--block-sizes", "16", "--kv-tokens", "96")
+    assert res.exit_code == 0, res.stderr
+    assert "3 (+50% vs p1)" in res.stdout
+
+
+def test_fixed_distribution_says_how_it_misleads(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100")
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "Every request is 2,048 tokens long: a fixed length has no spread" in text
+    assert "(b-1)/2 slots per request" in text
+    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "100")
+    assert "no spread" not in res.stdout
+
+
+def test_recommendations_state_how_ties_are_broken(run_cli):
+    # 2,048 tokens is a multiple of 16 and 128: both waste 0 slots, and with 100,000 KV tokens both fit
+    # floor(6250 / 128) = floor(781 / 16) = 48 requests (100,000 // 16 = 6,250 blocks of 16; // 128 = 781 of 128).
+    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100", "--block-sizes", "16,128",
+                  "--kv-tokens", "100000", "--json")
+    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
+    assert recs["least waste"]["block_size"] == 128
+    assert recs["least waste"]["reason"] == ("0.00% of allocated slots empty (16: 0.00%); tied with 16: the largest "
+                                             "has the fewest table entries")
+    assert recs["most concurrency"]["reason"].startswith("48 requests fit at once (p50)")
+    assert recs["most concurrency"]["reason"].endswith("; tied with 16: the largest has the fewest table entries")
+    # 10 requests in a large pool: no block size preempts, so the choice falls to TTFT p99, and says so
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16,32",
+                  "--serve", "--json")
+    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
+    assert recs["fewest preemptions"]["reason"].startswith("0 preemptions (")
+    assert "; tied with " in recs["fewest preemptions"]["reason"]
+    assert "lowest TTFT p99" in recs["fewest preemptions"]["reason"]
+
+
+def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
+    # 1,000-token requests in a 100-token pool: ceil(1000/16) = 63 blocks > 100 // 16 = 6, so nothing runs.
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16",
+                  "--kv-tokens", "100", "--serve")
+    assert res.exit_code == 0, res.stderr
+    assert "nan" not in res.stdout
+    assert "No request ran at any block size" in res.stdout
+    assert "Recommendation (fewest preemptions)" not in res.stdout
+    assert "Recommendation (most concurrency): block size 16: none" in " ".join(res.stdout.split())
+
+
+def test_static_budget_names_where_it_came_from(run_cli):
+    # --model/--gpu: the static table says whose plan the budget is, not just a token count
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--model", "llama-2-7b",
+                  "--gpu", "h100-80gb", "--block-sizes", "16")
+    assert res.exit_code == 0, res.stderr
+    assert "tokens (kvtool estimate's plan for llama-2-7b on h100-80gb" in " ".join(res.stdout.split())
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--kv-tokens", "5000",
+                  "--json")
+    assert json.loads(res.stdout)["kv_tokens_text"] == "--kv-tokens"
+
+
+def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
+    # it used to write NAME-b16.csv files beside the folder (or fail only after the simulation with one size)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve",
+                  "--export-events", tmp_path)
+    assert res.exit_code == 2
+    assert "not a folder" in _err(res)
+    assert not list(tmp_path.parent.glob(f"{tmp_path.name}-b*.csv"))
+
+
+def test_static_waste_column_names_its_unit(run_cli):
+    # uniform 1..4096 at b = 8: (b - 1)/2 = 3.5 empty slots per request on average (closed form)
+    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000",
+                  "--block-sizes", "8")
+    assert res.exit_code == 0, res.stderr
+    assert "empty slots/req" in res.stdout
+    row = next(line for line in res.stdout.splitlines() if line.startswith("│     8 │"))
+    assert float(row.split("│")[4]) == pytest.approx(3.5, abs=0.1)
+
+
+def test_azure_2024_timestamps_with_a_utc_offset(run_cli, tmp_path):
+    # The Azure LLM inference trace 2024 writes TIMESTAMP as '2024-05-10 00:00:00.009930+00:00'.  numpy reads the
+    # offset (converting to UTC) but used to print a UserWarning on stderr, breaking --json's clean stderr.
+    # By hand: the second row is 1.5 s after the first; the third, 2024-05-10 01:00:00.509930+01:00, is
+    # 00:00:00.509930 UTC, 0.5 s after the first.
+    path = tmp_path / "az24.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2024-05-10 00:00:00.009930+00:00,100,10\n"
+                    "2024-05-10 00:00:01.509930+00:00,200,20\n"
+                    "2024-05-10 01:00:00.509930+01:00,300,30\n")
+    res = run_cli("simulate", "--trace", path, "--serve", "--block-sizes", "16", "--json")
+    assert res.exit_code == 0
+    assert res.stderr == ""
+    json.loads(res.stdout)
+    reqs = load_trace(path)
+    # sorted by arrival: 0, 0.5 (the +01:00 row), 1.5
+    assert reqs.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.5])
+    assert reqs.prompt_tokens.tolist() == [100, 300, 200]
+
+
+def test_the_output_share_default_is_stated(run_cli):
+    # --dist and `length` traces split each length with --output-share (default 0.15): the source line says so
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--json")
+    assert "output = 0.15 of each length" in json.loads(res.stdout)["source"]
+    res = run_cli("simulate", "--trace", SIM / "length-head20.csv", "--output-share", "0.3", "--json")
+    assert "output = 0.3 of each length" in json.loads(res.stdout)["source"]
+    res = run_cli("simulate", "--trace", SIM / "generic-head20.csv", "--json")
+    assert "output-share" not in json.loads(res.stdout)["source"]  # the trace gives both parts
+
+
+def test_help_states_the_serving_defaults(run_cli):
+    # the pool and the arrivals --serve uses when nothing is given are stated in --help, not only in the output
+    res = run_cli("simulate", "--help")
+    text = " ".join(res.stdout.replace("│", " ").split())
+    assert "for --serve kvtool estimate's plan for llama-2-7b on h100-80gb" in text
+    assert "default: the trace's timestamps, else all at t=0" in text

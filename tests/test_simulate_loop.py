@@ -88,3 +88,33 @@ def test_from_events_errors(run_cli, tmp_path):
     assert res.exit_code == 3 and "columns found" in res.stderr
     res = run_cli("simulate", "--from-events", DATA / "analyze" / "basic.csv", "--trace", CONV)
     assert res.exit_code == 2 and "exactly one" in res.stderr
+
+
+@pytest.mark.parametrize("name,magic", [("ev.csv.gz", b"\x1f\x8b"), ("ev.parquet", b"PAR1")])
+def test_exported_events_take_the_format_their_name_says(run_cli, tmp_path, name, magic):
+    # --export-events ev.csv.gz used to write plain CSV under a .gz name (analyze then failed to inflate it);
+    # the gzip magic is 1f 8b (RFC 1952) and a Parquet file starts with 'PAR1' (the Parquet format spec).
+    args = ["--trace", DATA / "simulate" / "generic-head20.csv", "--serve", "--block-sizes", "16"]
+    assert run_cli("simulate", *args, "--export-events", tmp_path / "ev.csv").exit_code == 0
+    assert run_cli("simulate", *args, "--export-events", tmp_path / name).exit_code == 0
+    assert (tmp_path / name).read_bytes()[:len(magic)] == magic
+    plain = json.loads(run_cli("analyze", tmp_path / "ev.csv", "--json").stdout)
+    other = run_cli("analyze", tmp_path / name, "--json")
+    assert other.exit_code == 0, other.stderr
+    other = json.loads(other.stdout)
+    assert other["summary"]["events"] == plain["summary"]["events"] > 0
+    assert other["requests"] == plain["requests"]
+
+
+def test_events_files_given_to_the_wrong_option_get_a_tip(run_cli):
+    # an analyze events file given as --trace: the error says to use --from-events
+    res = run_cli("simulate", "--trace", DATA / "analyze" / "basic.csv")
+    assert res.exit_code == 3
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("Error: unrecognised trace format: columns found 'ts', 'event', 'request_id'")
+    assert lines[1] == "Tip: this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
+    # vLLM's KV events (no request ids) given as --from-events: one line saying why, not the JSON line as a header
+    res = run_cli("simulate", "--from-events", DATA / "vllm-events" / "prefix-cache-1gib-block32.jsonl")
+    assert res.exit_code == 3
+    assert res.stderr.splitlines()[0].startswith("Error: vLLM's KV events carry no request ids")
+    assert "block_hashes" not in res.stderr

@@ -127,3 +127,18 @@ def test_zipf_and_fixed_and_uniform_ranges():
     assert f.tolist() == [512] * 5
     u, _ = parametric_lengths("uniform", 10_000, 0, min_tokens=3, max_tokens=9)
     assert set(u.tolist()) == set(range(3, 10))
+
+
+def test_fixed_length_claim_counts_the_shared_prefix_once_like_the_windows():
+    # 50 requests of prompt 100 + output 28 = 128 tokens, shared prefix 64, b = 16, 1,600 KV tokens = 100 blocks.
+    # Each request: ceil(128/16) = 8 blocks, floor(64/16) = 4 of them shared and stored once, so 4 own blocks;
+    # the pool holds (100 - 4) // 4 = 24 requests.  Every length is the mean, so the fixed-length claim is the
+    # same 24 (it used to be 100 // 8 = 12, below what the windows report).
+    prompt = np.full(50, 100, dtype=np.int64)
+    r = compare_block_sizes(prompt, np.full(50, 28, dtype=np.int64), [16], shared_prefix_tokens=64,
+                            kv_tokens=1600).results[0]
+    assert r.fit_at_once_p50 == 24 and r.fit_at_once_p1 == 24
+    assert r.fit_if_fixed_mean_length == 24
+    # without a shared prefix: 100 // 8 = 12
+    r = compare_block_sizes(prompt, np.full(50, 28, dtype=np.int64), [16], kv_tokens=1600).results[0]
+    assert r.fit_at_once_p50 == 12 and r.fit_if_fixed_mean_length == 12

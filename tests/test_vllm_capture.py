@@ -235,6 +235,8 @@ def test_gap_with_dead_replay_endpoint_is_counted_unrecovered(tmp_path):
     result = box["result"]
     assert (result.gaps, result.batches_missed, result.batches_recovered, result.batches_unrecovered) == (1, 2, 0, 2)
     assert [json.loads(line)["seq"] for line in out.read_text().splitlines()] == [0, 3]
+    # Why they were lost is said, not left for the user to guess.
+    assert result.replay_error == f"replay of batches 1..2: {options.replay_endpoint} did not answer within 0.3 s"
 
 
 def test_max_events_stops_after_the_whole_batch(tmp_path):
@@ -254,6 +256,63 @@ def test_max_events_stops_after_the_whole_batch(tmp_path):
     result = box["result"]
     assert (result.events_written, result.batches_written, result.stopped_by) == (4, 2, "max-events")
     assert len(out.read_text().splitlines()) == 4
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: ENOSPC)")
+def test_full_disk_is_one_error_line_not_a_traceback(tmp_path):
+    port = free_port()
+    proc = _capture_process("--endpoint", f"tcp://127.0.0.1:{port}", "-o", "/dev/full", "--duration", "30")
+    pub = FakeVllmPublisher(f"tcp://127.0.0.1:{port}")
+    try:
+        pub.wait_subscribed(timeout_s=30)
+        pub.publish(0, msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0]))
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close()
+    assert proc.returncode == 2
+    assert (stdout, stderr) == (
+        "",
+        "Error: writing failed after 0 events in 0 batches, which the file keeps: No space left on device (/dev/full)\n",
+    )
+
+
+def test_a_write_failure_mid_capture_names_what_the_file_keeps(tmp_path):
+    from kvtool.errors import UsageError
+    from kvtool.vllm_capture import _Writer
+
+    class FailsOnThirdFlush:  # a disk that fills up after two batches
+        def __init__(self, real):
+            self.real, self.flushes = real, 0
+
+        def write(self, text):
+            return self.real.write(text)
+
+        def flush(self):
+            self.flushes += 1
+            if self.flushes == 3:
+                raise OSError(28, "No space left on device")
+            self.real.flush()
+
+        def close(self):
+            self.real.close()
+
+    out = tmp_path / "events.jsonl"
+    writer = _Writer(out)
+    writer.handle = FailsOnThirdFlush(writer.handle)
+    batch = [1.0, [{"type": "AllBlocksCleared"}] * 2, 0]
+    from kvtool.vllm_events import decode_payload
+
+    writer.batch(0, decode_payload(msgpack.packb(batch)))
+    writer.batch(1, decode_payload(msgpack.packb(batch)))
+    with pytest.raises(UsageError) as caught:
+        writer.batch(2, decode_payload(msgpack.packb(batch)))
+    writer.close()
+    assert caught.value.one_line() == (
+        f"writing failed after 4 events in 2 batches, which the file keeps: No space left on device ({out})"
+    )
+    assert [json.loads(line)["seq"] for line in out.read_text().splitlines()][:4] == [0, 0, 1, 1]
 
 
 def _capture_process(*args: str) -> subprocess.Popen:
@@ -335,7 +394,34 @@ def test_port_in_use_is_a_usage_error(run_cli, tmp_path):
         port = busy.getsockname()[1]
         result = run_cli("capture", "--endpoint", f"tcp://127.0.0.1:{port}", "-o", tmp_path / "e.jsonl", "--duration", "1")
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: cannot bind tcp://127.0.0.1:{port}: Address already in use")
+    # The likely cause: vLLM binds this port itself (endpoint tcp://*:PORT) and we were told 127.0.0.1.
+    assert result.stderr.splitlines() == [
+        f"Error: cannot bind tcp://127.0.0.1:{port}: Address already in use (--endpoint)",
+        "Tip: something already listens there: if vLLM binds this port (its endpoint has '*' or '::'), give "
+        "--endpoint exactly as in its KVEventsConfig (tcp://*:PORT), or --role connect; or another capture runs",
+    ]
+
+
+def test_binding_an_address_of_another_host_says_to_connect(run_cli, tmp_path):
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never an address of this machine, so the bind fails.
+    result = run_cli("capture", "--endpoint", "tcp://192.0.2.1:5557", "-o", tmp_path / "e.jsonl", "--duration", "1")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "Error: cannot bind tcp://192.0.2.1:5557: Cannot assign requested address (--endpoint)",
+        "Tip: kvtool binds endpoints that vLLM connects to, so the host must be an address of this machine; "
+        "to reach a vLLM that binds on another host, use --endpoint tcp://192.0.2.1:5557 --role connect",
+    ]
+    assert not (tmp_path / "e.jsonl").exists()
+
+
+def test_ipc_bind_in_a_missing_directory(run_cli, tmp_path):
+    sock = tmp_path / "no-dir" / "kv.sock"
+    result = run_cli("capture", "-e", f"ipc://{sock}", "--role", "bind", "-o", tmp_path / "e.jsonl", "--duration", "1")
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"Error: cannot bind ipc://{sock}: No such file or directory")
+    assert "addr=" not in lines[0] and lines[0].endswith("(--endpoint)")
+    assert lines[1:] == ["Tip: create the directory of the ipc path first"]
 
 
 def test_missing_pyzmq_gives_one_line_and_the_install_tip(run_cli, tmp_path, monkeypatch):
@@ -362,13 +448,21 @@ def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
     folder = tempfile.mkdtemp(prefix="kvc")  # ipc paths must stay short
     endpoint = f"ipc://{folder}/kv.sock"
     assert resolve_role(endpoint, "auto") == ("connect", endpoint)
+    out = tmp_path / "events.jsonl"
+    result = _one_batch_from_a_binding_publisher(endpoint, out)
+    assert result.role == "connect"
+    assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
+
+
+def _one_batch_from_a_binding_publisher(endpoint: str, out, ipv6: bool = False):
+    """vLLM's side when it binds: one batch once the capture has subscribed; returns the capture's result."""
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.IPV6, int(ipv6))
     pub.bind(endpoint)
-    out = tmp_path / "events.jsonl"
     thread, stop, box = start_capture(CaptureOptions(endpoint=endpoint, output=out, max_events=1, duration_s=30))
     try:
-        assert pub.poll(10000)
+        assert pub.poll(10000), "the capture never subscribed"
         pub.recv()
         pub.send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [{"type": "AllBlocksCleared"}], 0])])
         thread.join(30)
@@ -376,8 +470,24 @@ def test_ipc_endpoint_vllm_binds_and_we_connect(tmp_path):
         stop.set()
         pub.close(linger=0)
         ctx.term()
-    assert box["result"].role == "connect"
-    assert out.read_text() == '{"seq": 0, "batch_ts": 1.0, "dp_rank": 0, "type": "AllBlocksCleared"}\n'
+    return box["result"]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_ipv6_endpoint(tmp_path):
+    """vLLM binds an endpoint with '::' (its _is_bind_endpoint) and sets zmq.IPV6 for an IPv6 node address;
+    without that option on our side libzmq's connect to [::1] silently never happens."""
+    result = _one_batch_from_a_binding_publisher(f"tcp://[::1]:{free_port()}", tmp_path / "e.jsonl", ipv6=True)
+    assert (result.role, result.events_written) == ("connect", 1)
 
 
 def test_live_count_on_a_terminal(monkeypatch):

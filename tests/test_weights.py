@@ -83,3 +83,36 @@ def test_bad_safetensors_name_the_file(tmp_path, content):
     with pytest.raises(InputFileError) as err:
         weights_from_dir(tmp_path)
     assert "bad.safetensors" in err.value.one_line()
+
+
+def test_fp8_block_quantized_weights_by_hand(tmp_path, run_cli):
+    # One Llama-style layer, hidden 256, 2 heads of 128, intermediate 512, vocab 1000, untied, bf16, with
+    # DeepSeek-V3's quantization_config (fp8, 128x128 blocks). Linear weights, 1 byte each + a float32 scale per
+    # 128x128 block: q, k, v, o 256x256 (65,536 params, 2x2 = 4 scales each); gate, up 512x256 and down 256x512
+    # (131,072 params, 4x2 = 8 scales each): 655,360 B + 40 x 4 B = 655,520 B. In bf16: embeddings and LM head
+    # 2 x 1000 x 256 = 512,000, two layer norms and the final norm 3 x 256 = 768: 512,768 x 2 B = 1,025,536 B.
+    config = {
+        "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
+    assert out["weights_params"] == 655_360 + 512_768
+    assert out["weights_bytes"] == 655_520 + 1_025_536
+    # a quantization method kvtool does not model is said, not silently sized at the config dtype
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
+    assert out["weights_bytes"] == (655_360 + 512_768) * 2 and any("'awq' is not modelled" in n for n in out["notes"])
+
+
+def test_deepseek_v3_fp8_checkpoint_fits_eight_h200s(run_cli):
+    # DeepSeek-V3 README_WEIGHTS.md: 671B parameters, FP8 with 128x128 block scales, of which the 0.9B embedding
+    # and 0.9B output head stay BF16: about 671e9 x 1 B + 1.85e9 x 1 B more + 671e9 / 16,384 x 4 B of scales
+    # = 673.0e9 B, not the 1,342e9 B of an all-BF16 estimate.
+    out = json.loads(run_cli("estimate", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--seq-len", "8192",
+                             "--json").stdout)
+    assert abs(out["weights_bytes"] - 673.0e9) / 673.0e9 < 0.005
+    assert out["fits"] is True and out["kv_budget_bytes"] > 0  # it is served on 8 x H200 in practice

@@ -41,12 +41,22 @@ def register(app: typer.Typer) -> None:
         export: Optional[Path] = typer.Option(None, "--export", help="Write the per-request table to this CSV file."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write four PNG charts into this directory."),
         strict: bool = typer.Option(
-            False, "--strict", help="Exit 1 if any row was rejected, a free was clamped, or a request leaked."
+            False, "--strict", help="Exit 1 if any row was rejected, a free was clamped, or a request leaked (vLLM "
+            "events: if batches were lost)."
         ),
     ) -> None:
-        """Per-request KV block holding time versus utilization, and the health of the block pool."""
+        """Per-request KV block holding time versus utilization, and the health of the block pool.
+
+        EVENTS_FILE: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md), or vLLM's KV-event
+        JSON lines (.jsonl, as `kvtool capture` records them).
+        """
         if _is_vllm_events_file(events_file):
-            return _analyze_jsonl(events_file, json_out=json_out, plot=plot, export=export)
+            ignored = [name for name, value, default in (
+                ("--block-size", block_size, 16), ("--long-threshold", long_threshold, 2048),
+                ("--long-share-alert", long_share_alert, 0.6), ("--pool-blocks", pool_blocks, None),
+                ("--top", top, 10)) if value != default]
+            return _analyze_jsonl(events_file, json_out=json_out, plot=plot, export=export, strict=strict,
+                                  ignored=ignored)
 
         from kvtool.event_analysis import analyze_events
         from kvtool.event_report import anomaly_line, export_requests_csv, render_analysis, write_json
@@ -87,7 +97,7 @@ def _positive(value: int, option: str) -> int:
     from kvtool.errors import UsageError
 
     if value <= 0:
-        raise UsageError(f"{option} must be a positive number of tokens, got {value}")
+        raise UsageError(f"{option} must be a positive number of tokens, got {value}", where=option)
     return value
 
 
@@ -107,11 +117,13 @@ def _is_vllm_events_file(path: Path) -> bool:
     return looks_like_vllm_events(path)
 
 
-def _analyze_jsonl(path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path]) -> None:
+def _analyze_jsonl(path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path], strict: bool,
+                   ignored: list[str]) -> None:
     """vLLM's JSON-lines KV-cache events (as recorded or captured by `kvtool capture`): issue 6, section 3.
 
-    These events carry no request ids, so the per-request table (--export) does not exist for them;
-    --strict has nothing to check beyond what the reader already rejects (a malformed line is an error).
+    These events carry no request ids, so the per-request table (--export) does not exist for them, and the
+    per-request options (``ignored``: given but meaningless here) are named in a warning, not dropped silently.
+    A malformed line is an error already; --strict also fails on lost batches (missing sequence numbers).
     """
     if export is not None:
         raise UsageError(
@@ -121,7 +133,15 @@ def _analyze_jsonl(path: Path, *, json_out: bool, plot: Optional[Path], export: 
         )
     from kvtool.commands.analyze_vllm import run_vllm_analysis
 
-    run_vllm_analysis(path, json_output=json_out, plot_dir=plot)
+    if ignored:
+        from kvtool.output import warn
+
+        warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to vLLM's KV events "
+             "(no request ids, no per-request table): ignored")
+    analysis = run_vllm_analysis(path, json_output=json_out, plot_dir=plot)
+    missing = analysis.counts.missing_seqs
+    if strict and missing:
+        raise CheckFailed(f"{missing:,} batch sequence numbers are missing: those events were lost", where=str(path))
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run_vllm_analysis(path: Path, *, json_output: bool, plot_dir: Path | None) -> None:
-    """Analyse a vLLM KV-event JSON-lines file and print tables or one JSON object on stdout.
+def run_vllm_analysis(path: Path, *, json_output: bool, plot_dir: Path | None):
+    """Analyse a vLLM KV-event JSON-lines file, print tables or one JSON object on stdout; return the analysis.
 
     Raises InputFileError (exit 3) for a file that is not vLLM events (``.gz`` files are read too).
     """
@@ -24,3 +24,4 @@ def run_vllm_analysis(path: Path, *, json_output: bool, plot_dir: Path | None) -
             console.print(renderable)
         for plot in written:
             console.print(f"wrote {plot}", highlight=False)
+    return analysis

@@ -45,10 +45,10 @@ def register(app: typer.Typer) -> None:
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."),
         gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="GPU memory instead of --gpu, e.g. 80GiB."),
         kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."),
-        gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM's fraction of GPU memory for weights, activations and KV."),
+        gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9."),
         reserve: Optional[str] = typer.Option(None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
-        max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="vLLM's scheduler budget; sizes sliding-window layers."),
+        max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB)."),
         compare: bool = typer.Option(False, "--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         list_models: bool = typer.Option(False, "--list", help="List the model and GPU profiles and exit."),
@@ -79,6 +79,10 @@ def register(app: typer.Typer) -> None:
             console = stdout_console()
             console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
             render_estimate(result, console)
+            from kvtool.output import warn
+
+            for warning in result.warnings:  # --json carries them in "warnings" and keeps stderr empty
+                warn(warning)
 
     @app.command("models")
     @handle_errors

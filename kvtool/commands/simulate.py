@@ -12,7 +12,7 @@ from kvtool.errors import UsageError
 from kvtool.output import handle_errors
 from kvtool.request_lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.serving_sim import DEFAULT_MAX_NUM_SEQS, CostModel
-from kvtool.simulate_run import DEFAULT_BLOCK_SIZES
+from kvtool.simulate_run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
 
 _COST_DEFAULTS = CostModel()
 
@@ -62,7 +62,9 @@ def register(app: typer.Typer) -> None:
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Slots each request reserves in "
                                                     "the contiguous baseline (default: the longest request).",
                                                     rich_help_panel=_STATIC),
-        kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV-cache budget in tokens (the pool).",
+        kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV-cache budget in tokens (the pool; default: none "
+                                                "for the static comparison, and for --serve kvtool estimate's plan for "
+                                                f"{DEFAULT_POOL_MODEL} on {DEFAULT_POOL_GPU}).",
                                                 rich_help_panel=_STATIC),
         model: Optional[str] = typer.Option(None, "--model", help="With --gpu: the pool from `kvtool estimate`'s "
                                             "capacity planner (a profile name, as estimate takes).",
@@ -71,8 +73,8 @@ def register(app: typer.Typer) -> None:
                                           rich_help_panel=_STATIC),
         serve: bool = typer.Option(False, "--serve", help="Also run the event-driven continuous-batching "
                                    "simulation.", rich_help_panel=_SERVE),
-        qps: Optional[float] = typer.Option(None, "--qps", help="Poisson arrivals at this rate instead of the "
-                                            "trace's timestamps.", rich_help_panel=_SERVE),
+        qps: Optional[float] = typer.Option(None, "--qps", help="Poisson arrivals at this rate (requests/s; "
+                                            "default: the trace's timestamps, else all at t=0).", rich_help_panel=_SERVE),
         max_num_seqs: int = typer.Option(DEFAULT_MAX_NUM_SEQS, "--max-num-seqs", help="Most requests running at "
                                          "once (vLLM's default).", rich_help_panel=_SERVE),
         prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Share the --shared-prefix's full blocks "
@@ -82,7 +84,7 @@ def register(app: typer.Typer) -> None:
                                                   rich_help_panel=_SERVE),
         export_events: Optional[Path] = typer.Option(None, "--export-events", help="Write the simulated events in "
                                                      "`kvtool analyze`'s schema (NAME-bB.csv per block size when "
-                                                     "several).", rich_help_panel=_SERVE),
+                                                     "several; .csv.gz or .parquet by the name).", rich_help_panel=_SERVE),
         step_overhead_ms: float = typer.Option(_COST_DEFAULTS.step_overhead_ms, "--step-overhead-ms", help="Fixed time per step.",
                                                rich_help_panel=_COST),
         token_us: float = typer.Option(_COST_DEFAULTS.token_us, "--token-us", help="Time per token computed (prefill or decode).",
@@ -113,15 +115,19 @@ def register(app: typer.Typer) -> None:
         _check_options(trace, from_events, dist, requests, output_share, shared_prefix, max_model_len, kv_tokens, qps,
                        max_num_seqs, prefix_cache, split_pools, export_events, serve,
                        (step_overhead_ms, token_us, kv_token_us, table_entry_us))
-        if trace is not None or from_events is not None:
-            reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
-            if requests is not None:
-                reqs = sample_requests(reqs, requests, seed)
-        else:
-            reqs = parametric_requests(
-                dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, mean=mean, p99=p99,
-                min_tokens=min_tokens, max_tokens=max_tokens, length=length, alpha=alpha,
-            )
+        try:
+            if trace is not None or from_events is not None:
+                reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
+                if requests is not None:
+                    reqs = sample_requests(reqs, requests, seed)
+            else:
+                reqs = parametric_requests(
+                    dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, mean=mean, p99=p99,
+                    min_tokens=min_tokens, max_tokens=max_tokens, length=length, alpha=alpha,
+                )
+        except MemoryError:
+            raise UsageError(f"not enough memory for {requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
+                             where="--requests", tip="ask for fewer --requests") from None
         options = SimulateOptions(
             block_sizes=sizes,
             shared_prefix_tokens=shared_prefix,
@@ -166,12 +172,21 @@ def _check_options(trace, from_events, dist, requests, output_share, shared_pref
     if sum(x is not None for x in (trace, from_events, dist)) != 1:
         raise UsageError("give exactly one source of lengths: --trace FILE, --from-events FILE or --dist NAME",
                          where="--trace/--from-events/--dist")
-    for value, name in ((requests, "--requests"), (max_model_len, "--max-model-len"), (kv_tokens, "--kv-tokens"),
-                        (split_pools, "--split-pools"), (max_num_seqs, "--max-num-seqs")):
+    from kvtool.request_lengths import MAX_REQUEST_TOKENS, MAX_REQUESTS
+    from kvtool.simulate_run import MAX_KV_TOKENS
+
+    for value, name, most in ((requests, "--requests", MAX_REQUESTS), (max_model_len, "--max-model-len", None),
+                              (kv_tokens, "--kv-tokens", MAX_KV_TOKENS),
+                              (split_pools, "--split-pools", MAX_REQUEST_TOKENS), (max_num_seqs, "--max-num-seqs", None)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
+        if value is not None and most is not None and value > most:
+            raise UsageError(f"{name} is too large: {value:,} (at most {most:,})", where=name)
     if shared_prefix < 0:
         raise UsageError(f"--shared-prefix must be 0 or more tokens, got {shared_prefix}", where="--shared-prefix")
+    if shared_prefix > MAX_REQUEST_TOKENS:
+        raise UsageError(f"--shared-prefix is too large: {shared_prefix:,} tokens (at most {MAX_REQUEST_TOKENS:,})",
+                         where="--shared-prefix")
     if not 0 <= output_share < 1:
         raise UsageError(f"--output-share must be in [0, 1), got {output_share:g}", where="--output-share")
     if qps is not None and not qps > 0:
@@ -183,6 +198,9 @@ def _check_options(trace, from_events, dist, requests, output_share, shared_pref
                         ("--export-events", export_events)):
         if value is not None and not serve:
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
+    if export_events is not None and export_events.is_dir():
+        raise UsageError("--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events "
+                         f"{export_events}")
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
     for value, name in zip(cost, ("--step-overhead-ms", "--token-us", "--kv-token-us", "--table-entry-us")):

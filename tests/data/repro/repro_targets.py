@@ -6,6 +6,7 @@ Imported as ``repro_targets:<factory>`` with tests/data/repro on sys.path.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,45 @@ class RaisingAttention(Attention):
         return super().forward(x, cache)
 
 
+class ChattyAttention(Attention):
+    """Correct, and prints each step's cache shape and data_ptr, as the article's third habit advises."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, cache)
+        print(f"cache k {tuple(new['k'].shape)} data_ptr {new['k'].data_ptr():#x}")
+        return out, new
+
+
+class KVCache:
+    """A cache object rather than a tuple or dict: kvtool must look at its attributes."""
+
+    __slots__ = ("k", "v")
+
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+
+
+class ObjectCacheAttention(Attention):
+    """Correct, with the cache as a ``KVCache`` object."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, None if cache is None else {"k": cache.k, "v": cache.v})
+        return out, KVCache(new["k"], new["v"])
+
+
+_HANDLES: dict[int, dict] = {}
+
+
+class HandleCacheAttention(Attention):
+    """Correct outputs, but the "cache" it returns is an int handle into a module-level table."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, None if cache is None else _HANDLES[cache])
+        handle = len(_HANDLES)
+        _HANDLES[handle] = new
+        return out, handle
+
+
 class NoDModel(Attention):
     def __init__(self):
         super().__init__()
@@ -124,34 +164,34 @@ class NoDModel(Attention):
             del self.d_model
 
 
-def correct():
+def _seeded(cls):
+    """A factory: the same seeded weights on every call."""
+
+    def factory():
+        torch.manual_seed(0)
+        return cls()
+
+    return factory
+
+
+correct = _seeded(Attention)
+scratch_alias = _seeded(ScratchAliasAttention)
+trimmed = _seeded(TrimmedCacheAttention)
+instance_cache = _seeded(InstanceCacheAttention)
+raising = _seeded(RaisingAttention)
+object_cache = _seeded(ObjectCacheAttention)
+handle_cache = _seeded(HandleCacheAttention)
+no_d_model = _seeded(NoDModel)
+
+
+def chatty():
+    print("loading chatty attention")
     torch.manual_seed(0)
-    return Attention()
+    return ChattyAttention()
 
 
-def scratch_alias():
-    torch.manual_seed(0)
-    return ScratchAliasAttention()
-
-
-def trimmed():
-    torch.manual_seed(0)
-    return TrimmedCacheAttention()
-
-
-def instance_cache():
-    torch.manual_seed(0)
-    return InstanceCacheAttention()
-
-
-def raising():
-    torch.manual_seed(0)
-    return RaisingAttention()
-
-
-def no_d_model():
-    torch.manual_seed(0)
-    return NoDModel()
+def exits():
+    sys.exit("no GPU found, exiting")
 
 
 def not_a_module():
