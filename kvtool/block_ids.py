@@ -45,14 +45,15 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     # what does not need b is done before waiting for it
     a_key, a_t = a_req.astype(np.int64) * (n + 1) + a_tpos, t_ts[a_tpos]  # (request, ts position) key; time
     unique = _distinct(ids)
+    free_tpos = tpos[~attach]
     # where each request's holding intervals close (b back to 0), as (request, ts position) keys
     q, starts, b, bp = later.result()
     close = np.flatnonzero((b == 0) & (bp > 0))
     del b, bp
     closing = np.zeros(n, dtype=bool)  # by ts position
     closing[q[close]] = True
-    only_closing_frees = bool(closing[tpos[~attach]].all())
-    del closing
+    only_closing_frees = bool(closing[free_tpos].all())
+    del closing, free_tpos
     if not only_closing_frees:
         a_ids, a_req, a_tpos, explicit_rel = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
         a_key, a_t = a_req.astype(np.int64) * (n + 1) + a_tpos, t_ts[a_tpos]
