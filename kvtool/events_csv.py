@@ -130,7 +130,7 @@ def load_events(
             table, bad_lines, blank_lines = _read_csv(path, header)
             columns_found = tuple(header)
             first_row_number = 2
-    except pa.ArrowException as err:
+    except (pa.ArrowException, OSError, EOFError) as err:
         raise InputFileError(f"cannot read the events file: {_first_line(err)}", where=str(path)) from None
     note("checking rows")
     try:
@@ -313,10 +313,9 @@ def _read_csv(path: Path, names: list[str]):
     }
     include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in names]
 
-    gzip_content = False
-    if not str(path).lower().endswith(".gz"):
-        with path.open("rb") as fh:
-            gzip_content = fh.read(2) == b"\x1f\x8b"
+    # The content decides, not the name: pyarrow would inflate any "*.gz" path (and fail on plain text in one)
+    with path.open("rb") as fh:
+        gzip_content = fh.read(2) == b"\x1f\x8b"
 
     def read(types: dict, threads: bool):
         bad: list[tuple[int | None, str]] = []
@@ -325,8 +324,7 @@ def _read_csv(path: Path, names: list[str]):
             bad.append((row.number, row.text))
             return "skip"
 
-        # pyarrow decompresses by the .gz extension; gzip content under another name is opened explicitly
-        source = pa.input_stream(str(path), compression="gzip") if gzip_content else path
+        source = pa.input_stream(str(path), compression="gzip" if gzip_content else None)
         table = pacsv.read_csv(
             source,
             read_options=pacsv.ReadOptions(

@@ -249,3 +249,19 @@ def test_match_length_counts_have_thousands_separators(run_cli, tmp_path):
     result = run_cli("analyze", path)
     assert result.exit_code == 0, result.stderr
     assert "0 tok x 1,200" in result.stdout
+
+
+def test_compression_is_read_from_the_content_not_the_name(run_cli, tmp_path):
+    # Plain text named .csv.gz and gzip named .csv both read; the figures are those of the plain file.
+    import gzip
+
+    plain = (D / "basic.csv").read_bytes()
+    mislabelled_plain = tmp_path / "plain.csv.gz"
+    mislabelled_plain.write_bytes(plain)
+    mislabelled_gzip = tmp_path / "packed.csv"
+    mislabelled_gzip.write_bytes(gzip.compress(plain))
+    reference = json.loads(run_cli("analyze", D / "basic.csv", "--json").stdout)["summary"]
+    for path in (mislabelled_plain, mislabelled_gzip):
+        result = run_cli("analyze", path, "--json")
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["summary"] == reference
