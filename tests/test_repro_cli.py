@@ -219,8 +219,10 @@ def test_bad_targets_are_usage_errors(run_cli, targets_on_path, spec, start):
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 
-def test_target_that_exits_at_import_is_a_usage_error_not_its_exit_code(run_cli, targets_on_path):
+def test_target_that_exits_at_import_is_a_usage_error_not_its_exit_code(run_cli, targets_on_path, monkeypatch):
     # argparse at import sees kvtool's argv and exits 2 after printing its usage (the user's own stderr).
+    # sys.argv is set to what the kvtool console script sees: under a bare `pytest` it would parse cleanly.
+    monkeypatch.setattr("sys.argv", ["kvtool", "repro", "--target", "argparse_at_import:make"])
     result = run_cli("repro", "--target", "argparse_at_import:make")
     assert result.exit_code == EXIT_USAGE
     assert result.stderr.splitlines()[-1] == (
