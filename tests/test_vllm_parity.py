@@ -154,15 +154,6 @@ def _estimate_args(fig: VllmFigures) -> list[str]:
     return [*args, "--json"]
 
 
-@pytest.fixture(scope="module")
-def _estimate_available():
-    """Skip (not fail) only while `kvtool estimate` is still the skeleton's placeholder."""
-    from kvtool.commands import estimate
-
-    if "'kvtool estimate' is not implemented yet" in Path(estimate.__file__).read_text():
-        pytest.skip("kvtool estimate is still the placeholder (its issue has not landed)")
-
-
 def _check_parity(run_cli, fig: VllmFigures) -> None:
     result = run_cli(*_estimate_args(fig))
     assert result.exit_code == 0, result.stderr
@@ -190,13 +181,11 @@ def _with_known_mismatches(figs):
     ]
 
 
-@pytest.mark.usefixtures("_estimate_available")
 @pytest.mark.parametrize("fig", _with_known_mismatches(FIXTURES))
 def test_estimate_matches_recorded_vllm_run(run_cli, fig):
     _check_parity(run_cli, fig)
 
 
-@pytest.mark.usefixtures("_estimate_available")
 @pytest.mark.parametrize("fig", DOC_FIGURES, ids=[f.case for f in DOC_FIGURES])
 def test_estimate_matches_doc_table(run_cli, fig):
     _check_parity(run_cli, fig)
