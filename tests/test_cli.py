@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
-from conftest import REPO_ROOT, run_subprocess
+from conftest import run_subprocess, heavy_modules_loaded_by
 
 import kvtool
 from kvtool.errors import EXIT_USAGE
@@ -49,15 +47,9 @@ def test_python_dash_m_and_exit_code():
 
 
 def test_help_does_not_import_torch_or_pandas():
-    code = (
-        "import sys\n"
-        "from kvtool.cli import run\n"
-        "run(['--help'])\n"
-        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+    codes, _, heavy = heavy_modules_loaded_by(["--help"], modules=("torch", "pandas", "matplotlib"))
+    assert codes == [0]
+    assert heavy == []
 
 
 def test_argument_help_is_shown(run_cli):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import DATA, REPO_ROOT
+from conftest import DATA, heavy_modules_loaded_by
 
 from kvtool.errors import EXIT_INPUT, EXIT_USAGE
 
@@ -247,16 +245,11 @@ def test_needs_exactly_one_model_source(run_cli):
 
 
 def test_estimate_does_not_import_torch_or_pandas():
-    code = (
-        "import sys\n"
-        "from kvtool.cli import run\n"
-        "run(['--help'])\n"
-        "run(['estimate', '--model', 'llama-2-7b', '--gpu', 'h100', '--compare'])\n"
-        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas', 'numpy', 'matplotlib') if m in sys.modules))\n"
+    codes, _, heavy = heavy_modules_loaded_by(
+        ["--help"], ["estimate", "--model", "llama-2-7b", "--gpu", "h100", "--compare"]
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+    assert codes == [0, 0]
+    assert heavy == []
 
 
 def test_manual_mode_with_kv_memory_and_gpu_needs_weights(run_cli):

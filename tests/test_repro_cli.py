@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
-from conftest import DATA, REPO_ROOT
+from conftest import DATA, heavy_modules_loaded_by
 
 from kvtool.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from kvtool.repro_scenarios import SCENARIO_NAMES
@@ -26,18 +25,11 @@ def targets_on_path(monkeypatch):
 
 
 def test_list_names_every_scenario_without_torch():
-    code = (
-        "import sys\n"
-        "from kvtool.cli import run\n"
-        "rc = run(['repro', '--list'])\n"
-        "rc += run(['repro', '--help'])\n"
-        "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    codes, stdout, heavy = heavy_modules_loaded_by(["repro", "--list"], ["repro", "--help"], modules=("torch",))
+    assert codes == [0, 0]
     for name in SCENARIO_NAMES:
-        assert name in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1] == "RC 0 TORCH False"
+        assert name in stdout
+    assert heavy == []
 
 
 def test_help(run_cli):

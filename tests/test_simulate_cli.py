@@ -229,20 +229,13 @@ def test_model_without_gpu_is_a_usage_error(run_cli):
 
 
 def test_simulate_does_not_import_pandas_or_torch():
-    import subprocess
-    import sys
+    from conftest import heavy_modules_loaded_by
 
-    from tests.conftest import REPO_ROOT
-
-    code = (
-        "import sys\n"
-        "from kvtool.cli import run\n"
-        f"run(['simulate', '--trace', {str(SIM / 'generic-head20.csv')!r}, '--serve', '--json'])\n"
-        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas') if m in sys.modules))\n"
+    codes, _, heavy = heavy_modules_loaded_by(
+        ["simulate", "--trace", str(SIM / "generic-head20.csv"), "--serve", "--json"], modules=("torch", "pandas")
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+    assert codes == [0]
+    assert heavy == []
 
 
 def test_quoted_header_and_byte_order_mark(tmp_path):
