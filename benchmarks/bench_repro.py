@@ -46,8 +46,8 @@ def main() -> None:
         f"(min {min(walls):.1f}, max {max(walls):.1f}); core {report['elapsed_s']:.1f} s"
     )
 
-    from kvtool.repro_checks import run_scenario
-    from kvtool.repro_scenarios import SCENARIO_NAMES
+    from kvtool.repro.checks import run_scenario
+    from kvtool.repro.scenarios import SCENARIO_NAMES
 
     torch.set_num_threads(1)
     for name in SCENARIO_NAMES:

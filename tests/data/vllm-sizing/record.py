@@ -279,7 +279,7 @@ NOISE = re.compile(r"Traceback|^\s+File |^\s+\^|^ {4}|site-packages|\[base\.py:3
 def offline_env(tp: int = 1, scratch: Path = SCRATCH) -> dict[str, str]:
     """The loopback/offline environment of vllm-on-cpu.md, with every cache under the scratch folder.
 
-    Also used by tests/test_vllm_live_sizing.py (with a short temporary scratch folder)."""
+    Also used by tests/estimate/test_vllm_live_sizing.py (with a short temporary scratch folder)."""
     env = dict(os.environ)
     for sub in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
         (scratch / sub).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,116 @@
+"""`kvtool capture`: record a running vLLM's KV-cache events (ZMQ + msgpack) as JSON lines."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvtool.cli.output import handle_errors
+
+NON_TTY_PROGRESS_S = 10.0  # how often the live count is printed when stderr is not a terminal
+
+
+def _progress_printer():
+    tty = sys.stderr.isatty()
+    state = {"next": time.monotonic() + NON_TTY_PROGRESS_S, "last": None}
+
+    def show(events: int, batches: int, unrecovered: int, malformed: int) -> None:
+        text = f"captured {events:,} events in {batches:,} batches"
+        if unrecovered:
+            text += f", {unrecovered:,} batches missed"
+        if malformed:
+            text += f", {malformed:,} malformed frames"
+        if tty:
+            if text != state["last"]:
+                sys.stderr.write("\r" + text.ljust(len(state["last"] or "")))  # pad over a longer line
+                sys.stderr.flush()
+                state["last"] = text
+        elif time.monotonic() >= state["next"]:
+            sys.stderr.write(text + "\n")
+            state["next"] = time.monotonic() + NON_TTY_PROGRESS_S
+
+    def finish() -> None:
+        if tty and state["last"] is not None:
+            sys.stderr.write("\n")
+
+    return show, finish
+
+
+def _install_stop_handlers(stop: threading.Event) -> dict:
+    """SIGINT and SIGTERM end the capture cleanly (flush, summary, exit 0)."""
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, lambda *_: stop.set())
+    return previous
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("capture")
+    @handle_errors
+    def command(
+        endpoint: str = typer.Option(
+            "tcp://127.0.0.1:5557",
+            "--endpoint",
+            "-e",
+            help="vLLM's KV-event endpoint, as in its KVEventsConfig (tcp://HOST:PORT or ipc://PATH).",
+        ),
+        output: Path = typer.Option(..., "--output", "-o", help="The JSON-lines file to write (one event per line)."),
+        role: str = typer.Option(
+            "auto",
+            "--role",
+            help="bind or connect our SUB socket; auto does the opposite of vLLM, which binds only "
+            "endpoints with '*' or '::' (or ipc://) and connects to the others.",
+        ),
+        replay_endpoint: Optional[str] = typer.Option(
+            None, "--replay-endpoint", help="vLLM's replay ROUTER endpoint, to fill gaps in the sequence numbers."
+        ),
+        topic: str = typer.Option("", "--topic", help="Topic prefix to subscribe to (vLLM's default topic is '')."),
+        duration_s: Optional[float] = typer.Option(None, "--duration", help="Stop after this many seconds."),
+        max_events: Optional[int] = typer.Option(
+            None, "--max-events", help="Stop after the batch that brings the count to this many events."
+        ),
+        json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+    ) -> None:
+        """Capture a running vLLM's KV-cache events (ZMQ publisher) into a JSON-lines file."""
+        from kvtool.cli.output import print_json, stdout_console
+        from kvtool.vllm.render import capture_table
+        from kvtool.vllm.capture import CaptureOptions, run_capture
+
+        options = CaptureOptions(
+            endpoint=endpoint,
+            output=output,
+            role=role,
+            replay_endpoint=replay_endpoint,
+            topic=topic,
+            duration_s=duration_s,
+            max_events=max_events,
+        )
+        stop = threading.Event()
+        previous = _install_stop_handlers(stop)
+        show, finish = _progress_printer()
+        try:
+            result = run_capture(options, stop=stop, on_progress=None if json_output else show)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            finish()
+        if json_output:
+            print_json(result)
+            return
+        stdout_console().print(capture_table(result))
+        if result.events_written == 0 and result.malformed_frames == 0:
+            from kvtool.cli.output import warn
+
+            warn(
+                f"no events received ({result.role} {result.endpoint}): check that vLLM runs with "
+                f"KVEventsConfig(enable_kv_cache_events=True, publisher='zmq', endpoint='{endpoint}') and "
+                "prefix caching on"
+            )

@@ -1,0 +1,88 @@
+"""Shared output plumbing: stdout/stderr consoles, JSON from dataclasses, and error reporting.
+
+stdout carries the answer (rich tables or ``--json``); stderr carries progress, warnings and errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import sys
+from typing import Any, Callable, TypeVar
+
+from kvtool.core.errors import EXIT_INTERRUPTED, KvtoolError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stdout_console():
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Turn dataclasses, tuples, numpy scalars and non-finite floats into plain JSON values.
+
+    Non-finite floats become ``null`` so the output is strict JSON.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    # numpy scalars and similar: use their Python value
+    item = getattr(value, "item", None)
+    if callable(item):
+        return to_jsonable(item())
+    return str(value)
+
+
+def print_json(value: Any) -> None:
+    """Print one JSON object on stdout and nothing else."""
+    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr."""
+    sys.stderr.write(f"Warning: {' '.join(message.split())}\n")
+
+
+def report_error(err: KvtoolError) -> int:
+    sys.stderr.write(f"Error: {err.one_line()}\n")
+    if err.tip:
+        sys.stderr.write(f"Tip: {' '.join(err.tip.split())}\n")
+    return err.exit_code
+
+
+def handle_errors(func: F) -> F:
+    """Decorator for CLI commands: KvtoolError -> one-line error and its exit code."""
+    import typer
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except KvtoolError as err:
+            raise typer.Exit(report_error(err)) from None
+        except KeyboardInterrupt:
+            sys.stderr.write("Error: interrupted\n")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            raise typer.Exit(0) from None
+
+    return wrapper  # type: ignore[return-value]

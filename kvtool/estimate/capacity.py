@@ -1,0 +1,298 @@
+"""GPU capacity planned the way vLLM plans it (vllm/v1/core/kv_cache_utils.py, vllm/v1/kv_cache_interface.py).
+
+Budget (per GPU): ``--kv-memory`` is vLLM's ``kv_cache_memory_bytes`` as is; otherwise
+``ceil(gpu_memory x gpu_memory_utilization) - weights / tp - reserve`` (vLLM's requested memory minus the
+weights, the profiled activation peak and non-torch memory; kvtool takes the last two as a stated reserve).
+
+Blocks: every layer gets a page of ``block_size`` tokens (whole bytes).  Layers with one spec form one group
+(``num_blocks = budget // page // layers``).  Hybrid models (full + sliding layers) are split like vLLM's
+``_get_kv_cache_groups_uniform_page_size``: groups of ``group_size`` layers (the smaller layer count, or the
+larger when it is under 1.5x the smaller), ``num_blocks = budget // page // group_size``, and a request needs
+the sum over groups of each group's blocks: ``cdiv(S, block)`` for full attention,
+``cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1`` for a sliding window
+(SlidingWindowSpec.max_memory_usage_bytes).  Concurrency = num_blocks / blocks per request; vLLM's logged
+"KV cache size" = int(concurrency x max_model_len); one block is the null block, so a request can hold
+at most the largest S whose blocks fit in ``num_blocks - 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from decimal import Decimal
+
+from kvtool.core.errors import UsageError
+from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+from kvtool.estimate.layout import MLA, KvLayout, LayerGroup, kv_layout
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_RESERVE_BYTES = 2 * 1024**3  # activation peak + CUDA graphs + non-torch memory, stated in the output
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM `vllm serve` default on GPUs under 70 GiB (EngineArgs)
+_GIB = 1024**3
+
+
+def serve_max_num_batched_tokens(gpu_memory_bytes: int | None, gpu_name: str | None) -> tuple[int, str]:
+    """vLLM 0.32's ``vllm serve`` default max_num_batched_tokens for a GPU, and why.
+
+    vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults`` (OPENAI_API_SERVER): 16384 with >= 160 GiB of
+    device memory (B200, MI300X), 8192 with >= 70 GiB unless the device name holds "a100" (H100, H200), else
+    2048 (and 2048 when the device is unknown, as with --kv-memory).
+    """
+    if gpu_memory_bytes is None:
+        return DEFAULT_MAX_NUM_BATCHED_TOKENS, "vllm serve's default when the GPU is not known"
+    if gpu_memory_bytes >= 160 * _GIB:
+        return 16384, "vllm serve's default on GPUs with >= 160 GiB"
+    is_a100 = gpu_name is not None and "a100" in gpu_name.lower()
+    if gpu_memory_bytes >= 70 * _GIB and not is_a100:
+        named = "" if gpu_name else "; an A100 would use 2048: pass --max-num-batched-tokens"
+        return 8192, f"vllm serve's default on non-A100 GPUs with >= 70 GiB{named}"
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS, (
+        "vllm serve's default on A100s" if is_a100 else "vllm serve's default on GPUs under 70 GiB"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The KV budget of one GPU and where it came from."""
+
+    kv_budget_bytes: int  # per GPU; may be <= 0 when the weights do not fit
+    method: str  # "--kv-memory" or "gpu"
+    gpu_name: str | None = None
+    gpu_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    requested_memory_bytes: int | None = None  # ceil(gpu_memory x utilization), as vLLM
+    weights_bytes_per_gpu: int | None = None
+    reserve_bytes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KvGroup:
+    """One of vLLM's KV cache groups: layers sharing a block table."""
+
+    kind: str  # "full", "sliding", "mla"
+    num_layers: int  # real layers (the group may be padded up to group_size)
+    window_tokens: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """What fits in a KV budget, counted as vLLM counts it."""
+
+    kv_budget_bytes: int  # per GPU
+    block_size: int
+    page_bytes_per_layer: int  # one block of one layer, whole bytes
+    layers_per_group: int  # vLLM's group_size: layers sharing one memory pool slot
+    groups: tuple[KvGroup, ...]
+    num_blocks: int
+    kv_cache_tokens: int  # num_blocks x block_size
+    max_model_len: int  # the per-request length asked (--seq-len / --max-model-len)
+    blocks_per_request: int  # blocks one request of max_model_len needs, all groups
+    max_concurrency: float  # num_blocks / blocks_per_request (vLLM "Maximum concurrency"), unrounded
+    vllm_logged_tokens: int  # vLLM's "KV cache size: N tokens"
+    max_seq_len: int  # longest single request that fits (one block is the null block)
+    max_seq_len_limited_by: str  # "memory" or "model context" (sliding-only models never run out)
+    batch: int
+    fits: bool  # batch x blocks_per_request <= num_blocks - 1
+    max_batch: int  # requests of max_model_len that fit at once
+    max_seq_len_at_batch: int  # longest length when `batch` requests run at once
+    max_num_batched_tokens: int
+    method: str  # how blocks were counted, in words
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def page_bytes(group: LayerGroup, block_size: int) -> int:
+    """One block of one layer in whole bytes (vLLM page_size_bytes)."""
+    return math.ceil(group.bytes_per_token_per_layer * block_size)
+
+
+def _group_blocks(kind: str, window: int | None, seq_len: int, block_size: int, mnbt: int) -> int:
+    if kind == SLIDING and window:
+        tokens = min(window - 1 + mnbt, seq_len)
+        return _cdiv(tokens, block_size) + 1
+    return _cdiv(seq_len, block_size)
+
+
+def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...], int, int, str]:
+    """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how."""
+    pages = {page_bytes(g, block_size) for g in layout.groups}
+    if len(pages) != 1:  # pragma: no cover - every layer of a ModelSpec has the same heads and head_dim
+        raise UsageError("layers with different page sizes are not supported")
+    page = pages.pop()
+    if len(layout.groups) == 1:
+        g = layout.groups[0]
+        per_token = page * g.num_layers / block_size
+        sliding = (
+            "; a request needs cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1 blocks (SlidingWindowSpec)"
+            if g.kind == SLIDING else ""
+        )
+        return (KvGroup(g.kind, g.num_layers, g.window_tokens),), g.num_layers, page, (
+            f"one KV cache group of {g.num_layers} {g.kind} layers; num_blocks = floor(budget / "
+            f"({block_size} tokens x {per_token:,g} B per token, all layers)){sliding}"
+        )
+    counts = [g.num_layers for g in layout.groups]
+    group_size = min(counts)
+    if max(counts) < group_size * 1.5:
+        group_size = max(counts)
+    groups: list[KvGroup] = []
+    for g in layout.groups:
+        n_groups = _cdiv(g.num_layers, group_size)
+        for i in range(n_groups):
+            real = len(range(i, g.num_layers, n_groups))
+            groups.append(KvGroup(g.kind, real, g.window_tokens))
+    padding = sum(group_size - k.num_layers for k in groups)
+    desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
+    method = (
+        f"hybrid model ({desc} layers): {len(groups)} KV cache groups of {group_size} layers "
+        f"(vLLM _get_kv_cache_groups_uniform_page_size{f', {padding} padding layers' if padding else ''}); "
+        f"num_blocks = budget // {page:,} B page // {group_size}; a request needs the blocks of every group "
+        f"(sliding groups: cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1)"
+    )
+    return tuple(groups), group_size, page, method
+
+
+def blocks_for(groups: tuple[KvGroup, ...], seq_len: int, block_size: int, mnbt: int) -> int:
+    return sum(_group_blocks(g.kind, g.window_tokens, seq_len, block_size, mnbt) for g in groups)
+
+
+def _longest(groups, usable_blocks: int, block_size: int, mnbt: int, context_cap: int) -> tuple[int, str]:
+    """Largest S with blocks_for(S) <= usable_blocks (0 if none), and what limits it."""
+    if usable_blocks <= 0 or blocks_for(groups, 1, block_size, mnbt) > usable_blocks:
+        return 0, "memory"
+    has_full = any(g.kind in (FULL, MLA) for g in groups)
+    hi = usable_blocks * block_size if has_full else context_cap
+    if not has_full and blocks_for(groups, hi, block_size, mnbt) <= usable_blocks:
+        return hi, "model context"
+    lo = 1
+    while lo < hi:  # blocks_for is non-decreasing in S
+        mid = (lo + hi + 1) // 2
+        if blocks_for(groups, mid, block_size, mnbt) <= usable_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, "memory"
+
+
+def plan_capacity(
+    spec: ModelSpec,
+    layout: KvLayout,
+    budget_bytes: int,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    max_model_len: int,
+    batch: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> Capacity:
+    """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring)."""
+    groups, group_size, page, method = vllm_groups(layout, block_size)
+    num_blocks = max(0, budget_bytes // page // group_size)
+    per_request = blocks_for(groups, max_model_len, block_size, max_num_batched_tokens)
+    concurrency = num_blocks / per_request
+    context_cap = max(spec.max_position_embeddings or max_model_len, max_model_len)
+    usable = num_blocks - 1  # the null block
+    max_seq_len, limited_by = _longest(groups, usable, block_size, max_num_batched_tokens, context_cap)
+    at_batch, _ = _longest(groups, usable // batch if batch else 0, block_size, max_num_batched_tokens, context_cap)
+    return Capacity(
+        kv_budget_bytes=budget_bytes,
+        block_size=block_size,
+        page_bytes_per_layer=page,
+        layers_per_group=group_size,
+        groups=groups,
+        num_blocks=num_blocks,
+        kv_cache_tokens=num_blocks * block_size,
+        max_model_len=max_model_len,
+        blocks_per_request=per_request,
+        max_concurrency=concurrency,
+        vllm_logged_tokens=int(concurrency * max_model_len),
+        max_seq_len=max_seq_len,
+        max_seq_len_limited_by=limited_by,
+        batch=batch,
+        fits=batch * per_request <= usable,
+        max_batch=max(0, usable) // per_request,
+        max_seq_len_at_batch=at_batch,
+        max_num_batched_tokens=max_num_batched_tokens,
+        method=method,
+    )
+
+
+def gpu_budget(
+    *,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    weights_bytes: int,
+    tp: int,
+    reserve_bytes: int,
+    gpu_name: str | None = None,
+) -> Budget:
+    """vLLM's KV budget on one GPU: ceil(memory x utilization) - weights / tp - reserve (may be <= 0)."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise UsageError(
+            f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}",
+            where="--gpu-memory-utilization",
+        )
+    requested = math.ceil(Decimal(gpu_memory_bytes) * Decimal(str(gpu_memory_utilization)))
+    weights_per_gpu = _cdiv(weights_bytes, tp)
+    return Budget(
+        kv_budget_bytes=requested - weights_per_gpu - reserve_bytes,
+        method="gpu",
+        gpu_name=gpu_name,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        requested_memory_bytes=requested,
+        weights_bytes_per_gpu=weights_per_gpu,
+        reserve_bytes=reserve_bytes,
+    )
+
+
+def kv_budget_tokens(
+    *,
+    model: str | None = None,
+    config: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    kv_memory: str | int | None = None,
+    tp: int = 1,
+    kv_dtype: str = "auto",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    gpu_memory_utilization: float | None = None,
+    reserve: str | int | None = None,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    profile_dirs: tuple[str, ...] = (),
+) -> Capacity:
+    """Public API (used by ``kvtool simulate``): a model and a GPU or KV budget -> vLLM's block capacity.
+
+    ``result.num_blocks`` and ``result.kv_cache_tokens`` are the pool size; ``block_size`` is echoed.
+    Sizes may be ints (bytes) or strings such as ``"80GiB"``.  Raises KvtoolError subclasses on bad input.
+    """
+    from kvtool.estimate.estimator import EstimateRequest, check_tp, resolve_budget, resolve_model
+
+    request = EstimateRequest(
+        model=model,
+        config=config,
+        gpu=gpu,
+        gpu_memory=None if gpu_memory is None else str(gpu_memory),
+        kv_memory=None if kv_memory is None else str(kv_memory),
+        tp=tp,
+        kv_dtype=kv_dtype,
+        block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        reserve=None if reserve is None else str(reserve),
+        seq_lens=(max_model_len,) if max_model_len else (),
+        max_num_batched_tokens=max_num_batched_tokens,
+        profile_dirs=tuple(profile_dirs),
+    )
+    spec, weights = resolve_model(request)
+    check_tp(spec, tp)
+    layout = kv_layout(spec, kv_dtype, tp)
+    budget = resolve_budget(request, weights)
+    if budget is None:
+        raise UsageError("give --gpu, --gpu-memory or --kv-memory for a KV budget")
+    length = max_model_len or spec.max_position_embeddings or 4096
+    return plan_capacity(
+        spec, layout, budget.kv_budget_bytes, block_size=block_size, max_model_len=length,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )

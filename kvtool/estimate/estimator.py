@@ -1,0 +1,527 @@
+"""The core of ``kvtool estimate``: one request in, one frozen result out (never prints, never exits)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from kvtool.estimate.capacity import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_RESERVE_BYTES,
+    Budget,
+    Capacity,
+    gpu_budget,
+    plan_capacity,
+    serve_max_num_batched_tokens,
+)
+from kvtool.core.errors import UsageError
+from kvtool.estimate.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
+from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
+from kvtool.core.units import GB, GIB, parse_size
+from kvtool.estimate.weights import WeightEstimate, estimate_weights
+
+DEFAULT_MANUAL_SEQ_LEN = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRequest:
+    """Everything ``kvtool estimate`` was asked, as typed values (sizes still as the user wrote them)."""
+
+    model: str | None = None
+    config: str | None = None
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    heads: int | None = None
+    hidden: int | None = None
+    dtype: str | None = None  # override the model dtype (config.json spelling)
+    seq_lens: tuple[int, ...] = ()
+    batches: tuple[int, ...] = ()
+    kv_dtype: str = "auto"
+    tp: int = 1
+    gpu: str | None = None
+    gpu_memory: str | None = None
+    kv_memory: str | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default 0.9 (only with --gpu/--gpu-memory)
+    reserve: str | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_batched_tokens)
+    compare: bool = False
+    profile_dirs: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGroupResult:
+    kind: str
+    num_layers: int
+    kv_heads_per_gpu: int
+    elements_per_head: int
+    window_tokens: int | None
+    bytes_per_token_per_layer: int | float  # one GPU; a JSON integer, a float only for an int4 vector of odd width
+    kv_bytes_per_gpu: int  # this group's share at seq_len x batch
+    formula: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    seq_len: int
+    batch: int
+    kv_bytes: int
+    kv_bytes_per_gpu: int
+    fits: bool | None
+    max_concurrency: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareRow:
+    label: str
+    attention: str
+    kv_heads: int
+    kv_dtype: str
+    bytes_per_token: int  # all layers, all GPUs
+    kv_bytes: int  # seq_len x batch, all GPUs
+    ratio_to_as_is: float
+    num_blocks: int | None
+    max_concurrency: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateResult:
+    """One flat record; the table and ``--json`` are both rendered from it."""
+
+    model: str
+    source: str
+    attention: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    kv_heads_per_gpu: int
+    head_dim: int
+    model_dtype: str
+    kv_dtype: str
+    tp: int
+    seq_len: int
+    batch: int
+    bytes_per_token: int  # one sequence, all layers, all GPUs (whole bytes; exact for every dtype but odd int4)
+    bytes_per_token_per_gpu: int
+    kv_bytes: int  # seq_len x batch, all layers, all GPUs
+    kv_bytes_per_gpu: int
+    kv_gib: float
+    kv_gb: float
+    formula: tuple[str, ...]  # one per layer kind, numbers substituted, one GPU
+    layer_groups: tuple[LayerGroupResult, ...]
+    weights_bytes: int | None  # whole model
+    weights_params: int | None
+    weights_method: str | None
+    # capacity (null without a budget)
+    budget_method: str | None
+    gpu: str | None
+    gpu_memory_bytes: int | None
+    gpu_memory_utilization: float | None
+    requested_memory_bytes: int | None
+    weights_bytes_per_gpu: int | None
+    reserve_bytes: int | None
+    kv_budget_bytes: int | None  # per GPU
+    block_size: int
+    max_num_batched_tokens: int
+    num_blocks: int | None
+    kv_cache_tokens: int | None
+    blocks_per_request: int | None
+    max_concurrency: float | None
+    vllm_logged_tokens: int | None
+    max_seq_len: int | None
+    max_seq_len_limited_by: str | None
+    fits: bool | None
+    max_batch: int | None
+    max_seq_len_at_batch: int | None
+    capacity_method: str | None
+    defaults: tuple[str, ...]  # every default used, in words
+    notes: tuple[str, ...]
+    max_position_embeddings: int | None  # the model's context (vLLM's derived max_model_len); None if unknown
+    warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
+    sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
+    compare: tuple[CompareRow, ...]
+
+
+def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None]:
+    """The model from --model, --config or the manual options, and its weights (None in manual mode)."""
+    chosen = [n for n, v in (("--model", request.model), ("--config", request.config)) if v]
+    manual = [v is not None for v in (request.layers, request.kv_heads, request.head_dim)]
+    if any(manual):
+        chosen.append("--layers/--kv-heads/--head-dim")
+    if len(chosen) != 1:
+        raise UsageError(
+            "give exactly one of --model NAME, --config PATH, or --layers --kv-heads --head-dim"
+            + (f" (got {', '.join(chosen)})" if chosen else ""),
+            tip="'kvtool models' lists the built-in model names",
+        )
+    if request.model:
+        from kvtool.estimate.profiles import find_model, model_spec
+
+        profile = find_model(request.model, request.profile_dirs)
+        spec = model_spec(profile)
+        spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
+        spec = _with_dtype(spec, request.dtype)
+        return spec, estimate_weights(spec)
+    if request.config:
+        data, file = load_config_path(request.config)
+        parsed = parse_config(data, where=str(file), name=Path(request.config).resolve().name)
+        parsed_dtype = parsed.dtype
+        spec = _with_dtype(parsed, request.dtype)
+        weights = None
+        if file.parent.is_dir():
+            from kvtool.estimate.safetensors import weights_from_dir
+
+            found = weights_from_dir(file.parent)
+            if found is not None:
+                weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
+                if found.num_params and spec.dtype != parsed_dtype:
+                    # vLLM loads the checkpoint in the run dtype, whatever the files store
+                    from kvtool.estimate.dtypes import model_dtype_bytes
+
+                    weights = WeightEstimate(
+                        found.num_params,
+                        found.num_params * model_dtype_bytes(spec.dtype),
+                        f"{found.method} (parameters) at {spec.dtype}",
+                    )
+        return spec, weights or estimate_weights(spec)
+    if not all(manual):
+        raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
+    if request.heads is not None and request.kv_heads > request.heads:
+        raise UsageError(f"--kv-heads {request.kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
+    spec = manual_spec(
+        layers=request.layers, kv_heads=request.kv_heads, head_dim=request.head_dim,
+        heads=request.heads, hidden=request.hidden, dtype=request.dtype or "float16",
+    )
+    return spec, None
+
+
+def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
+    """The dtype the model runs in: --dtype when given, else vLLM's ``dtype="auto"`` rule.
+
+    vLLM's auto rule (vllm/config/model.py ``_resolve_auto_dtype``, 0.32) keeps a 16-bit checkpoint's dtype and
+    downcasts a float32 one (and a config with no dtype, which transformers reads as float32) to the platform's
+    preferred 16-bit type: bfloat16 on every GPU with bf16 and on the CPU (recorded: "Downcasting torch.float32 to
+    torch.bfloat16.", tests/data/vllm-sizing/llama-fp32-auto-1gib-b32).  ``--dtype float32`` keeps float32.
+    """
+    if dtype is None or dtype == "auto":
+        if spec.dtype in ("float32", "float"):
+            return dataclasses.replace(
+                spec,
+                dtype="bfloat16",
+                notes=(
+                    *spec.notes,
+                    "float32 checkpoint runs in bfloat16, as vLLM's --dtype auto downcasts it; --dtype float32 keeps it",
+                ),
+            )
+        return spec
+    from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+
+    if dtype not in MODEL_DTYPE_BYTES:
+        raise UsageError(f"unknown --dtype {dtype!r}", where="--dtype", tip="use float16, bfloat16 or float32")
+    return dataclasses.replace(spec, dtype=dtype, notes=(*spec.notes, f"model dtype set to {dtype} by --dtype"))
+
+
+def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> Budget | None:
+    """The per-GPU KV budget from --kv-memory, --gpu or --gpu-memory; None when none was asked."""
+    given = (("--reserve", request.reserve), ("--gpu-memory-utilization", request.gpu_memory_utilization))
+    gpu_only = [option for option, value in given if value is not None]  # options that size a GPU budget only
+    if request.kv_memory is not None:
+        if request.gpu or request.gpu_memory:
+            raise UsageError("--kv-memory gives the KV budget directly; drop --gpu/--gpu-memory", where="--kv-memory")
+        if gpu_only:  # vLLM too ignores gpu_memory_utilization once kv_cache_memory_bytes is set
+            raise UsageError(
+                f"{' and '.join(gpu_only)} would be ignored: --kv-memory is the KV budget itself",
+                where=gpu_only[0], tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
+            )
+        return Budget(parse_size(request.kv_memory, option="--kv-memory"), "--kv-memory")
+    if request.gpu and request.gpu_memory:
+        raise UsageError("give --gpu or --gpu-memory, not both", where="--gpu")
+    if not (request.gpu or request.gpu_memory):
+        if gpu_only:
+            raise UsageError(
+                f"{' and '.join(gpu_only)} would be ignored without a GPU", where=gpu_only[0],
+                tip="add --gpu NAME or --gpu-memory SIZE",
+            )
+        return None
+    if request.gpu:
+        from kvtool.estimate.profiles import find_gpu
+
+        profile = find_gpu(request.gpu, request.profile_dirs)
+        memory, name = profile.memory_bytes, profile.name
+    else:
+        memory, name = parse_size(request.gpu_memory, option="--gpu-memory"), None
+    if weights is None:
+        raise UsageError(
+            "GPU planning needs the weights: use --model or --config, or give --kv-memory in manual mode",
+            where="--gpu" if request.gpu else "--gpu-memory",
+        )
+    reserve = DEFAULT_RESERVE_BYTES if request.reserve is None else _parse_reserve(request.reserve)
+    return gpu_budget(
+        gpu_memory_bytes=memory,
+        gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
+        ),
+        weights_bytes=weights.weights_bytes,
+        tp=request.tp,
+        reserve_bytes=reserve,
+        gpu_name=name,
+    )
+
+
+def _parse_reserve(text: str) -> int:
+    if str(text).strip() in ("0", "0B", "0GiB", "0GB"):
+        return 0
+    return parse_size(text, option="--reserve")
+
+
+def _check_positive(request: EstimateRequest) -> None:
+    for option, values in (("--seq-len", request.seq_lens), ("--batch", request.batches)):
+        for v in values:
+            if v <= 0:
+                raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
+    for option, v in (
+        ("--tp", request.tp), ("--block-size", request.block_size), ("--layers", request.layers),
+        ("--kv-heads", request.kv_heads), ("--head-dim", request.head_dim), ("--heads", request.heads),
+        ("--hidden", request.hidden), ("--max-num-batched-tokens", request.max_num_batched_tokens),
+    ):
+        if v is not None and v <= 0:
+            raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
+
+
+def check_tp(spec: ModelSpec, tp: int) -> None:
+    """Refuse a tensor-parallel size vLLM refuses, with vLLM's reason.
+
+    vllm/config/model.py ``verify_with_parallel_config``: "Total number of attention heads (N) must be divisible
+    by tensor parallel size (T)"; vllm/model_executor/layers/linear.py ``QKVParallelLinear``: KV heads are split
+    (``kv_heads % tp == 0``) or replicated (``tp % kv_heads == 0``).  MLA keeps one latent, replicated.
+    """
+    heads = spec.num_attention_heads
+    if heads % tp:
+        raise UsageError(
+            f"--tp {tp} does not divide the {heads} attention heads of {spec.name}; vLLM refuses to start "
+            f"(total number of attention heads must be divisible by tensor parallel size)",
+            where="--tp",
+            tip=f"use a --tp that divides {heads}: {', '.join(str(t) for t in range(1, heads + 1) if heads % t == 0)}"
+            if heads <= 128 else f"use a --tp that divides {heads}",
+        )
+    kv = spec.num_kv_heads
+    if not spec.is_mla and (kv % tp if kv >= tp else tp % kv):
+        raise UsageError(
+            f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {spec.name}; vLLM cannot "
+            f"split or replicate them evenly",
+            where="--tp",
+        )
+
+
+def estimate(request: EstimateRequest) -> EstimateResult:
+    """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way)."""
+    _check_positive(request)
+    spec, weights = resolve_model(request)
+    check_tp(spec, request.tp)
+    layout = kv_layout(spec, request.kv_dtype, request.tp)
+    budget = resolve_budget(request, weights)
+    mnbt_default = None
+    if request.max_num_batched_tokens is None:
+        mnbt, why = serve_max_num_batched_tokens(
+            budget.gpu_memory_bytes if budget else None, budget.gpu_name if budget else None
+        )
+        request = dataclasses.replace(request, max_num_batched_tokens=mnbt)
+        mnbt_default = f"max-num-batched-tokens {mnbt} ({why})"
+
+    defaults: list[str] = []
+    if spec.model_type == "manual" and request.dtype is None:
+        defaults.append("dtype float16 (kvtool's default in manual mode; --dtype to change)")
+    if request.seq_lens:
+        seq_lens = request.seq_lens
+    else:
+        default_len = spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN
+        seq_lens = (default_len,)
+        why = "the model's max_position_embeddings, vLLM's default max_model_len" if spec.max_position_embeddings else "kvtool's default"
+        defaults.append(f"seq-len {default_len:,} ({why})")
+    batches = request.batches or (1,)
+    if not request.batches:
+        defaults.append("batch 1")
+    if request.kv_dtype == "auto":
+        defaults.append(f"kv-dtype auto = model dtype {spec.dtype} -> {layout.kv_dtype}")
+    if request.tp == 1:
+        defaults.append("tp 1")
+    if budget is not None:
+        if request.block_size == DEFAULT_BLOCK_SIZE:
+            defaults.append(f"block-size {DEFAULT_BLOCK_SIZE} (vLLM's default)")
+        if budget.method == "gpu":
+            if request.gpu_memory_utilization is None:
+                defaults.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
+            if request.reserve is None:
+                defaults.append(f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory")
+        if any(g.window_tokens for g in layout.groups) and mnbt_default:
+            defaults.append(mnbt_default)
+
+    seq_len, batch = seq_lens[0], batches[0]
+    capacity = _capacity(spec, layout, budget, request, seq_len, batch)
+    sweep: tuple[SweepPoint, ...] = ()
+    if len(seq_lens) > 1 or len(batches) > 1:
+        points = []
+        for s in seq_lens:
+            for b in batches:
+                cap = _capacity(spec, layout, budget, request, s, b)
+                per_gpu = layout.kv_bytes_per_gpu(s, b)
+                points.append(SweepPoint(s, b, per_gpu * request.tp, per_gpu, cap.fits if cap else None,
+                                         cap.max_concurrency if cap else None))
+        sweep = tuple(points)
+
+    per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
+    per_token_gpu = _ceil(layout.bytes_per_token_per_gpu)
+    groups = tuple(
+        LayerGroupResult(
+            kind=g.kind,
+            num_layers=g.num_layers,
+            kv_heads_per_gpu=g.kv_heads_per_gpu,
+            elements_per_head=g.vector_elements,
+            window_tokens=g.window_tokens,
+            bytes_per_token_per_layer=_whole_or_float(g.bytes_per_token_per_layer),
+            kv_bytes_per_gpu=_ceil(g.bytes_per_token_per_layer * g.num_layers * g.tokens_held(seq_len) * batch),
+            formula=group_formula(g, layout.kv_dtype, seq_len, batch),
+        )
+        for g in layout.groups
+    )
+    return EstimateResult(
+        model=spec.name,
+        source=spec.source,
+        attention=spec.attention_kind,
+        num_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_kv_heads,
+        kv_heads_per_gpu=layout.groups[0].kv_heads_per_gpu,
+        head_dim=spec.head_dim,
+        model_dtype=spec.dtype,
+        kv_dtype=layout.kv_dtype,
+        tp=request.tp,
+        seq_len=seq_len,
+        batch=batch,
+        bytes_per_token=per_token_gpu * request.tp,
+        bytes_per_token_per_gpu=per_token_gpu,
+        kv_bytes=per_gpu * request.tp,
+        kv_bytes_per_gpu=per_gpu,
+        kv_gib=per_gpu * request.tp / GIB,
+        kv_gb=per_gpu * request.tp / GB,
+        formula=tuple(g.formula for g in groups),
+        layer_groups=groups,
+        weights_bytes=weights.weights_bytes if weights else None,
+        weights_params=weights.num_params if weights and weights.num_params else None,
+        weights_method=weights.method if weights else None,
+        budget_method=budget.method if budget else None,
+        gpu=budget.gpu_name if budget else None,
+        gpu_memory_bytes=budget.gpu_memory_bytes if budget else None,
+        gpu_memory_utilization=budget.gpu_memory_utilization if budget else None,
+        requested_memory_bytes=budget.requested_memory_bytes if budget else None,
+        weights_bytes_per_gpu=budget.weights_bytes_per_gpu if budget else None,
+        reserve_bytes=budget.reserve_bytes if budget else None,
+        kv_budget_bytes=budget.kv_budget_bytes if budget else None,
+        block_size=request.block_size,
+        max_num_batched_tokens=request.max_num_batched_tokens,
+        num_blocks=capacity.num_blocks if capacity else None,
+        kv_cache_tokens=capacity.kv_cache_tokens if capacity else None,
+        blocks_per_request=capacity.blocks_per_request if capacity else None,
+        max_concurrency=capacity.max_concurrency if capacity else None,
+        vllm_logged_tokens=capacity.vllm_logged_tokens if capacity else None,
+        max_seq_len=capacity.max_seq_len if capacity else None,
+        max_seq_len_limited_by=capacity.max_seq_len_limited_by if capacity else None,
+        fits=capacity.fits if capacity else None,
+        max_batch=capacity.max_batch if capacity else None,
+        max_seq_len_at_batch=capacity.max_seq_len_at_batch if capacity else None,
+        capacity_method=capacity.method if capacity else None,
+        defaults=tuple(defaults),
+        notes=(*spec.notes, *layout.notes, *_weights_notes(request, weights), *_budget_notes(budget)),
+        max_position_embeddings=spec.max_position_embeddings,
+        warnings=_context_warnings(spec, seq_lens),
+        sweep=sweep,
+        compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
+    )
+
+
+def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, ...]:
+    """vLLM refuses a max_model_len above the model's context; kvtool sizes it, and says so.
+
+    vllm/config/model.py ``_get_and_verify_max_len``: "User-specified max_model_len (N) is greater than the
+    derived max_model_len (max_position_embeddings=M ...)" unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+    """
+    limit = spec.max_position_embeddings
+    too_long = [s for s in seq_lens if limit is not None and s > limit]
+    if not too_long:
+        return ()
+    asked = ", ".join(f"{s:,}" for s in too_long)
+    return (
+        f"--seq-len {asked} exceeds {spec.name}'s max_position_embeddings {limit:,}: vLLM refuses to start with "
+        f"--max-model-len above it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, at the risk of wrong outputs); "
+        f"the figures are sized as asked",
+    )
+
+
+def _whole_or_float(x) -> int | float:
+    """Byte counts are JSON integers; a Fraction is a float only when it truly has a fractional part."""
+    return int(x) if x.denominator == 1 else float(x)
+
+
+def _ceil(x) -> int:
+    return math.ceil(x)
+
+
+def _weights_notes(request: EstimateRequest, weights: WeightEstimate | None) -> list[str]:
+    if weights is None and (request.model or request.config):
+        return ["weights unknown: the config lacks hidden_size, vocab_size or intermediate_size"]
+    return []
+
+
+def _budget_notes(budget: Budget | None) -> list[str]:
+    if budget is not None and budget.kv_budget_bytes <= 0:
+        return ["no memory is left for the KV cache after weights and reserve (vLLM refuses to start)"]
+    return []
+
+
+def _capacity(spec, layout: KvLayout, budget: Budget | None, request: EstimateRequest, seq_len: int, batch: int) -> Capacity | None:
+    if budget is None:
+        return None
+    return plan_capacity(
+        spec, layout, budget.kv_budget_bytes, block_size=request.block_size, max_model_len=seq_len,
+        batch=batch, max_num_batched_tokens=request.max_num_batched_tokens,
+    )
+
+
+def _compare(spec: ModelSpec, request: EstimateRequest, budget: Budget | None, seq_len: int, batch: int, base_per_gpu: int) -> tuple[CompareRow, ...]:
+    """What-if rows for the same model: as-is, MHA, GQA-8, MQA, fp8 KV, int8 KV (and MLA's MHA equivalent)."""
+    if spec.is_mla:
+        # Without MLA, vLLM caches K and V for every head at qk_nope + qk_rope dims (DeepSeek's non-MLA path).
+        attn_dim = (spec.qk_nope_head_dim or 0) + (spec.qk_rope_head_dim or 0)
+        plain = dataclasses.replace(spec, is_mla=False, num_kv_heads=spec.num_attention_heads, head_dim=attn_dim)
+    else:
+        plain = spec
+    heads = spec.num_attention_heads
+    variants: list[tuple[str, ModelSpec, str]] = [("as-is", spec, request.kv_dtype)]
+    variants.append(("MHA", dataclasses.replace(plain, num_kv_heads=heads), request.kv_dtype))
+    if heads >= 8:
+        variants.append(("GQA-8", dataclasses.replace(plain, num_kv_heads=8), request.kv_dtype))
+    variants.append(("MQA", dataclasses.replace(plain, num_kv_heads=1), request.kv_dtype))
+    variants.append(("fp8 KV", spec, "fp8"))
+    variants.append(("int8 KV", spec, "int8"))
+    rows = []
+    for label, variant, dtype in variants:
+        layout = kv_layout(variant, dtype, request.tp)
+        per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
+        cap = _capacity(variant, layout, budget, request, seq_len, batch)
+        rows.append(
+            CompareRow(
+                label=label,
+                attention=variant.attention_kind,
+                kv_heads=variant.num_kv_heads,
+                kv_dtype=layout.kv_dtype,
+                bytes_per_token=_ceil(layout.bytes_per_token_per_gpu) * request.tp,
+                kv_bytes=per_gpu * request.tp,
+                ratio_to_as_is=per_gpu / base_per_gpu if base_per_gpu else float("nan"),
+                num_blocks=cap.num_blocks if cap else None,
+                max_concurrency=cap.max_concurrency if cap else None,
+            )
+        )
+    return tuple(rows)

@@ -1,0 +1,424 @@
+"""Read a Hugging Face ``config.json`` into a :class:`ModelSpec`, the way vLLM reads it.
+
+Rules (vllm/config/model.py ``get_head_size``, ``get_total_num_kv_heads``; transformers configs):
+
+- head size: an explicit ``head_dim`` wins, else ``hidden_size // num_attention_heads``;
+- KV heads: Falcon ``multi_query: true`` without ``new_decoder_architecture`` means 1; otherwise the first
+  of ``n_head_kv``, ``num_kv_heads``, ``num_key_value_heads``, ``multi_query_group_num`` that is set; otherwise
+  the attention-head count (MHA);
+- MLA (``kv_lora_rank`` set): one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer;
+- sliding windows: ``sliding_window: 0`` means none (vLLM ``ModelConfig``: "Some checkpoints set sliding_window
+  to 0 to indicate that sliding window is disabled"); ``layer_types`` when present; else
+  ``use_sliding_window: false`` means none; Gemma-2
+  alternates (layer 0 sliding); ``sliding_window_pattern`` (Gemma-3) makes every N-th layer full; Qwen2's
+  ``max_window_layers`` keeps the first layers full; otherwise a set ``sliding_window`` covers every layer (Mistral);
+- dtype: ``dtype`` (transformers 5) or ``torch_dtype`` (older); multimodal configs use ``text_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+from kvtool.core.errors import InputFileError
+
+FULL = "full"
+SLIDING = "sliding"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What kvtool needs to know about a model, read from a config.json or a profile."""
+
+    name: str
+    source: str  # the file (or profile and its Hugging Face repo) the numbers came from
+    model_type: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int  # total over all GPUs; 1 for MLA (one latent per layer)
+    head_dim: int  # per attention head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
+    hidden_size: int | None
+    dtype: str  # config.json spelling: "bfloat16", "float16", "float32"
+    layer_kinds: tuple[str, ...]  # FULL or SLIDING, one per layer
+    sliding_window: int | None  # tokens a sliding layer keeps (None: no sliding layers)
+    is_mla: bool = False
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    max_position_embeddings: int | None = None
+    # Only for the weight estimate:
+    vocab_size: int | None = None
+    intermediate_size: int | None = None
+    tie_word_embeddings: bool = False
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    n_shared_experts: int | None = None
+    first_k_dense_replace: int = 0
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    num_nextn_predict_layers: int = 0
+    # quantization_config.quant_method "fp8": linear weights are 1 byte with one float32 scale per block of
+    # (rows, cols) ((0, 0): one scale per matrix); None: every weight at `dtype`
+    fp8_weight_block: tuple[int, int] | None = None
+    notes: tuple[str, ...] = ()  # how each non-obvious value was read
+
+    @property
+    def attention_kind(self) -> str:
+        if self.is_mla:
+            return "MLA"
+        if self.num_kv_heads == 1 and self.num_attention_heads > 1:
+            return "MQA"
+        if self.num_kv_heads < self.num_attention_heads:
+            return f"GQA-{self.num_kv_heads}"
+        return "MHA"
+
+
+# Keys kvtool reads, with their accepted JSON types.  Profiles may use only these; config.json files may
+# hold anything else, which is ignored.
+_INT = (int,)
+_OPT_INT = (int, type(None))
+KNOWN_KEYS: dict[str, tuple[type, ...]] = {
+    "model_type": (str,),
+    "architectures": (list,),
+    "hidden_size": _INT,
+    "n_embd": _INT,
+    "d_model": _INT,
+    "num_hidden_layers": _INT,
+    "n_layer": _INT,
+    "num_layers": _INT,
+    "n_layers": _INT,
+    "num_attention_heads": _INT,
+    "n_head": _INT,
+    "num_heads": _INT,
+    "num_key_value_heads": _OPT_INT,
+    "num_kv_heads": _OPT_INT,
+    "n_head_kv": _OPT_INT,
+    "multi_query_group_num": _OPT_INT,
+    "multi_query": (bool,),
+    "new_decoder_architecture": (bool,),
+    "head_dim": _OPT_INT,
+    "intermediate_size": _OPT_INT,
+    "ffn_hidden_size": _OPT_INT,
+    "vocab_size": _INT,
+    "padded_vocab_size": _INT,
+    "max_position_embeddings": _OPT_INT,
+    "tie_word_embeddings": (bool,),
+    "dtype": (str, type(None)),
+    "torch_dtype": (str, type(None)),
+    "sliding_window": _OPT_INT,
+    "use_sliding_window": (bool,),
+    "max_window_layers": _OPT_INT,
+    "sliding_window_pattern": _OPT_INT,
+    "layer_types": (list,),
+    "kv_lora_rank": _OPT_INT,
+    "q_lora_rank": _OPT_INT,
+    "qk_rope_head_dim": _OPT_INT,
+    "qk_nope_head_dim": _OPT_INT,
+    "v_head_dim": _OPT_INT,
+    "num_local_experts": _OPT_INT,
+    "n_routed_experts": _OPT_INT,
+    "num_experts": _OPT_INT,
+    "num_experts_per_tok": _OPT_INT,
+    "moe_intermediate_size": _OPT_INT,
+    "n_shared_experts": _OPT_INT,
+    "first_k_dense_replace": _OPT_INT,
+    "num_nextn_predict_layers": _OPT_INT,
+    "parallel_attn": (bool,),
+    "bias": (bool,),
+    "text_config": (dict,),
+    "quantization_config": (dict, type(None)),
+}
+
+_FALCON_TYPES = {"falcon", "RefinedWeb", "RefinedWebModel"}
+
+
+class _Reader:
+    """Typed access to one config mapping, with errors that name the file and the field."""
+
+    def __init__(self, data: dict[str, Any], where: str):
+        self.data = data
+        self.where = where
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key, default)
+        if key in self.data and key in KNOWN_KEYS and not _type_ok(value, KNOWN_KEYS[key]):
+            raise InputFileError(
+                f"{key} must be {_type_names(KNOWN_KEYS[key])}, not {type(value).__name__} {value!r}",
+                where=f"{self.where}: field {key}",
+            )
+        return value
+
+    def first(self, *keys: str) -> tuple[str | None, Any]:
+        for key in keys:
+            value = self.get(key)
+            if value is not None:
+                return key, value
+        return None, None
+
+    def positive(self, *keys: str, required: bool = True) -> int | None:
+        key, value = self.first(*keys)
+        if value is None:
+            if required:
+                raise InputFileError(
+                    f"config lacks {' / '.join(keys)}", where=f"{self.where}: field {keys[0]}"
+                )
+            return None
+        if value <= 0:
+            raise InputFileError(f"{key} must be positive, not {value}", where=f"{self.where}: field {key}")
+        return value
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False  # JSON true is not an integer here
+    return isinstance(value, types)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {int: "an integer", str: "a string", bool: "true or false", list: "a list", dict: "an object"}
+    return " or ".join(names.get(t, "null") for t in types)
+
+
+def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """Read ``config.json`` (or a directory holding one); return the mapping and the file read."""
+    p = Path(path)
+    file = p / "config.json" if p.is_dir() else p
+    if not file.exists():
+        where = str(p)
+        raise InputFileError("no config.json found" if p.is_dir() else "file not found", where=where)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputFileError(f"cannot read: {err}", where=str(file)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputFileError(
+            f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}", where=str(file)
+        ) from None
+    if not isinstance(data, dict):
+        raise InputFileError("config.json must hold a JSON object", where=str(file))
+    return data, file
+
+
+def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -> ModelSpec:
+    """Turn a config.json mapping into a ModelSpec (see the module docstring for the rules)."""
+    top = _Reader(data, where)
+    text_config = top.get("text_config")
+    cfg = _Reader({**text_config}, f"{where}: text_config") if isinstance(text_config, dict) else top
+    notes: list[str] = []
+    if cfg is not top:
+        notes.append("read the language model from text_config")
+
+    model_type = cfg.get("model_type") or top.get("model_type") or "unknown"
+    num_layers = cfg.positive("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    num_heads = cfg.positive("num_attention_heads", "n_head", "num_heads")
+    hidden = cfg.positive("hidden_size", "n_embd", "d_model", required=False)
+
+    dtype_key, dtype = cfg.first("dtype", "torch_dtype")
+    if dtype is None:
+        dtype_key, dtype = top.first("dtype", "torch_dtype")
+    if dtype is None:
+        dtype = "float32"
+        notes.append("no dtype or torch_dtype in the config: float32 (the transformers default)")
+    elif dtype not in MODEL_DTYPE_BYTES:
+        raise InputFileError(
+            f"unknown dtype {dtype!r}; expected one of {', '.join(sorted(MODEL_DTYPE_BYTES))}",
+            where=f"{cfg.where}: field {dtype_key}",
+        )
+
+    kv_lora_rank = cfg.positive("kv_lora_rank", required=False)
+    is_mla = kv_lora_rank is not None
+    qk_rope = None
+    if is_mla:
+        qk_rope = cfg.positive("qk_rope_head_dim")
+        head_dim = kv_lora_rank + qk_rope
+        num_kv_heads = 1
+        notes.append(f"MLA: one latent of kv_lora_rank {kv_lora_rank} + qk_rope_head_dim {qk_rope} per layer")
+    else:
+        explicit = cfg.positive("head_dim", required=False)
+        if explicit is not None:
+            head_dim = explicit
+            if hidden is not None and hidden // num_heads != explicit:
+                notes.append(f"head_dim {explicit} from the config (not hidden/heads = {hidden // num_heads})")
+        else:
+            if hidden is None:
+                raise InputFileError("config lacks head_dim and hidden_size", where=f"{cfg.where}: field head_dim")
+            if hidden % num_heads:
+                raise InputFileError(
+                    f"hidden_size {hidden} is not divisible by {num_heads} attention heads",
+                    where=f"{cfg.where}: field hidden_size",
+                )
+            head_dim = hidden // num_heads
+        num_kv_heads = _kv_heads(cfg, model_type, num_heads, notes)
+
+    layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
+    vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
+    experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
+    return ModelSpec(
+        name=name or model_type,
+        source=where,
+        model_type=model_type,
+        num_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        dtype=dtype,
+        layer_kinds=layer_kinds,
+        sliding_window=window,
+        is_mla=is_mla,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope,
+        max_position_embeddings=_context_length(cfg, notes),
+        vocab_size=vocab,
+        intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
+        # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", True))),
+        num_experts=experts,
+        num_experts_per_tok=cfg.positive("num_experts_per_tok", required=False),
+        moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
+        n_shared_experts=cfg.get("n_shared_experts"),
+        first_k_dense_replace=cfg.get("first_k_dense_replace") or 0,
+        q_lora_rank=cfg.positive("q_lora_rank", required=False),
+        qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
+        v_head_dim=cfg.positive("v_head_dim", required=False),
+        num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
+        fp8_weight_block=_fp8_weight_block(top, notes),
+        notes=tuple(notes),
+    )
+
+
+# vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py
+# ``derive_max_model_len_and_key``): the smallest one set wins.
+_CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_sequence_length", "max_seq_length", "seq_len",
+)
+
+
+def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
+    """The model's context as vLLM derives its default max_model_len: the smallest integer of _CONTEXT_KEYS."""
+    cfg.positive("max_position_embeddings", required=False)  # type-checked and > 0, with file and field on error
+    found = {k: cfg.data[k] for k in _CONTEXT_KEYS if type(cfg.data.get(k)) is int and cfg.data[k] > 0}
+    if not found:
+        return None
+    key = min(found, key=lambda k: found[k])
+    if key != "max_position_embeddings":
+        notes.append(f"context {found[key]:,} from {key} (vLLM takes the smallest of its length keys)")
+    return found[key]
+
+
+def _fp8_weight_block(top: _Reader, notes: list[str]) -> tuple[int, int] | None:
+    """FP8 weight blocks from ``quantization_config`` (DeepSeek-V3: quant_method fp8, weight_block_size [128, 128])."""
+    quant = top.get("quantization_config")
+    if quant is None:
+        return None
+    method = quant.get("quant_method")
+    if method != "fp8":
+        notes.append(
+            f"quantization_config quant_method {method!r} is not modelled: weights estimated at the config dtype "
+            f"(safetensors headers beside the config give exact bytes)"
+        )
+        return None
+    block = quant.get("weight_block_size")
+    if block is None:
+        return (0, 0)
+    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
+        raise InputFileError(
+            f"weight_block_size must be two positive integers, not {block!r}",
+            where=f"{top.where}: field quantization_config.weight_block_size",
+        )
+    return (block[0], block[1])
+
+
+def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:
+    new_arch = model_type in _FALCON_TYPES and bool(cfg.get("new_decoder_architecture", False))
+    if not new_arch and cfg.get("multi_query", False):
+        notes.append("multi_query: true (Falcon) means one KV head")
+        return 1
+    key, value = cfg.first("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+    if value is None:
+        return num_heads
+    if value <= 0 or value > num_heads:
+        raise InputFileError(
+            f"{key} must be between 1 and the {num_heads} attention heads, not {value}",
+            where=f"{cfg.where}: field {key}",
+        )
+    return value
+
+
+def _layer_kinds(cfg: _Reader, model_type: str, n: int, notes: list[str]) -> tuple[tuple[str, ...], int | None]:
+    window = cfg.get("sliding_window")
+    if window == 0:  # vLLM turns 0 into None before reading layer kinds, so every layer is full attention
+        notes.append("sliding_window 0: no sliding window (as vLLM reads it)")
+        return (FULL,) * n, None
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        if len(layer_types) != n:
+            raise InputFileError(
+                f"layer_types lists {len(layer_types)} layers but the model has {n}",
+                where=f"{cfg.where}: field layer_types",
+            )
+        kinds = []
+        for i, kind in enumerate(layer_types):
+            if kind == "full_attention":
+                kinds.append(FULL)
+            elif kind == "sliding_attention":
+                kinds.append(SLIDING)
+            else:
+                raise InputFileError(
+                    f"layer type {kind!r} is not supported (full_attention or sliding_attention)",
+                    where=f"{cfg.where}: field layer_types[{i}]",
+                )
+        if SLIDING in kinds and window is None:
+            raise InputFileError(
+                "layer_types has sliding_attention layers but sliding_window is not set",
+                where=f"{cfg.where}: field sliding_window",
+            )
+        notes.append("layer kinds from layer_types")
+        return tuple(kinds), (window if SLIDING in kinds else None)
+    if window is None:
+        return (FULL,) * n, None
+    if window <= 0:
+        raise InputFileError(f"sliding_window must be positive, not {window}", where=f"{cfg.where}: field sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        notes.append("use_sliding_window: false, so no sliding layers")
+        return (FULL,) * n, None
+    if model_type == "gemma2":
+        notes.append("Gemma-2: layers alternate, layer 0 sliding")
+        return tuple(SLIDING if i % 2 == 0 else FULL for i in range(n)), window
+    pattern = cfg.get("sliding_window_pattern")
+    if pattern:
+        notes.append(f"sliding_window_pattern {pattern}: every {pattern}th layer is full")
+        return tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)), window
+    if model_type in {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"} and cfg.get("max_window_layers") is not None:
+        first = cfg.get("max_window_layers")
+        notes.append(f"Qwen2 max_window_layers {first}: layers from {first} on are sliding")
+        return tuple(SLIDING if i >= first else FULL for i in range(n)), window
+    notes.append(f"sliding_window {window} on every layer (Mistral rule)")
+    return (SLIDING,) * n, window
+
+
+def manual_spec(
+    *, layers: int, kv_heads: int, head_dim: int, heads: int | None, hidden: int | None, dtype: str = "float16"
+) -> ModelSpec:
+    """A ModelSpec from ``--layers --kv-heads --head-dim`` (manual mode; no weights known)."""
+    num_heads = heads or kv_heads
+    return ModelSpec(
+        name="manual",
+        source="command-line options",
+        model_type="manual",
+        num_layers=layers,
+        num_attention_heads=num_heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        dtype=dtype,
+        layer_kinds=(FULL,) * layers,
+        sliding_window=None,
+    )

@@ -1,0 +1,117 @@
+"""KV-cache bytes per token, per layer kind, per GPU: the seed formula ``2 x L x H x S x D x P x B``, exactly.
+
+- attention layers (full or sliding): K and V, ``kv_heads_per_gpu`` heads of ``head_dim`` values each;
+  a sliding layer holds ``min(S, window)`` tokens;
+- MLA layers: one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token, no factor 2, replicated on
+  every tensor-parallel rank; ``fp8_ds_mla`` is vLLM's fixed 656 bytes per token per layer;
+- tensor parallelism: ``kv_heads_per_gpu = max(1, kv_heads // tp)`` (vLLM replicates KV heads when tp > kv_heads).
+
+Sizes are exact (``Fraction``) so int4 and nvfp4 never round before the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+from kvtool.estimate.dtypes import FP8_DS_MLA_BYTES_PER_TOKEN, KV_DTYPE_BYTES, kv_vector_bytes, resolve_kv_dtype
+from kvtool.core.errors import UsageError
+from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+
+MLA = "mla"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGroup:
+    """Layers that store the same thing per token."""
+
+    kind: str  # "full", "sliding" or "mla"
+    num_layers: int
+    kv_heads_per_gpu: int  # 1 for MLA (one latent)
+    vector_elements: int  # head_dim, or the MLA latent width
+    kv_factor: int  # 2 (K and V) or 1 (MLA latent)
+    window_tokens: int | None  # sliding layers keep this many tokens
+    bytes_per_token_per_layer: Fraction  # one GPU, exact
+
+    def tokens_held(self, seq_len: int) -> int:
+        return min(seq_len, self.window_tokens) if self.window_tokens else seq_len
+
+
+@dataclasses.dataclass(frozen=True)
+class KvLayout:
+    """The KV cache of one model on one GPU, for a KV dtype and a tensor-parallel size."""
+
+    kv_dtype: str  # resolved vLLM name ("bf16", "fp8", ...)
+    tp: int
+    groups: tuple[LayerGroup, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def bytes_per_token_per_gpu(self) -> Fraction:
+        """One more token of one sequence, all layers, one GPU (sliding layers counted while S <= window)."""
+        return sum((g.bytes_per_token_per_layer * g.num_layers for g in self.groups), Fraction(0))
+
+    def kv_bytes_per_gpu(self, seq_len: int, batch: int) -> int:
+        exact = sum(
+            (g.bytes_per_token_per_layer * g.num_layers * g.tokens_held(seq_len) for g in self.groups), Fraction(0)
+        )
+        return math.ceil(exact * batch)
+
+
+def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
+    dtype = resolve_kv_dtype(kv_dtype, spec.dtype)
+    if tp < 1:
+        raise UsageError(f"--tp must be at least 1, not {tp}", where="--tp")
+    notes: list[str] = []
+    if dtype == "fp8_ds_mla" and not spec.is_mla:
+        raise UsageError("--kv-dtype fp8_ds_mla applies only to MLA models (DeepSeek)", where="--kv-dtype")
+    if spec.is_mla:
+        if dtype == "fp8_ds_mla":
+            per_layer = Fraction(FP8_DS_MLA_BYTES_PER_TOKEN)
+            notes.append("fp8_ds_mla: vLLM's fixed 656 bytes per token per layer")
+        else:
+            per_layer = kv_vector_bytes(dtype, spec.head_dim)
+        if tp > 1:
+            notes.append(f"MLA latents are replicated on each of the {tp} GPUs")
+        groups = (LayerGroup(MLA, spec.num_layers, 1, spec.head_dim, 1, None, per_layer),)
+        return KvLayout(dtype, tp, groups, tuple(notes))
+
+    heads = max(1, spec.num_kv_heads // tp)
+    if tp > spec.num_kv_heads:
+        notes.append(
+            f"tp {tp} > {spec.num_kv_heads} KV heads: each GPU keeps a replicated copy of 1 KV head (vLLM)"
+        )
+    elif spec.num_kv_heads % tp:
+        notes.append(f"{spec.num_kv_heads} KV heads do not divide evenly over tp {tp}; {heads} per GPU assumed")
+    per_layer = 2 * heads * kv_vector_bytes(dtype, spec.head_dim)
+    groups = []
+    for kind in (FULL, SLIDING):
+        n = spec.layer_kinds.count(kind)
+        if n:
+            window = spec.sliding_window if kind == SLIDING else None
+            groups.append(LayerGroup(kind, n, heads, spec.head_dim, 2, window, per_layer))
+    return KvLayout(dtype, tp, tuple(groups), tuple(notes))
+
+
+def element_bytes_text(kv_dtype: str, elements: int) -> str:
+    """How one vector's bytes are written in the formula: ``128 x 2`` or ``(128/2 + 128/16)`` for nvfp4."""
+    if kv_dtype == "nvfp4":
+        return f"({elements}/2 + {elements}/16)"
+    size = KV_DTYPE_BYTES[kv_dtype]
+    size_text = str(size.numerator) if size.denominator == 1 else f"{float(size):g}"
+    return f"{elements} x {size_text}"
+
+
+def group_formula(group: LayerGroup, kv_dtype: str, seq_len: int, batch: int) -> str:
+    """``2 x L x H x S x D x P x B = N bytes`` for one layer group, numbers substituted (one GPU)."""
+    s_text = f"min({seq_len}, {group.window_tokens})" if group.window_tokens else f"{seq_len}"
+    n = math.ceil(group.bytes_per_token_per_layer * group.num_layers * group.tokens_held(seq_len) * batch)
+    if group.kind == MLA:
+        if kv_dtype == "fp8_ds_mla":
+            return f"{group.num_layers} x {s_text} x 656 x {batch} = {n:,} bytes"
+        return f"{group.num_layers} x {s_text} x {element_bytes_text(kv_dtype, group.vector_elements)} x {batch} = {n:,} bytes"
+    return (
+        f"2 x {group.num_layers} x {group.kv_heads_per_gpu} x {s_text} x "
+        f"{element_bytes_text(kv_dtype, group.vector_elements)} x {batch} = {n:,} bytes"
+    )

@@ -1,0 +1,186 @@
+"""Rich tables for ``kvtool estimate`` and ``kvtool models`` (JSON comes from the same dataclasses)."""
+
+from __future__ import annotations
+
+from kvtool.estimate.estimator import EstimateResult
+from kvtool.core.units import GB, GIB, format_bytes, format_count
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def render_estimate(result: EstimateResult, console) -> None:
+    from rich.table import Table
+
+    r = result
+    heads = f"one latent of {r.head_dim}" if r.attention == "MLA" else f"{r.num_kv_heads} KV heads x {r.head_dim}"
+    title = (
+        f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {heads}, "
+        f"model {r.model_dtype} -> KV {r.kv_dtype}"
+    )
+    table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
+    table.add_column("quantity")
+    table.add_column("value", overflow="fold")
+    kinds = {"full": "full attention", "sliding": "sliding window", "mla": "MLA latent"}
+    for g in r.layer_groups:
+        label = f"{kinds[g.kind]} ({g.num_layers} layers)"
+        if g.window_tokens:
+            label += f", window {g.window_tokens:,}"
+        table.add_row(label, g.formula)
+    table.add_row("per token (1 sequence, all layers)", _bytes(r.bytes_per_token))
+    s_b = f"KV cache, S={r.seq_len:,} x B={r.batch:,}"
+    table.add_row(s_b + (" (all GPUs)" if r.tp > 1 else ""), _bytes(r.kv_bytes))
+    if r.tp > 1:
+        table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
+    if r.weights_bytes is not None:
+        params = f"{format_count(r.weights_params)} parameters, " if r.weights_params else ""
+        table.add_row("weights", f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
+    if r.kv_budget_bytes is not None:
+        if r.budget_method == "gpu":
+            gpu = r.gpu or "GPU"
+            table.add_row(
+                "KV budget per GPU",
+                f"{gpu} {r.gpu_memory_bytes / GIB:,.2f} GiB x {r.gpu_memory_utilization:g} "
+                f"- weights {r.weights_bytes_per_gpu / GIB:,.2f} GiB - reserve {r.reserve_bytes / GIB:,.2f} GiB "
+                f"= {r.kv_budget_bytes:,} B ({r.kv_budget_bytes / GIB:,.2f} GiB)",
+            )
+        else:
+            table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
+        table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
+        table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
+        if r.max_batch >= 1:
+            table.add_row(
+                "vLLM would log",
+                f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
+                f"per request: {r.max_concurrency:.2f}x",
+            )
+        else:
+            table.add_row(
+                "vLLM would refuse to start",
+                f"one request of {r.seq_len:,} tokens does not fit; the estimated maximum model length is "
+                f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
+            )
+        limit = " (the model's context; sliding layers never run out)" if r.max_seq_len_limited_by == "model context" else ""
+        if _beyond_context(r):
+            limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
+        table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
+        table.add_row("how blocks were counted", r.capacity_method or "")
+    console.print(table)
+    if r.fits is not None:
+        if r.fits:
+            longest = f"one request of up to {r.max_seq_len:,} tokens"
+            if _beyond_context(r):
+                longest = (
+                    f"one request of up to {r.max_position_embeddings:,} tokens, the model's context "
+                    f"(memory would hold {r.max_seq_len:,})"
+                )
+            console.print(
+                f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
+                f"requests of {r.seq_len:,} tokens, or {longest}."
+            )
+        elif r.max_seq_len == 0:
+            console.print(
+                f"[red]Does not fit[/red]: {max(r.num_blocks, 0):,} blocks leave no room for even one request "
+                f"(vLLM would refuse to start)."
+            )
+        else:
+            fitting = [f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens"] if r.max_batch else []
+            if r.max_seq_len_at_batch:
+                fitting.append(f"{r.batch:,} of {r.max_seq_len_at_batch:,} tokens")
+            else:
+                fitting.append(f"no length at which {r.batch:,} requests fit")
+            console.print(
+                f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
+                f"{r.batch * r.blocks_per_request:,} blocks; {max(r.num_blocks - 1, 0):,} are usable. Largest that fit: "
+                f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
+            )
+    if r.sweep:
+        render_sweep(result, console)
+    if r.compare:
+        render_compare(result, console)
+    console.print("Defaults used: " + ("; ".join(r.defaults) if r.defaults else "none"), style="dim")
+    for note in r.notes:
+        console.print(f"Note: {note}", style="dim")
+    console.print(f"Source: {r.source}", style="dim")
+
+
+def _beyond_context(r: EstimateResult) -> bool:
+    """Memory would hold a longer request than the model's context allows."""
+    return (
+        r.max_seq_len is not None and r.max_position_embeddings is not None
+        and r.max_seq_len > r.max_position_embeddings
+    )
+
+
+def render_sweep(result: EstimateResult, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="Sweep (all GPUs)", header_style="bold", title_justify="left")
+    for col in ("seq_len", "batch", "KV bytes", "GiB", "GB"):
+        table.add_column(col, justify="right")
+    has_cap = result.sweep[0].fits is not None
+    if has_cap:
+        table.add_column("fits")
+        table.add_column("max concurrency", justify="right")
+    for p in result.sweep:
+        row = [f"{p.seq_len:,}", f"{p.batch:,}", f"{p.kv_bytes:,}", f"{p.kv_bytes / GIB:,.2f}", f"{p.kv_bytes / GB:,.2f}"]
+        if has_cap:
+            row += ["yes" if p.fits else "no", f"{p.max_concurrency:.2f}x"]
+        table.add_row(*row)
+    console.print(table)
+
+
+def render_compare(result: EstimateResult, console) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"What if (S={result.seq_len:,}, B={result.batch:,}, all GPUs)", header_style="bold", title_justify="left"
+    )
+    for col in ("variant", "attention", "KV heads", "KV dtype", "bytes/token", "KV bytes", "GiB", "vs as-is"):
+        table.add_column(col, justify="right" if col not in ("variant", "attention", "KV dtype") else "left")
+    has_cap = result.compare[0].num_blocks is not None
+    if has_cap:
+        table.add_column("blocks", justify="right")
+        table.add_column("max concurrency", justify="right")
+    for row in result.compare:
+        cells = [
+            row.label, row.attention, str(row.kv_heads), row.kv_dtype, f"{row.bytes_per_token:,}",
+            f"{row.kv_bytes:,}", f"{row.kv_bytes / GIB:,.2f}", f"{row.ratio_to_as_is:.3g}x",
+        ]
+        if has_cap:
+            cells += [f"{row.num_blocks:,}", f"{row.max_concurrency:.2f}x"]
+        table.add_row(*cells)
+    console.print(table)
+
+
+def render_models(models: list, gpus: list, console) -> None:
+    from rich.table import Table
+
+    # The name is what the user types next: it is never truncated.  The Hugging Face repository (also in
+    # --json) is shown only where it fits on one line, so an 80-column terminal keeps every other column whole.
+    show_repo = console.width >= 130
+    table = Table(
+        title="Models (kvtool estimate --model NAME)", header_style="bold", title_justify="left",
+        box=None, pad_edge=False,
+    )
+    table.add_column("name", no_wrap=True)
+    for col in ("attention", "layers", "KV x dim", "dtype", "sliding", "params"):
+        table.add_column(col, no_wrap=True)
+    if show_repo:
+        table.add_column("values from", no_wrap=True)
+    for m in models:
+        sliding = f"{m.sliding_layers}/{m.num_layers} x {m.sliding_window:,}" if m.sliding_layers else "-"
+        params = f"{m.published_params / 1e9:,.2f} B" if m.published_params else "-"
+        row = [m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params]
+        table.add_row(*row, *([m.hf_repo] if show_repo else []))
+    console.print(table)
+    gt = Table(
+        title="GPUs (kvtool estimate --gpu NAME)", header_style="bold", title_justify="left",
+        box=None, pad_edge=False,
+    )
+    for col in ("name", "memory", "bytes", "vendor"):
+        gt.add_column(col, no_wrap=True)
+    for g in gpus:
+        gt.add_row(g.name, g.memory_text, f"{g.memory_bytes:,}", g.vendor)
+    console.print(gt)

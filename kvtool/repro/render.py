@@ -1,0 +1,160 @@
+"""Rendering of `kvtool repro` results: rich tables (JSON comes from the same dataclasses via print_json)."""
+
+from __future__ import annotations
+
+from kvtool.repro.results import CacheTensorInfo, ImplResult, ReproReport, ScenarioResult, TargetResult
+from kvtool.repro.scenarios import SCENARIOS
+
+
+def render_list(console) -> None:
+    from rich.table import Table
+
+    table = Table(title="kvtool repro scenarios", title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("what it replays")
+    for info in SCENARIOS:
+        table.add_row(info.name, info.summary)
+    console.print(table)
+
+
+def render_report(report: ReproReport, console) -> None:
+    tol = report.tolerance
+    console.print(
+        f"kvtool repro: device {report.device}, dtype {report.dtype} "
+        f"(torch.allclose rtol {tol.rtol:g}, atol {tol.atol:g}), seed {report.seed}, "
+        f"{report.interleavings} interleavings",
+        highlight=False,
+    )
+    for scenario in report.scenarios:
+        _render_scenario(scenario, console)
+    if report.scenarios:
+        _render_summary(report, console)
+    if report.target is not None:
+        _render_target(report.target, console)
+    console.print(f"took {report.elapsed_s:.1f} s; {'PASSED' if report.passed else 'FAILED'}", highlight=False)
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _verdict(impl: ImplResult) -> str:
+    if impl.kind == "buggy":
+        return "[green]detected[/]" if impl.detected else "[red]NOT DETECTED[/]"
+    return "[red]FLAGGED[/]" if impl.detected else "[green]clean[/]"
+
+
+def _render_scenario(s: ScenarioResult, console) -> None:
+    from rich.table import Table
+
+    b, f = s.buggy, s.fixed
+    console.print(f"\n[bold]{s.name}[/]: {s.summary}", highlight=False)
+    table = Table()
+    table.add_column("check")
+    table.add_column("buggy", justify="right")
+    table.add_column("fixed", justify="right")
+    table.add_row("allclose to each request alone", _yes_no(b.allclose), _yes_no(f.allclose))
+    table.add_row("max |logit diff|", f"{b.max_abs_diff:.3g}", f"{f.max_abs_diff:.3g}")
+    table.add_row("cache tensors share memory", _yes_no(b.shared_storage), _yes_no(f.shared_storage))
+    table.add_row("cache shapes as expected", _yes_no(b.shapes_ok), _yes_no(f.shapes_ok))
+    table.add_row(
+        "interleavings mismatched",
+        f"{b.interleaving_mismatches}/{b.interleavings}",
+        f"{f.interleaving_mismatches}/{f.interleavings}",
+    )
+    table.add_row(
+        f"greedy diverges at step (of {b.greedy_steps})",
+        _step(b.greedy_divergence_step),
+        _step(f.greedy_divergence_step),
+    )
+    table.add_row("verdict", _verdict(b), _verdict(f))
+    console.print(table)
+    console.print(_tensor_table(b, f))
+    console.print(f"  bug: {s.bug}", highlight=False)
+    console.print(f"  fix: {s.fix}", highlight=False)
+    for impl in (b, f):
+        for line in impl.findings:
+            console.print(f"  {impl.kind}: {line}", highlight=False, markup=False)
+
+
+def _step(step: int | None) -> str:
+    return "-" if step is None else str(step)
+
+
+def _grouped(infos: tuple[CacheTensorInfo, ...]) -> dict[str, list[CacheTensorInfo]]:
+    """Per-head infos grouped by request + tensor ("r0 L0 k")."""
+    groups: dict[str, list[CacheTensorInfo]] = {}
+    for info in infos:
+        base = f"r{info.request} {info.label.rsplit(' h', 1)[0]}"
+        groups.setdefault(base, []).append(info)
+    return groups
+
+
+def _tensor_cells(heads: list[CacheTensorInfo] | None) -> tuple[str, str, str]:
+    if not heads:
+        return ("-", "-", "-")
+    first = heads[0]
+    ptrs = f"{first.data_ptr:#x}"
+    if len(heads) > 1:
+        ptrs += f" (h+{heads[1].data_ptr - first.data_ptr} B)"
+    shape = "x".join(map(str, first.shape))
+    if first.shape != first.expected_shape:
+        shape = f"[red]{shape}[/] (want {'x'.join(map(str, first.expected_shape))})"
+    others = sorted({o.rsplit(" h", 1)[0] for h in heads for o in h.overlaps_with})
+    label = first.label.rsplit(" h", 1)[0]
+    own = f"r{first.request} {label}"
+    shared = ", ".join("own heads" if o == own else o for o in others)
+    return ptrs, shape, f"[red]{shared}[/]" if shared else "none"
+
+
+def _tensor_table(b: ImplResult, f: ImplResult):
+    from rich.table import Table
+
+    table = Table(title="cache tensors per request / layer (per-head views inside)", title_justify="left")
+    table.add_column("tensor")
+    for side in ("buggy", "fixed"):
+        table.add_column(f"{side} data_ptr", overflow="fold")  # never an ellipsis inside an address
+        table.add_column("per-head shape")
+        table.add_column("shares memory with")
+    gb, gf = _grouped(b.cache_tensors), _grouped(f.cache_tensors)
+    for base in dict.fromkeys([*gb, *gf]):
+        table.add_row(base, *_tensor_cells(gb.get(base)), *_tensor_cells(gf.get(base)))
+    return table
+
+
+def _render_summary(report: ReproReport, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="summary", title_justify="left", title_style="bold")
+    table.add_column("scenario")
+    table.add_column("buggy")
+    table.add_column("fixed")
+    table.add_column("result")
+    for s in report.scenarios:
+        table.add_row(s.name, _verdict(s.buggy), _verdict(s.fixed), "[green]ok[/]" if s.passed else "[red]FAIL[/]")
+    console.print(table)
+    passed = sum(s.passed for s in report.scenarios)
+    console.print(
+        f"{passed} of {len(report.scenarios)} scenarios: buggy version detected and fixed version clean",
+        highlight=False,
+    )
+
+
+def _render_target(t: TargetResult, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(
+        title=escape(f"target {t.target} ({t.module_type}, d_model {t.d_model})"),
+        title_justify="left",
+        title_style="bold",
+    )
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("what was found")
+    for c in t.checks:
+        table.add_row(c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.message))
+    console.print(table)
+    for c in t.checks:
+        for line in c.evidence:
+            console.print(f"  {c.name}: {line}", highlight=False, markup=False)

@@ -1,0 +1,419 @@
+"""What a vLLM KV-cache event file can honestly show about the prefix cache.
+
+Input: JSON lines, one event per line with its batch's ``seq``, ``batch_ts`` and ``dp_rank``
+(as written by ``kvtool capture``, or recorded with vLLM's own decoder).  The analysis replays the
+events against a model of vLLM's prefix cache, keyed by (dp_rank, medium, group_idx, hash):
+
+- ``BlockStored`` of a hash not cached: a block computed and cached now.  If the hash had been
+  evicted before, the block was computed again (eviction churn: recomputed work).
+- ``BlockStored`` of a hash already cached: only vLLM's "full" report mode sends these (a prefix-
+  cache hit at scheduling time), so they are the hit evidence.
+- ``BlockRemoved``: the block was evicted to make room; its lifetime ends.
+- ``AllBlocksCleared``: every cached block of that rank ends ("cleared", not evicted).
+- Parent links give each block its depth in its prefix chain (depth x block_size = prefix tokens).
+
+These events carry no request id, so the time a *request* holds its KV blocks cannot be derived
+from them; block lifetimes here are how long a block's content stayed in the prefix cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from kvtool.core.errors import InputFileError
+from kvtool.vllm.wire import (
+    ALL_BLOCKS_CLEARED,
+    BLOCK_REMOVED,
+    BLOCK_STORED,
+    EVENT_TYPES,
+    VllmEvent,
+    open_text,
+    read_event_file,
+)
+
+MAX_TIMELINE_POINTS = 500  # the stored-over-time series is thinned to at most this many points
+HISTOGRAM_BINS = 20  # bins of the evicted-lifetime histogram
+SNIFF_BYTES = 1 << 20  # looks_like_vllm_events reads at most the first line of this many bytes
+
+NOTE_NO_REQUESTS = (
+    "vLLM's KV events carry no request id: the time a request holds its KV blocks (per-request holding "
+    "time) cannot be derived from them. Block lifetimes here are how long a block's content stayed in "
+    "the prefix cache; BlockRemoved fires when a cached block is evicted for reuse, not when a request ends."
+)
+NOTE_INCREMENTAL = (
+    "No BlockStored re-sent a cached block, so the file looks like vLLM's default incremental report mode, "
+    "which does not report prefix-cache hits; run requests with SamplingParams(extra_args="
+    "{'kv_cache_report_mode': 'full'}) for hit evidence."
+)
+NOTE_FULL = (
+    "Hit evidence counts blocks re-sent while cached (full report mode): one per scheduling of a request, "
+    "so a request that is scheduled again (after preemption) is counted again."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Summary of a set of durations in seconds (all None when count is 0)."""
+
+    count: int
+    min_s: float | None
+    median_s: float | None
+    mean_s: float | None
+    p90_s: float | None
+    max_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EventCounts:
+    block_stored_events: int
+    block_removed_events: int
+    all_blocks_cleared_events: int
+    other_events: int  # events of a type this analysis does not know (kept, not analysed)
+    batches: int  # distinct (dp_rank, seq) pairs
+    first_seq: int
+    last_seq: int
+    missing_seqs: int  # sequence numbers absent between the first and last of each rank (lost batches)
+    dp_ranks: tuple[int, ...]
+    duration_s: float  # last batch_ts - first batch_ts
+
+
+@dataclasses.dataclass(frozen=True)
+class CachePoint:
+    """The prefix cache after one batch."""
+
+    t_s: float  # seconds since the first batch
+    seq: int
+    cached_blocks: int  # blocks in the prefix cache now (by this file's events)
+    stored_blocks_total: int  # blocks computed and cached so far
+    removed_blocks_total: int  # blocks evicted so far
+
+
+@dataclasses.dataclass(frozen=True)
+class Lifetimes:
+    """Stored -> removed times of cached blocks."""
+
+    evicted: Stats  # ended by BlockRemoved
+    cleared: Stats  # ended by AllBlocksCleared
+    still_cached: Stats  # age at the end of the file of blocks never removed (censored lifetimes)
+    removed_unknown_blocks: int  # BlockRemoved of a hash not cached by this file (stored before the capture)
+    evicted_histogram: tuple[tuple[float, float, int], ...]  # (from_s, to_s, blocks) of evicted lifetimes
+
+
+@dataclasses.dataclass(frozen=True)
+class Churn:
+    computed_blocks: int  # blocks stored while not cached (first-time + recomputed)
+    first_time_blocks: int  # hash never stored before in this file
+    recomputed_blocks: int  # stored again after an eviction: work done twice
+    recomputed_hashes: int  # distinct hashes among them
+    recomputed_tokens: int | None  # recomputed_blocks x block_size
+    recomputed_fraction: float | None  # recomputed_blocks / computed_blocks
+    restored_after_clear_blocks: int  # stored again after an AllBlocksCleared (not counted as churn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chains:
+    root_blocks: int  # distinct blocks with no parent (the first block of a prompt)
+    max_depth_blocks: int  # longest prefix chain seen, in blocks
+    max_prefix_tokens: int | None  # max_depth_blocks x block_size
+    mean_depth_blocks: float | None  # over distinct blocks with a known depth
+    depth_histogram: tuple[tuple[int, int], ...]  # (depth in blocks, distinct blocks at that depth)
+    branch_blocks: int  # blocks with two or more distinct children: shared prefixes that fork
+    max_children: int  # the largest fan-out of one block
+    unknown_parent_events: int  # BlockStored whose parent was stored before the file began
+
+
+@dataclasses.dataclass(frozen=True)
+class Hits:
+    report_mode: str  # "full" when any BlockStored re-sent a cached block, else "incremental"
+    resent_events: int  # BlockStored events whose blocks were all cached already
+    hit_blocks: int  # blocks re-sent while cached
+    hit_tokens: int | None  # hit_blocks x block_size
+    hit_fraction: float | None  # hit_blocks / (hit_blocks + computed_blocks); None in incremental mode
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionSummary:
+    session_id: str
+    store_events: int
+    computed_blocks: int
+    hit_blocks: int  # only in full report mode
+    recomputed_blocks: int
+    first_t_s: float
+    last_t_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmAnalysis:
+    source: str
+    kind: str  # always "vllm-kv-events": tells this result from the CSV analysis
+    block_size: int | None  # tokens per block (None when no BlockStored gave one)
+    counts: EventCounts
+    peak_cached_blocks: int
+    final_cached_blocks: int  # cached at the end of the file (0 after a final AllBlocksCleared)
+    distinct_blocks: int  # distinct hashes stored
+    timeline: tuple[CachePoint, ...]  # at most MAX_TIMELINE_POINTS, first and last always kept
+    lifetimes: Lifetimes
+    churn: Churn
+    chains: Chains
+    hits: Hits
+    sessions: tuple[SessionSummary, ...]  # empty when no event carried a session_id
+    notes: tuple[str, ...]
+
+
+def looks_like_vllm_events(path: Path) -> bool:
+    """True when the first non-blank line is a JSON object with ``seq`` and a vLLM event ``type``."""
+    try:
+        with open_text(Path(path)) as handle:
+            read = 0
+            for text in handle:
+                read += len(text)
+                if text.strip():
+                    row = json.loads(text)
+                    return isinstance(row, dict) and "seq" in row and row.get("type") in EVENT_TYPES
+                if read > SNIFF_BYTES:
+                    return False
+    except (OSError, EOFError, UnicodeDecodeError, ValueError):
+        return False
+    return False
+
+
+def _stats(values: list[float]) -> Stats:
+    if not values:
+        return Stats(0, None, None, None, None, None)
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return Stats(
+        count=len(values),
+        min_s=float(arr.min()),
+        median_s=float(np.median(arr)),
+        mean_s=float(arr.mean()),
+        p90_s=float(np.percentile(arr, 90)),
+        max_s=float(arr.max()),
+    )
+
+
+def _histogram(values: list[float]) -> tuple[tuple[float, float, int], ...]:
+    if not values:
+        return ()
+    import numpy as np
+
+    counts, edges = np.histogram(np.asarray(values, dtype=float), bins=HISTOGRAM_BINS)
+    return tuple((float(edges[i]), float(edges[i + 1]), int(n)) for i, n in enumerate(counts))
+
+
+def _thin(points: list[CachePoint]) -> tuple[CachePoint, ...]:
+    if len(points) <= MAX_TIMELINE_POINTS:
+        return tuple(points)
+    step = (len(points) - 1) / (MAX_TIMELINE_POINTS - 1)
+    return tuple(points[round(i * step)] for i in range(MAX_TIMELINE_POINTS))
+
+
+def _missing_seqs(events: tuple[VllmEvent, ...]) -> int:
+    by_rank: dict[int, set[int]] = defaultdict(set)
+    for event in events:
+        by_rank[event.dp_rank].add(event.seq)
+    return sum(max(seqs) - min(seqs) + 1 - len(seqs) for seqs in by_rank.values())
+
+
+def analyze_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAnalysis:
+    """Replay the events against a model of the prefix cache (see the module docstring)."""
+    if not events:
+        raise InputFileError("the file holds no vLLM KV events", where=source or None)
+    t0 = events[0].batch_ts
+    sizes = Counter(e.block_size for e in events if e.type == BLOCK_STORED and e.block_size)
+    block_size = sizes.most_common(1)[0][0] if sizes else None
+
+    cached: dict[tuple, float] = {}  # key -> time stored
+    evicted_keys: set[tuple] = set()
+    cleared_keys: set[tuple] = set()
+    stored_keys: set[tuple] = set()
+    depth: dict[tuple, int] = {}  # (dp_rank, hash) -> depth in blocks
+    children: dict[tuple, set] = defaultdict(set)
+    evicted_s: list[float] = []
+    cleared_s: list[float] = []
+    recomputed_keys: set[tuple] = set()
+    type_counts: Counter = Counter()
+    sessions: dict[str, dict] = {}
+    timeline: list[CachePoint] = []
+    peak = stored_total = removed_total = removed_unknown = 0
+    first_time = recomputed = after_clear = hits = resent = unknown_parent = 0
+
+    def close_batch(event: VllmEvent) -> None:
+        point = CachePoint(event.batch_ts - t0, event.seq, len(cached), stored_total, removed_total)
+        if timeline and (timeline[-1].seq, timeline[-1].t_s) == (point.seq, point.t_s):
+            timeline[-1] = point
+        else:
+            timeline.append(point)
+
+    for index, event in enumerate(events):
+        t = event.batch_ts - t0
+        type_counts[event.type] += 1
+        if event.type == BLOCK_STORED:
+            session = None
+            if event.session_id is not None:
+                session = sessions.setdefault(
+                    event.session_id,
+                    {"store_events": 0, "computed": 0, "hits": 0, "recomputed": 0, "first": t, "last": t},
+                )
+                session["store_events"] += 1
+                session["last"] = t
+            parent = event.parent_block_hash
+            level: int | None = 0
+            if parent is not None:
+                level = depth.get((event.dp_rank, parent))
+                if level is None:
+                    unknown_parent += 1
+            previous = parent
+            event_hits = 0
+            for block_hash in event.block_hashes:
+                if level is not None:
+                    level += 1
+                    depth.setdefault((event.dp_rank, block_hash), level)
+                if previous is not None:
+                    children[(event.dp_rank, previous)].add(block_hash)
+                previous = block_hash
+                key = (event.dp_rank, event.medium, event.group_idx, block_hash)
+                if key in cached:
+                    event_hits += 1
+                    continue
+                if key in evicted_keys:
+                    recomputed += 1
+                    recomputed_keys.add(key)
+                    if session is not None:
+                        session["recomputed"] += 1
+                elif key in cleared_keys:
+                    after_clear += 1
+                elif key not in stored_keys:
+                    first_time += 1
+                cached[key] = t
+                stored_keys.add(key)
+                stored_total += 1
+                if session is not None:
+                    session["computed"] += 1
+            hits += event_hits
+            if session is not None:
+                session["hits"] += event_hits
+            if event.block_hashes and event_hits == len(event.block_hashes):
+                resent += 1
+            peak = max(peak, len(cached))
+        elif event.type == BLOCK_REMOVED:
+            for block_hash in event.block_hashes:
+                key = (event.dp_rank, event.medium, event.group_idx, block_hash)
+                stored_at = cached.pop(key, None)
+                if stored_at is None:
+                    removed_unknown += 1
+                    continue
+                evicted_s.append(t - stored_at)
+                evicted_keys.add(key)
+                removed_total += 1
+        elif event.type == ALL_BLOCKS_CLEARED:
+            for key in [k for k in cached if k[0] == event.dp_rank]:
+                cleared_s.append(t - cached.pop(key))
+                cleared_keys.add(key)
+        following = events[index + 1] if index + 1 < len(events) else None
+        if following is None or (following.seq, following.dp_rank, following.batch_ts) != (
+            event.seq,
+            event.dp_rank,
+            event.batch_ts,
+        ):
+            close_batch(event)
+
+    t_end = events[-1].batch_ts - t0
+    computed = first_time + recomputed + after_clear
+    known_depths = Counter(depth.values())
+    mean_depth = sum(d * n for d, n in known_depths.items()) / sum(known_depths.values()) if known_depths else None
+    max_depth = max(known_depths) if known_depths else 0
+    full_mode = hits > 0
+
+    notes = [NOTE_NO_REQUESTS, NOTE_FULL if full_mode else NOTE_INCREMENTAL]
+    missing = _missing_seqs(events)
+    if missing:
+        notes.append(f"{missing:,} batch sequence numbers are missing: those events were lost, so counts are low.")
+    if removed_unknown or unknown_parent:
+        notes.append(
+            f"{removed_unknown:,} removed blocks and {unknown_parent:,} parent links refer to blocks stored before "
+            "the file begins (the capture started mid-run); they are left out of lifetimes and depths."
+        )
+    if type_counts.keys() - set(EVENT_TYPES):
+        other = ", ".join(sorted(type_counts.keys() - set(EVENT_TYPES)))
+        notes.append(f"Events of other types were counted but not analysed: {other}.")
+
+    counts = EventCounts(
+        block_stored_events=type_counts[BLOCK_STORED],
+        block_removed_events=type_counts[BLOCK_REMOVED],
+        all_blocks_cleared_events=type_counts[ALL_BLOCKS_CLEARED],
+        other_events=sum(n for k, n in type_counts.items() if k not in EVENT_TYPES),
+        batches=len({(e.dp_rank, e.seq) for e in events}),
+        first_seq=min(e.seq for e in events),
+        last_seq=max(e.seq for e in events),
+        missing_seqs=missing,
+        dp_ranks=tuple(sorted({e.dp_rank for e in events})),
+        duration_s=t_end,
+    )
+    return VllmAnalysis(
+        source=source,
+        kind="vllm-kv-events",
+        block_size=block_size,
+        counts=counts,
+        peak_cached_blocks=peak,
+        final_cached_blocks=len(cached),
+        distinct_blocks=len(stored_keys),
+        timeline=_thin(timeline),
+        lifetimes=Lifetimes(
+            evicted=_stats(evicted_s),
+            cleared=_stats(cleared_s),
+            still_cached=_stats([t_end - s for s in cached.values()]),
+            removed_unknown_blocks=removed_unknown,
+            evicted_histogram=_histogram(evicted_s),
+        ),
+        churn=Churn(
+            computed_blocks=computed,
+            first_time_blocks=first_time,
+            recomputed_blocks=recomputed,
+            recomputed_hashes=len(recomputed_keys),
+            recomputed_tokens=None if block_size is None else recomputed * block_size,
+            recomputed_fraction=recomputed / computed if computed else None,
+            restored_after_clear_blocks=after_clear,
+        ),
+        chains=Chains(
+            root_blocks=known_depths.get(1, 0),
+            max_depth_blocks=max_depth,
+            max_prefix_tokens=None if block_size is None else max_depth * block_size,
+            mean_depth_blocks=mean_depth,
+            depth_histogram=tuple(sorted(known_depths.items())),
+            branch_blocks=sum(1 for kids in children.values() if len(kids) >= 2),
+            max_children=max((len(kids) for kids in children.values()), default=0),
+            unknown_parent_events=unknown_parent,
+        ),
+        hits=Hits(
+            report_mode="full" if full_mode else "incremental",
+            resent_events=resent,
+            hit_blocks=hits,
+            hit_tokens=None if block_size is None else hits * block_size,
+            hit_fraction=hits / (hits + computed) if full_mode and hits + computed else None,
+        ),
+        sessions=tuple(
+            SessionSummary(sid, s["store_events"], s["computed"], s["hits"], s["recomputed"], s["first"], s["last"])
+            for sid, s in sorted(sessions.items())
+        ),
+        notes=tuple(notes),
+    )
+
+
+def analyze_vllm_events(path: Path) -> VllmAnalysis:
+    """Read and analyse a vLLM KV-event file; a file that is not one -> InputFileError (exit 3)."""
+    path = Path(path)
+    if not path.exists():
+        raise InputFileError("no such file", where=str(path))
+    if not looks_like_vllm_events(path):
+        raise InputFileError(
+            "not a vLLM KV-event file: its first line is not a JSON object with 'seq' and a 'type' of "
+            + ", ".join(EVENT_TYPES),
+            where=str(path),
+            tip="record one with 'kvtool capture --endpoint tcp://127.0.0.1:5557 -o events.jsonl'",
+        )
+    return analyze_events(read_event_file(path), str(path))

@@ -1,0 +1,459 @@
+"""Capture a running vLLM's KV-cache events from its ZMQ publisher into a JSON-lines file.
+
+The socket roles follow vLLM's ``ZmqEventPublisher._socket_setup``: vLLM *binds* its PUB socket
+when the endpoint contains ``*`` or ``::`` (or is ``ipc://`` / ``inproc://``) and *connects*
+otherwise, so by default we do the opposite (``resolve_role``).  Gaps in the batch sequence
+numbers are filled from vLLM's replay ROUTER socket when one is given (see
+:mod:`kvtool.vllm.wire` for the frames).  Every decoded batch is written and flushed as it
+arrives, so a stop by signal, ``--duration`` or ``--max-events`` loses nothing received; frames
+that are not KV-event batches are counted and kept, as hex, in a ``.malformed.jsonl`` side file.
+
+pyzmq and msgpack are the optional extra ``capture``; they are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from kvtool.core.errors import UsageError
+from kvtool.vllm.wire import (
+    END_SEQ,
+    MalformedFrame,
+    batch_rows,
+    decode_payload,
+    decode_seq,
+    encode_seq,
+    row_to_json,
+)
+
+ROLES = ("auto", "bind", "connect")
+_TCP = re.compile(r"^tcp://(?P<host>\*|\[[0-9A-Fa-f:.*]+\]|[A-Za-z0-9_.\-]+|[0-9A-Fa-f:]*::[0-9A-Fa-f:]*):(?P<port>\d+)$")
+INSTALL_TIP = "install the optional extra: pip install 'kvtool[capture]' (pyzmq and msgpack)"
+MAX_MALFORMED_REASONS = 5  # distinct reasons kept in the result
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureOptions:
+    endpoint: str  # the endpoint as given to vLLM's KVEventsConfig (or the address to reach it)
+    output: Path
+    role: str = "auto"  # auto | bind | connect: what *our* SUB socket does
+    replay_endpoint: str | None = None  # vLLM's replay ROUTER address (KVEventsConfig.replay_endpoint)
+    topic: str = ""  # subscription prefix; vLLM's default topic is ""
+    duration_s: float | None = None  # stop after this long
+    max_events: int | None = None  # stop after the batch that brings the count to this many
+    replay_timeout_s: float = 2.0  # how long to wait for each replay reply
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureResult:
+    output: str
+    endpoint: str  # the address our SUB socket used
+    role: str  # "bind" or "connect"
+    events_written: int
+    batches_written: int  # batches received live plus those recovered by replay
+    first_seq: int | None
+    last_seq: int | None
+    gaps: int  # times the sequence jumped forward by more than one
+    batches_missed: int  # batches absent from the live stream (sum over gaps)
+    batches_recovered: int  # of those, filled from the replay socket
+    batches_unrecovered: int  # missed and not recovered: their events are absent from the file
+    sequence_resets: int  # times the sequence went backwards (publisher restarted)
+    replay_error: str | None  # the last error of the replay socket itself, if any
+    malformed_frames: int  # messages that were not KV-event batches (kept in malformed_file)
+    malformed_reasons: tuple[str, ...]  # the first few distinct reasons
+    malformed_file: str | None  # where the raw malformed frames are, as hex; None when there were none
+    duration_s: float
+    stopped_by: str  # duration | max-events | signal
+
+
+def _import_zmq():
+    try:
+        import msgpack  # noqa: F401
+        import zmq
+    except ImportError as err:
+        raise UsageError(f"kvtool capture needs pyzmq and msgpack ({err.name} is not installed)", tip=INSTALL_TIP) from None
+    return zmq
+
+
+def vllm_binds(endpoint: str) -> bool:
+    """Whether vLLM's PUB socket binds this endpoint (ZmqEventPublisher._socket_setup's rule)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def validate_endpoint(endpoint: str, option: str = "--endpoint") -> None:
+    if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
+        return
+    match = _TCP.match(endpoint)
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise UsageError(
+            f"{option} '{endpoint}' is not a ZMQ endpoint",
+            tip="use tcp://HOST:PORT (for example tcp://127.0.0.1:5557) or ipc://PATH",
+        )
+
+
+def _connect_address(endpoint: str) -> str:
+    """A bind-style address (``tcp://*:5557``, ``tcp://[::]:5557``) -> one we can connect to."""
+    match = _TCP.match(endpoint)
+    if match is None:
+        return endpoint
+    host = match["host"]
+    if host == "*":
+        host = "127.0.0.1"
+    elif host.strip("[]") in ("::", "*"):
+        host = "[::1]"
+    return f"tcp://{host}:{match['port']}"
+
+
+def _is_ipv6(address: str) -> bool:
+    """A tcp:// address whose host is an IPv6 literal: libzmq needs the IPV6 option for it (without it a
+    bind fails with "No such device" and a connect waits forever)."""
+    match = _TCP.match(address)
+    return match is not None and ":" in match["host"]
+
+
+def _bind_address(endpoint: str) -> str:
+    match = _TCP.match(endpoint)
+    if match is None:
+        return endpoint
+    return endpoint if match["host"] != "*" else f"tcp://0.0.0.0:{match['port']}"
+
+
+def resolve_role(endpoint: str, role: str) -> tuple[str, str]:
+    """(our role, the address our socket uses); ``auto`` does the opposite of what vLLM does."""
+    if role not in ROLES:
+        raise UsageError(f"--role must be one of {', '.join(ROLES)}, not '{role}'")
+    if role == "auto":
+        role = "connect" if vllm_binds(endpoint) else "bind"
+    address = _connect_address(endpoint) if role == "connect" else _bind_address(endpoint)
+    return role, address
+
+
+def _zmq_reason(err) -> str:
+    """pyzmq's message without the " (addr='...')" it appends: the address is already in our message."""
+    return re.sub(r"\s*\(addr='[^']*'\)$", "", str(err)).rstrip(".")
+
+
+def _socket_tip(role: str, err, options: "CaptureOptions") -> str | None:
+    """What to do about a bind/connect failure; most come from binding an endpoint vLLM binds itself."""
+    import errno
+
+    if role != "bind":
+        return None
+    endpoint = options.endpoint
+    if err.errno == errno.EADDRINUSE:
+        return (
+            "something already listens there: if vLLM binds this port (its endpoint has '*' or '::'), give "
+            "--endpoint exactly as in its KVEventsConfig (tcp://*:PORT), or --role connect; or another capture runs"
+        )
+    if err.errno in (errno.EADDRNOTAVAIL, errno.ENODEV):
+        return (
+            "kvtool binds endpoints that vLLM connects to, so the host must be an address of this machine; "
+            f"to reach a vLLM that binds on another host, use --endpoint {endpoint} --role connect"
+        )
+    if err.errno == errno.ENOENT and endpoint.startswith("ipc://"):
+        return "create the directory of the ipc path first"
+    return None
+
+
+class _Writer:
+    """The output file, written and flushed batch by batch, plus the lazily created side file."""
+
+    def __init__(self, output: Path):
+        self.output = output
+        self.malformed_path = output.with_name(output.name + ".malformed.jsonl")
+        try:
+            self.handle: TextIO = output.open("w", encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot write the output file: {err.strerror or err}", where=str(output)) from None
+        self.malformed_handle: TextIO | None = None
+        self.failed = False  # a write failed (its UsageError is on its way up)
+        self.events = 0
+        self.batches = 0
+
+    def batch(self, seq: int, batch) -> None:
+        rows = batch_rows(seq, batch)
+        if rows:
+            self._write(self.handle, self.output, "".join(row_to_json(r) + "\n" for r in rows))
+        self.events += len(rows)
+        self.batches += 1
+
+    def malformed(self, frames: list[bytes], reason: str) -> None:
+        record = {"received_ts": time.time(), "reason": reason, "frames_hex": [bytes(f).hex() for f in frames]}
+        if self.malformed_handle is None:
+            try:
+                self.malformed_handle = self.malformed_path.open("w", encoding="utf-8")
+            except OSError as err:
+                self._failed(self.malformed_path, err)
+        self._write(self.malformed_handle, self.malformed_path, json.dumps(record) + "\n")
+
+    def _write(self, handle: TextIO, path: Path, text: str) -> None:
+        try:
+            handle.write(text)
+            handle.flush()
+        except OSError as err:  # a full disk, a quota, a file system gone away
+            self._failed(path, err)
+
+    def _failed(self, path: Path, err: OSError):
+        self.failed = True
+        raise UsageError(
+            f"writing failed after {self.events:,} events in {self.batches:,} batches, which the file keeps: "
+            f"{err.strerror or err}",
+            where=str(path),
+        ) from None
+
+    def close(self) -> None:
+        """Close both files; after a write failure, a close that fails the same way adds nothing."""
+        for handle, path in ((self.handle, self.output), (self.malformed_handle, self.malformed_path)):
+            if handle is None:
+                continue
+            try:
+                handle.close()
+            except OSError as err:
+                if not self.failed:
+                    self._failed(path, err)
+
+
+class _Replayer:
+    """A DEALER client of vLLM's replay ROUTER socket (which vLLM always binds).
+
+    vLLM's example subscriber uses REQ, but the ROUTER answers one request with many messages,
+    which a REQ socket cannot receive; a DEALER sending ``[b"", start_seq]`` gets them all.
+    """
+
+    def __init__(self, zmq, ctx, endpoint: str, timeout_s: float):
+        self.zmq, self.ctx, self.endpoint, self.timeout_ms = zmq, ctx, endpoint, int(timeout_s * 1000)
+        self.socket = None
+
+    def _open(self):
+        if self.socket is None:
+            self.socket = self.ctx.socket(self.zmq.DEALER)
+            self.socket.setsockopt(self.zmq.LINGER, 0)
+            if _is_ipv6(self.endpoint):
+                self.socket.setsockopt(self.zmq.IPV6, 1)
+            self.socket.connect(self.endpoint)
+        return self.socket
+
+    def fetch(self, first: int, last: int) -> tuple[list[tuple[int, bytes]], list[tuple[list[bytes], str]], bool]:
+        """Batches ``first..last`` (inclusive) as (seq, payload); malformed replies; and whether the reply
+        ended with vLLM's end marker (False: the replay socket went silent for ``timeout_s``)."""
+        socket = self._open()
+        got: list[tuple[int, bytes]] = []
+        bad: list[tuple[list[bytes], str]] = []
+        socket.send_multipart([b"", encode_seq(first)])
+        while True:
+            if not socket.poll(self.timeout_ms):
+                # No reply (dead replay socket): drop this socket so a late answer cannot be
+                # mistaken for the answer to a later request.
+                socket.close(linger=0)
+                self.socket = None
+                return got, bad, False
+            frames = socket.recv_multipart()
+            body = frames[1:] if frames and frames[0] == b"" else frames
+            # vLLM 0.32 replies (topic, seq, payload); earlier versions (seq, payload).
+            if len(body) not in (2, 3):
+                bad.append((frames, f"replay reply has {len(body)} frames, expected 2 or 3"))
+                continue
+            try:
+                seq = decode_seq(body[-2])
+            except MalformedFrame as err:
+                bad.append((frames, f"replay reply: {err}"))
+                continue
+            if seq == END_SEQ:
+                break
+            if first <= seq <= last:
+                got.append((seq, body[-1]))
+        return got, bad, True
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close(linger=0)
+
+
+def run_capture(
+    options: CaptureOptions,
+    *,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int, int, int, int], None] | None = None,
+    progress_interval_s: float = 0.25,
+) -> CaptureResult:
+    """Capture until ``stop`` is set, ``duration_s`` passes or ``max_events`` are written.
+
+    ``on_progress(events, batches, batches_unrecovered, malformed)`` is called about every
+    ``progress_interval_s`` seconds.  Raises UsageError for bad options or a socket that
+    cannot be bound.
+    """
+    validate_endpoint(options.endpoint)
+    if options.replay_endpoint is not None:
+        validate_endpoint(options.replay_endpoint, "--replay-endpoint")
+    if options.duration_s is not None and not options.duration_s > 0:
+        raise UsageError(f"--duration must be positive, not {options.duration_s}")
+    if options.max_events is not None and options.max_events <= 0:
+        raise UsageError(f"--max-events must be positive, not {options.max_events}")
+    role, address = resolve_role(options.endpoint, options.role)
+    zmq = _import_zmq()
+    stop = stop or threading.Event()
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, 0)  # no receive limit: never drop what vLLM sent while we write
+    sub.setsockopt(zmq.SUBSCRIBE, options.topic.encode("utf-8"))
+    if _is_ipv6(address):
+        sub.setsockopt(zmq.IPV6, 1)
+    try:
+        (sub.bind if role == "bind" else sub.connect)(address)
+    except zmq.ZMQError as err:
+        sub.close(linger=0)
+        ctx.term()
+        raise UsageError(
+            f"cannot {role} {address}: {_zmq_reason(err)}", where="--endpoint", tip=_socket_tip(role, err, options)
+        ) from None
+    try:
+        writer = _Writer(options.output)
+    except UsageError:
+        sub.close(linger=0)
+        ctx.term()
+        raise
+    replay_address = _connect_address(options.replay_endpoint) if options.replay_endpoint else None
+    replayer = _Replayer(zmq, ctx, replay_address, options.replay_timeout_s) if replay_address else None
+    started = time.monotonic()
+    deadline = None if options.duration_s is None else started + options.duration_s
+    first_seq = last_seq = None
+    gaps = missed = recovered = resets = malformed = 0
+    reasons: list[str] = []
+    replay_error: str | None = None
+    stopped_by = "signal"
+    next_progress = started
+
+    def bad_frame(frames: list[bytes], reason: str) -> None:
+        nonlocal malformed
+        malformed += 1
+        if reason not in reasons and len(reasons) < MAX_MALFORMED_REASONS:
+            reasons.append(reason)
+        writer.malformed(frames, reason)
+
+    def fill_gap(first: int, last: int) -> None:
+        nonlocal recovered
+        if replayer is None:
+            return
+        nonlocal replay_error
+        try:
+            replies, bad, answered = replayer.fetch(first, last)
+        except zmq.ZMQError as err:  # e.g. a replay address that cannot be reached at all
+            replay_error = f"replay of batches {first}..{last} failed: {err}"
+            return
+        if not answered:
+            replay_error = (
+                f"replay of batches {first}..{last}: {replayer.endpoint} did not answer within "
+                f"{options.replay_timeout_s:g} s"
+            )
+        for frames, reason in bad:
+            bad_frame(frames, reason)
+        seen: set[int] = set()
+        for seq, payload in sorted(replies, key=lambda r: r[0]):
+            if seq in seen:
+                continue
+            try:
+                batch = decode_payload(payload)
+            except MalformedFrame as err:
+                bad_frame([encode_seq(seq), payload], f"replayed batch {seq}: {err}")
+                continue
+            seen.add(seq)
+            writer.batch(seq, batch)
+        recovered += len(seen)
+
+    def handle(frames: list[bytes]) -> None:
+        nonlocal first_seq, last_seq, gaps, missed, resets
+        if len(frames) != 3:
+            bad_frame(frames, f"message has {len(frames)} frames, expected 3 (topic, seq, payload)")
+            return
+        try:
+            seq = decode_seq(frames[1], signed=False)
+            batch = decode_payload(frames[2])
+        except MalformedFrame as err:
+            bad_frame(frames, str(err))
+            return
+        if last_seq is not None and seq > last_seq + 1:
+            gaps += 1
+            missed += seq - last_seq - 1
+            fill_gap(last_seq + 1, seq - 1)
+        elif last_seq is not None and seq <= last_seq:
+            resets += 1
+        if first_seq is None:
+            first_seq = seq
+        last_seq = seq
+        writer.batch(seq, batch)
+
+    try:
+        while True:
+            now = time.monotonic()
+            if options.max_events is not None and writer.events >= options.max_events:
+                stopped_by = "max-events"
+                break
+            if stop.is_set():
+                stopped_by = "signal"
+                _drain(sub, zmq, handle)
+                break
+            if deadline is not None and now >= deadline:
+                stopped_by = "duration"
+                _drain(sub, zmq, handle)
+                break
+            if on_progress is not None and now >= next_progress:
+                on_progress(writer.events, writer.batches, missed - recovered, malformed)
+                next_progress = now + progress_interval_s
+            wait_s = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+            if sub.poll(int(wait_s * 1000)):
+                handle(sub.recv_multipart())
+    finally:
+        try:
+            writer.close()
+        finally:
+            if replayer is not None:
+                replayer.close()
+            sub.close(linger=0)
+            ctx.term()
+    if on_progress is not None:
+        on_progress(writer.events, writer.batches, missed - recovered, malformed)
+    return CaptureResult(
+        output=str(options.output),
+        endpoint=address,
+        role=role,
+        events_written=writer.events,
+        batches_written=writer.batches,
+        first_seq=first_seq,
+        last_seq=last_seq,
+        gaps=gaps,
+        batches_missed=missed,
+        batches_recovered=recovered,
+        batches_unrecovered=missed - recovered,
+        sequence_resets=resets,
+        replay_error=replay_error,
+        malformed_frames=malformed,
+        malformed_reasons=tuple(reasons),
+        malformed_file=str(writer.malformed_path) if malformed else None,
+        duration_s=time.monotonic() - started,
+        stopped_by=stopped_by,
+    )
+
+
+DRAIN_LIMIT_S = 2.0  # at a stop, keep handling queued messages for at most this long
+
+
+def _drain(sub, zmq, handle: Callable[[list[bytes]], Any]) -> None:
+    """Handle the messages already received before stopping, so none is lost.
+
+    Bounded in time: a publisher that never pauses cannot keep a stopped capture alive.
+    """
+    deadline = time.monotonic() + DRAIN_LIMIT_S
+    while time.monotonic() < deadline:
+        try:
+            frames = sub.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        handle(frames)

@@ -1,0 +1,59 @@
+"""The command-line shell: help, version, usage errors, exit codes, and start-up imports."""
+
+from __future__ import annotations
+
+
+from tests.support import run_subprocess, heavy_modules_loaded_by
+
+import kvtool
+from kvtool.core.errors import EXIT_USAGE
+
+
+def test_help_lists_every_command_with_one_line(run_cli):
+    result = run_cli("--help")
+    assert result.exit_code == 0
+    for name in ("estimate", "repro", "analyze", "simulate", "capture"):
+        assert name in result.stdout
+
+
+def test_version(run_cli):
+    result = run_cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"kvtool {kvtool.__version__}"
+
+
+def test_unknown_option_is_one_error_line_and_exit_2(run_cli):
+    result = run_cli("estimate", "--no-such-option")
+    assert result.exit_code == EXIT_USAGE
+    lines = result.stderr.splitlines()
+    # click words it "No such option: --x" or "No such option '--x'." depending on its version
+    assert lines[0].startswith("Error: No such option")
+    assert "--no-such-option" in lines[0]
+    assert lines[1] == "Tip: run 'kvtool estimate --help' for the options."
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_unknown_command(run_cli):
+    result = run_cli("frobnicate")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("Error: No such command 'frobnicate'")
+
+
+def test_python_dash_m_and_exit_code():
+    proc = run_subprocess("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"kvtool {kvtool.__version__}"
+
+
+def test_help_does_not_import_torch_or_pandas():
+    codes, _, heavy = heavy_modules_loaded_by(["--help"], modules=("torch", "pandas", "matplotlib"))
+    assert codes == [0]
+    assert heavy == []
+
+
+def test_argument_help_is_shown(run_cli):
+    # click 8.5 overwrites typer 0.19's argument help with None (pyproject pins click < 8.5)
+    result = run_cli("repro", "--help")
+    assert result.exit_code == 0
+    assert "Scenarios to run" in result.stdout

@@ -1,0 +1,322 @@
+"""`kvtool estimate` and `kvtool models` through the real entry point: output contract, sweeps, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.support import DATA, heavy_modules_loaded_by
+
+from kvtool.core.errors import EXIT_INPUT, EXIT_USAGE
+
+EST = DATA / "estimate"
+
+CONTRACT_KEYS = {
+    "bytes_per_token", "kv_bytes", "kv_bytes_per_gpu", "weights_bytes", "num_blocks", "kv_cache_tokens",
+    "vllm_logged_tokens", "max_concurrency", "max_seq_len", "fits", "seq_len", "batch", "kv_dtype", "block_size",
+}
+
+
+def test_table_shows_formula_bytes_gib_and_gb(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048")
+    assert r.exit_code == 0 and r.stderr == ""
+    out = " ".join(r.stdout.split())
+    assert "2 x 32 x 32 x 2048 x 128 x 2 x 1 = 1,073,741,824 bytes" in out
+    assert "1,073,741,824 B (1.00 GiB, 1.07 GB)" in out
+    assert "Defaults used: batch 1; kv-dtype auto" in out
+
+
+def test_json_contract(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--batch", "16", "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+    out = json.loads(r.stdout)
+    assert CONTRACT_KEYS <= set(out)
+    assert out["kv_bytes"] == 17_179_869_184 and out["bytes_per_token"] == 524_288
+    assert out["num_blocks"] is None and out["fits"] is None  # no budget asked
+    assert isinstance(out["weights_bytes"], int)
+    assert not any(d.startswith("batch") for d in out["defaults"])  # given, so not a default
+
+
+def _numbers_with_bytes_in_their_name(value, key=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers_with_bytes_in_their_name(v, k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers_with_bytes_in_their_name(v, key)
+    elif "bytes" in key and value is not None:
+        yield key, value
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "gemma-3-27b", "deepseek-v3"])
+def test_every_byte_count_in_json_is_an_integer(run_cli, model):
+    # Llama-2-7B per layer: 2 x 32 heads x 128 x 2 B = 16,384 B per token (it was printed as 16384.0)
+    out = json.loads(run_cli("estimate", "--model", model, "--seq-len", "1024,2048", "--compare", "--kv-memory",
+                             "10GiB", "--json").stdout)
+    found = dict(_numbers_with_bytes_in_their_name(out))
+    assert "bytes_per_token_per_layer" in found
+    assert all(type(v) is int for _, v in _numbers_with_bytes_in_their_name(out)), found
+    if model == "llama-2-7b":
+        assert out["layer_groups"][0]["bytes_per_token_per_layer"] == 16_384
+
+
+def test_manual_mode_states_its_default_dtype(run_cli):
+    # manual mode has no config to read a dtype from: float16 is kvtool's choice, so it is a stated default
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--json").stdout)
+    assert out["model_dtype"] == "float16" and any(d.startswith("dtype float16") for d in out["defaults"])
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--dtype",
+                             "bfloat16", "--json").stdout)
+    assert not any(d.startswith("dtype") for d in out["defaults"])
+
+
+def test_default_seq_len_is_stated(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--json").stdout)
+    assert out["seq_len"] == 8192
+    assert any("seq-len 8,192" in d for d in out["defaults"])
+
+
+def test_sweep(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048", "--batch", "1,16", "--json")
+    points = json.loads(r.stdout)["sweep"]
+    assert [(p["seq_len"], p["batch"]) for p in points] == [(1024, 1), (1024, 16), (2048, 1), (2048, 16)]
+    assert points[3]["kv_bytes"] == 17_179_869_184 and points[0]["kv_bytes"] == 536_870_912
+    table = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048", "--batch", "1,16", "--kv-memory", "20GiB")
+    assert table.exit_code == 0 and "Sweep" in table.stdout
+
+
+def test_compare(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--compare", "--json").stdout)
+    rows = {row["label"]: row for row in out["compare"]}
+    assert rows["as-is"]["kv_bytes"] == 1_073_741_824
+    assert rows["GQA-8"]["kv_bytes"] == 1_073_741_824 // 4
+    assert rows["MQA"]["kv_bytes"] == 1_073_741_824 // 32
+    assert rows["fp8 KV"]["kv_bytes"] == rows["int8 KV"]["kv_bytes"] == 1_073_741_824 // 2
+    r = run_cli("estimate", "--model", "deepseek-v2-lite", "--seq-len", "4096", "--compare")
+    assert r.exit_code == 0 and "MLA" in r.stdout
+
+
+def test_manual_mode_and_huge_values_exact(run_cli):
+    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128",
+                             "--seq-len", str(10**12), "--batch", str(10**6), "--json").stdout)
+    assert out["kv_bytes"] == 2 * 32 * 32 * 128 * 2 * 10**12 * 10**6
+    assert out["weights_bytes"] is None
+
+
+def test_fp32_config_runs_in_bf16_under_auto_and_fp32_when_asked(run_cli, tmp_path):
+    # vLLM 0.32's dtype "auto" downcasts a float32 checkpoint to bfloat16 (vllm/config/model.py
+    # _resolve_auto_dtype; recorded in tests/data/vllm-sizing/llama-fp32-auto-1gib-b32: 32,768 blocks), and the
+    # doc's "1 GiB, fp32 model" row (16,384 blocks, 524,288 tokens) is what vLLM gives with dtype="float32".
+    config = json.loads((EST / "tiny-llama" / "config.json").read_text())
+    config["dtype"] = "float32"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("estimate", "--config", tmp_path, "--kv-memory", str(1024**3), "--block-size", "32",
+            "--max-model-len", "2048", "--json")
+    auto = json.loads(run_cli(*args).stdout)
+    assert (auto["kv_dtype"], auto["num_blocks"], auto["vllm_logged_tokens"]) == ("bf16", 32_768, 1_048_576)
+    fp32 = json.loads(run_cli(*args, "--dtype", "float32").stdout)
+    assert (fp32["kv_dtype"], fp32["num_blocks"], fp32["vllm_logged_tokens"]) == ("fp32", 16_384, 524_288)
+
+
+def test_gpu_verdict_table(run_cli):
+    r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--seq-len", "4096", "--batch", "64")
+    assert r.exit_code == 0
+    out = " ".join(r.stdout.split())
+    assert "Does not fit" in out and "vLLM would log" in out and "reserve 2 GiB" in out
+
+
+def test_list_and_models(run_cli):
+    r = run_cli("estimate", "--list")
+    assert r.exit_code == 0 and "deepseek-v3" in r.stdout and "MI300X" in r.stdout
+    out = json.loads(run_cli("models", "--json").stdout)
+    assert len(out["models"]) >= 16 and len(out["gpus"]) >= 10
+
+
+def test_models_table_keeps_every_name_whole_at_80_columns(run_cli, monkeypatch):
+    # The name is what the user types next; at 80 columns rich used to cut "deepseek-v2-lite" to "deepse…".
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run_cli("models")
+    assert r.exit_code == 0
+    names = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+    listed = json.loads(run_cli("models", "--json").stdout)
+    assert {m["name"] for m in listed["models"]} <= names and {g["name"] for g in listed["gpus"]} <= names
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_unknown_gpu_tip_names_a_command_that_exists(run_cli):
+    r = err(run_cli, "--model", "llama-2-7b", "--gpu", "h1000")
+    assert r.exit_code == EXIT_USAGE and "H100-80GB" in r.stderr
+    tip = r.stderr.split("Tip: ", 1)[1]
+    command = tip.split("'")[1].split()  # the command the tip names, e.g. ['kvtool', 'models']
+    assert command[0] == "kvtool" and run_cli(*command[1:]).exit_code == 0  # 'kvtool models --gpus' did not exist
+
+
+def test_tp_that_vllm_refuses_is_a_usage_error(run_cli):
+    # Falcon-7B has 71 attention heads (tiiuae/falcon-7b config.json): vLLM's verify_with_parallel_config refuses
+    # tp 8 ("Total number of attention heads (71) must be divisible by tensor parallel size (8)").
+    r = err(run_cli, "--model", "falcon-7b", "--tp", "8")
+    assert r.exit_code == EXIT_USAGE and "71 attention heads" in r.stderr and "Tip: use a --tp that divides 71: 1, 71" in r.stderr
+    # Qwen2.5-7B: 28 heads, 4 KV heads; tp 7 divides the heads but can neither split nor replicate 4 KV heads.
+    r = err(run_cli, "--model", "qwen2.5-7b", "--tp", "7")
+    assert r.exit_code == EXIT_USAGE and "4 KV heads" in r.stderr
+    # Valid: Llama-3-8B (32 heads, 8 KV heads) at tp 16 replicates each KV head on 2 GPUs: 1 head per GPU,
+    # 2 x 32 layers x 1 x 128 x 2 B = 16,384 B per token per GPU; DeepSeek-V3's MLA latent at tp 8 is replicated.
+    out = json.loads(run_cli("estimate", "--model", "llama-3-8b", "--tp", "16", "--json").stdout)
+    assert out["bytes_per_token_per_gpu"] == 16_384
+    assert run_cli("estimate", "--model", "deepseek-v3", "--tp", "8").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--kv-memory", "10GiB", "--reserve", "1GiB"),  # --kv-memory is the KV budget: nothing to reserve from
+        ("--kv-memory", "10GiB", "--gpu-memory-utilization", "0.5"),  # vLLM ignores it beside kv_cache_memory_bytes
+        ("--reserve", "1GiB"),  # no GPU: no budget for these to change
+        ("--gpu-memory-utilization", "0.95"),
+    ],
+)
+def test_gpu_budget_options_are_never_ignored_silently(run_cli, args):
+    r = err(run_cli, "--model", "llama-2-7b", *args)
+    assert r.exit_code == EXIT_USAGE and "would be ignored" in r.stderr
+
+
+def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
+    # Llama-2-7B on an 80 GiB H100 at 0.95, no reserve: ceil(85,899,345,920 x 0.95) = 81,604,378,624;
+    # minus 6,738,415,616 params x 2 B = 13,476,831,232 -> 68,127,547,392 B.
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--gpu-memory-utilization", "0.95",
+                             "--reserve", "0", "--json").stdout)
+    assert out["kv_budget_bytes"] == 68_127_547_392
+    assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
+
+
+def test_does_not_fit_verdict_never_offers_zero(run_cli):
+    # Manual 1 layer x 1 KV head x 64, fp16: 2 x 64 x 2 = 256 B per token, a 16-token block 4,096 B; 12,288 B
+    # = 3 blocks, 2 usable (one is the null block). 4 requests of 16 tokens need 4 blocks: 2 fit, and 4 requests
+    # fit at no length (each needs at least one block).
+    r = run_cli("estimate", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--seq-len", "16", "--batch", "4",
+                "--kv-memory", "12288")
+    out = " ".join(r.stdout.split())
+    assert "Largest that fit: 2 request(s) of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)" in out
+    assert " of 0 tokens" not in out and "0 request(s)" not in out
+
+
+def err(run_cli, *args):
+    r = run_cli("estimate", *map(str, args))
+    assert r.stdout == ""
+    assert r.stderr.startswith("Error: ") and "Traceback" not in r.stderr
+    return r
+
+
+def test_unknown_model_suggests(run_cli):
+    r = err(run_cli, "--model", "llama2-7b")
+    assert r.exit_code == EXIT_USAGE
+    assert r.stderr.splitlines()[0] == "Error: unknown model 'llama2-7b' (--model)"
+    assert "llama-2-7b" in r.stderr.splitlines()[1]
+
+
+def test_bad_config_names_file_and_field(run_cli, tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 2}')
+    r = err(run_cli, "--config", tmp_path)
+    assert r.exit_code == EXIT_INPUT
+    assert str(tmp_path / "config.json") in r.stderr and "num_attention_heads" in r.stderr
+    (tmp_path / "config.json").write_text("{")
+    r = err(run_cli, "--config", tmp_path)
+    assert r.exit_code == EXIT_INPUT and "not valid JSON" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--seq-len", "0"), ("--seq-len", "-5"), ("--seq-len", "abc"), ("--batch", "0"), ("--batch", "1,x"),
+        ("--tp", "0"), ("--tp", "two"), ("--kv-memory", "0"), ("--kv-memory", "-1GiB"), ("--kv-memory", "ten"),
+        ("--kv-memory", "10XB"), ("--block-size", "0"), ("--kv-dtype", "fp9"), ("--gpu", "h1000"),
+        ("--gpu-memory-utilization", "1.5", "--gpu", "h100"), ("--gpu-memory", "0GiB"),
+    ],
+)
+def test_bad_sizes_are_usage_errors(run_cli, args):
+    r = err(run_cli, "--model", "llama-2-7b", *args)
+    assert r.exit_code == EXIT_USAGE
+    assert len(r.stderr.splitlines()) <= 2
+
+
+def test_needs_exactly_one_model_source(run_cli):
+    assert err(run_cli).exit_code == EXIT_USAGE
+    assert err(run_cli, "--model", "llama-2-7b", "--config", EST / "falcon-7b").exit_code == EXIT_USAGE
+    assert err(run_cli, "--layers", "2").exit_code == EXIT_USAGE
+
+
+def test_estimate_does_not_import_torch_or_pandas():
+    codes, _, heavy = heavy_modules_loaded_by(
+        ["--help"], ["estimate", "--model", "llama-2-7b", "--gpu", "h100", "--compare"]
+    )
+    assert codes == [0, 0]
+    assert heavy == []
+
+
+def test_manual_mode_with_kv_memory_and_gpu_needs_weights(run_cli):
+    out = json.loads(run_cli("estimate", "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--dtype", "bfloat16",
+                             "--kv-memory", "5000000", "--block-size", "32", "--seq-len", "2048", "--json").stdout)
+    assert (out["bytes_per_token"], out["num_blocks"]) == (1024, 152)  # same as the tiny Llama config
+    r = err(run_cli, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--gpu", "l4")
+    assert r.exit_code == EXIT_USAGE and "weights" in r.stderr
+
+
+def test_profiles_env_var_through_cli(run_cli, tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "toy.yaml").write_text(
+        "name: toy\nhf_repo: me/toy\nconfig:\n  hidden_size: 64\n  num_hidden_layers: 2\n  num_attention_heads: 4\n"
+    )
+    monkeypatch.setenv("KVTOOL_PROFILES", str(tmp_path))
+    out = json.loads(run_cli("estimate", "--model", "toy", "--seq-len", "10", "--json").stdout)
+    # 2 x 2 layers x 4 heads x 10 tokens x 16 dims x 2 bytes (no dtype: float32, which vLLM's dtype auto
+    # runs in bfloat16)
+    assert out["kv_bytes"] == 2 * 2 * 4 * 10 * 16 * 2
+    assert "toy" in run_cli("models").stdout
+
+
+def test_reserve_zero_and_conflicting_budgets(run_cli):
+    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu-memory", "24GiB", "--reserve", "0",
+                             "--gpu-memory-utilization", "1", "--json").stdout)
+    assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
+    assert err(run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB").exit_code == EXIT_USAGE
+
+
+def test_config_dir_with_header_only_safetensors(run_cli, tmp_path):
+    import shutil
+    import struct
+
+    shutil.copy(EST / "tiny-llama" / "config.json", tmp_path / "config.json")
+    header = {"model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 256], "data_offsets": [0, 512000]}}
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)  # header, no tensor data
+    out = json.loads(run_cli("estimate", "--config", tmp_path, "--seq-len", "2048", "--json").stdout)
+    assert (out["weights_bytes"], out["weights_method"]) == (512_000, "safetensors headers")
+
+
+def test_seq_len_beyond_the_models_context_is_sized_and_warned(run_cli):
+    # Llama-2-7B's config.json: max_position_embeddings 4096. vLLM refuses --max-model-len 8192 for it
+    # ("User-specified max_model_len (8192) is greater than the derived max_model_len ..."); kvtool sizes it
+    # (2 x 32 x 32 x 8192 x 128 x 2 = 4,294,967,296 B) and says vLLM would refuse.
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048,8192")
+    assert r.exit_code == 0
+    warnings = [line for line in r.stderr.splitlines() if line]
+    assert len(warnings) == 1 and warnings[0].startswith("Warning: --seq-len 8,192 exceeds")
+    assert "max_position_embeddings 4,096" in warnings[0] and "vLLM refuses to start" in warnings[0]
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "8192", "--json")
+    assert r.exit_code == 0 and r.stderr == ""  # --json: the warning is a field, stderr stays empty
+    out = json.loads(r.stdout)
+    assert out["kv_bytes"] == 4_294_967_296 and out["max_position_embeddings"] == 4096
+    assert len(out["warnings"]) == 1 and "vLLM refuses to start" in out["warnings"][0]
+    # at the context length itself (vLLM's default max_model_len) there is nothing to warn about
+    r = run_cli("estimate", "--model", "llama-2-7b", "--json")
+    assert json.loads(r.stdout)["warnings"] == [] and r.stderr == ""
+
+
+def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli):
+    # Llama-2-7B on an 80 GiB A100: ceil(80 GiB x 0.9) - 13,476,831,232 B weights - 2 GiB = 61,685,096,448 B;
+    # / (16 x 524,288 B) = 7,353 blocks: memory would hold (7,353 - 1) x 16 = 117,632 tokens, but the model's
+    # context is 4,096, so the verdict offers 4,096.
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB")
+    out = " ".join(r.stdout.split())
+    assert "or one request of up to 4,096 tokens, the model's context (memory would hold 117,632)" in out
+    assert json.loads(run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB",
+                              "--json").stdout)["max_seq_len"] == 117_632  # the JSON keeps vLLM's memory figure

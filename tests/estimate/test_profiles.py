@@ -1,0 +1,149 @@
+"""Profile loading: every built-in profile validates; unknown keys and wrong types are rejected with file+field."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from tests.support import REPO_ROOT
+
+from kvtool.core.errors import InputFileError, UsageError
+from kvtool.estimate.profiles import builtin_dir, find_gpu, find_model, list_gpus, list_models, model_spec
+
+REQUIRED_MODELS = [
+    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+    "mistral-7b-v0.1", "mixtral-8x7b", "qwen2.5-7b", "qwen2.5-72b", "gemma-2-9b", "gemma-3-27b", "phi-3-mini",
+    "falcon-7b", "deepseek-v2-lite", "deepseek-v3",
+]
+REQUIRED_GPUS = ["A10G", "L4", "L40S", "RTX-4090", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "MI300X"]
+
+
+def test_builtin_profiles_all_load_and_cite_their_source():
+    names = {p.name for p in list_models()}
+    assert set(REQUIRED_MODELS) <= names
+    for profile in list_models():
+        model_spec(profile)
+        text = open(profile.file, encoding="utf-8").read()
+        assert f"huggingface.co/{profile.hf_repo}" in text  # the source comment
+    assert set(REQUIRED_GPUS) <= {g.name for g in list_gpus()}
+
+
+def test_gpu_sizes():
+    assert find_gpu("h100-80gb").memory_bytes == 80 * 1024**3
+    # Vendors' "GB" for HBM is binary: nvidia-smi reports 143,771 MiB on an H200 (140.4 GiB, 150.8e9 B),
+    # 183,359 MiB on a B200 (179.1 GiB), and rocm-smi 205,822,885,888 B on an MI300X (191.7 GiB); each nominal
+    # size in GiB sits just above what the driver shows, as 80 GiB does for the H100's 81,559 MiB.
+    assert find_gpu("H200").memory_bytes == 141 * 1024**3
+    assert find_gpu("B200").memory_bytes == 180 * 1024**3
+    assert find_gpu("MI300X").memory_bytes == 192 * 1024**3
+    for gpu, shown_mib in (("H200", 143_771), ("B200", 183_359), ("H100-80GB", 81_559)):
+        shown = shown_mib * 1024**2
+        assert shown <= find_gpu(gpu).memory_bytes <= shown * 1.01
+    assert find_gpu("h100").name == "H100-80GB"  # alias
+
+
+def test_unknown_model_suggests_closest():
+    with pytest.raises(UsageError) as err:
+        find_model("llama2-7b")
+    assert "llama-2-7b" in err.value.tip
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+MY_MODEL = """\
+    name: my-model
+    hf_repo: me/my-model
+    config:
+      hidden_size: 1024
+      num_hidden_layers: 4
+      num_attention_heads: 8
+      num_key_value_heads: 2
+      torch_dtype: bfloat16
+"""
+
+
+def test_user_directory_option_and_env(tmp_path, monkeypatch):
+    write(tmp_path / "mine" / "models" / "my-model.yaml", MY_MODEL)
+    write(tmp_path / "mine" / "gpus" / "toy.yaml", "name: toy\nmemory: 1GiB\n")
+    spec = model_spec(find_model("my-model", [tmp_path / "mine"]))
+    assert (spec.num_kv_heads, spec.head_dim) == (2, 128)
+    assert find_gpu("toy", [tmp_path / "mine"]).memory_bytes == 1024**3
+    with pytest.raises(UsageError):
+        find_model("my-model")
+    monkeypatch.setenv("KVTOOL_PROFILES", str(tmp_path / "mine"))
+    assert find_model("my-model").hf_repo == "me/my-model"
+
+
+def test_user_profile_overrides_builtin(tmp_path):
+    write(tmp_path / "models" / "llama-2-7b.yaml", MY_MODEL.replace("my-model", "llama-2-7b"))
+    assert find_model("llama-2-7b", [tmp_path]).hf_repo == "me/llama-2-7b"
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (MY_MODEL + "    colour: red\n", "field colour"),
+        (MY_MODEL.replace("    hf_repo: me/my-model\n", ""), "field hf_repo"),
+        (MY_MODEL.replace("name: my-model", "name: 7"), "field name"),
+        (MY_MODEL + "      num_kv_head: 2\n", "field config.num_kv_head"),
+        (MY_MODEL.replace("num_hidden_layers: 4", "num_hidden_layers: four"), "field num_hidden_layers"),
+        ("name: [unclosed\n", "not valid YAML"),
+        ("- a list\n", "YAML mapping"),
+    ],
+)
+def test_bad_profiles_name_file_and_field(tmp_path, text, field):
+    file = write(tmp_path / "models" / "my-model.yaml", text)
+    with pytest.raises(InputFileError) as err:
+        model_spec(find_model("my-model", [tmp_path]))
+    assert str(file) in err.value.one_line() and field in err.value.one_line()
+
+
+def test_bad_gpu_memory(tmp_path):
+    write(tmp_path / "gpus" / "toy.yaml", "name: toy\nmemory: lots\n")
+    with pytest.raises(InputFileError) as err:
+        find_gpu("toy", [tmp_path])
+    assert "field memory" in err.value.one_line()
+
+
+def test_missing_profile_dir_is_usage_error(tmp_path):
+    with pytest.raises(UsageError):
+        find_model("x", [tmp_path / "nope"])
+
+
+def test_profiles_load_after_non_editable_install(tmp_path):
+    # A plain (non-editable) install into a target directory, run from another directory.
+    target = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "--target", str(target), str(REPO_ROOT)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "TMPDIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (target / "kvtool" / "profiles" / "models" / "llama-2-7b.yaml").is_file()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    run = subprocess.run(
+        [sys.executable, "-m", "kvtool", "estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--json"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    assert '"kv_bytes": 1073741824' in run.stdout
+    assert str(target) in run.stdout  # the installed profile was read, not the source tree
+
+
+def test_builtin_dir_in_source_tree():
+    assert (builtin_dir() / "models" / "llama-2-7b.yaml").is_file()
+
+
+def test_falcon_context_is_transformers_default():
+    # tiiuae/falcon-7b's config.json has no max_position_embeddings; transformers' FalconConfig defaults it to
+    # 2048, and vLLM derives max_model_len from that config object.
+    assert model_spec(find_model("falcon-7b")).max_position_embeddings == 2048

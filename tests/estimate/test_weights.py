@@ -1,0 +1,118 @@
+"""Weights: config estimates against published parameter counts; safetensors headers read exactly."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from kvtool.core.errors import InputFileError
+from kvtool.estimate.profiles import find_model, model_spec
+from kvtool.estimate.safetensors import weights_from_dir
+from kvtool.estimate.weights import estimate_params
+
+
+# Published parameter counts (Hugging Face model cards / Meta's Llama papers): Llama-2-7B 6.74B, 13B 13.0B,
+# 70B 69.0B; Llama-3-8B 8.03B; Llama-3.1-70B 70.6B; Llama-3.1-405B 405B; Mistral-7B 7.24B; Qwen2.5-7B 7.61B.
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("llama-2-7b", 6.74e9), ("llama-2-13b", 13.0e9), ("llama-2-70b", 69.0e9), ("llama-3-8b", 8.03e9),
+        ("llama-3.1-8b", 8.03e9), ("llama-3.1-70b", 70.6e9), ("llama-3.1-405b", 405e9),
+        ("mistral-7b-v0.1", 7.24e9), ("qwen2.5-7b", 7.61e9), ("qwen2.5-72b", 72.7e9),
+    ],
+)
+def test_dense_within_2_percent_of_published(name, published):
+    params = estimate_params(model_spec(find_model(name)))
+    assert abs(params - published) / published < 0.02
+
+
+# MoE and MLA: Mixtral-8x7B 46.7B (Mistral AI), DeepSeek-V2-Lite 15.7B and DeepSeek-V3 671B (DeepSeek papers).
+@pytest.mark.parametrize("name, published", [("mixtral-8x7b", 46.7e9), ("deepseek-v2-lite", 15.7e9), ("deepseek-v3", 671e9)])
+def test_moe_and_mla_within_2_percent(name, published):
+    params = estimate_params(model_spec(find_model(name)))
+    assert abs(params - published) / published < 0.02
+
+
+def write_safetensors(path, tensors, data=False):
+    """A safetensors file; with data=False it holds the header only (no tensor bytes)."""
+    header, offset = {}, 0
+    sizes = {"BF16": 2, "F32": 4, "F8_E4M3": 1}
+    for name, (dtype, shape) in tensors.items():
+        n = sizes[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + (b"\0" * offset if data else b""))
+    return offset
+
+
+def test_header_only_safetensors_give_exact_bytes(tmp_path):
+    # embed 1000 x 256 bf16 = 512,000 B; a 256 x 256 fp32 = 262,144 B; fp8 64 x 64 = 4,096 B
+    tensors = {"embed": ("BF16", [1000, 256]), "w": ("F32", [256, 256]), "q": ("F8_E4M3", [64, 64])}
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    found = weights_from_dir(tmp_path)
+    assert found.weights_bytes == 512_000 + 262_144 + 4_096
+    assert found.num_params == 256_000 + 65_536 + 4_096
+    full = tmp_path / "full"
+    full.mkdir()
+    write_safetensors(full / "model.safetensors", tensors, data=True)
+    assert weights_from_dir(full).weights_bytes == found.weights_bytes
+
+
+def test_index_json_shards_and_total_size(tmp_path):
+    a = write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {"a": ("BF16", [10, 10])})
+    b = write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {"b": ("BF16", [5, 4])})
+    index = {"metadata": {"total_size": a + b},
+             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert weights_from_dir(tmp_path).weights_bytes == 240
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    found = weights_from_dir(tmp_path)  # shard missing: the index's total_size
+    assert (found.weights_bytes, found.method) == (240, "index.json total_size")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{", b"\xff" * 8 + b"x",
+                                     struct.pack("<Q", 2) + b"[]"])
+def test_bad_safetensors_name_the_file(tmp_path, content):
+    (tmp_path / "bad.safetensors").write_bytes(content)
+    with pytest.raises(InputFileError) as err:
+        weights_from_dir(tmp_path)
+    assert "bad.safetensors" in err.value.one_line()
+
+
+def test_fp8_block_quantized_weights_by_hand(tmp_path, run_cli):
+    # One Llama-style layer, hidden 256, 2 heads of 128, intermediate 512, vocab 1000, untied, bf16, with
+    # DeepSeek-V3's quantization_config (fp8, 128x128 blocks). Linear weights, 1 byte each + a float32 scale per
+    # 128x128 block: q, k, v, o 256x256 (65,536 params, 2x2 = 4 scales each); gate, up 512x256 and down 256x512
+    # (131,072 params, 4x2 = 8 scales each): 655,360 B + 40 x 4 B = 655,520 B. In bf16: embeddings and LM head
+    # 2 x 1000 x 256 = 512,000, two layer norms and the final norm 3 x 256 = 768: 512,768 x 2 B = 1,025,536 B.
+    config = {
+        "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
+    assert out["weights_params"] == 655_360 + 512_768
+    assert out["weights_bytes"] == 655_520 + 1_025_536
+    # a quantization method kvtool does not model is said, not silently sized at the config dtype
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
+    assert out["weights_bytes"] == (655_360 + 512_768) * 2 and any("'awq' is not modelled" in n for n in out["notes"])
+
+
+def test_deepseek_v3_fp8_checkpoint_fits_eight_h200s(run_cli):
+    # DeepSeek-V3 README_WEIGHTS.md: 671B parameters, FP8 with 128x128 block scales, of which the 0.9B embedding
+    # and 0.9B output head stay BF16: about 671e9 x 1 B + 1.85e9 x 1 B more + 671e9 / 16,384 x 4 B of scales
+    # = 673.0e9 B, not the 1,342e9 B of an all-BF16 estimate.
+    out = json.loads(run_cli("estimate", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--seq-len", "8192",
+                             "--json").stdout)
+    assert abs(out["weights_bytes"] - 673.0e9) / 673.0e9 < 0.005
+    assert out["fits"] is True and out["kv_budget_bytes"] > 0  # it is served on 8 x H200 in practice

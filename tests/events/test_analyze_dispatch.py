@@ -1,0 +1,86 @@
+"""`kvtool analyze` routes vLLM's JSON-lines KV events to the vLLM analysis and CSV-schema files to the
+per-request analysis (issue 6 section 3 wired into issue 4's command)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from tests.support import DATA
+
+from kvtool.core.errors import EXIT_INPUT, EXIT_USAGE
+
+INCREMENTAL = DATA / "vllm-events" / "small-cache-evictions-incremental.jsonl"
+
+
+def _count_types(path):
+    # Independent count straight from the file: one event per line with its "type".
+    counts = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            kind = json.loads(line)["type"]
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def test_jsonl_goes_to_the_vllm_analysis(run_cli):
+    result = run_cli("analyze", INCREMENTAL, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report["kind"] == "vllm-kv-events"
+    expected = _count_types(INCREMENTAL)  # the data README's table says 28 / 25 / 1
+    assert (expected["BlockStored"], expected["BlockRemoved"], expected["AllBlocksCleared"]) == (28, 25, 1)
+    assert report["counts"]["block_stored_events"] == expected["BlockStored"]
+    assert report["counts"]["block_removed_events"] == expected["BlockRemoved"]
+
+
+def test_vllm_events_recognised_by_content_without_suffix(run_cli, tmp_path):
+    plain = tmp_path / "events.log"
+    shutil.copy(INCREMENTAL, plain)
+    result = run_cli("analyze", plain, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["kind"] == "vllm-kv-events"
+
+
+def test_export_is_refused_for_vllm_events(run_cli):
+    result = run_cli("analyze", INCREMENTAL, "--export", "x.csv")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("Error: --export writes the per-request table")
+    assert result.stdout == ""
+
+
+def test_jsonl_that_is_not_vllm_events(run_cli, tmp_path):
+    bogus = tmp_path / "other.jsonl"
+    bogus.write_text('{"hello": 1}\n')
+    result = run_cli("analyze", bogus)
+    assert result.exit_code == EXIT_INPUT
+    assert result.stderr.startswith("Error:")
+    assert "Traceback" not in result.stderr
+
+
+def test_per_request_options_on_vllm_events_are_named_not_dropped(run_cli):
+    # --top and --block-size mean nothing for events without request ids: a warning names them, the JSON stays pure
+    result = run_cli("analyze", INCREMENTAL, "--json", "--top", "3", "--block-size", "32")
+    assert result.exit_code == 0
+    json.loads(result.stdout)
+    assert result.stderr == ("Warning: --block-size, --top do not apply to vLLM's KV events (no request ids, "
+                             "no per-request table): ignored\n")
+
+
+def test_strict_fails_on_lost_vllm_batches(run_cli, tmp_path):
+    # Drop the batches with seq 3 and 4 from a file whose seqs run 0..N without gaps: 2 sequence numbers are
+    # missing between the first and the last, so --strict exits 1; the complete file passes --strict.
+    from kvtool.core.errors import EXIT_CHECK_FAILED
+
+    lines = [line for line in INCREMENTAL.read_text().splitlines() if line.strip()]
+    seqs = sorted({json.loads(line)["seq"] for line in lines})
+    assert seqs == list(range(seqs[0], seqs[-1] + 1)) and len(seqs) > 6
+    gappy = tmp_path / "gappy.jsonl"
+    gappy.write_text("\n".join(line for line in lines if json.loads(line)["seq"] not in (3, 4)) + "\n")
+    result = run_cli("analyze", gappy, "--strict", "--json")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    json.loads(result.stdout)  # the report is still printed
+    assert result.stderr.splitlines()[0] == (
+        f"Error: 2 batch sequence numbers are missing: those events were lost ({gappy})")
+    assert run_cli("analyze", INCREMENTAL, "--strict").exit_code == 0

@@ -1,0 +1,398 @@
+"""`kvtool simulate` on the command line: trace formats, options, JSON, plots and errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtool.simulate.lengths import load_trace
+from tests.support import DATA
+
+SIM = DATA / "simulate"
+# The first 20 rows of the Azure code trace (tests/data/simulate/README.md), in every accepted layout.
+HEAD20_PROMPT = [4808, 3180, 110, 7433, 34, 374, 6985, 34, 1145, 201]
+
+
+@pytest.mark.parametrize(
+    "name,fmt,has_arrival",
+    [
+        ("azure-2023-code-head20.csv", "azure", True),
+        ("vidur-head20.csv", "vidur", True),
+        ("generic-head20.csv", "generic", True),
+        ("generic-no-arrival-head20.csv", "generic", False),
+        ("llmservingsim-head20.jsonl", "llmservingsim", True),
+    ],
+)
+def test_each_trace_format_is_recognised(name, fmt, has_arrival):
+    reqs = load_trace(SIM / name)
+    assert reqs.source.startswith(f"{fmt} trace")
+    assert reqs.count == 20
+    assert reqs.prompt_tokens[:10].tolist() == HEAD20_PROMPT
+    assert reqs.output_tokens[:2].tolist() == [10, 8]
+    if has_arrival:
+        # 18:17:03.97996 -> 18:17:04.03196 is 52 ms
+        assert reqs.arrival_s[1] == pytest.approx(0.052, abs=1e-6)
+    else:
+        assert reqs.arrival_s is None
+
+
+def test_length_only_trace_keeps_the_total_length():
+    reqs = load_trace(SIM / "length-head20.csv")
+    assert reqs.source.startswith("length trace")
+    assert reqs.lengths[:2].tolist() == [4818, 3188]
+    assert (reqs.output_tokens >= 1).all()
+
+
+def test_sampling_with_replacement_is_seeded(run_cli):
+    a = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3",
+                "--json")
+    b = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3",
+                "--json")
+    c = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "4",
+                "--json")
+    assert a.exit_code == 0 and a.stdout == b.stdout
+    assert json.loads(a.stdout)["requests"] == 500
+    assert a.stdout != c.stdout
+
+
+def test_table_output_and_recommendations(run_cli):
+    res = run_cli("simulate", "--dist", "lognormal", "--mean", "800", "--p99", "4000", "--requests", "2000",
+                  "--kv-tokens", "50000", "--shared-prefix", "100", "--serve", "--qps", "20")
+    assert res.exit_code == 0, res.stderr
+    for text in ("Static comparison", "Contiguous baseline", "Shared prefix of 100 tokens",
+                 "Requests that fit at once in 50,000 KV tokens", "Serving: the block pool",
+                 "Recommendation (least waste)", "Recommendation (most concurrency)",
+                 "Recommendation (fewest preemptions)", "Poisson at 20 requests/s"):
+        assert text in res.stdout
+
+
+def test_json_has_the_specified_fields(run_cli, tmp_path):
+    res = run_cli("simulate", "--dist", "uniform", "--min", "10", "--max", "3000", "--requests", "300", "--serve",
+                  "--block-sizes", "16,32", "--json", "--plot", tmp_path / "plots")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr == ""
+    out = json.loads(res.stdout)
+    assert [r["block_size"] for r in out["results"]] == [16, 32]
+    for r in out["results"]:
+        for key in ("internal_fragmentation", "mean_table_entries", "preemptions", "peak_blocks", "utilization"):
+            assert key in r
+        assert 0 <= r["internal_fragmentation"] < 1
+        assert 0 < r["utilization"] <= 1
+    # the default pool is stated when no budget is given
+    assert out["serve_setup"]["pool_is_default"] is True
+    assert "default" in out["serve_setup"]["pool_text"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "blocks_in_use_over_time.png", "fragmentation_vs_block_size.png"]
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
+
+
+def test_fixed_length_distribution_shows_no_fragmentation_at_multiples(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1024", "--requests", "50", "--json")
+    out = json.loads(res.stdout)
+    assert all(r["internal_fragmentation"] == 0 for r in out["results"])
+
+
+def _err(res):
+    lines = res.stderr.strip().splitlines()
+    assert lines and lines[0].startswith("Error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    return lines[0]
+
+
+def test_unrecognised_trace_names_columns_and_formats(run_cli, tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("time,prompt,completion\n1,2,3\n")
+    res = run_cli("simulate", "--trace", bad)
+    assert res.exit_code == 3
+    line = _err(res)
+    assert "'time', 'prompt', 'completion'" in line
+    assert "ContextTokens" in line and "arrived_at" in line and "input_toks" in line and "length" in line
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("prompt_tokens,output_tokens\n10,5\n-3,4\n", "line 3"),
+        ("prompt_tokens,output_tokens\n10,5\n0,0\n", "must be positive"),
+        ("length\n5\n0\n", "line 3"),
+        ("prompt_tokens,output_tokens\n10,abc\n", "not a number"),
+        ("prompt_tokens,output_tokens\n10,2.5\n", "whole number"),
+        ("prompt_tokens,output_tokens\n", "no rows"),
+        ("", "empty"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "date and time"),
+        # 1e20 and 9e18 tokens overflowed int64: a negative length after a RuntimeWarning (the first stderr line)
+        ("prompt_tokens,output_tokens\n1e20,5\n", "too large: '1e20' tokens (at most 1,000,000,000)"),
+        ("prompt_tokens,output_tokens\n9e18,9e18\n", "too large"),
+    ],
+)
+def test_bad_trace_contents(run_cli, tmp_path, content, needle):
+    path = tmp_path / "t.csv"
+    path.write_text(content)
+    res = run_cli("simulate", "--trace", path)
+    assert res.exit_code == 3
+    assert needle in _err(res)
+
+
+def test_missing_and_binary_files(run_cli, tmp_path):
+    res = run_cli("simulate", "--trace", tmp_path / "nope.csv")
+    assert res.exit_code == 3 and "not found" in _err(res)
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
+    res = run_cli("simulate", "--trace", binary)
+    assert res.exit_code == 3 and "binary" in _err(res)
+    jl = tmp_path / "b.jsonl"
+    jl.write_text('{"input_toks": 1, "output_toks": 2, "arrival_time_ns": 0}\n{oops\n')
+    res = run_cli("simulate", "--trace", jl)
+    assert res.exit_code == 3 and "line 2" in _err(res)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--block-sizes", "16,0"], "positive integers"),
+        (["--block-sizes", "16,x"], "positive integers"),
+        (["--block-sizes", "-8"], "positive integers"),
+        (["--requests", "0"], "--requests"),
+        (["--kv-tokens", "-5"], "--kv-tokens"),
+        (["--qps", "3"], "add --serve"),
+        (["--serve", "--prefix-cache"], "--shared-prefix"),
+        (["--serve", "--qps", "0"], "--qps"),
+    ],
+)
+def test_usage_errors(run_cli, args, needle):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", *args)
+    assert res.exit_code == 2
+    assert needle in _err(res)
+
+
+def test_source_errors(run_cli):
+    assert run_cli("simulate").exit_code == 2
+    res = run_cli("simulate", "--dist", "lognormal", "--mean", "100")
+    assert res.exit_code == 2 and "--p99" in _err(res)
+    res = run_cli("simulate", "--dist", "lognormal", "--mean", "100", "--p99", "90")
+    assert res.exit_code == 2 and "mean < p99" in _err(res)
+    res = run_cli("simulate", "--dist", "pareto")
+    assert res.exit_code == 2 and "unknown distribution" in _err(res)
+    res = run_cli("simulate", "--dist", "uniform", "--min", "50", "--max", "10")
+    assert res.exit_code == 2 and "above --max" in _err(res)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "10", "--trace", SIM / "length-head20.csv")
+    assert res.exit_code == 2 and "exactly one" in _err(res)
+
+
+def test_help_names_the_command():
+    from tests.support import run_subprocess
+
+    res = run_subprocess("simulate", "--help")
+    assert res.returncode == 0
+    assert "--block-sizes" in res.stdout and "--serve" in res.stdout
+
+
+def test_unsorted_trace_is_sorted_by_arrival(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n10,1,5\n20,2,1\n30,3,3\n")
+    reqs = load_trace(path)
+    assert reqs.prompt_tokens.tolist() == [20, 30, 10]
+    assert np.allclose(reqs.arrival_s, [0, 2, 4])
+
+
+def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
+    est = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "h100-80gb", "--json")
+    assert est.exit_code == 0, est.stderr
+    est = json.loads(est.stdout)
+    # Llama-2-7B: 2 (K and V) x 32 layers x 32 KV heads x 128 dims x 2 bytes = 524,288 bytes per token (the seed
+    # article's formula); the pool is floor(budget / (16 x 524,288)) blocks of 16 tokens.
+    assert est["bytes_per_token"] == 2 * 32 * 32 * 128 * 2
+    expected = est["kv_budget_bytes"] // (16 * 524_288) * 16
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "1000", "--model", "llama-2-7b",
+                  "--gpu", "h100-80gb", "--serve", "--block-sizes", "16", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["kv_tokens"] == expected == est["kv_cache_tokens"]
+    assert out["serve_setup"]["pool_tokens"] == expected
+    # 1,000-token requests take 63 blocks of 16: floor(7,353 / 63) = 116 fit at once
+    assert out["results"][0]["fit_at_once_p50"] == expected // 16 // 63
+    # the default --serve pool is the same plan, stated as the default
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--serve", "--json")
+    setup = json.loads(res.stdout)["serve_setup"]
+    assert setup["pool_is_default"] and setup["pool_tokens"] == expected
+    assert "llama-2-7b on h100-80gb" in setup["pool_text"]
+
+
+def test_model_without_gpu_is_a_usage_error(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "llama-2-7b")
+    assert res.exit_code == 2 and "--gpu" in _err(res)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "nope", "--gpu", "h100-80gb")
+    assert res.exit_code == 2 and "nope" in _err(res)
+
+
+def test_simulate_does_not_import_pandas_or_torch():
+    from tests.support import heavy_modules_loaded_by
+
+    codes, _, heavy = heavy_modules_loaded_by(
+        ["simulate", "--trace", str(SIM / "generic-head20.csv"), "--serve", "--json"], modules=("torch", "pandas")
+    )
+    assert codes == [0]
+    assert heavy == []
+
+
+def test_quoted_header_and_byte_order_mark(tmp_path):
+    quoted = tmp_path / "q.csv"
+    quoted.write_text('"prompt_tokens","output_tokens"\n"10",5\n20,"6"\n')
+    assert load_trace(quoted).lengths.tolist() == [15, 26]
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n")
+    assert load_trace(bom).source.startswith("azure trace")
+
+
+@pytest.mark.parametrize("value", ["true", "[1]", '{"a": 1}'])
+def test_json_values_that_are_not_numbers_are_errors(run_cli, tmp_path, value):
+    # a list used to reach numpy as a 2-D array and end in a traceback; true was read as 1 token
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"input_toks": {value}, "output_toks": 3, "arrival_time_ns": 1}}\n')
+    res = run_cli("simulate", "--trace", path)
+    assert res.exit_code == 3
+    line = _err(res)
+    assert "'input_toks' is not a number" in line and "record 1" in line
+
+
+@pytest.mark.parametrize(
+    "args,where",
+    [
+        (["--dist", "zipf", "--alpha", "1", "--min", "1", "--max", "1e10"], "--max"),  # was a MemoryError
+        (["--dist", "zipf", "--alpha", "1", "--min", "1", "--max", "100000000"], "--min/--max"),  # 1e8 lengths
+        (["--dist", "uniform", "--min", "1", "--max", "1e30"], "--max"),  # was a numpy ValueError
+        (["--dist", "fixed", "--length", "1e30"], "--length"),  # was an OverflowError
+        (["--dist", "fixed", "--length", "100", "--requests", "100000000000"], "--requests"),  # was a MemoryError
+        (["--dist", "fixed", "--length", "100", "--kv-tokens", str(10**23)], "--kv-tokens"),  # was an OverflowError
+        (["--dist", "fixed", "--length", "100", "--shared-prefix", str(10**23)], "--shared-prefix"),
+        (["--dist", "fixed", "--length", "100", "--block-sizes", str(10**23)], "--block-sizes"),
+    ],
+)
+def test_out_of_range_parameters_are_usage_errors(run_cli, args, where):
+    res = run_cli("simulate", *args)
+    assert res.exit_code == 2
+    assert _err(res).endswith(f"({where})")
+
+
+def test_fixed_length_claim_shows_its_overstatement_of_p1(run_cli, tmp_path):
+    # Lengths 16, 16, 16, 80 tokens at b = 16: 1, 1, 1, 5 blocks; --kv-tokens 96 = 6 blocks.  Cyclic windows:
+    # from 0: 1+1+1 = 3 (+5 > 6) -> 3; from 1: 1+1 (+5) -> 2; from 2: 1+5 = 6 -> 2; from 3: 5+1 = 6 -> 2.
+    # p1 of [3, 2, 2, 2] = 2.  Mean length 128/4 = 32 = 2 blocks: a fixed-length test claims 6 // 2 = 3,
+    # +50% over p1.
+    path = tmp_path / "t.csv"
+    path.write_text("prompt_tokens,output_tokens\n15,1\n15,1\n15,1\n79,1\n")
+    res = run_cli("simulate", "--trace", path, "--block-sizes", "16", "--kv-tokens", "96")
+    assert res.exit_code == 0, res.stderr
+    assert "3 (+50% vs p1)" in res.stdout
+
+
+def test_fixed_distribution_says_how_it_misleads(run_cli):
+    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100")
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "Every request is 2,048 tokens long: a fixed length has no spread" in text
+    assert "(b-1)/2 slots per request" in text
+    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "100")
+    assert "no spread" not in res.stdout
+
+
+def test_recommendations_state_how_ties_are_broken(run_cli):
+    # 2,048 tokens is a multiple of 16 and 128: both waste 0 slots, and with 100,000 KV tokens both fit
+    # floor(6250 / 128) = floor(781 / 16) = 48 requests (100,000 // 16 = 6,250 blocks of 16; // 128 = 781 of 128).
+    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100", "--block-sizes", "16,128",
+                  "--kv-tokens", "100000", "--json")
+    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
+    assert recs["least waste"]["block_size"] == 128
+    assert recs["least waste"]["reason"] == ("0.00% of allocated slots empty (16: 0.00%); tied with 16: the largest "
+                                             "has the fewest table entries")
+    assert recs["most concurrency"]["reason"].startswith("48 requests fit at once (p50)")
+    assert recs["most concurrency"]["reason"].endswith("; tied with 16: the largest has the fewest table entries")
+    # 10 requests in a large pool: no block size preempts, so the choice falls to TTFT p99, and says so
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16,32",
+                  "--serve", "--json")
+    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
+    assert recs["fewest preemptions"]["reason"].startswith("0 preemptions (")
+    assert "; tied with " in recs["fewest preemptions"]["reason"]
+    assert "lowest TTFT p99" in recs["fewest preemptions"]["reason"]
+
+
+def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
+    # 1,000-token requests in a 100-token pool: ceil(1000/16) = 63 blocks > 100 // 16 = 6, so nothing runs.
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16",
+                  "--kv-tokens", "100", "--serve")
+    assert res.exit_code == 0, res.stderr
+    assert "nan" not in res.stdout
+    assert "No request ran at any block size" in res.stdout
+    assert "Recommendation (fewest preemptions)" not in res.stdout
+    assert "Recommendation (most concurrency): block size 16: none" in " ".join(res.stdout.split())
+
+
+def test_static_budget_names_where_it_came_from(run_cli):
+    # --model/--gpu: the static table says whose plan the budget is, not just a token count
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--model", "llama-2-7b",
+                  "--gpu", "h100-80gb", "--block-sizes", "16")
+    assert res.exit_code == 0, res.stderr
+    assert "tokens (kvtool estimate's plan for llama-2-7b on h100-80gb" in " ".join(res.stdout.split())
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--kv-tokens", "5000",
+                  "--json")
+    assert json.loads(res.stdout)["kv_tokens_text"] == "--kv-tokens"
+
+
+def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
+    # it used to write NAME-b16.csv files beside the folder (or fail only after the simulation with one size)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve",
+                  "--export-events", tmp_path)
+    assert res.exit_code == 2
+    assert "not a folder" in _err(res)
+    assert not list(tmp_path.parent.glob(f"{tmp_path.name}-b*.csv"))
+
+
+def test_static_waste_column_names_its_unit(run_cli):
+    # uniform 1..4096 at b = 8: (b - 1)/2 = 3.5 empty slots per request on average (closed form)
+    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000",
+                  "--block-sizes", "8")
+    assert res.exit_code == 0, res.stderr
+    assert "empty slots/req" in res.stdout
+    row = next(line for line in res.stdout.splitlines() if line.startswith("│     8 │"))
+    assert float(row.split("│")[4]) == pytest.approx(3.5, abs=0.1)
+
+
+def test_azure_2024_timestamps_with_a_utc_offset(run_cli, tmp_path):
+    # The Azure LLM inference trace 2024 writes TIMESTAMP as '2024-05-10 00:00:00.009930+00:00'.  numpy reads the
+    # offset (converting to UTC) but used to print a UserWarning on stderr, breaking --json's clean stderr.
+    # By hand: the second row is 1.5 s after the first; the third, 2024-05-10 01:00:00.509930+01:00, is
+    # 00:00:00.509930 UTC, 0.5 s after the first.
+    path = tmp_path / "az24.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2024-05-10 00:00:00.009930+00:00,100,10\n"
+                    "2024-05-10 00:00:01.509930+00:00,200,20\n"
+                    "2024-05-10 01:00:00.509930+01:00,300,30\n")
+    res = run_cli("simulate", "--trace", path, "--serve", "--block-sizes", "16", "--json")
+    assert res.exit_code == 0
+    assert res.stderr == ""
+    json.loads(res.stdout)
+    reqs = load_trace(path)
+    # sorted by arrival: 0, 0.5 (the +01:00 row), 1.5
+    assert reqs.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.5])
+    assert reqs.prompt_tokens.tolist() == [100, 300, 200]
+
+
+def test_the_output_share_default_is_stated(run_cli):
+    # --dist and `length` traces split each length with --output-share (default 0.15): the source line says so
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--json")
+    assert "output = 0.15 of each length" in json.loads(res.stdout)["source"]
+    res = run_cli("simulate", "--trace", SIM / "length-head20.csv", "--output-share", "0.3", "--json")
+    assert "output = 0.3 of each length" in json.loads(res.stdout)["source"]
+    res = run_cli("simulate", "--trace", SIM / "generic-head20.csv", "--json")
+    assert "output-share" not in json.loads(res.stdout)["source"]  # the trace gives both parts
+
+
+def test_help_states_the_serving_defaults(run_cli):
+    # the pool and the arrivals --serve uses when nothing is given are stated in --help, not only in the output
+    res = run_cli("simulate", "--help")
+    text = " ".join(res.stdout.replace("│", " ").split())
+    assert "for --serve kvtool estimate's plan for llama-2-7b on h100-80gb" in text
+    assert "default: the trace's timestamps, else all at t=0" in text
