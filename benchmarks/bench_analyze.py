@@ -102,15 +102,43 @@ def generate(path: Path, n_events: int = 5_000_000, seed: int = 0) -> dict:
         parts.append((ts, np.full(len(ts), ev, dtype=object), req, nb, nt, ids, lat))
 
     has_reuse = reused_blocks > 0
-    part(arrival[has_reuse], "reuse", has_reuse.nonzero()[0], reused_blocks[has_reuse],
-         reused_tokens[has_reuse], np.array(reuse_ids, dtype=object)[has_reuse], np.full(has_reuse.sum(), np.nan))
-    part(arrival + 1e-4, "allocate", np.arange(n_req), alloc_blocks, alloc_tokens,
-         np.array(alloc_ids, dtype=object), alloc_latency_ms)
-    part(app_ts, "append", req_of_tok, new_block.astype(np.int64), np.ones(req_of_tok.size, np.int64),
-         app_ids, np.full(req_of_tok.size, np.nan))
+    part(
+        arrival[has_reuse],
+        "reuse",
+        has_reuse.nonzero()[0],
+        reused_blocks[has_reuse],
+        reused_tokens[has_reuse],
+        np.array(reuse_ids, dtype=object)[has_reuse],
+        np.full(has_reuse.sum(), np.nan),
+    )
+    part(
+        arrival + 1e-4,
+        "allocate",
+        np.arange(n_req),
+        alloc_blocks,
+        alloc_tokens,
+        np.array(alloc_ids, dtype=object),
+        alloc_latency_ms,
+    )
+    part(
+        app_ts,
+        "append",
+        req_of_tok,
+        new_block.astype(np.int64),
+        np.ones(req_of_tok.size, np.int64),
+        app_ids,
+        np.full(req_of_tok.size, np.nan),
+    )
     fr = ~leaked
-    part(finish[fr] + latency_ms[fr] / 1000.0, "free", fr.nonzero()[0], total_blocks[fr], np.zeros(fr.sum(), np.int64),
-         np.array(free_ids, dtype=object)[fr], latency_ms[fr])
+    part(
+        finish[fr] + latency_ms[fr] / 1000.0,
+        "free",
+        fr.nonzero()[0],
+        total_blocks[fr],
+        np.zeros(fr.sum(), np.int64),
+        np.array(free_ids, dtype=object)[fr],
+        latency_ms[fr],
+    )
     ts = np.concatenate([p[0] for p in parts])
     order = np.argsort(ts, kind="stable")
     cols = {
@@ -169,8 +197,11 @@ def main() -> None:
     if not path.exists():
         t = time.perf_counter()
         shape = generate(path, args.events)
-        print(f"generated {shape['events']:,} events, {shape['requests']:,} requests, "
-              f"{shape['bytes'] / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        print(
+            f"generated {shape['events']:,} events, {shape['requests']:,} requests, "
+            f"{shape['bytes'] / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s",
+            file=sys.stderr,
+        )
     env_py = [sys.executable]
     read = [*env_py, "-c", f"import pyarrow.csv as c; c.read_csv({str(path)!r})"]
     os.environ["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")

@@ -20,15 +20,48 @@ TRACE = ROOT / "tests" / "data" / "simulate" / "azure-2023-conv.csv"
 
 RUNS = {
     "static, 1,000,000 sampled requests x 5 block sizes": [
-        "--trace", str(TRACE), "--requests", "1000000", "--seed", "1", "--kv-tokens", "113000"],
+        "--trace",
+        str(TRACE),
+        "--requests",
+        "1000000",
+        "--seed",
+        "1",
+        "--kv-tokens",
+        "113000",
+    ],
     "static, lognormal 1,000,000 requests x 5 block sizes": [
-        "--dist", "lognormal", "--mean", "1366", "--p99", "4259", "--requests", "1000000"],
+        "--dist",
+        "lognormal",
+        "--mean",
+        "1366",
+        "--p99",
+        "4259",
+        "--requests",
+        "1000000",
+    ],
     "serve, whole azure-2023-conv (19,366 requests) x 5 block sizes": ["--trace", str(TRACE), "--serve"],
     "serve, 100,000-request bootstrap x 5 block sizes": [
-        "--trace", str(TRACE), "--requests", "100000", "--seed", "1", "--serve",
-        "--block-sizes", "8,16,32,64,128"],
+        "--trace",
+        str(TRACE),
+        "--requests",
+        "100000",
+        "--seed",
+        "1",
+        "--serve",
+        "--block-sizes",
+        "8,16,32,64,128",
+    ],
     "serve, 100,000-request bootstrap, 40,000-token pool (preemptions)": [
-        "--trace", str(TRACE), "--requests", "100000", "--seed", "1", "--serve", "--kv-tokens", "40000"],
+        "--trace",
+        str(TRACE),
+        "--requests",
+        "100000",
+        "--seed",
+        "1",
+        "--serve",
+        "--kv-tokens",
+        "40000",
+    ],
 }
 
 
@@ -43,15 +76,18 @@ def main() -> None:
         for _ in range(args.repeat):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "kvtool", "simulate", *argv, "--json"], env=env,
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "kvtool", "simulate", *argv, "--json"], env=env, capture_output=True, text=True
+            )
             times.append(time.perf_counter() - t0)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             if proc.returncode != 0:
                 sys.exit(f"{name}: exit {proc.returncode}: {proc.stderr.strip()}")
-        print(f"{name}: wall best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s; "
-              f"CPU (user + sys) best {min(cpus):.2f} s")
+        print(
+            f"{name}: wall best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s; "
+            f"CPU (user + sys) best {min(cpus):.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,17 @@ def synthetic_file(path: Path, events: int, cache_blocks: int = 2000) -> None:
                 hashes = list(range(next_hash, next_hash + n))
                 next_hash += n
                 cached.extend(hashes)
-                rows.append({"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                             "token_ids": [0] * (16 * n), "block_size": 16, "lora_id": None, "medium": "GPU"})
+                rows.append(
+                    {
+                        "type": "BlockStored",
+                        "block_hashes": hashes,
+                        "parent_block_hash": parent,
+                        "token_ids": [0] * (16 * n),
+                        "block_size": 16,
+                        "lora_id": None,
+                        "medium": "GPU",
+                    }
+                )
             for row in rows:
                 out.write(json.dumps({"seq": seq, "batch_ts": seq * 0.01, "dp_rank": 0, **row}) + "\n")
             written += len(rows)
@@ -56,8 +65,10 @@ def bench_analysis(events: int) -> None:
         start = time.perf_counter()
         result = analyze_vllm_events(path)
         took = time.perf_counter() - start
-    print(f"analysis: {result.counts.block_stored_events + result.counts.block_removed_events:,} events "
-          f"({size_mb:.0f} MB) in {took:.2f} s = {events / took:,.0f} events/s")
+    print(
+        f"analysis: {result.counts.block_stored_events + result.counts.block_removed_events:,} events "
+        f"({size_mb:.0f} MB) in {took:.2f} s = {events / took:,.0f} events/s"
+    )
 
 
 def bench_capture(batches: int) -> None:
@@ -69,11 +80,20 @@ def bench_capture(batches: int) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    event = {"type": "BlockStored", "block_hashes": [2**63 + 5], "parent_block_hash": None, "token_ids": [7] * 16,
-             "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None}
+    event = {
+        "type": "BlockStored",
+        "block_hashes": [2**63 + 5],
+        "parent_block_hash": None,
+        "token_ids": [7] * 16,
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        options = CaptureOptions(endpoint=f"tcp://127.0.0.1:{port}", output=Path(tmp) / "e.jsonl",
-                                 max_events=batches * 4, duration_s=120)
+        options = CaptureOptions(
+            endpoint=f"tcp://127.0.0.1:{port}", output=Path(tmp) / "e.jsonl", max_events=batches * 4, duration_s=120
+        )
         box = {}
         thread = threading.Thread(target=lambda: box.setdefault("r", run_capture(options)))
         thread.start()
@@ -91,8 +111,10 @@ def bench_capture(batches: int) -> None:
         pub.close(linger=0)
         ctx.term()
     r = box["r"]
-    print(f"capture: {r.events_written:,} events in {r.batches_written:,} batches in {took:.2f} s = "
-          f"{r.events_written / took:,.0f} events/s (gaps {r.gaps}, malformed {r.malformed_frames})")
+    print(
+        f"capture: {r.events_written:,} events in {r.batches_written:,} batches in {took:.2f} s = "
+        f"{r.events_written / took:,.0f} events/s (gaps {r.gaps}, malformed {r.malformed_frames})"
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Nothing heavy is imported here: ``kvtool --help`` and ``kvtool estimate`` never 
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import typer
 

@@ -12,8 +12,8 @@ from typing import Optional
 
 import typer
 
-from kvtool.core.errors import CheckFailed, InputFileError, UsageError
 from kvtool.cli.output import handle_errors
+from kvtool.core.errors import CheckFailed, UsageError
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
 _STAGES = ("reading", "checking rows", "sorting", "integrating", "pool", "prefix reuse")
@@ -41,8 +41,10 @@ def register(app: typer.Typer) -> None:
         export: Optional[Path] = typer.Option(None, "--export", help="Write the per-request table to this CSV file."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write four PNG charts into this directory."),
         strict: bool = typer.Option(
-            False, "--strict", help="Exit 1 if any row was rejected, a free was clamped, or a request leaked (vLLM "
-            "events: if batches were lost)."
+            False,
+            "--strict",
+            help="Exit 1 if any row was rejected, a free was clamped, or a request leaked (vLLM "
+            "events: if batches were lost).",
         ),
     ) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool.
@@ -51,17 +53,25 @@ def register(app: typer.Typer) -> None:
         JSON lines (.jsonl, as `kvtool capture` records them).
         """
         if _is_vllm_events_file(events_file):
-            ignored = [name for name, value, default in (
-                ("--block-size", block_size, 16), ("--long-threshold", long_threshold, 2048),
-                ("--long-share-alert", long_share_alert, 0.6), ("--pool-blocks", pool_blocks, None),
-                ("--top", top, 10)) if value != default]
-            return _analyze_jsonl(events_file, json_out=json_out, plot=plot, export=export, strict=strict,
-                                  ignored=ignored)
+            ignored = [
+                name
+                for name, value, default in (
+                    ("--block-size", block_size, 16),
+                    ("--long-threshold", long_threshold, 2048),
+                    ("--long-share-alert", long_share_alert, 0.6),
+                    ("--pool-blocks", pool_blocks, None),
+                    ("--top", top, 10),
+                )
+                if value != default
+            ]
+            return _analyze_jsonl(
+                events_file, json_out=json_out, plot=plot, export=export, strict=strict, ignored=ignored
+            )
 
-        from kvtool.events.analysis import analyze_events
-        from kvtool.events.render import anomaly_line, export_requests_csv, render_analysis, write_json
-        from kvtool.events.load import load_events
         from kvtool.cli.output import stdout_console
+        from kvtool.events.analysis import analyze_events
+        from kvtool.events.load import load_events
+        from kvtool.events.render import anomaly_line, export_requests_csv, render_analysis, write_json
 
         with _progress(events_file) as note:
             table = load_events(events_file, default_block_size=_positive(block_size, "--block-size"), progress=note)
@@ -117,8 +127,9 @@ def _is_vllm_events_file(path: Path) -> bool:
     return looks_like_vllm_events(path)
 
 
-def _analyze_jsonl(path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path], strict: bool,
-                   ignored: list[str]) -> None:
+def _analyze_jsonl(
+    path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path], strict: bool, ignored: list[str]
+) -> None:
     """vLLM's JSON-lines KV-cache events (as recorded or captured by `kvtool capture`): issue 6, section 3.
 
     These events carry no request ids, so the per-request table (--export) does not exist for them, and the
@@ -136,8 +147,10 @@ def _analyze_jsonl(path: Path, *, json_out: bool, plot: Optional[Path], export: 
     if ignored:
         from kvtool.cli.output import warn
 
-        warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to vLLM's KV events "
-             "(no request ids, no per-request table): ignored")
+        warn(
+            f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to vLLM's KV events "
+            "(no request ids, no per-request table): ignored"
+        )
     analysis = run_vllm_analysis(path, json_output=json_out, plot_dir=plot)
     missing = analysis.counts.missing_seqs
     if strict and missing:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from kvtool.core.errors import UsageError
 from kvtool.cli.output import handle_errors
+from kvtool.core.errors import UsageError
 
 
 def _int_list(text: Optional[str], option: str) -> tuple[int, ...]:
@@ -30,29 +30,72 @@ def register(app: typer.Typer) -> None:
     @app.command("estimate")
     @handle_errors
     def estimate_command(
-        model: Optional[str] = typer.Option(None, "--model", "-m", help="Built-in or user profile name (see 'kvtool models')."),
-        config: Optional[str] = typer.Option(None, "--config", "-c", help="A Hugging Face config.json, or a model directory holding one (and *.safetensors)."),
+        model: Optional[str] = typer.Option(
+            None, "--model", "-m", help="Built-in or user profile name (see 'kvtool models')."
+        ),
+        config: Optional[str] = typer.Option(
+            None,
+            "--config",
+            "-c",
+            help="A Hugging Face config.json, or a model directory holding one (and *.safetensors).",
+        ),
         layers: Optional[int] = typer.Option(None, "--layers", help="Manual mode: number of layers."),
         kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="Manual mode: KV heads."),
         head_dim: Optional[int] = typer.Option(None, "--head-dim", help="Manual mode: dimension per head."),
         heads: Optional[int] = typer.Option(None, "--heads", help="Manual mode: attention (query) heads."),
         hidden: Optional[int] = typer.Option(None, "--hidden", help="Manual mode: hidden size."),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help="The dtype the model runs in: auto (vLLM's rule: float32 checkpoints run in bfloat16), float16, bfloat16, float32."),
-        seq_len: Optional[str] = typer.Option(None, "--seq-len", "--max-model-len", "-s", help="Tokens per sequence; a comma list sweeps. Default: the model's max_position_embeddings."),
-        batch: Optional[str] = typer.Option(None, "--batch", "-b", help="Concurrent sequences; a comma list sweeps. Default 1."),
-        kv_dtype: str = typer.Option("auto", "--kv-dtype", help="vLLM KV cache dtype: auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8, int4, nvfp4, fp8_ds_mla."),
-        tp: int = typer.Option(1, "--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp))."),
-        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."),
+        dtype: Optional[str] = typer.Option(
+            None,
+            "--dtype",
+            help="The dtype the model runs in: auto (vLLM's rule: float32 checkpoints run in bfloat16), float16, bfloat16, float32.",
+        ),
+        seq_len: Optional[str] = typer.Option(
+            None,
+            "--seq-len",
+            "--max-model-len",
+            "-s",
+            help="Tokens per sequence; a comma list sweeps. Default: the model's max_position_embeddings.",
+        ),
+        batch: Optional[str] = typer.Option(
+            None, "--batch", "-b", help="Concurrent sequences; a comma list sweeps. Default 1."
+        ),
+        kv_dtype: str = typer.Option(
+            "auto",
+            "--kv-dtype",
+            help="vLLM KV cache dtype: auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8, int4, nvfp4, fp8_ds_mla.",
+        ),
+        tp: int = typer.Option(
+            1, "--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp))."
+        ),
+        gpu: Optional[str] = typer.Option(
+            None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."
+        ),
         gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="GPU memory instead of --gpu, e.g. 80GiB."),
-        kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."),
-        gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9."),
-        reserve: Optional[str] = typer.Option(None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."),
+        kv_memory: Optional[str] = typer.Option(
+            None, "--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."
+        ),
+        gpu_memory_utilization: Optional[float] = typer.Option(
+            None,
+            "--gpu-memory-utilization",
+            help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9.",
+        ),
+        reserve: Optional[str] = typer.Option(
+            None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."
+        ),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
-        max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB)."),
+        max_num_batched_tokens: Optional[int] = typer.Option(
+            None,
+            "--max-num-batched-tokens",
+            help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
+        ),
         compare: bool = typer.Option(False, "--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         list_models: bool = typer.Option(False, "--list", help="List the model and GPU profiles and exit."),
-        profiles: List[str] = typer.Option([], "--profiles", help="Extra profile directory (models/*.yaml, gpus/*.yaml); repeatable. Also KVTOOL_PROFILES."),
+        profiles: list[str] = typer.Option(
+            [],
+            "--profiles",
+            help="Extra profile directory (models/*.yaml, gpus/*.yaml); repeatable. Also KVTOOL_PROFILES.",
+        ),
     ) -> None:
         """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it."""
         if list_models:
@@ -61,11 +104,27 @@ def register(app: typer.Typer) -> None:
         from kvtool.estimate.estimator import EstimateRequest, estimate
 
         request = EstimateRequest(
-            model=model, config=config, layers=layers, kv_heads=kv_heads, head_dim=head_dim, heads=heads,
-            hidden=hidden, dtype=dtype, seq_lens=_int_list(seq_len, "--seq-len"), batches=_int_list(batch, "--batch"),
-            kv_dtype=kv_dtype, tp=tp, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
-            gpu_memory_utilization=gpu_memory_utilization, reserve=reserve, block_size=block_size,
-            max_num_batched_tokens=max_num_batched_tokens, compare=compare, profile_dirs=tuple(profiles),
+            model=model,
+            config=config,
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            heads=heads,
+            hidden=hidden,
+            dtype=dtype,
+            seq_lens=_int_list(seq_len, "--seq-len"),
+            batches=_int_list(batch, "--batch"),
+            kv_dtype=kv_dtype,
+            tp=tp,
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            kv_memory=kv_memory,
+            gpu_memory_utilization=gpu_memory_utilization,
+            reserve=reserve,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            compare=compare,
+            profile_dirs=tuple(profiles),
         )
         result = estimate(request)
         if json_out:
@@ -88,7 +147,9 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def models_command(
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-        profiles: List[str] = typer.Option([], "--profiles", help="Extra profile directory; repeatable. Also KVTOOL_PROFILES."),
+        profiles: list[str] = typer.Option(
+            [], "--profiles", help="Extra profile directory; repeatable. Also KVTOOL_PROFILES."
+        ),
     ) -> None:
         """List the model and GPU profiles that 'kvtool estimate' knows."""
         _print_models(tuple(profiles), json_out)

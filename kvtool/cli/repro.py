@@ -6,19 +6,19 @@ the command function (through the core modules), never by ``kvtool --help``.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from kvtool.core.errors import EXIT_CHECK_FAILED
 from kvtool.cli.output import handle_errors, print_json, stdout_console
+from kvtool.core.errors import EXIT_CHECK_FAILED
 
 
 def register(app: typer.Typer) -> None:
     @app.command("repro")
     @handle_errors
     def command(
-        names: Optional[List[str]] = typer.Argument(
+        names: Optional[list[str]] = typer.Argument(
             None, metavar="[NAME]...", help="Scenarios to run (default: all; see --list)."
         ),
         list_: bool = typer.Option(False, "--list", help="Name the scenarios, one line each, and exit."),

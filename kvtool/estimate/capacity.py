@@ -23,7 +23,7 @@ from decimal import Decimal
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
-from kvtool.estimate.layout import MLA, KvLayout, LayerGroup, kv_layout
+from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -127,11 +127,17 @@ def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...],
         per_token = page * g.num_layers / block_size
         sliding = (
             "; a request needs cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1 blocks (SlidingWindowSpec)"
-            if g.kind == SLIDING else ""
+            if g.kind == SLIDING
+            else ""
         )
-        return (KvGroup(g.kind, g.num_layers, g.window_tokens),), g.num_layers, page, (
-            f"one KV cache group of {g.num_layers} {g.kind} layers; num_blocks = floor(budget / "
-            f"({block_size} tokens x {per_token:,g} B per token, all layers)){sliding}"
+        return (
+            (KvGroup(g.kind, g.num_layers, g.window_tokens),),
+            g.num_layers,
+            page,
+            (
+                f"one KV cache group of {g.num_layers} {g.kind} layers; num_blocks = floor(budget / "
+                f"({block_size} tokens x {per_token:,g} B per token, all layers)){sliding}"
+            ),
         )
     counts = [g.num_layers for g in layout.groups]
     group_size = min(counts)
@@ -244,55 +250,4 @@ def gpu_budget(
         requested_memory_bytes=requested,
         weights_bytes_per_gpu=weights_per_gpu,
         reserve_bytes=reserve_bytes,
-    )
-
-
-def kv_budget_tokens(
-    *,
-    model: str | None = None,
-    config: str | None = None,
-    gpu: str | None = None,
-    gpu_memory: str | int | None = None,
-    kv_memory: str | int | None = None,
-    tp: int = 1,
-    kv_dtype: str = "auto",
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    gpu_memory_utilization: float | None = None,
-    reserve: str | int | None = None,
-    max_model_len: int | None = None,
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    profile_dirs: tuple[str, ...] = (),
-) -> Capacity:
-    """Public API (used by ``kvtool simulate``): a model and a GPU or KV budget -> vLLM's block capacity.
-
-    ``result.num_blocks`` and ``result.kv_cache_tokens`` are the pool size; ``block_size`` is echoed.
-    Sizes may be ints (bytes) or strings such as ``"80GiB"``.  Raises KvtoolError subclasses on bad input.
-    """
-    from kvtool.estimate.estimator import EstimateRequest, check_tp, resolve_budget, resolve_model
-
-    request = EstimateRequest(
-        model=model,
-        config=config,
-        gpu=gpu,
-        gpu_memory=None if gpu_memory is None else str(gpu_memory),
-        kv_memory=None if kv_memory is None else str(kv_memory),
-        tp=tp,
-        kv_dtype=kv_dtype,
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        reserve=None if reserve is None else str(reserve),
-        seq_lens=(max_model_len,) if max_model_len else (),
-        max_num_batched_tokens=max_num_batched_tokens,
-        profile_dirs=tuple(profile_dirs),
-    )
-    spec, weights = resolve_model(request)
-    check_tp(spec, tp)
-    layout = kv_layout(spec, kv_dtype, tp)
-    budget = resolve_budget(request, weights)
-    if budget is None:
-        raise UsageError("give --gpu, --gpu-memory or --kv-memory for a KV budget")
-    length = max_model_len or spec.max_position_embeddings or 4096
-    return plan_capacity(
-        spec, layout, budget.kv_budget_bytes, block_size=block_size, max_model_len=length,
-        max_num_batched_tokens=max_num_batched_tokens,
     )

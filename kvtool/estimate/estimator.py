@@ -6,9 +6,12 @@ import dataclasses
 import math
 from pathlib import Path
 
+from kvtool.core.errors import UsageError
+from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.capacity import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_RESERVE_BYTES,
     Budget,
     Capacity,
@@ -16,10 +19,8 @@ from kvtool.estimate.capacity import (
     plan_capacity,
     serve_max_num_batched_tokens,
 )
-from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
-from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.weights import WeightEstimate, estimate_weights
 
 DEFAULT_MANUAL_SEQ_LEN = 2048
@@ -192,8 +193,12 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
     if request.heads is not None and request.kv_heads > request.heads:
         raise UsageError(f"--kv-heads {request.kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
     spec = manual_spec(
-        layers=request.layers, kv_heads=request.kv_heads, head_dim=request.head_dim,
-        heads=request.heads, hidden=request.hidden, dtype=request.dtype or "float16",
+        layers=request.layers,
+        kv_heads=request.kv_heads,
+        head_dim=request.head_dim,
+        heads=request.heads,
+        hidden=request.hidden,
+        dtype=request.dtype or "float16",
     )
     return spec, None
 
@@ -234,7 +239,8 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
         if gpu_only:  # vLLM too ignores gpu_memory_utilization once kv_cache_memory_bytes is set
             raise UsageError(
                 f"{' and '.join(gpu_only)} would be ignored: --kv-memory is the KV budget itself",
-                where=gpu_only[0], tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
+                where=gpu_only[0],
+                tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
             )
         return Budget(parse_size(request.kv_memory, option="--kv-memory"), "--kv-memory")
     if request.gpu and request.gpu_memory:
@@ -242,7 +248,8 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
     if not (request.gpu or request.gpu_memory):
         if gpu_only:
             raise UsageError(
-                f"{' and '.join(gpu_only)} would be ignored without a GPU", where=gpu_only[0],
+                f"{' and '.join(gpu_only)} would be ignored without a GPU",
+                where=gpu_only[0],
                 tip="add --gpu NAME or --gpu-memory SIZE",
             )
         return None
@@ -283,9 +290,14 @@ def _check_positive(request: EstimateRequest) -> None:
             if v <= 0:
                 raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
     for option, v in (
-        ("--tp", request.tp), ("--block-size", request.block_size), ("--layers", request.layers),
-        ("--kv-heads", request.kv_heads), ("--head-dim", request.head_dim), ("--heads", request.heads),
-        ("--hidden", request.hidden), ("--max-num-batched-tokens", request.max_num_batched_tokens),
+        ("--tp", request.tp),
+        ("--block-size", request.block_size),
+        ("--layers", request.layers),
+        ("--kv-heads", request.kv_heads),
+        ("--head-dim", request.head_dim),
+        ("--heads", request.heads),
+        ("--hidden", request.hidden),
+        ("--max-num-batched-tokens", request.max_num_batched_tokens),
     ):
         if v is not None and v <= 0:
             raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
@@ -305,7 +317,8 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
             f"(total number of attention heads must be divisible by tensor parallel size)",
             where="--tp",
             tip=f"use a --tp that divides {heads}: {', '.join(str(t) for t in range(1, heads + 1) if heads % t == 0)}"
-            if heads <= 128 else f"use a --tp that divides {heads}",
+            if heads <= 128
+            else f"use a --tp that divides {heads}",
         )
     kv = spec.num_kv_heads
     if not spec.is_mla and (kv % tp if kv >= tp else tp % kv):
@@ -339,7 +352,11 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     else:
         default_len = spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN
         seq_lens = (default_len,)
-        why = "the model's max_position_embeddings, vLLM's default max_model_len" if spec.max_position_embeddings else "kvtool's default"
+        why = (
+            "the model's max_position_embeddings, vLLM's default max_model_len"
+            if spec.max_position_embeddings
+            else "kvtool's default"
+        )
         defaults.append(f"seq-len {default_len:,} ({why})")
     batches = request.batches or (1,)
     if not request.batches:
@@ -355,7 +372,9 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             if request.gpu_memory_utilization is None:
                 defaults.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
             if request.reserve is None:
-                defaults.append(f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory")
+                defaults.append(
+                    f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory"
+                )
         if any(g.window_tokens for g in layout.groups) and mnbt_default:
             defaults.append(mnbt_default)
 
@@ -368,8 +387,16 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             for b in batches:
                 cap = _capacity(spec, layout, budget, request, s, b)
                 per_gpu = layout.kv_bytes_per_gpu(s, b)
-                points.append(SweepPoint(s, b, per_gpu * request.tp, per_gpu, cap.fits if cap else None,
-                                         cap.max_concurrency if cap else None))
+                points.append(
+                    SweepPoint(
+                        s,
+                        b,
+                        per_gpu * request.tp,
+                        per_gpu,
+                        cap.fits if cap else None,
+                        cap.max_concurrency if cap else None,
+                    )
+                )
         sweep = tuple(points)
 
     per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
@@ -481,16 +508,25 @@ def _budget_notes(budget: Budget | None) -> list[str]:
     return []
 
 
-def _capacity(spec, layout: KvLayout, budget: Budget | None, request: EstimateRequest, seq_len: int, batch: int) -> Capacity | None:
+def _capacity(
+    spec, layout: KvLayout, budget: Budget | None, request: EstimateRequest, seq_len: int, batch: int
+) -> Capacity | None:
     if budget is None:
         return None
     return plan_capacity(
-        spec, layout, budget.kv_budget_bytes, block_size=request.block_size, max_model_len=seq_len,
-        batch=batch, max_num_batched_tokens=request.max_num_batched_tokens,
+        spec,
+        layout,
+        budget.kv_budget_bytes,
+        block_size=request.block_size,
+        max_model_len=seq_len,
+        batch=batch,
+        max_num_batched_tokens=request.max_num_batched_tokens,
     )
 
 
-def _compare(spec: ModelSpec, request: EstimateRequest, budget: Budget | None, seq_len: int, batch: int, base_per_gpu: int) -> tuple[CompareRow, ...]:
+def _compare(
+    spec: ModelSpec, request: EstimateRequest, budget: Budget | None, seq_len: int, batch: int, base_per_gpu: int
+) -> tuple[CompareRow, ...]:
     """What-if rows for the same model: as-is, MHA, GQA-8, MQA, fp8 KV, int8 KV (and MLA's MHA equivalent)."""
     if spec.is_mla:
         # Without MLA, vLLM caches K and V for every head at qk_nope + qk_rope dims (DeepSeek's non-MLA path).
@@ -525,3 +561,56 @@ def _compare(spec: ModelSpec, request: EstimateRequest, budget: Budget | None, s
             )
         )
     return tuple(rows)
+
+
+def kv_budget_tokens(
+    *,
+    model: str | None = None,
+    config: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    kv_memory: str | int | None = None,
+    tp: int = 1,
+    kv_dtype: str = "auto",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    gpu_memory_utilization: float | None = None,
+    reserve: str | int | None = None,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    profile_dirs: tuple[str, ...] = (),
+) -> Capacity:
+    """Public API (used by ``kvtool simulate``): a model and a GPU or KV budget -> vLLM's block capacity.
+
+    ``result.num_blocks`` and ``result.kv_cache_tokens`` are the pool size; ``block_size`` is echoed.
+    Sizes may be ints (bytes) or strings such as ``"80GiB"``.  Raises KvtoolError subclasses on bad input.
+    """
+    request = EstimateRequest(
+        model=model,
+        config=config,
+        gpu=gpu,
+        gpu_memory=None if gpu_memory is None else str(gpu_memory),
+        kv_memory=None if kv_memory is None else str(kv_memory),
+        tp=tp,
+        kv_dtype=kv_dtype,
+        block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        reserve=None if reserve is None else str(reserve),
+        seq_lens=(max_model_len,) if max_model_len else (),
+        max_num_batched_tokens=max_num_batched_tokens,
+        profile_dirs=tuple(profile_dirs),
+    )
+    spec, weights = resolve_model(request)
+    check_tp(spec, tp)
+    layout = kv_layout(spec, kv_dtype, tp)
+    budget = resolve_budget(request, weights)
+    if budget is None:
+        raise UsageError("give --gpu, --gpu-memory or --kv-memory for a KV budget")
+    length = max_model_len or spec.max_position_embeddings or 4096
+    return plan_capacity(
+        spec,
+        layout,
+        budget.kv_budget_bytes,
+        block_size=block_size,
+        max_model_len=length,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )

@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
 from kvtool.core.errors import InputFileError
+from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
 
 FULL = "full"
 SLIDING = "sliding"
@@ -163,9 +163,7 @@ class _Reader:
         key, value = self.first(*keys)
         if value is None:
             if required:
-                raise InputFileError(
-                    f"config lacks {' / '.join(keys)}", where=f"{self.where}: field {keys[0]}"
-                )
+                raise InputFileError(f"config lacks {' / '.join(keys)}", where=f"{self.where}: field {keys[0]}")
             return None
         if value <= 0:
             raise InputFileError(f"{key} must be positive, not {value}", where=f"{self.where}: field {key}")
@@ -296,8 +294,14 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
 # vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py
 # ``derive_max_model_len_and_key``): the smallest one set wins.
 _CONTEXT_KEYS = (
-    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-    "max_sequence_length", "max_seq_length", "seq_len",
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
 )
 
 
@@ -385,7 +389,9 @@ def _layer_kinds(cfg: _Reader, model_type: str, n: int, notes: list[str]) -> tup
     if window is None:
         return (FULL,) * n, None
     if window <= 0:
-        raise InputFileError(f"sliding_window must be positive, not {window}", where=f"{cfg.where}: field sliding_window")
+        raise InputFileError(
+            f"sliding_window must be positive, not {window}", where=f"{cfg.where}: field sliding_window"
+        )
     if cfg.get("use_sliding_window") is False:
         notes.append("use_sliding_window: false, so no sliding layers")
         return (FULL,) * n, None

@@ -15,8 +15,8 @@ import dataclasses
 import math
 from fractions import Fraction
 
-from kvtool.estimate.dtypes import FP8_DS_MLA_BYTES_PER_TOKEN, KV_DTYPE_BYTES, kv_vector_bytes, resolve_kv_dtype
 from kvtool.core.errors import UsageError
+from kvtool.estimate.dtypes import FP8_DS_MLA_BYTES_PER_TOKEN, KV_DTYPE_BYTES, kv_vector_bytes, resolve_kv_dtype
 from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
 
 MLA = "mla"
@@ -79,9 +79,7 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
 
     heads = max(1, spec.num_kv_heads // tp)
     if tp > spec.num_kv_heads:
-        notes.append(
-            f"tp {tp} > {spec.num_kv_heads} KV heads: each GPU keeps a replicated copy of 1 KV head (vLLM)"
-        )
+        notes.append(f"tp {tp} > {spec.num_kv_heads} KV heads: each GPU keeps a replicated copy of 1 KV head (vLLM)")
     elif spec.num_kv_heads % tp:
         notes.append(f"{spec.num_kv_heads} KV heads do not divide evenly over tp {tp}; {heads} per GPU assumed")
     per_layer = 2 * heads * kv_vector_bytes(dtype, spec.head_dim)

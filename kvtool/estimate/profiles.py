@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
 
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.estimate.hf_config import KNOWN_KEYS, ModelSpec, parse_config
@@ -122,9 +122,7 @@ def _read_yaml(file: Path) -> dict:
 def _validate(data: dict, schema: dict[str, tuple[tuple[type, ...], bool]], file: Path) -> None:
     for key in data:
         if key not in schema:
-            raise InputFileError(
-                f"unknown key {key!r}; allowed: {', '.join(schema)}", where=f"{file}: field {key}"
-            )
+            raise InputFileError(f"unknown key {key!r}; allowed: {', '.join(schema)}", where=f"{file}: field {key}")
     for key, (types, required) in schema.items():
         if key not in data:
             if required:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvtool.estimate.estimator import EstimateResult
 from kvtool.core.units import GB, GIB, format_bytes, format_count
+from kvtool.estimate.estimator import EstimateResult
 
 
 def _bytes(n: int | None) -> str:
@@ -61,7 +61,11 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"one request of {r.seq_len:,} tokens does not fit; the estimated maximum model length is "
                 f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
             )
-        limit = " (the model's context; sliding layers never run out)" if r.max_seq_len_limited_by == "model context" else ""
+        limit = (
+            " (the model's context; sliding layers never run out)"
+            if r.max_seq_len_limited_by == "model context"
+            else ""
+        )
         if _beyond_context(r):
             limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
         table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
@@ -108,7 +112,8 @@ def render_estimate(result: EstimateResult, console) -> None:
 def _beyond_context(r: EstimateResult) -> bool:
     """Memory would hold a longer request than the model's context allows."""
     return (
-        r.max_seq_len is not None and r.max_position_embeddings is not None
+        r.max_seq_len is not None
+        and r.max_position_embeddings is not None
         and r.max_seq_len > r.max_position_embeddings
     )
 
@@ -124,7 +129,13 @@ def render_sweep(result: EstimateResult, console) -> None:
         table.add_column("fits")
         table.add_column("max concurrency", justify="right")
     for p in result.sweep:
-        row = [f"{p.seq_len:,}", f"{p.batch:,}", f"{p.kv_bytes:,}", f"{p.kv_bytes / GIB:,.2f}", f"{p.kv_bytes / GB:,.2f}"]
+        row = [
+            f"{p.seq_len:,}",
+            f"{p.batch:,}",
+            f"{p.kv_bytes:,}",
+            f"{p.kv_bytes / GIB:,.2f}",
+            f"{p.kv_bytes / GB:,.2f}",
+        ]
         if has_cap:
             row += ["yes" if p.fits else "no", f"{p.max_concurrency:.2f}x"]
         table.add_row(*row)
@@ -145,8 +156,14 @@ def render_compare(result: EstimateResult, console) -> None:
         table.add_column("max concurrency", justify="right")
     for row in result.compare:
         cells = [
-            row.label, row.attention, str(row.kv_heads), row.kv_dtype, f"{row.bytes_per_token:,}",
-            f"{row.kv_bytes:,}", f"{row.kv_bytes / GIB:,.2f}", f"{row.ratio_to_as_is:.3g}x",
+            row.label,
+            row.attention,
+            str(row.kv_heads),
+            row.kv_dtype,
+            f"{row.bytes_per_token:,}",
+            f"{row.kv_bytes:,}",
+            f"{row.kv_bytes / GIB:,.2f}",
+            f"{row.ratio_to_as_is:.3g}x",
         ]
         if has_cap:
             cells += [f"{row.num_blocks:,}", f"{row.max_concurrency:.2f}x"]
@@ -161,8 +178,11 @@ def render_models(models: list, gpus: list, console) -> None:
     # --json) is shown only where it fits on one line, so an 80-column terminal keeps every other column whole.
     show_repo = console.width >= 130
     table = Table(
-        title="Models (kvtool estimate --model NAME)", header_style="bold", title_justify="left",
-        box=None, pad_edge=False,
+        title="Models (kvtool estimate --model NAME)",
+        header_style="bold",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
     )
     table.add_column("name", no_wrap=True)
     for col in ("attention", "layers", "KV x dim", "dtype", "sliding", "params"):
@@ -176,8 +196,11 @@ def render_models(models: list, gpus: list, console) -> None:
         table.add_row(*row, *([m.hf_repo] if show_repo else []))
     console.print(table)
     gt = Table(
-        title="GPUs (kvtool estimate --gpu NAME)", header_style="bold", title_justify="left",
-        box=None, pad_edge=False,
+        title="GPUs (kvtool estimate --gpu NAME)",
+        header_style="bold",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
     )
     for col in ("name", "memory", "bytes", "vendor"):
         gt.add_column(col, no_wrap=True)

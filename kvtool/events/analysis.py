@@ -20,11 +20,13 @@ Everything is vectorised with numpy: one stable sort by (request, ts), then segm
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvtool.core.errors import UsageError
+from kvtool.core.threads import in_background
 from kvtool.events.blocks import physical_blocks
-from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable, in_background
+from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable
 from kvtool.events.segments import clamp_at_zero, inverse_permutation, percentiles, radix_argsort, segment_cumsum
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -315,7 +317,7 @@ def analyze_events(
     note("integrating")
     ev = table.event
     is_free_f = ev == FREE
-    nb_f, nt_f = table.num_blocks, table.num_tokens
+    nb_f = table.num_blocks
     over = (d < 0) & (bp + d < 0)  # a free releasing more than is held: clamped at 0
     over_freed = int(-(bp + d)[over].sum())
     del d
@@ -352,8 +354,11 @@ def analyze_events(
     prompt_tokens, match_tokens_all, reused_blocks, reused_tokens, free_latency_max = _row_figures(
         table, starts, q, up_pos, tpos_of_row
     )
-    over_per_request = np.bincount(np.searchsorted(starts, np.flatnonzero(over), side="right") - 1,
-                                   minlength=n_req) if n else np.zeros(0, int)
+    over_per_request = (
+        np.bincount(np.searchsorted(starts, np.flatnonzero(over), side="right") - 1, minlength=n_req)
+        if n
+        else np.zeros(0, int)
+    )
     requests = RequestTable(
         request_ids=table.request_ids,
         holding_time_s=holding,
@@ -459,8 +464,9 @@ def analyze_events(
     prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool((ev == REUSE).any()))
     prefix = dataclasses.replace(prefix, **_reuse_sources(table))
 
-    long_stats = _long_share(curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert,
-                             int(requests.long.sum()))
+    long_stats = _long_share(
+        curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert, int(requests.long.sum())
+    )
 
     leaked_idx = np.flatnonzero(requests.leaked)
     anomalies = Anomalies(

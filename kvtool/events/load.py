@@ -17,10 +17,12 @@ import dataclasses
 import gzip
 import io
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.core.threads import in_background
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -162,8 +164,14 @@ def write_events(path: str | Path, columns: dict) -> int:
     if unknown or missing:
         raise UsageError(
             "events columns do not match schema 1: "
-            + "; ".join(p for p in (f"unknown {', '.join(unknown)}" if unknown else "",
-                                    f"missing {', '.join(missing)}" if missing else "") if p)
+            + "; ".join(
+                p
+                for p in (
+                    f"unknown {', '.join(unknown)}" if unknown else "",
+                    f"missing {', '.join(missing)}" if missing else "",
+                )
+                if p
+            )
         )
     arrays = {}
     for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS):
@@ -197,17 +205,6 @@ def write_events(path: str | Path, columns: dict) -> int:
     except (OSError, pa.ArrowException) as err:
         raise UsageError(f"cannot write the events file: {err}", where=target) from None
     return table.num_rows
-
-
-def in_background(fn, *args):
-    """Run ``fn(*args)`` on one worker thread; return its Future (numpy and pyarrow release the GIL)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    executor = ThreadPoolExecutor(max_workers=1)
-    try:
-        return executor.submit(fn, *args)
-    finally:
-        executor.shutdown(wait=False)
 
 
 def _first_line(err: BaseException) -> str:
@@ -396,6 +393,7 @@ def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_numb
     block_ids_job = None
     if "block_ids" in present:  # the slowest column: split on another thread (pyarrow releases the GIL)
         block_ids_job = in_background(_block_ids, take("block_ids"))
+
     def optional_number(name: str, integer: bool = False, positive: bool = False):
         v, null, bad = _numbers(take(name), name, integer=integer)
         if positive:
@@ -554,8 +552,9 @@ def _numbers(col, name: str, integer: bool = False):
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         text = pc.utf8_trim_whitespace(col)
         is_number = pc.match_substring_regex(text, _NUMBER_RE)
-        blank = ~_valid_np(text) | (_fixed_np(pc.utf8_length(text), np.int64 if
-                                              pa.types.is_large_string(typ) else np.int32) == 0)
+        blank = ~_valid_np(text) | (
+            _fixed_np(pc.utf8_length(text), np.int64 if pa.types.is_large_string(typ) else np.int32) == 0
+        )
         matched = _bool_np(is_number)
         col = pc.if_else(is_number, text, pa.nulls(1, typ)[0]).cast(pa.float64())
         typ = col.type

@@ -57,15 +57,25 @@ def _blocks_in_use(analysis: Analysis, ax) -> None:
     tl, lr = analysis.timeline, analysis.long_requests
     if tl.time_s.size:
         ax.step(*_thin(tl.time_s, tl.blocks_in_use), where="post", label="blocks in use (per request)")
-        ax.step(*_thin(tl.time_s, tl.long_blocks_in_use), where="post",
-                label=f"held by long requests (> {lr.threshold_tokens} tokens)")
+        ax.step(
+            *_thin(tl.time_s, tl.long_blocks_in_use),
+            where="post",
+            label=f"held by long requests (> {lr.threshold_tokens} tokens)",
+        )
         if tl.physical_time_s is not None and tl.physical_time_s.size:
-            ax.step(*_thin(tl.physical_time_s, tl.physical_blocks_in_use), where="post",
-                    label="physical blocks in use (block_ids)")
+            ax.step(
+                *_thin(tl.physical_time_s, tl.physical_blocks_in_use),
+                where="post",
+                label="physical blocks in use (block_ids)",
+            )
         if lr.capacity_blocks is not None:
             ax.axhline(lr.capacity_blocks, color="grey", linestyle=":", label="pool capacity")
-            ax.axhline(lr.capacity_blocks * lr.alert_share, color="red", linestyle="--",
-                       label=f"long-request alert ({lr.alert_share:.0%} of capacity)")
+            ax.axhline(
+                lr.capacity_blocks * lr.alert_share,
+                color="red",
+                linestyle="--",
+                label=f"long-request alert ({lr.alert_share:.0%} of capacity)",
+            )
         ax.legend(loc="upper left", fontsize="small")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("blocks")
@@ -81,8 +91,14 @@ def _holding_vs_utilization(analysis: Analysis, ax) -> None:
     ids = {c.request_id for c in analysis.culprits}
     if ids:
         mark = np.array([r in ids for r in req.request_ids]) & ok
-        ax.scatter(req.holding_time_s[mark], req.utilization[mark], s=40, facecolors="none", edgecolors="red",
-                   label=f"top {len(ids)} culprits (wasted slot-seconds)")
+        ax.scatter(
+            req.holding_time_s[mark],
+            req.utilization[mark],
+            s=40,
+            facecolors="none",
+            edgecolors="red",
+            label=f"top {len(ids)} culprits (wasted slot-seconds)",
+        )
     ax.set_xlabel("holding time (s)")
     ax.set_ylabel("utilization (tokens / slots held)")
     ax.set_ylim(-0.02, 1.02)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.core.jsonable import to_jsonable
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
-from kvtool.cli.output import to_jsonable
 
 _FLOAT_COLUMNS = {
     "holding_time_s",
@@ -159,7 +159,13 @@ def render_analysis(analysis: Analysis, console) -> None:
     """Print the report as rich tables on ``console`` (stdout)."""
     from rich.table import Table
 
-    s, p, pr, lr, an = analysis.summary, analysis.pool, analysis.prefix_reuse, analysis.long_requests, analysis.anomalies
+    s, p, pr, lr, an = (
+        analysis.summary,
+        analysis.pool,
+        analysis.prefix_reuse,
+        analysis.long_requests,
+        analysis.anomalies,
+    )
     console.print(
         _kv_table(
             f"kvtool analyze: {_esc(analysis.file)} (events schema {analysis.schema_version})",
@@ -174,8 +180,16 @@ def render_analysis(analysis: Analysis, console) -> None:
                 ("holding time p50 / p95", f"{_num(s.holding_time_s_p50)} / {_num(s.holding_time_s_p95)} s"),
                 (
                     "free latency p50 / p95 / p99 / max",
-                    " / ".join(_num(v, ",.1f") for v in (s.free_latency_ms_p50, s.free_latency_ms_p95,
-                                                        s.free_latency_ms_p99, s.free_latency_ms_max)) + " ms",
+                    " / ".join(
+                        _num(v, ",.1f")
+                        for v in (
+                            s.free_latency_ms_p50,
+                            s.free_latency_ms_p95,
+                            s.free_latency_ms_p99,
+                            s.free_latency_ms_max,
+                        )
+                    )
+                    + " ms",
                 ),
                 ("wasted slot-seconds", _num(s.wasted_slot_seconds, ",.1f")),
                 ("preemptions", _num(s.preemptions, ",d")),
@@ -222,15 +236,20 @@ def render_analysis(analysis: Analysis, console) -> None:
         ("late-free block-seconds (blocks x free latency)", _num(p.late_free_block_seconds, ",.1f")),
         (
             "allocate latency p50 / p95 / max",
-            " / ".join(_num(v, ",.2f") for v in (p.allocate_latency_ms_p50, p.allocate_latency_ms_p95,
-                                                p.allocate_latency_ms_max)) + " ms",
+            " / ".join(
+                _num(v, ",.2f")
+                for v in (p.allocate_latency_ms_p50, p.allocate_latency_ms_p95, p.allocate_latency_ms_max)
+            )
+            + " ms",
         ),
     ]
     if p.has_block_ids:
         pool_rows += [
             ("distinct physical block ids", _num(p.unique_physical_blocks, ",d")),
-            ("peak / mean physical blocks in use",
-             f"{_num(p.peak_physical_blocks_in_use, ',d')} / {_num(p.mean_physical_blocks_in_use, ',.1f')}"),
+            (
+                "peak / mean physical blocks in use",
+                f"{_num(p.peak_physical_blocks_in_use, ',d')} / {_num(p.mean_physical_blocks_in_use, ',.1f')}",
+            ),
             ("reallocations (free -> same id allocated again)", _num(p.reallocations, ",d")),
             ("turnover time p50 / p95", f"{_num(p.turnover_time_s_p50)} / {_num(p.turnover_time_s_p95)} s"),
         ]
@@ -247,15 +266,29 @@ def render_analysis(analysis: Analysis, console) -> None:
         _kv_table(
             "Prefix reuse",
             [
-                ("requests with a hit", f"{pr.requests_with_hit:,} of {pr.requests_with_prompt:,} ({_pct(pr.hit_share)})"),
-                ("reused / prompt tokens", f"{pr.reused_tokens:,} / {pr.prompt_tokens:,} ({_pct(pr.reused_token_share)})"),
-                ("match length p50 / p90", f"{_num(pr.match_tokens_p50, ',.0f')} / {_num(pr.match_tokens_p90, ',.0f')} tokens"),
+                (
+                    "requests with a hit",
+                    f"{pr.requests_with_hit:,} of {pr.requests_with_prompt:,} ({_pct(pr.hit_share)})",
+                ),
+                (
+                    "reused / prompt tokens",
+                    f"{pr.reused_tokens:,} / {pr.prompt_tokens:,} ({_pct(pr.reused_token_share)})",
+                ),
+                (
+                    "match length p50 / p90",
+                    f"{_num(pr.match_tokens_p50, ',.0f')} / {_num(pr.match_tokens_p90, ',.0f')} tokens",
+                ),
                 ("most common match lengths", hist),
                 ("diagnosis", ", ".join(pr.diagnosis)),
             ]
             + (
-                [("prefix sources (most reused blocks)",
-                  f"{pr.distinct_sources:,}: " + (", ".join(f"{_esc(r)} ({b:,})" for r, b in pr.top_sources[:3]) or "-"))]
+                [
+                    (
+                        "prefix sources (most reused blocks)",
+                        f"{pr.distinct_sources:,}: "
+                        + (", ".join(f"{_esc(r)} ({b:,})" for r, b in pr.top_sources[:3]) or "-"),
+                    )
+                ]
                 if pr.distinct_sources is not None
                 else []
             ),
@@ -285,8 +318,10 @@ def render_analysis(analysis: Analysis, console) -> None:
     console.print()
     anomaly_rows = [
         ("rejected rows", _num(an.rejected_rows, ",d")),
-        ("over-frees (clamped at 0)", f"{an.over_frees:,} rows, {an.over_freed_blocks:,} blocks, "
-                                      f"{an.over_free_requests:,} requests"),
+        (
+            "over-frees (clamped at 0)",
+            f"{an.over_frees:,} rows, {an.over_freed_blocks:,} blocks, {an.over_free_requests:,} requests",
+        ),
         ("leaked requests (blocks)", f"{an.leaked_requests:,} ({an.leaked_blocks:,})"),
     ]
     if an.blank_rows:
@@ -298,8 +333,11 @@ def render_analysis(analysis: Analysis, console) -> None:
         shown = ", ".join(f"row {row} ({reason})" for row, reason in an.first_rejected)
         console.print(f"  - first rejected: {shown}", highlight=False)
     if an.first_leaked_request_ids:
-        console.print(f"  - leaked: {_esc(', '.join(an.first_leaked_request_ids))}"
-                      + (" ..." if an.leaked_requests > len(an.first_leaked_request_ids) else ""), highlight=False)
+        console.print(
+            f"  - leaked: {_esc(', '.join(an.first_leaked_request_ids))}"
+            + (" ..." if an.leaked_requests > len(an.first_leaked_request_ids) else ""),
+            highlight=False,
+        )
 
 
 def anomaly_line(analysis: Analysis) -> str:
@@ -310,4 +348,11 @@ def anomaly_line(analysis: Analysis) -> str:
     )
 
 
-__all__ = ["analysis_to_json", "anomaly_line", "export_requests_csv", "render_analysis", "request_records", "write_json"]
+__all__ = [
+    "analysis_to_json",
+    "anomaly_line",
+    "export_requests_csv",
+    "render_analysis",
+    "request_records",
+    "write_json",
+]

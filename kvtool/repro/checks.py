@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvtool.repro.engines import CacheEntry, Engine, Implementation, VOCAB, build_pair
+from kvtool.repro.engines import VOCAB, CacheEntry, Engine, Implementation, build_pair
 from kvtool.repro.results import CacheTensorInfo, ImplResult, ScenarioResult, Tolerance
 from kvtool.repro.scenarios import scenario_info
 from kvtool.repro.storage import overlap_pairs, span

@@ -24,7 +24,8 @@ import os
 import random
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,7 +33,6 @@ from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DECODE_STEPS, DTYPES, N_REQUESTS, PROMPT_LENGTHS, TOLERANCES, random_schedule
 from kvtool.repro.results import TargetCheck, TargetResult
 from kvtool.repro.storage import overlap_pairs
-
 
 # What the user's code may raise into kvtool: any exception, and SystemExit (a module that runs argparse
 # at import, a factory that calls sys.exit("no GPU")), which would otherwise end kvtool with the
@@ -308,7 +308,9 @@ def _no_shared_storage(module, work: _Workload) -> TargetCheck:
             (),
         )
     return TargetCheck(
-        "no-shared-storage", False, f"{len(evidence)} pair(s) of cache tensors of different requests share memory",
+        "no-shared-storage",
+        False,
+        f"{len(evidence)} pair(s) of cache tensors of different requests share memory",
         tuple(evidence),
     )
 

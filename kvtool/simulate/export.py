@@ -127,9 +127,9 @@ def write_events(trace: ServeTrace, path: Path) -> int:
         else:
             with pa.output_stream(str(path), compression="gzip" if name.endswith(".gz") else None) as fh:
                 fh.write((",".join(table.column_names) + "\n").encode())
-                pacsv.write_csv(table, fh, write_options=pacsv.WriteOptions(include_header=False,
-                                                                            quoting_style="none"))
+                pacsv.write_csv(table, fh, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
     except (OSError, pa.ArrowException) as err:
-        raise UsageError(f"cannot write the events file: {getattr(err, 'strerror', None) or err}",
-                         where=str(path)) from None
+        raise UsageError(
+            f"cannot write the events file: {getattr(err, 'strerror', None) or err}", where=str(path)
+        ) from None
     return table.num_rows

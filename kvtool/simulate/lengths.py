@@ -223,8 +223,9 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         )
     except (pa.ArrowInvalid, OSError) as err:
         raise InputFileError(f"cannot read the CSV: {str(err).splitlines()[0]}", where=str(path)) from None
-    return header, {name.strip().lstrip("\ufeff").lower(): table.column(name).to_pylist()
-                    for name in table.column_names}
+    return header, {
+        name.strip().lstrip("\ufeff").lower(): table.column(name).to_pylist() for name in table.column_names
+    }
 
 
 def _read_json_lines(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
@@ -356,15 +357,15 @@ def lognormal_sigma(mean: float, p99: float) -> float:
     disc = _Z99 * _Z99 - 2.0 * ratio
     if p99 <= mean or disc < 0:
         raise UsageError(
-            f"a lognormal needs mean < p99 <= {math.exp(_Z99 * _Z99 / 2):.2f} x mean "
-            f"(got mean {mean:g}, p99 {p99:g})",
+            f"a lognormal needs mean < p99 <= {math.exp(_Z99 * _Z99 / 2):.2f} x mean (got mean {mean:g}, p99 {p99:g})",
             where="--mean/--p99",
         )
     return _Z99 - math.sqrt(disc)
 
 
-def parametric_lengths(dist: str, count: int, seed: int, *, mean=None, p99=None, min_tokens=None,
-                       max_tokens=None, length=None, alpha=None):
+def parametric_lengths(
+    dist: str, count: int, seed: int, *, mean=None, p99=None, min_tokens=None, max_tokens=None, length=None, alpha=None
+):
     """Draw ``count`` final lengths from a named distribution; returns (int64 array, description)."""
     import numpy as np
 
@@ -397,8 +398,11 @@ def parametric_lengths(dist: str, count: int, seed: int, *, mean=None, p99=None,
         _bounds(min_tokens, max_tokens)
         _positive(alpha, "--alpha")
         if max_tokens - min_tokens + 1 > MAX_ZIPF_SUPPORT:
-            raise UsageError(f"--dist zipf tabulates every length in --min..--max: at most {MAX_ZIPF_SUPPORT:,} "
-                             f"lengths, got {int(max_tokens - min_tokens + 1):,}", where="--min/--max")
+            raise UsageError(
+                f"--dist zipf tabulates every length in --min..--max: at most {MAX_ZIPF_SUPPORT:,} "
+                f"lengths, got {int(max_tokens - min_tokens + 1):,}",
+                where="--min/--max",
+            )
         support = np.arange(int(min_tokens), int(max_tokens) + 1, dtype=np.int64)
         weights = support.astype(np.float64) ** -float(alpha)
         cdf = np.cumsum(weights)
@@ -429,13 +433,18 @@ def _bounds(lo: float, hi: float) -> None:
         raise UsageError(f"--min ({lo:g}) is above --max ({hi:g})", where="--min/--max")
 
 
-def parametric_requests(dist: str, count: int, seed: int, output_share: float = DEFAULT_OUTPUT_SHARE,
-                        **params) -> RequestSet:
+def parametric_requests(
+    dist: str, count: int, seed: int, output_share: float = DEFAULT_OUTPUT_SHARE, **params
+) -> RequestSet:
     """A parametric distribution of final lengths, split into prompt/output with ``output_share``."""
     lengths, text = parametric_lengths(dist, count, seed, **params)
     prompt, output = split_lengths(lengths, output_share)
-    return RequestSet(prompt, output, None, f"{text}, {count:,} requests (seed {seed}; output = {output_share:g} "
-                                            "of each length, --output-share)")
+    return RequestSet(
+        prompt,
+        output,
+        None,
+        f"{text}, {count:,} requests (seed {seed}; output = {output_share:g} of each length, --output-share)",
+    )
 
 
 def sample_requests(requests: RequestSet, count: int, seed: int) -> RequestSet:
@@ -527,11 +536,21 @@ def load_event_lengths(path: str | Path) -> RequestSet:
     from kvtool.vllm.analysis import looks_like_vllm_events
 
     if Path(path).is_file() and looks_like_vllm_events(Path(path)):
-        raise InputFileError("vLLM's KV events carry no request ids: request lengths cannot be recovered from them",
-                             where=str(path), tip="give a request trace with --trace, or an events file of "
-                             "`kvtool analyze`'s schema (docs/events-schema.md)")
+        raise InputFileError(
+            "vLLM's KV events carry no request ids: request lengths cannot be recovered from them",
+            where=str(path),
+            tip="give a request trace with --trace, or an events file of "
+            "`kvtool analyze`'s schema (docs/events-schema.md)",
+        )
     table = events_csv.load_events(path)
     rejected = f"{table.rejected.count:,} rows rejected by the events loader" if table.rejected.count else ""
-    return lengths_from_events(table.ts, table.request, table.event == events_csv.APPEND,
-                               table.event == events_csv.FREE, table.num_tokens, table.num_blocks, Path(path).name,
-                               rejected)
+    return lengths_from_events(
+        table.ts,
+        table.request,
+        table.event == events_csv.APPEND,
+        table.event == events_csv.FREE,
+        table.num_tokens,
+        table.num_blocks,
+        Path(path).name,
+        rejected,
+    )

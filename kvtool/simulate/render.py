@@ -1,123 +1,16 @@
-"""Rendering for `kvtool simulate`: the result dataclasses, recommendations, rich tables, JSON and plots."""
+"""Rendering for `kvtool simulate`: rich tables, the JSON object and plots of a SimulateReport."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kvtool.simulate.static import StaticComparison
-from kvtool.simulate.serving import CostModel, ServeResult
-
-
-@dataclasses.dataclass(frozen=True)
-class Recommendation:
-    objective: str  # "least waste", "most concurrency", "fewest preemptions", "fastest engine", ...
-    block_size: int
-    reason: str  # the numbers behind the choice
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeSetup:
-    """How the serving simulation was set up, as stated in the output."""
-
-    pool_tokens: int
-    pool_is_default: bool  # no --kv-tokens or --model/--gpu: the documented default pool
-    pool_text: str  # the pool and where it came from, in words
-    arrivals: str  # where arrival times came from, in words
-    max_num_seqs: int
-    cost_model: CostModel
-    cost_text: str  # the step-time formula with its parameters
-    extras: str  # prefix cache and split pools, in words
-
-
-@dataclasses.dataclass(frozen=True)
-class SimulateReport:
-    source: str
-    requests: int
-    block_sizes: list[int]
-    static: StaticComparison
-    serve: list[ServeResult] | None
-    serve_setup: ServeSetup | None
-    recommendations: list[Recommendation]
-    exported_events: dict[int, str]  # block size -> events file written
-    kv_tokens_text: str | None = None  # where the KV budget came from ("--kv-tokens", estimate's plan for ...)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{100 * x:.2f}%"
-
-
-def _num(x: float | None, fmt: str) -> str:
-    """A figure, or '-' when it does not exist (None or NaN: no request ran)."""
-    return "-" if x is None or x != x else format(x, fmt)
-
-
-def _alt(values: dict[int, float], best: int, fmt, extra: str = "") -> str:
-    """' (8: x, 32: y; extra)': the other block sizes' figures, or '' when there are none."""
-    others = ", ".join(f"{b}: {fmt(v)}" for b, v in values.items() if b != best)
-    inside = "; ".join(p for p in (others, extra) if p)
-    return f" ({inside})" if inside else ""
-
-
-def _ties(values: dict[int, float], best: int, rule: str) -> str:
-    """'; tied with 8, 16: <rule>' when other block sizes have the winning figure, else ''."""
-    tied = [b for b, v in values.items() if b != best and v == values[best]]
-    return f"; tied with {', '.join(map(str, tied))}: {rule}" if tied else ""
-
-
-def recommend(static: StaticComparison, serve: list[ServeResult] | None) -> list[Recommendation]:
-    """One line per objective: the block size that wins it, with the figures of the others and how a tie was broken.
-
-    Serving objectives are judged only over block sizes where some request ran; none when no request ran at all.
-    """
-    recs = []
-    frag = {r.block_size: r.internal_fragmentation for r in static.results}
-    best = min(frag, key=lambda b: (frag[b], -b))
-    recs.append(Recommendation("least waste", best, f"{_pct(frag[best])} of allocated slots empty"
-                               + _alt(frag, best, _pct) + _ties(frag, best, "the largest has the fewest table entries")))
-    if static.kv_tokens is not None:
-        fit = {r.block_size: r.fit_at_once_p50 for r in static.results}
-        best = max(fit, key=lambda b: (fit[b], b))
-        if fit[best] == 0:
-            reason = (f"none: at every block size most requests alone need more than the {static.kv_tokens:,} KV "
-                      "tokens (p50 of requests that fit at once is 0)")
-        else:
-            reason = (f"{fit[best]:.0f} requests fit at once (p50) in {static.kv_tokens:,} KV tokens"
-                      + _alt(fit, best, lambda v: f"{v:.0f}", f"contiguous: {static.contiguous.fit_at_once}")
-                      + _ties(fit, best, "the largest has the fewest table entries"))
-        recs.append(Recommendation("most concurrency", best, reason))
-    ran = [r for r in serve or [] if r.completed]
-    if ran:
-        pre = {r.block_size: r for r in ran}
-        counts = {b: r.preemptions for b, r in pre.items()}
-        best = min(pre, key=lambda b: (pre[b].preemptions, pre[b].ttft_p99_s or 0.0, b))
-        recs.append(Recommendation("fewest preemptions", best, f"{_n(pre[best].preemptions, 'preemption')}"
-                                   + _alt(counts, best, lambda v: f"{v:,}")
-                                   + _ties(counts, best, f"lowest TTFT p99 ({_s(pre[best].ttft_p99_s)})")))
-        tpot = {r.block_size: r.tpot_p50_s for r in ran if r.tpot_p50_s is not None}
-        if tpot:
-            best = min(tpot, key=lambda b: (tpot[b], -b))
-            recs.append(Recommendation("fastest decode", best, f"time per output token p50 {tpot[best] * 1e3:.2f} ms"
-                                       + _alt(tpot, best, lambda v: f"{v * 1e3:.2f} ms")
-                                       + _ties(tpot, best, "the largest has the fewest table entries")))
-        ttft = {r.block_size: r.ttft_p99_s for r in ran if r.ttft_p99_s is not None}
-        if ttft:
-            best = min(ttft, key=lambda b: (ttft[b], b))
-            recs.append(Recommendation("lowest TTFT p99", best, f"{ttft[best]:.3f} s"
-                                       + _alt(ttft, best, lambda v: f"{v:.3f} s")
-                                       + _ties(ttft, best, "the smallest wastes the least")))
-    return recs
-
-
-def _n(count: int, noun: str) -> str:
-    """'1 preemption', '3 preemptions'."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+from kvtool.simulate.results import SimulateReport, _n, _num, _pct, _s
 
 
 def to_json(report: SimulateReport) -> dict[str, Any]:
     """The --json object: one entry per block size in `results`, static and serving figures side by side."""
-    from kvtool.cli.output import to_jsonable
+    from kvtool.core.jsonable import to_jsonable
 
     serve = {r.block_size: r for r in report.serve} if report.serve else {}
     results = []
@@ -144,96 +37,151 @@ def to_json(report: SimulateReport) -> dict[str, Any]:
     }
 
 
-def _s(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1e3:.1f} ms" if x < 0.1 else f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
-
-
 def render(report: SimulateReport, console) -> None:
     from rich.table import Table
 
     st = report.static
     console.print(f"[bold]kvtool simulate[/bold]: {report.source}")
-    console.print(f"{report.requests:,} requests; final length (prompt + output) mean {st.mean_length_tokens:,.1f}, "
-                  f"p99 {st.p99_length_tokens:,.1f}, max {st.max_length_tokens:,} tokens")
+    console.print(
+        f"{report.requests:,} requests; final length (prompt + output) mean {st.mean_length_tokens:,.1f}, "
+        f"p99 {st.p99_length_tokens:,.1f}, max {st.max_length_tokens:,} tokens"
+    )
     has_prefix = st.results[0].shared_prefix_tokens > 0
     table = Table(title="Static comparison: final lengths in blocks", title_justify="left")
     for col in ("block", "frag.", "util.", "empty slots/req", "entries mean", "p99", "max"):
         table.add_column(col, justify="right")
     for r in st.results:
-        table.add_row(str(r.block_size), _pct(r.internal_fragmentation), _pct(r.effective_utilization),
-                      f"{r.mean_waste_tokens:.2f}", f"{r.mean_table_entries:.1f}", f"{r.p99_table_entries:.1f}",
-                      str(r.max_table_entries))
+        table.add_row(
+            str(r.block_size),
+            _pct(r.internal_fragmentation),
+            _pct(r.effective_utilization),
+            f"{r.mean_waste_tokens:.2f}",
+            f"{r.mean_table_entries:.1f}",
+            f"{r.p99_table_entries:.1f}",
+            str(r.max_table_entries),
+        )
     console.print(table)
     if has_prefix:
-        t2 = Table(title=f"Shared prefix of {st.results[0].shared_prefix_tokens} tokens (full blocks only)",
-                   title_justify="left")
+        t2 = Table(
+            title=f"Shared prefix of {st.results[0].shared_prefix_tokens} tokens (full blocks only)",
+            title_justify="left",
+        )
         for col in ("block", "shared blocks", "dup. tail tok", "saving (slots)", "saving", "util. with sharing"):
             t2.add_column(col, justify="right")
         for r in st.results:
-            t2.add_row(str(r.block_size), str(r.prefix_shared_blocks), str(r.prefix_tail_tokens),
-                       f"{r.prefix_saving_slots:,}", _pct(r.prefix_saving_fraction),
-                       _pct(r.utilization_with_prefix_sharing))
+            t2.add_row(
+                str(r.block_size),
+                str(r.prefix_shared_blocks),
+                str(r.prefix_tail_tokens),
+                f"{r.prefix_saving_slots:,}",
+                _pct(r.prefix_saving_fraction),
+                _pct(r.utilization_with_prefix_sharing),
+            )
         console.print(t2)
     if st.kv_tokens is not None:
         t3 = Table(title=f"Requests that fit at once in {st.kv_tokens:,} KV tokens", title_justify="left")
         for col in ("block", "pool blocks", "p50", "p99", "p1", "fixed-length claim"):
             t3.add_column(col, justify="right")
         for r in st.results:
-            t3.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.fit_at_once_p50:.0f}",
-                       f"{r.fit_at_once_p99:.0f}", f"{r.fit_at_once_p1:.0f}", _claim(r))
+            t3.add_row(
+                str(r.block_size),
+                f"{r.pool_blocks:,}",
+                f"{r.fit_at_once_p50:.0f}",
+                f"{r.fit_at_once_p99:.0f}",
+                f"{r.fit_at_once_p1:.0f}",
+                _claim(r),
+            )
         console.print(t3)
         if report.kv_tokens_text:
             console.print(f"KV budget: {st.kv_tokens:,} tokens ({report.kv_tokens_text}).")
-        console.print("Over windows of consecutive requests; p1 is what fits 99% of the time; the fixed-length "
-                      "claim is what a test at the mean length would report, and how far it is above p1.")
+        console.print(
+            "Over windows of consecutive requests; p1 is what fits 99% of the time; the fixed-length "
+            "claim is what a test at the mean length would report, and how far it is above p1."
+        )
     if st.max_length_tokens == st.min_length_tokens:
-        console.print(f"Every request is {st.max_length_tokens:,} tokens long: a fixed length has no spread, so each "
-                      "request wastes the same part of one block and every window fits the same count. Real "
-                      "lengths waste about (b-1)/2 slots per request and fit fewer requests at the tail (p1); "
-                      "run --trace or --dist lognormal with the same mean to see by how much.")
+        console.print(
+            f"Every request is {st.max_length_tokens:,} tokens long: a fixed length has no spread, so each "
+            "request wastes the same part of one block and every window fits the same count. Real "
+            "lengths waste about (b-1)/2 slots per request and fit fewer requests at the tail (p1); "
+            "run --trace or --dist lognormal with the same mean to see by how much."
+        )
     c = st.contiguous
     origin = "the longest request" if c.max_model_len_from_data else "--max-model-len"
-    line = (f"Contiguous baseline: every request reserves {c.max_model_len:,} slots ({origin}): utilization "
-            f"{_pct(c.utilization)}, waste {_pct(c.waste_fraction)}")
+    line = (
+        f"Contiguous baseline: every request reserves {c.max_model_len:,} slots ({origin}): utilization "
+        f"{_pct(c.utilization)}, waste {_pct(c.waste_fraction)}"
+    )
     if c.requests_too_long:
         line += f", {_n(c.requests_too_long, 'request')} longer than that cannot be served"
     if c.fit_at_once is not None:
         line += f", {c.fit_at_once:,} requests fit at once"
     console.print(line)
     if has_prefix and st.results[0].requests_shorter_than_prefix:
-        console.print(f"{st.results[0].requests_shorter_than_prefix:,} prompts are shorter than the shared prefix "
-                      "and share only their own full blocks.")
+        console.print(
+            f"{st.results[0].requests_shorter_than_prefix:,} prompts are shorter than the shared prefix "
+            "and share only their own full blocks."
+        )
     if report.serve:
         setup = report.serve_setup
         console.print()
-        console.print(f"Serving simulation: pool {setup.pool_text}; arrivals {setup.arrivals}; "
-                      f"max_num_seqs {setup.max_num_seqs}; {setup.extras}")
+        console.print(
+            f"Serving simulation: pool {setup.pool_text}; arrivals {setup.arrivals}; "
+            f"max_num_seqs {setup.max_num_seqs}; {setup.extras}"
+        )
         console.print(f"Step time: {setup.cost_text}")
         t = Table(title="Serving: the block pool", title_justify="left")
         for col in ("block", "pool blocks", "peak", "mean", "util.", "preemptions", "preempted", "never fit"):
             t.add_column(col, justify="right")
         for r in report.serve:
-            t.add_row(str(r.block_size), f"{r.pool_blocks:,}", f"{r.peak_blocks:,}", _num(r.mean_blocks, ",.1f"),
-                      _pct(r.utilization), f"{r.preemptions:,}", f"{r.preempted_requests:,}", f"{r.never_fit:,}")
+            t.add_row(
+                str(r.block_size),
+                f"{r.pool_blocks:,}",
+                f"{r.peak_blocks:,}",
+                _num(r.mean_blocks, ",.1f"),
+                _pct(r.utilization),
+                f"{r.preemptions:,}",
+                f"{r.preempted_requests:,}",
+                f"{r.never_fit:,}",
+            )
         console.print(t)
         t = Table(title="Serving: latency and throughput", title_justify="left")
-        for col in ("block", "queue p50", "queue p99", "TTFT p50", "TTFT p99", "TPOT p50", "completed", "busy",
-                    "tok/s"):
+        for col in (
+            "block",
+            "queue p50",
+            "queue p99",
+            "TTFT p50",
+            "TTFT p99",
+            "TPOT p50",
+            "completed",
+            "busy",
+            "tok/s",
+        ):
             t.add_column(col, justify="right")
         for r in report.serve:
-            t.add_row(str(r.block_size), _s(r.queue_delay_p50_s), _s(r.queue_delay_p99_s), _s(r.ttft_p50_s),
-                      _s(r.ttft_p99_s), _s(r.tpot_p50_s), f"{r.completed:,}",
-                      f"{100 * r.busy_s / r.span_s:.1f}%" if r.span_s else "-", _num(r.throughput_tokens_per_s, ",.0f"))
+            t.add_row(
+                str(r.block_size),
+                _s(r.queue_delay_p50_s),
+                _s(r.queue_delay_p99_s),
+                _s(r.ttft_p50_s),
+                _s(r.ttft_p99_s),
+                _s(r.tpot_p50_s),
+                f"{r.completed:,}",
+                f"{100 * r.busy_s / r.span_s:.1f}%" if r.span_s else "-",
+                _num(r.throughput_tokens_per_s, ",.0f"),
+            )
         console.print(t)
         if not any(r.completed for r in report.serve):
-            console.print(f"No request ran at any block size: every final length needs more blocks than the pool "
-                          f"has ({setup.pool_tokens:,} tokens).")
+            console.print(
+                f"No request ran at any block size: every final length needs more blocks than the pool "
+                f"has ({setup.pool_tokens:,} tokens)."
+            )
         if len(report.serve[0].pools) > 1:
             for r in report.serve:
-                parts = [f"{p.name}: {p.pool_blocks:,} blocks, {p.requests:,} requests, peak {p.peak_blocks:,}, "
-                         f"{_n(p.preemptions, 'preemption')}, TTFT p99 {_s(p.ttft_p99_s)}" for p in r.pools]
+                parts = [
+                    f"{p.name}: {p.pool_blocks:,} blocks, {p.requests:,} requests, peak {p.peak_blocks:,}, "
+                    f"{_n(p.preemptions, 'preemption')}, TTFT p99 {_s(p.ttft_p99_s)}"
+                    for p in r.pools
+                ]
                 console.print(f"block {r.block_size} pools: " + "; ".join(parts))
     for path in report.exported_events.values():
         console.print(f"Events written: {path}")
@@ -248,11 +196,6 @@ def _claim(r) -> str:
     if r.fit_at_once_p1:
         claim += f" ({r.fit_if_fixed_mean_length / r.fit_at_once_p1 - 1:+.0%} vs p1)"
     return claim
-
-
-def cost_text(cost: CostModel) -> str:
-    return (f"{cost.step_overhead_ms:g} ms + {cost.token_us:g} us x tokens computed + "
-            f"({cost.table_entry_us:g} us + block_size x {cost.kv_token_us:g} us) x blocks in use")
 
 
 def write_plots(report: SimulateReport, traces: dict[int, Any], directory: Path) -> list[Path]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.simulate.results import SimulateReport
 from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
-from kvtool.simulate.render import SimulateReport
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -20,7 +21,7 @@ DEFAULT_POOL_GPU = "h100-80gb"
 
 def planned_pool_tokens(model: str, gpu: str) -> tuple[int, str]:
     """KV-cache tokens of ``model`` on ``gpu`` from the estimate command's capacity planner, and a description."""
-    from kvtool.estimate.capacity import kv_budget_tokens
+    from kvtool.estimate.estimator import kv_budget_tokens
 
     capacity = kv_budget_tokens(model=model, gpu=gpu)
     return capacity.kv_cache_tokens, f"{model} on {gpu} ({capacity.num_blocks:,} blocks of {capacity.block_size})"
@@ -62,8 +63,10 @@ def parse_block_sizes(text: str) -> list[int]:
         if value <= 0:
             raise UsageError(f"block sizes must be positive integers, got {value}", where="--block-sizes")
         if value > MAX_REQUEST_TOKENS:
-            raise UsageError(f"block size {value:,} is above the longest request accepted "
-                             f"({MAX_REQUEST_TOKENS:,} tokens)", where="--block-sizes")
+            raise UsageError(
+                f"block size {value:,} is above the longest request accepted ({MAX_REQUEST_TOKENS:,} tokens)",
+                where="--block-sizes",
+            )
         if value not in sizes:
             sizes.append(value)
     if not sizes:
@@ -71,9 +74,12 @@ def parse_block_sizes(text: str) -> list[int]:
     return sizes
 
 
-def run_simulation(requests, options: SimulateOptions,
-                   progress: Callable[[str, int, int], None] | None = None,
-                   keep_traces: bool = True) -> tuple[SimulateReport, dict[int, Any]]:
+def run_simulation(
+    requests,
+    options: SimulateOptions,
+    progress: Callable[[str, int, int], None] | None = None,
+    keep_traces: bool = True,
+) -> tuple[SimulateReport, dict[int, Any]]:
     """The static comparison, and with ``options.serve`` the serving simulation per block size.
 
     ``progress(label, done, total)`` is called during the serving simulation.  Returns the report and, with
@@ -81,11 +87,11 @@ def run_simulation(requests, options: SimulateOptions,
     """
     import numpy as np
 
-    from kvtool.simulate.static import compare_block_sizes
-    from kvtool.simulate.lengths import poisson_arrivals
-    from kvtool.simulate.serving import ServeConfig, simulate_serving
     from kvtool.simulate.export import export_paths, write_events
-    from kvtool.simulate.render import ServeSetup, cost_text, recommend
+    from kvtool.simulate.lengths import poisson_arrivals
+    from kvtool.simulate.results import ServeSetup, cost_text, recommend
+    from kvtool.simulate.serving import ServeConfig, simulate_serving
+    from kvtool.simulate.static import compare_block_sizes
 
     static = compare_block_sizes(
         requests.prompt_tokens,
@@ -111,8 +117,10 @@ def run_simulation(requests, options: SimulateOptions,
             arrivals_text = "all at t=0 (an offline batch; give --qps for Poisson arrivals)"
         if options.kv_tokens is None:
             pool_tokens, planned = planned_pool_tokens(DEFAULT_POOL_MODEL, DEFAULT_POOL_GPU)
-            pool_text = (f"{pool_tokens:,} tokens (the default: kvtool estimate's plan for {planned}; set "
-                         "--kv-tokens or --model/--gpu)")
+            pool_text = (
+                f"{pool_tokens:,} tokens (the default: kvtool estimate's plan for {planned}; set "
+                "--kv-tokens or --model/--gpu)"
+            )
         else:
             pool_tokens = options.kv_tokens
             pool_text = f"{pool_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
@@ -128,8 +136,10 @@ def run_simulation(requests, options: SimulateOptions,
         if options.prefix_cache:
             extras.append(f"prefix cache on ({options.shared_prefix_tokens} shared prompt tokens, full blocks)")
         if options.split_threshold_tokens is not None:
-            extras.append(f"split pools at {options.split_threshold_tokens:,} tokens (final length), capacity in "
-                          "proportion to each class's tokens")
+            extras.append(
+                f"split pools at {options.split_threshold_tokens:,} tokens (final length), capacity in "
+                "proportion to each class's tokens"
+            )
         setup = ServeSetup(
             pool_tokens=pool_tokens,
             pool_is_default=options.kv_tokens is None,
@@ -143,12 +153,14 @@ def run_simulation(requests, options: SimulateOptions,
         paths = export_paths(options.export_events, options.block_sizes) if options.export_events else {}
         serve_results = []
         for b in options.block_sizes:
+
             def step(done: int, b: int = b) -> None:
                 if progress is not None:
                     progress(f"serve block {b}", done, requests.count)
 
-            result, trace = simulate_serving(requests.prompt_tokens, requests.output_tokens, arrival, b, config,
-                                             progress=step)
+            result, trace = simulate_serving(
+                requests.prompt_tokens, requests.output_tokens, arrival, b, config, progress=step
+            )
             serve_results.append(result)
             if keep_traces:
                 traces[b] = trace

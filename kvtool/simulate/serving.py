@@ -28,7 +28,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # vLLM's default cap on running requests.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -128,8 +129,21 @@ class ServeTrace:
 
 
 class _Pool:
-    __slots__ = ("name", "cap", "n", "sum_q", "cnt", "order", "waiting", "shared_counts", "shared",
-                 "peak", "preemptions", "requests", "never_fit")
+    __slots__ = (
+        "name",
+        "cap",
+        "n",
+        "sum_q",
+        "cnt",
+        "order",
+        "waiting",
+        "shared_counts",
+        "shared",
+        "peak",
+        "preemptions",
+        "requests",
+        "never_fit",
+    )
 
     def __init__(self, name: str, cap: int, block_size: int):
         self.name = name
@@ -194,7 +208,7 @@ def simulate_serving(
 
     # Python lists: scalar access in the loop is several times faster than numpy's.
     P = prompt.tolist()
-    O = out_eff.tolist()
+    O = out_eff.tolist()  # noqa: E741  (the module docstring names outputs O)
     arr = np.asarray(arrival_s, dtype=np.float64).tolist()
     pool_l = pool_of.tolist()
     shared_l = shared_of.tolist()
@@ -237,7 +251,7 @@ def simulate_serving(
 
     def own_blocks(p: _Pool, s: int) -> int:
         z = s - 1
-        return p.n * (1 + z // b) - p.sum_q - sum(p.cnt[z % b + 1:])
+        return p.n * (1 + z // b) - p.sum_q - sum(p.cnt[z % b + 1 :])
 
     def remove(p: _Pool, seg: int) -> None:
         _, _, _, sh, _, A = seg_info[seg]
@@ -254,8 +268,7 @@ def simulate_serving(
                 p.shared = max(p.shared_counts, default=0)
 
     def next_arrival() -> float:
-        return min((arrival_times_of[i][nxt[i]] for i in pool_range if nxt[i] < arrivals_left[i]),
-                   default=float("inf"))
+        return min((arrival_times_of[i][nxt[i]] for i in pool_range if nxt[i] < arrivals_left[i]), default=float("inf"))
 
     running = 0
     s = 0
@@ -415,9 +428,24 @@ def simulate_serving(
     if progress is not None:
         progress(completed)
     return _summarise(
-        b, config, pools, n_req, never, np.asarray(arr, dtype=np.float64), out_eff,
-        intervals, s, (seg_info, seg_s1, seg_pre, pool_l),
-        first_admit, ttft_at, done_at, preempt_count, preemptions, completed, total_blocks, peak_all,
+        b,
+        config,
+        pools,
+        n_req,
+        never,
+        np.asarray(arr, dtype=np.float64),
+        out_eff,
+        intervals,
+        s,
+        (seg_info, seg_s1, seg_pre, pool_l),
+        first_admit,
+        ttft_at,
+        done_at,
+        preempt_count,
+        preemptions,
+        completed,
+        total_blocks,
+        peak_all,
     )
 
 
@@ -477,8 +505,26 @@ def _percentiles(values, qs):
     return [float(x) for x in np.percentile(v, qs)]
 
 
-def _summarise(b, config, pools, n_req, never, arrival, out_eff, intervals, steps, segs, first_admit, ttft_at,
-               done_at, preempt_count, preemptions, completed, total_blocks, peak_all):
+def _summarise(
+    b,
+    config,
+    pools,
+    n_req,
+    never,
+    arrival,
+    out_eff,
+    intervals,
+    steps,
+    segs,
+    first_admit,
+    ttft_at,
+    done_at,
+    preempt_count,
+    preemptions,
+    completed,
+    total_blocks,
+    peak_all,
+):
     import numpy as np
 
     iv = np.array(intervals, dtype=np.float64).reshape(-1, 6)

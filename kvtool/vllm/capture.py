@@ -18,8 +18,9 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from kvtool.core.errors import UsageError
 from kvtool.vllm.wire import (
@@ -33,7 +34,9 @@ from kvtool.vllm.wire import (
 )
 
 ROLES = ("auto", "bind", "connect")
-_TCP = re.compile(r"^tcp://(?P<host>\*|\[[0-9A-Fa-f:.*]+\]|[A-Za-z0-9_.\-]+|[0-9A-Fa-f:]*::[0-9A-Fa-f:]*):(?P<port>\d+)$")
+_TCP = re.compile(
+    r"^tcp://(?P<host>\*|\[[0-9A-Fa-f:.*]+\]|[A-Za-z0-9_.\-]+|[0-9A-Fa-f:]*::[0-9A-Fa-f:]*):(?P<port>\d+)$"
+)
 INSTALL_TIP = "install the optional extra: pip install 'kvtool[capture]' (pyzmq and msgpack)"
 MAX_MALFORMED_REASONS = 5  # distinct reasons kept in the result
 
@@ -77,7 +80,9 @@ def _import_zmq():
         import msgpack  # noqa: F401
         import zmq
     except ImportError as err:
-        raise UsageError(f"kvtool capture needs pyzmq and msgpack ({err.name} is not installed)", tip=INSTALL_TIP) from None
+        raise UsageError(
+            f"kvtool capture needs pyzmq and msgpack ({err.name} is not installed)", tip=INSTALL_TIP
+        ) from None
     return zmq
 
 
@@ -139,7 +144,7 @@ def _zmq_reason(err) -> str:
     return re.sub(r"\s*\(addr='[^']*'\)$", "", str(err)).rstrip(".")
 
 
-def _socket_tip(role: str, err, options: "CaptureOptions") -> str | None:
+def _socket_tip(role: str, err, options: CaptureOptions) -> str | None:
     """What to do about a bind/connect failure; most come from binding an endpoint vLLM binds itself."""
     import errno
 

@@ -39,7 +39,10 @@ def capture_table(result: CaptureResult):
         ("batches written", _num(result.batches_written)),
         ("sequence numbers", "-" if result.first_seq is None else f"{result.first_seq} .. {result.last_seq}"),
         ("gaps", _num(result.gaps)),
-        ("batches missed / recovered / lost", f"{result.batches_missed:,} / {result.batches_recovered:,} / {result.batches_unrecovered:,}"),
+        (
+            "batches missed / recovered / lost",
+            f"{result.batches_missed:,} / {result.batches_recovered:,} / {result.batches_unrecovered:,}",
+        ),
         ("sequence resets", _num(result.sequence_resets)),
         ("malformed frames", _num(result.malformed_frames)),
         ("duration (s)", f"{result.duration_s:,.1f}"),
@@ -56,7 +59,15 @@ def capture_table(result: CaptureResult):
 
 
 def _stats_row(name: str, stats: Stats) -> tuple[str, ...]:
-    return (name, _num(stats.count), _num(stats.min_s), _num(stats.median_s), _num(stats.mean_s), _num(stats.p90_s), _num(stats.max_s))
+    return (
+        name,
+        _num(stats.count),
+        _num(stats.min_s),
+        _num(stats.median_s),
+        _num(stats.mean_s),
+        _num(stats.p90_s),
+        _num(stats.max_s),
+    )
 
 
 def analysis_tables(analysis: VllmAnalysis) -> list:
@@ -70,7 +81,10 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     summary.add_column("what")
     summary.add_column("value", justify="right")
     for name, value in [
-        ("BlockStored / BlockRemoved / AllBlocksCleared events", f"{c.block_stored_events:,} / {c.block_removed_events:,} / {c.all_blocks_cleared_events:,}"),
+        (
+            "BlockStored / BlockRemoved / AllBlocksCleared events",
+            f"{c.block_stored_events:,} / {c.block_removed_events:,} / {c.all_blocks_cleared_events:,}",
+        ),
         ("other events (not analysed)", _num(c.other_events)),
         ("batches (seq range)", f"{c.batches:,} ({c.first_seq} .. {c.last_seq})"),
         ("missing sequence numbers", _num(c.missing_seqs)),
@@ -94,7 +108,13 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     if points and shown[-1] is not points[-1]:
         shown.append(points[-1])
     for p in shown:
-        timeline.add_row(f"{p.t_s:,.3f}", str(p.seq), f"{p.cached_blocks:,}", f"{p.stored_blocks_total:,}", f"{p.removed_blocks_total:,}")
+        timeline.add_row(
+            f"{p.t_s:,.3f}",
+            str(p.seq),
+            f"{p.cached_blocks:,}",
+            f"{p.stored_blocks_total:,}",
+            f"{p.removed_blocks_total:,}",
+        )
     out.append(timeline)
 
     life = Table(title="Block lifetimes in the prefix cache (s)")
@@ -111,14 +131,20 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     work.add_column("value", justify="right")
     for name, value in [
         ("blocks computed (first time + again)", _num(ch.computed_blocks)),
-        ("computed again after eviction (churn)", f"{ch.recomputed_blocks:,} blocks, {ch.recomputed_hashes:,} hashes, {_num(ch.recomputed_tokens)} tokens"),
+        (
+            "computed again after eviction (churn)",
+            f"{ch.recomputed_blocks:,} blocks, {ch.recomputed_hashes:,} hashes, {_num(ch.recomputed_tokens)} tokens",
+        ),
         ("churn share of computed blocks", _pct(ch.recomputed_fraction)),
         ("stored again after AllBlocksCleared", _num(ch.restored_after_clear_blocks)),
         ("chain roots / max depth (blocks)", f"{chains.root_blocks:,} / {chains.max_depth_blocks:,}"),
         ("longest cached prefix (tokens)", _num(chains.max_prefix_tokens)),
         ("mean depth (blocks)", _num(chains.mean_depth_blocks)),
         ("forking blocks / max children", f"{chains.branch_blocks:,} / {chains.max_children:,}"),
-        ("hit evidence: re-sent blocks (tokens)", "-" if hits.report_mode != "full" else f"{hits.hit_blocks:,} ({_num(hits.hit_tokens)})"),
+        (
+            "hit evidence: re-sent blocks (tokens)",
+            "-" if hits.report_mode != "full" else f"{hits.hit_blocks:,} ({_num(hits.hit_tokens)})",
+        ),
         ("hit share of looked-up blocks", _pct(hits.hit_fraction)),
     ]:
         work.add_row(name, value)
@@ -126,7 +152,15 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
 
     if analysis.sessions:
         sessions = Table(title="Per session_id")
-        for name in ("session_id", "store events", "computed blocks", "hit blocks", "recomputed blocks", "first t (s)", "last t (s)"):
+        for name in (
+            "session_id",
+            "store events",
+            "computed blocks",
+            "hit blocks",
+            "recomputed blocks",
+            "first t (s)",
+            "last t (s)",
+        ):
             sessions.add_column(name, justify="left" if name == "session_id" else "right")
         for s in analysis.sessions:
             sessions.add_row(
@@ -173,7 +207,9 @@ def write_plots(analysis: VllmAnalysis, plot_dir: Path) -> list[Path]:
     ax.step(t, [p.stored_blocks_total for p in analysis.timeline], where="post", label="stored so far")
     ax.step(t, [p.removed_blocks_total for p in analysis.timeline], where="post", label="evicted so far")
     ax.legend()
-    save(fig, ax, "vllm_cached_blocks.png", "time since first batch (s)", "blocks", "vLLM prefix-cache blocks over time")
+    save(
+        fig, ax, "vllm_cached_blocks.png", "time since first batch (s)", "blocks", "vLLM prefix-cache blocks over time"
+    )
 
     histogram = analysis.lifetimes.evicted_histogram
     if histogram:
@@ -184,8 +220,14 @@ def write_plots(analysis: VllmAnalysis, plot_dir: Path) -> list[Path]:
             width=[hi - lo for lo, hi, _ in histogram],
             align="edge",
         )
-        save(fig, ax, "vllm_block_lifetimes.png", "lifetime in the prefix cache, stored -> evicted (s)", "blocks",
-             "Evicted block lifetimes")
+        save(
+            fig,
+            ax,
+            "vllm_block_lifetimes.png",
+            "lifetime in the prefix cache, stored -> evicted (s)",
+            "blocks",
+            "Evicted block lifetimes",
+        )
 
     fig, ax = plt.subplots(figsize=(8, 4))
     depths = analysis.chains.depth_histogram

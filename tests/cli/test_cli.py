@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
-from tests.support import run_subprocess, heavy_modules_loaded_by
-
 import kvtool
 from kvtool.core.errors import EXIT_USAGE
+from tests.support import heavy_modules_loaded_by, run_subprocess
 
 
 def test_help_lists_every_command_with_one_line(run_cli):

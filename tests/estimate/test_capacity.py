@@ -11,13 +11,14 @@ import json
 import math
 
 import pytest
-from tests.support import DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtool.estimate.capacity import gpu_budget, kv_budget_tokens, plan_capacity
+from kvtool.estimate.capacity import gpu_budget, plan_capacity
+from kvtool.estimate.estimator import kv_budget_tokens
 from kvtool.estimate.hf_config import load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import kv_layout
+from tests.support import DATA
 
 EST = DATA / "estimate"
 TINY = EST / "tiny-llama"
@@ -45,8 +46,9 @@ VLLM_032 = [
 
 @pytest.mark.parametrize("budget, block, mml, extra, blocks, logged, concurrency", VLLM_032)
 def test_vllm_032_table(run_cli, budget, block, mml, extra, blocks, logged, concurrency):
-    out = estimate_json(run_cli, "--config", TINY, "--kv-memory", budget, "--block-size", block,
-                        "--max-model-len", mml, *extra)
+    out = estimate_json(
+        run_cli, "--config", TINY, "--kv-memory", budget, "--block-size", block, "--max-model-len", mml, *extra
+    )
     assert out["bytes_per_token"] == (512 if "fp8" in extra else 2048 if "float32" in extra else 1024)
     assert out["num_blocks"] == blocks
     assert out["kv_cache_tokens"] == blocks * block
@@ -59,7 +61,9 @@ def test_vllm_032_table(run_cli, budget, block, mml, extra, blocks, logged, conc
 
 def test_vllm_032_refusal_is_a_result(run_cli):
     # vLLM refused to start: "the estimated maximum model length is 928" (30 blocks, 1 null: 29 x 32)
-    out = estimate_json(run_cli, "--config", TINY, "--kv-memory", 1_000_000, "--block-size", 32, "--max-model-len", 2048)
+    out = estimate_json(
+        run_cli, "--config", TINY, "--kv-memory", 1_000_000, "--block-size", 32, "--max-model-len", 2048
+    )
     assert out["num_blocks"] == 30
     assert out["fits"] is False
     assert out["max_seq_len"] == 928
@@ -85,8 +89,21 @@ def test_gpu_budget_hand_computation(run_cli):
 
 
 def test_weights_split_across_tp_and_settable_reserve(run_cli):
-    out = estimate_json(run_cli, "--model", "llama-2-70b", "--gpu", "H100-80GB", "--tp", 4, "--reserve", "1GiB",
-                        "--gpu-memory-utilization", 0.95, "--seq-len", 4096)
+    out = estimate_json(
+        run_cli,
+        "--model",
+        "llama-2-70b",
+        "--gpu",
+        "H100-80GB",
+        "--tp",
+        4,
+        "--reserve",
+        "1GiB",
+        "--gpu-memory-utilization",
+        0.95,
+        "--seq-len",
+        4096,
+    )
     weights = 68_976_648_192 * 2
     assert out["weights_bytes_per_gpu"] == weights // 4
     assert out["kv_budget_bytes"] == math.ceil(80 * GIB * 0.95) - weights // 4 - GIB
@@ -112,7 +129,9 @@ def test_sliding_window_vllm_sizing():
     assert cap.max_concurrency == 5120 / 385
     assert cap.max_seq_len_limited_by == "model context" and cap.max_seq_len == 32768
     # with --max-num-batched-tokens 8192: cdiv(4095 + 8192, 16) + 1 = 769
-    cap = plan_capacity(spec, kv_layout(spec), 10 * GIB, block_size=16, max_model_len=32768, max_num_batched_tokens=8192)
+    cap = plan_capacity(
+        spec, kv_layout(spec), 10 * GIB, block_size=16, max_model_len=32768, max_num_batched_tokens=8192
+    )
     assert cap.blocks_per_request == 769
 
 
@@ -142,8 +161,17 @@ def test_gemma_3_groups_with_padding():
 
 
 def test_mla_fp8_ds_mla_capacity(run_cli):
-    out = estimate_json(run_cli, "--config", EST / "deepseek-v2-lite", "--kv-dtype", "fp8_ds_mla",
-                        "--kv-memory", GIB, "--max-model-len", 4096)
+    out = estimate_json(
+        run_cli,
+        "--config",
+        EST / "deepseek-v2-lite",
+        "--kv-dtype",
+        "fp8_ds_mla",
+        "--kv-memory",
+        GIB,
+        "--max-model-len",
+        4096,
+    )
     assert out["bytes_per_token"] == 656 * 27
     assert out["num_blocks"] == GIB // (16 * 656 * 27)
 
@@ -156,8 +184,12 @@ def test_public_api_kv_budget_tokens():
 
 
 @settings(max_examples=60, deadline=None)
-@given(budget=st.integers(0, 1 << 36), block=st.sampled_from([1, 8, 16, 32, 64, 96]), mml=st.integers(1, 1 << 17),
-       batch=st.integers(1, 64))
+@given(
+    budget=st.integers(0, 1 << 36),
+    block=st.sampled_from([1, 8, 16, 32, 64, 96]),
+    mml=st.integers(1, 1 << 17),
+    batch=st.integers(1, 64),
+)
 def test_capacity_invariants(budget, block, mml, batch):
     spec = manual_spec(layers=4, kv_heads=2, head_dim=32, heads=8, hidden=256, dtype="bfloat16")
     cap = plan_capacity(spec, kv_layout(spec), budget, block_size=block, max_model_len=mml, batch=batch)

@@ -5,15 +5,27 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support import DATA, heavy_modules_loaded_by
 
 from kvtool.core.errors import EXIT_INPUT, EXIT_USAGE
+from tests.support import DATA, heavy_modules_loaded_by
 
 EST = DATA / "estimate"
 
 CONTRACT_KEYS = {
-    "bytes_per_token", "kv_bytes", "kv_bytes_per_gpu", "weights_bytes", "num_blocks", "kv_cache_tokens",
-    "vllm_logged_tokens", "max_concurrency", "max_seq_len", "fits", "seq_len", "batch", "kv_dtype", "block_size",
+    "bytes_per_token",
+    "kv_bytes",
+    "kv_bytes_per_gpu",
+    "weights_bytes",
+    "num_blocks",
+    "kv_cache_tokens",
+    "vllm_logged_tokens",
+    "max_concurrency",
+    "max_seq_len",
+    "fits",
+    "seq_len",
+    "batch",
+    "kv_dtype",
+    "block_size",
 }
 
 
@@ -51,8 +63,11 @@ def _numbers_with_bytes_in_their_name(value, key=""):
 @pytest.mark.parametrize("model", ["llama-2-7b", "gemma-3-27b", "deepseek-v3"])
 def test_every_byte_count_in_json_is_an_integer(run_cli, model):
     # Llama-2-7B per layer: 2 x 32 heads x 128 x 2 B = 16,384 B per token (it was printed as 16384.0)
-    out = json.loads(run_cli("estimate", "--model", model, "--seq-len", "1024,2048", "--compare", "--kv-memory",
-                             "10GiB", "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate", "--model", model, "--seq-len", "1024,2048", "--compare", "--kv-memory", "10GiB", "--json"
+        ).stdout
+    )
     found = dict(_numbers_with_bytes_in_their_name(out))
     assert "bytes_per_token_per_layer" in found
     assert all(type(v) is int for _, v in _numbers_with_bytes_in_their_name(out)), found
@@ -64,8 +79,11 @@ def test_manual_mode_states_its_default_dtype(run_cli):
     # manual mode has no config to read a dtype from: float16 is kvtool's choice, so it is a stated default
     out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--json").stdout)
     assert out["model_dtype"] == "float16" and any(d.startswith("dtype float16") for d in out["defaults"])
-    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--dtype",
-                             "bfloat16", "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--dtype", "bfloat16", "--json"
+        ).stdout
+    )
     assert not any(d.startswith("dtype") for d in out["defaults"])
 
 
@@ -80,7 +98,9 @@ def test_sweep(run_cli):
     points = json.loads(r.stdout)["sweep"]
     assert [(p["seq_len"], p["batch"]) for p in points] == [(1024, 1), (1024, 16), (2048, 1), (2048, 16)]
     assert points[3]["kv_bytes"] == 17_179_869_184 and points[0]["kv_bytes"] == 536_870_912
-    table = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048", "--batch", "1,16", "--kv-memory", "20GiB")
+    table = run_cli(
+        "estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048", "--batch", "1,16", "--kv-memory", "20GiB"
+    )
     assert table.exit_code == 0 and "Sweep" in table.stdout
 
 
@@ -96,8 +116,22 @@ def test_compare(run_cli):
 
 
 def test_manual_mode_and_huge_values_exact(run_cli):
-    out = json.loads(run_cli("estimate", "--layers", "32", "--kv-heads", "32", "--head-dim", "128",
-                             "--seq-len", str(10**12), "--batch", str(10**6), "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate",
+            "--layers",
+            "32",
+            "--kv-heads",
+            "32",
+            "--head-dim",
+            "128",
+            "--seq-len",
+            str(10**12),
+            "--batch",
+            str(10**6),
+            "--json",
+        ).stdout
+    )
     assert out["kv_bytes"] == 2 * 32 * 32 * 128 * 2 * 10**12 * 10**6
     assert out["weights_bytes"] is None
 
@@ -109,8 +143,18 @@ def test_fp32_config_runs_in_bf16_under_auto_and_fp32_when_asked(run_cli, tmp_pa
     config = json.loads((EST / "tiny-llama" / "config.json").read_text())
     config["dtype"] = "float32"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    args = ("estimate", "--config", tmp_path, "--kv-memory", str(1024**3), "--block-size", "32",
-            "--max-model-len", "2048", "--json")
+    args = (
+        "estimate",
+        "--config",
+        tmp_path,
+        "--kv-memory",
+        str(1024**3),
+        "--block-size",
+        "32",
+        "--max-model-len",
+        "2048",
+        "--json",
+    )
     auto = json.loads(run_cli(*args).stdout)
     assert (auto["kv_dtype"], auto["num_blocks"], auto["vllm_logged_tokens"]) == ("bf16", 32_768, 1_048_576)
     fp32 = json.loads(run_cli(*args, "--dtype", "float32").stdout)
@@ -154,7 +198,11 @@ def test_tp_that_vllm_refuses_is_a_usage_error(run_cli):
     # Falcon-7B has 71 attention heads (tiiuae/falcon-7b config.json): vLLM's verify_with_parallel_config refuses
     # tp 8 ("Total number of attention heads (71) must be divisible by tensor parallel size (8)").
     r = err(run_cli, "--model", "falcon-7b", "--tp", "8")
-    assert r.exit_code == EXIT_USAGE and "71 attention heads" in r.stderr and "Tip: use a --tp that divides 71: 1, 71" in r.stderr
+    assert (
+        r.exit_code == EXIT_USAGE
+        and "71 attention heads" in r.stderr
+        and "Tip: use a --tp that divides 71: 1, 71" in r.stderr
+    )
     # Qwen2.5-7B: 28 heads, 4 KV heads; tp 7 divides the heads but can neither split nor replicate 4 KV heads.
     r = err(run_cli, "--model", "qwen2.5-7b", "--tp", "7")
     assert r.exit_code == EXIT_USAGE and "4 KV heads" in r.stderr
@@ -182,8 +230,20 @@ def test_gpu_budget_options_are_never_ignored_silently(run_cli, args):
 def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
     # Llama-2-7B on an 80 GiB H100 at 0.95, no reserve: ceil(85,899,345,920 x 0.95) = 81,604,378,624;
     # minus 6,738,415,616 params x 2 B = 13,476,831,232 -> 68,127,547,392 B.
-    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu", "h100", "--gpu-memory-utilization", "0.95",
-                             "--reserve", "0", "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate",
+            "--model",
+            "llama-2-7b",
+            "--gpu",
+            "h100",
+            "--gpu-memory-utilization",
+            "0.95",
+            "--reserve",
+            "0",
+            "--json",
+        ).stdout
+    )
     assert out["kv_budget_bytes"] == 68_127_547_392
     assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
 
@@ -192,10 +252,26 @@ def test_does_not_fit_verdict_never_offers_zero(run_cli):
     # Manual 1 layer x 1 KV head x 64, fp16: 2 x 64 x 2 = 256 B per token, a 16-token block 4,096 B; 12,288 B
     # = 3 blocks, 2 usable (one is the null block). 4 requests of 16 tokens need 4 blocks: 2 fit, and 4 requests
     # fit at no length (each needs at least one block).
-    r = run_cli("estimate", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--seq-len", "16", "--batch", "4",
-                "--kv-memory", "12288")
+    r = run_cli(
+        "estimate",
+        "--layers",
+        "1",
+        "--kv-heads",
+        "1",
+        "--head-dim",
+        "64",
+        "--seq-len",
+        "16",
+        "--batch",
+        "4",
+        "--kv-memory",
+        "12288",
+    )
     out = " ".join(r.stdout.split())
-    assert "Largest that fit: 2 request(s) of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)" in out
+    assert (
+        "Largest that fit: 2 request(s) of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)"
+        in out
+    )
     assert " of 0 tokens" not in out and "0 request(s)" not in out
 
 
@@ -226,10 +302,22 @@ def test_bad_config_names_file_and_field(run_cli, tmp_path):
 @pytest.mark.parametrize(
     "args",
     [
-        ("--seq-len", "0"), ("--seq-len", "-5"), ("--seq-len", "abc"), ("--batch", "0"), ("--batch", "1,x"),
-        ("--tp", "0"), ("--tp", "two"), ("--kv-memory", "0"), ("--kv-memory", "-1GiB"), ("--kv-memory", "ten"),
-        ("--kv-memory", "10XB"), ("--block-size", "0"), ("--kv-dtype", "fp9"), ("--gpu", "h1000"),
-        ("--gpu-memory-utilization", "1.5", "--gpu", "h100"), ("--gpu-memory", "0GiB"),
+        ("--seq-len", "0"),
+        ("--seq-len", "-5"),
+        ("--seq-len", "abc"),
+        ("--batch", "0"),
+        ("--batch", "1,x"),
+        ("--tp", "0"),
+        ("--tp", "two"),
+        ("--kv-memory", "0"),
+        ("--kv-memory", "-1GiB"),
+        ("--kv-memory", "ten"),
+        ("--kv-memory", "10XB"),
+        ("--block-size", "0"),
+        ("--kv-dtype", "fp9"),
+        ("--gpu", "h1000"),
+        ("--gpu-memory-utilization", "1.5", "--gpu", "h100"),
+        ("--gpu-memory", "0GiB"),
     ],
 )
 def test_bad_sizes_are_usage_errors(run_cli, args):
@@ -253,8 +341,26 @@ def test_estimate_does_not_import_torch_or_pandas():
 
 
 def test_manual_mode_with_kv_memory_and_gpu_needs_weights(run_cli):
-    out = json.loads(run_cli("estimate", "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--dtype", "bfloat16",
-                             "--kv-memory", "5000000", "--block-size", "32", "--seq-len", "2048", "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate",
+            "--layers",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "32",
+            "--dtype",
+            "bfloat16",
+            "--kv-memory",
+            "5000000",
+            "--block-size",
+            "32",
+            "--seq-len",
+            "2048",
+            "--json",
+        ).stdout
+    )
     assert (out["bytes_per_token"], out["num_blocks"]) == (1024, 152)  # same as the tiny Llama config
     r = err(run_cli, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--gpu", "l4")
     assert r.exit_code == EXIT_USAGE and "weights" in r.stderr
@@ -274,8 +380,20 @@ def test_profiles_env_var_through_cli(run_cli, tmp_path, monkeypatch):
 
 
 def test_reserve_zero_and_conflicting_budgets(run_cli):
-    out = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu-memory", "24GiB", "--reserve", "0",
-                             "--gpu-memory-utilization", "1", "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate",
+            "--model",
+            "llama-2-7b",
+            "--gpu-memory",
+            "24GiB",
+            "--reserve",
+            "0",
+            "--gpu-memory-utilization",
+            "1",
+            "--json",
+        ).stdout
+    )
     assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
     assert err(run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB").exit_code == EXIT_USAGE
 
@@ -318,5 +436,9 @@ def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli)
     r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB")
     out = " ".join(r.stdout.split())
     assert "or one request of up to 4,096 tokens, the model's context (memory would hold 117,632)" in out
-    assert json.loads(run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB",
-                              "--json").stdout)["max_seq_len"] == 117_632  # the JSON keeps vLLM's memory figure
+    assert (
+        json.loads(
+            run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB", "--json").stdout
+        )["max_seq_len"]
+        == 117_632
+    )  # the JSON keeps vLLM's memory figure

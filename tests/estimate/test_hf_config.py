@@ -33,8 +33,9 @@ def test_no_kv_key_means_mha():
 
 
 def test_falcon_old_names_and_multi_query():
-    spec = parse_config({"model_type": "RefinedWebModel", "n_embd": 4544, "n_head": 71, "n_layer": 32,
-                         "multi_query": True}, where="c")
+    spec = parse_config(
+        {"model_type": "RefinedWebModel", "n_embd": 4544, "n_head": 71, "n_layer": 32, "multi_query": True}, where="c"
+    )
     assert (spec.num_kv_heads, spec.head_dim, spec.num_layers) == (1, 64, 32)
 
 
@@ -67,7 +68,9 @@ def test_dtype_and_torch_dtype():
 
 
 def test_text_config_of_multimodal():
-    spec = parse_config({"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": {**BASE, "head_dim": 128}}, where="c")
+    spec = parse_config(
+        {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": {**BASE, "head_dim": 128}}, where="c"
+    )
     assert spec.head_dim == 128 and spec.dtype == "bfloat16"
 
 
@@ -98,10 +101,29 @@ def test_missing_dir_config(tmp_path):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(BASE) + ["num_key_value_heads", "head_dim", "sliding_window",
-                                                       "layer_types", "kv_lora_rank", "dtype", "multi_query"]),
-                       st.one_of(st.none(), st.integers(-5, 5000), st.text(max_size=5), st.booleans(),
-                                 st.lists(st.text(max_size=3), max_size=3))))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            sorted(BASE)
+            + [
+                "num_key_value_heads",
+                "head_dim",
+                "sliding_window",
+                "layer_types",
+                "kv_lora_rank",
+                "dtype",
+                "multi_query",
+            ]
+        ),
+        st.one_of(
+            st.none(),
+            st.integers(-5, 5000),
+            st.text(max_size=5),
+            st.booleans(),
+            st.lists(st.text(max_size=3), max_size=3),
+        ),
+    )
+)
 def test_random_configs_never_crash(data):
     try:
         parse_config(data, where="c")
@@ -112,10 +134,22 @@ def test_random_configs_never_crash(data):
 def test_context_length_from_vllms_length_keys():
     # GPT-2's config.json (openai-community/gpt2): n_positions 1024, n_layer 12, n_head 12, n_embd 768 and no
     # max_position_embeddings; vLLM derives max_model_len 1024 from n_positions.
-    gpt2 = {"model_type": "gpt2", "n_positions": 1024, "n_ctx": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768,
-            "vocab_size": 50257}
+    gpt2 = {
+        "model_type": "gpt2",
+        "n_positions": 1024,
+        "n_ctx": 1024,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_embd": 768,
+        "vocab_size": 50257,
+    }
     assert parse_config(gpt2, where="gpt2").max_position_embeddings == 1024
     # the smallest key wins (vLLM: "Choose the smallest max_length from the possible keys")
-    both = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64, "max_position_embeddings": 8192,
-            "seq_length": 4096}
+    both = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "hidden_size": 64,
+        "max_position_embeddings": 8192,
+        "seq_length": 4096,
+    }
     assert parse_config(both, where="x").max_position_embeddings == 4096

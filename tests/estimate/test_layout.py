@@ -5,7 +5,6 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from tests.support import DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +12,7 @@ from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import kv_layout
 from kvtool.estimate.profiles import find_model, model_spec
+from tests.support import DATA
 
 EST = DATA / "estimate"
 
@@ -47,8 +47,14 @@ def test_seed_gqa_quarter_and_fp8_half():
     "kv_dtype, bytes_per_token",
     [
         # 2 x 32 layers x 32 heads x 128 dims = 262,144 values per token, times the element size
-        ("fp32", 262_144 * 4), ("fp16", 262_144 * 2), ("bf16", 262_144 * 2), ("fp8", 262_144),
-        ("fp8_e4m3", 262_144), ("fp8_e5m2", 262_144), ("int8", 262_144), ("int4", 262_144 // 2),
+        ("fp32", 262_144 * 4),
+        ("fp16", 262_144 * 2),
+        ("bf16", 262_144 * 2),
+        ("fp8", 262_144),
+        ("fp8_e4m3", 262_144),
+        ("fp8_e5m2", 262_144),
+        ("int8", 262_144),
+        ("int4", 262_144 // 2),
         # nvfp4: per head 128/2 data + 128/16 scale bytes = 72 (vLLM nvfp4_kv_cache_full_dim)
         ("nvfp4", 2 * 32 * 32 * 72),
     ],
@@ -75,8 +81,15 @@ def test_falcon_7b_multi_query_is_one_kv_head():
 
 
 def test_falcon_new_decoder_architecture_ignores_multi_query():
-    data = {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128, "num_hidden_layers": 60,
-            "multi_query": True, "new_decoder_architecture": True, "num_kv_heads": 8}
+    data = {
+        "model_type": "falcon",
+        "hidden_size": 8192,
+        "num_attention_heads": 128,
+        "num_hidden_layers": 60,
+        "multi_query": True,
+        "new_decoder_architecture": True,
+        "num_kv_heads": 8,
+    }
     assert parse_config(data, where="x").num_kv_heads == 8
 
 
@@ -133,8 +146,12 @@ def test_tp_larger_than_kv_heads_replicates_one_head_per_gpu():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    layers=st.integers(1, 128), kv_heads=st.integers(1, 64), head_dim=st.integers(1, 512),
-    seq=st.integers(1, 1 << 20), batch=st.integers(1, 512), k=st.integers(2, 9),
+    layers=st.integers(1, 128),
+    kv_heads=st.integers(1, 64),
+    head_dim=st.integers(1, 512),
+    seq=st.integers(1, 1 << 20),
+    batch=st.integers(1, 512),
+    k=st.integers(2, 9),
     dtype=st.sampled_from(["fp32", "fp16", "bf16", "fp8", "int8"]),
 )
 def test_linear_in_batch_and_seq_len(layers, kv_heads, head_dim, seq, batch, k, dtype):
@@ -142,4 +159,13 @@ def test_linear_in_batch_and_seq_len(layers, kv_heads, head_dim, seq, batch, k, 
     one = layout.kv_bytes_per_gpu(seq, batch)
     assert layout.kv_bytes_per_gpu(seq, batch * k) == k * one
     assert layout.kv_bytes_per_gpu(seq * k, batch) == k * one
-    assert one == 2 * layers * kv_heads * head_dim * int(layout.groups[0].bytes_per_token_per_layer / (2 * kv_heads * head_dim)) * seq * batch
+    assert (
+        one
+        == 2
+        * layers
+        * kv_heads
+        * head_dim
+        * int(layout.groups[0].bytes_per_token_per_layer / (2 * kv_heads * head_dim))
+        * seq
+        * batch
+    )

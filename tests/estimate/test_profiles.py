@@ -8,15 +8,29 @@ import sys
 import textwrap
 
 import pytest
-from tests.support import REPO_ROOT
 
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.estimate.profiles import builtin_dir, find_gpu, find_model, list_gpus, list_models, model_spec
+from tests.support import REPO_ROOT
 
 REQUIRED_MODELS = [
-    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
-    "mistral-7b-v0.1", "mixtral-8x7b", "qwen2.5-7b", "qwen2.5-72b", "gemma-2-9b", "gemma-3-27b", "phi-3-mini",
-    "falcon-7b", "deepseek-v2-lite", "deepseek-v3",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "mistral-7b-v0.1",
+    "mixtral-8x7b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "gemma-2-9b",
+    "gemma-3-27b",
+    "phi-3-mini",
+    "falcon-7b",
+    "deepseek-v2-lite",
+    "deepseek-v3",
 ]
 REQUIRED_GPUS = ["A10G", "L4", "L40S", "RTX-4090", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "MI300X"]
 
@@ -121,9 +135,23 @@ def test_profiles_load_after_non_editable_install(tmp_path):
     # A plain (non-editable) install into a target directory, run from another directory.
     target = tmp_path / "site"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "--target", str(target), str(REPO_ROOT)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "--target",
+            str(target),
+            str(REPO_ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
         env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "TMPDIR": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -132,7 +160,11 @@ def test_profiles_load_after_non_editable_install(tmp_path):
     env["PYTHONPATH"] = str(target)
     run = subprocess.run(
         [sys.executable, "-m", "kvtool", "estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--json"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
     )
     assert run.returncode == 0, run.stderr
     assert '"kv_bytes": 1073741824' in run.stdout

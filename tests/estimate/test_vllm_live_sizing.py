@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import DATA
 from tests.estimate.test_vllm_parity import CAPACITY_LINE
+from tests.support import DATA
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
 
@@ -79,7 +79,11 @@ def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, budget, block, max_l
     try:
         proc = subprocess.run(
             [VLLM_PYTHON, str(script), str(RECORD_PY), str(model_dir), str(budget), str(block), str(max_len)],
-            env=_offline_env(scratch), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+            env=_offline_env(scratch),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -90,8 +94,16 @@ def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, budget, block, max_l
     assert capacity is not None, output[-3000:]
 
     est = run_cli(
-        "estimate", "--config", str(model_dir), "--kv-memory", str(budget), "--block-size", str(block),
-        "--max-model-len", str(max_len), "--json",
+        "estimate",
+        "--config",
+        str(model_dir),
+        "--kv-memory",
+        str(budget),
+        "--block-size",
+        str(block),
+        "--max-model-len",
+        str(max_len),
+        "--json",
     )
     assert est.exit_code == 0, est.stderr
     out = json.loads(est.stdout)

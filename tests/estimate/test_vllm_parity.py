@@ -140,8 +140,15 @@ DOC_FIGURES = [
 
 def _estimate_args(fig: VllmFigures) -> list[str]:
     args = [
-        "estimate", "--config", str(fig.config_dir), "--kv-memory", str(fig.kv_memory_bytes),
-        "--block-size", str(fig.block_size), "--max-model-len", str(fig.max_model_len),
+        "estimate",
+        "--config",
+        str(fig.config_dir),
+        "--kv-memory",
+        str(fig.kv_memory_bytes),
+        "--block-size",
+        str(fig.block_size),
+        "--max-model-len",
+        str(fig.max_model_len),
     ]
     if fig.kv_dtype is not None:
         args += ["--kv-dtype", fig.kv_dtype]
@@ -176,7 +183,8 @@ KNOWN_MISMATCHES: dict[str, str] = {}  # none left: float32 checkpoints now foll
 def _with_known_mismatches(figs):
     return [
         pytest.param(f, id=f.case, marks=pytest.mark.xfail(reason=KNOWN_MISMATCHES[f.case], strict=True))
-        if f.case in KNOWN_MISMATCHES else pytest.param(f, id=f.case)
+        if f.case in KNOWN_MISMATCHES
+        else pytest.param(f, id=f.case)
         for f in figs
     ]
 
@@ -231,11 +239,14 @@ def test_every_doc_row_has_a_recorded_twin():
         if f.case.startswith("doc-")
     }
     for doc in DOC_FIGURES:
-        twin = recorded[(doc.kv_memory_bytes, doc.block_size, doc.max_model_len, doc.kv_dtype,
-                         doc.config_dir == TINY_LLAMA_FP32)]
+        twin = recorded[
+            (doc.kv_memory_bytes, doc.block_size, doc.max_model_len, doc.kv_dtype, doc.config_dir == TINY_LLAMA_FP32)
+        ]
         assert twin.refused == doc.refused
         assert (twin.num_gpu_blocks, twin.logged_tokens, twin.logged_concurrency) == (
-            doc.num_gpu_blocks, doc.logged_tokens, doc.logged_concurrency
+            doc.num_gpu_blocks,
+            doc.logged_tokens,
+            doc.logged_concurrency,
         )
         assert twin.estimated_max_model_len == doc.estimated_max_model_len
 
@@ -322,7 +333,10 @@ def test_recorded_runs_match_hand_computation(case):
     fig = next(f for f in FIXTURES if f.case == case)
     blocks, _per_request, tokens, concurrency, est = HAND[case]
     assert (fig.num_gpu_blocks, fig.logged_tokens, fig.logged_concurrency, fig.estimated_max_model_len) == (
-        blocks, tokens, concurrency, est
+        blocks,
+        tokens,
+        concurrency,
+        est,
     )
 
 

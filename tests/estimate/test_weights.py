@@ -18,9 +18,16 @@ from kvtool.estimate.weights import estimate_params
 @pytest.mark.parametrize(
     "name, published",
     [
-        ("llama-2-7b", 6.74e9), ("llama-2-13b", 13.0e9), ("llama-2-70b", 69.0e9), ("llama-3-8b", 8.03e9),
-        ("llama-3.1-8b", 8.03e9), ("llama-3.1-70b", 70.6e9), ("llama-3.1-405b", 405e9),
-        ("mistral-7b-v0.1", 7.24e9), ("qwen2.5-7b", 7.61e9), ("qwen2.5-72b", 72.7e9),
+        ("llama-2-7b", 6.74e9),
+        ("llama-2-13b", 13.0e9),
+        ("llama-2-70b", 69.0e9),
+        ("llama-3-8b", 8.03e9),
+        ("llama-3.1-8b", 8.03e9),
+        ("llama-3.1-70b", 70.6e9),
+        ("llama-3.1-405b", 405e9),
+        ("mistral-7b-v0.1", 7.24e9),
+        ("qwen2.5-7b", 7.61e9),
+        ("qwen2.5-72b", 72.7e9),
     ],
 )
 def test_dense_within_2_percent_of_published(name, published):
@@ -29,7 +36,9 @@ def test_dense_within_2_percent_of_published(name, published):
 
 
 # MoE and MLA: Mixtral-8x7B 46.7B (Mistral AI), DeepSeek-V2-Lite 15.7B and DeepSeek-V3 671B (DeepSeek papers).
-@pytest.mark.parametrize("name, published", [("mixtral-8x7b", 46.7e9), ("deepseek-v2-lite", 15.7e9), ("deepseek-v3", 671e9)])
+@pytest.mark.parametrize(
+    "name, published", [("mixtral-8x7b", 46.7e9), ("deepseek-v2-lite", 15.7e9), ("deepseek-v3", 671e9)]
+)
 def test_moe_and_mla_within_2_percent(name, published):
     params = estimate_params(model_spec(find_model(name)))
     assert abs(params - published) / published < 0.02
@@ -67,8 +76,10 @@ def test_header_only_safetensors_give_exact_bytes(tmp_path):
 def test_index_json_shards_and_total_size(tmp_path):
     a = write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {"a": ("BF16", [10, 10])})
     b = write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {"b": ("BF16", [5, 4])})
-    index = {"metadata": {"total_size": a + b},
-             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {"total_size": a + b},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert weights_from_dir(tmp_path).weights_bytes == 240
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
@@ -76,8 +87,9 @@ def test_index_json_shards_and_total_size(tmp_path):
     assert (found.weights_bytes, found.method) == (240, "index.json total_size")
 
 
-@pytest.mark.parametrize("content", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{", b"\xff" * 8 + b"x",
-                                     struct.pack("<Q", 2) + b"[]"])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{", b"\xff" * 8 + b"x", struct.pack("<Q", 2) + b"[]"]
+)
 def test_bad_safetensors_name_the_file(tmp_path, content):
     (tmp_path / "bad.safetensors").write_bytes(content)
     with pytest.raises(InputFileError) as err:
@@ -92,8 +104,14 @@ def test_fp8_block_quantized_weights_by_hand(tmp_path, run_cli):
     # (131,072 params, 4x2 = 8 scales each): 655,360 B + 40 x 4 B = 655,520 B. In bf16: embeddings and LM head
     # 2 x 1000 x 256 = 512,000, two layer norms and the final norm 3 x 256 = 768: 512,768 x 2 B = 1,025,536 B.
     config = {
-        "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False,
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
     }
@@ -112,7 +130,10 @@ def test_deepseek_v3_fp8_checkpoint_fits_eight_h200s(run_cli):
     # DeepSeek-V3 README_WEIGHTS.md: 671B parameters, FP8 with 128x128 block scales, of which the 0.9B embedding
     # and 0.9B output head stay BF16: about 671e9 x 1 B + 1.85e9 x 1 B more + 671e9 / 16,384 x 4 B of scales
     # = 673.0e9 B, not the 1,342e9 B of an all-BF16 estimate.
-    out = json.loads(run_cli("estimate", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--seq-len", "8192",
-                             "--json").stdout)
+    out = json.loads(
+        run_cli(
+            "estimate", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--seq-len", "8192", "--json"
+        ).stdout
+    )
     assert abs(out["weights_bytes"] - 673.0e9) / 673.0e9 < 0.005
     assert out["fits"] is True and out["kv_budget_bytes"] > 0  # it is served on 8 x H200 in practice

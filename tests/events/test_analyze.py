@@ -12,11 +12,11 @@ import math
 
 import numpy as np
 import pytest
-from tests.support import DATA
 
 from kvtool.core.errors import InputFileError
 from kvtool.events.analysis import analyze_events
 from kvtool.events.load import load_events
+from tests.support import DATA
 
 D = DATA / "analyze"
 
@@ -27,10 +27,26 @@ def run(path, **kw):
 
 def by_id(analysis, request_id):
     i = analysis.requests.request_ids.index(request_id)
-    return {name: analysis.requests.column(name)[i] for name in
-            ("holding_time_s", "block_seconds", "utilization", "peak_blocks", "peak_tokens", "wasted_slot_seconds",
-             "preemptions", "leaked", "leaked_blocks", "over_frees", "free_latency_ms_max", "tokens",
-             "prompt_tokens", "reused_tokens", "reused_blocks")}
+    return {
+        name: analysis.requests.column(name)[i]
+        for name in (
+            "holding_time_s",
+            "block_seconds",
+            "utilization",
+            "peak_blocks",
+            "peak_tokens",
+            "wasted_slot_seconds",
+            "preemptions",
+            "leaked",
+            "leaked_blocks",
+            "over_frees",
+            "free_latency_ms_max",
+            "tokens",
+            "prompt_tokens",
+            "reused_tokens",
+            "reused_blocks",
+        )
+    }
 
 
 def test_basic_holding_time_utilization_and_pool():
@@ -208,13 +224,15 @@ def test_parquet_string_columns_are_checked(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({
-        "ts": ["0", "1", "oops"],
-        "event": ["allocate", "free", "append"],
-        "request_id": [1, 1, 1],  # integer ids are read as text
-        "num_blocks": [1, 1, 0],
-        "num_tokens": [3, None, 1],
-    })
+    table = pa.table(
+        {
+            "ts": ["0", "1", "oops"],
+            "event": ["allocate", "free", "append"],
+            "request_id": [1, 1, 1],  # integer ids are read as text
+            "num_blocks": [1, 1, 0],
+            "num_tokens": [3, None, 1],
+        }
+    )
     pq.write_table(table, tmp_path / "e.parquet")
     a = run(tmp_path / "e.parquet")
     assert a.summary.events == 2 and a.requests.request_ids == ("1",)
@@ -236,8 +254,10 @@ def test_trace_with_every_row_rejected_still_reports(tmp_path):
         (b"\n\n  \n", "the events file is empty"),
         (b"ts,event,request_id,num_blocks,num_tokens\n", "the events file has a header but no event rows"),
         (b"PK\x03\x04\x00\x00binary\x00stuff", "not a CSV or Parquet events file (binary content)"),
-        (b"ts,event,id\n1,allocate,a\n", "missing required column(s) request_id, num_blocks, num_tokens; "
-                                          "columns found: ts, event, id"),
+        (
+            b"ts,event,id\n1,allocate,a\n",
+            "missing required column(s) request_id, num_blocks, num_tokens; columns found: ts, event, id",
+        ),
     ],
 )
 def test_unusable_files_raise_input_file_error(tmp_path, content, message):
@@ -268,13 +288,18 @@ def test_header_names_are_case_and_space_insensitive(tmp_path):
     "name, content, message",
     [
         ("e.parquet", b"PAR1 this is not parquet PAR1", "cannot read the events file"),
-        ("e.csv.gz", gzip.compress(b"ts,event,request_id,num_blocks,num_tokens\n0,allocate,a,1,1\n")[:30],
-         "not a valid gzip file"),
-        ("e.csv", b"ts,event,request_id,num_blocks,num_tokens\n\xff\xfe,allocate,a,1,1\n",
-         "invalid UTF-8 at byte 42"),
+        (
+            "e.csv.gz",
+            gzip.compress(b"ts,event,request_id,num_blocks,num_tokens\n0,allocate,a,1,1\n")[:30],
+            "not a valid gzip file",
+        ),
+        ("e.csv", b"ts,event,request_id,num_blocks,num_tokens\n\xff\xfe,allocate,a,1,1\n", "invalid UTF-8 at byte 42"),
         # invalid UTF-8 beyond the 64 KiB the sniffer reads: pyarrow's error, still one InputFileError
-        ("late.csv", b"ts,event,request_id,num_blocks,num_tokens\n" + b"0,allocate,a,1,1\n" * 5000
-         + b"1,free,\xff\xfe,1,\n", "cannot read the events file"),
+        (
+            "late.csv",
+            b"ts,event,request_id,num_blocks,num_tokens\n" + b"0,allocate,a,1,1\n" * 5000 + b"1,free,\xff\xfe,1,\n",
+            "cannot read the events file",
+        ),
     ],
 )
 def test_corrupt_parquet_gzip_and_utf8_are_input_errors(tmp_path, name, content, message):
@@ -288,15 +313,18 @@ def test_corrupt_parquet_gzip_and_utf8_are_input_errors(tmp_path, name, content,
 def test_write_events_round_trip(tmp_path, name):
     from kvtool.events.load import write_events
 
-    rows = write_events(tmp_path / name, {
-        "ts": [0.0, 1.0, 2.0],
-        "event": ["allocate", "append", "free"],
-        "request_id": ["a", "a", "a"],
-        "num_blocks": [2, 1, 3],
-        "num_tokens": [20, 5, None],
-        "block_ids": [[1, 2], "3", [1, 2, 3]],
-        "latency_ms": [None, None, 800.0],
-    })
+    rows = write_events(
+        tmp_path / name,
+        {
+            "ts": [0.0, 1.0, 2.0],
+            "event": ["allocate", "append", "free"],
+            "request_id": ["a", "a", "a"],
+            "num_blocks": [2, 1, 3],
+            "num_tokens": [20, 5, None],
+            "block_ids": [[1, 2], "3", [1, 2, 3]],
+            "latency_ms": [None, None, 800.0],
+        },
+    )
     assert rows == 3
     a = run(tmp_path / name)
     # b = 2 on [0,1), 3 on [1,2): 5 block-seconds; n = 20 then 25: (20 + 25) / (16 * 5) = 45/80
@@ -311,8 +339,9 @@ def test_write_events_rejects_unknown_columns(tmp_path):
     from kvtool.events.load import write_events
 
     with pytest.raises(UsageError, match="unknown colour; missing num_tokens"):
-        write_events(tmp_path / "x.csv", {"ts": [0], "event": ["free"], "request_id": ["a"], "num_blocks": [1],
-                                          "colour": [1]})
+        write_events(
+            tmp_path / "x.csv", {"ts": [0], "event": ["free"], "request_id": ["a"], "num_blocks": [1], "colour": [1]}
+        )
 
 
 def test_reuse_sources():

@@ -6,9 +6,9 @@ import csv
 import json
 
 import pytest
-from tests.support import DATA, run_subprocess
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INPUT, EXIT_USAGE
+from tests.support import DATA, run_subprocess
 
 D = DATA / "analyze"
 
@@ -39,8 +39,16 @@ def test_json_has_summary_and_requests(run_cli):
     assert result.stderr == ""
     data = json.loads(result.stdout)
     s = data["summary"]
-    for key in ("requests", "events", "rejected_rows", "leaked_requests", "leaked_blocks", "peak_blocks_in_use",
-                "utilization", "free_latency_ms_p95"):
+    for key in (
+        "requests",
+        "events",
+        "rejected_rows",
+        "leaked_requests",
+        "leaked_blocks",
+        "peak_blocks_in_use",
+        "utilization",
+        "free_latency_ms_p95",
+    ):
         assert key in s
     assert (s["requests"], s["events"], s["peak_blocks_in_use"]) == (2, 6, 4)
     assert s["free_latency_ms_p95"] == pytest.approx(760.5)  # 10 + 0.95 * (800 - 10)
@@ -77,8 +85,12 @@ def test_plot_writes_four_pngs(run_cli, tmp_path):
     assert result.exit_code == 0, result.stderr
     json.loads(result.stdout)  # --json output stays pure
     names = sorted(p.name for p in (tmp_path / "charts").iterdir())
-    assert names == ["blocks_in_use.png", "free_latency_hist.png", "holding_vs_utilization.png",
-                     "match_length_hist.png"]
+    assert names == [
+        "blocks_in_use.png",
+        "free_latency_hist.png",
+        "holding_vs_utilization.png",
+        "match_length_hist.png",
+    ]
     for p in (tmp_path / "charts").iterdir():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -104,8 +116,7 @@ def test_long_request_alert(run_cli, tmp_path):
     # share of blocks in use = 7/7 on [0,1) (above 0.6), 7/10 on [1,2) (above), 0 after -> 2 s above the alert
     f = tmp_path / "e.csv"
     f.write_text(
-        "ts,event,request_id,num_blocks,num_tokens\n"
-        "0,allocate,L,7,100\n1,allocate,S,3,40\n2,free,L,7,\n2,free,S,3,\n"
+        "ts,event,request_id,num_blocks,num_tokens\n0,allocate,L,7,100\n1,allocate,S,3,40\n2,free,L,7,\n2,free,S,3,\n"
     )
     data = json.loads(run_cli("analyze", f, "--json", "--long-threshold", "50").stdout)
     lr = data["long_requests"]
@@ -123,8 +134,10 @@ def test_long_request_alert(run_cli, tmp_path):
     [
         (b"", "Error: the events file is empty"),
         (b"\x00\x01\x02binary", "Error: not a CSV or Parquet events file (binary content)"),
-        (b"a,b\n1,2\n", "Error: missing required column(s) ts, event, request_id, num_blocks, num_tokens; "
-                        "columns found: a, b"),
+        (
+            b"a,b\n1,2\n",
+            "Error: missing required column(s) ts, event, request_id, num_blocks, num_tokens; columns found: a, b",
+        ),
         (b"\x1f\x8bnot really gzip", "Error: not a valid gzip file"),
     ],
 )
@@ -152,8 +165,9 @@ def test_missing_jsonl_file_is_an_input_error(run_cli, tmp_path):
     assert "events.jsonl" in result.stderr
 
 
-@pytest.mark.parametrize("option, value", [("--block-size", "0"), ("--long-share-alert", "1.5"), ("--top", "-1"),
-                                           ("--pool-blocks", "0")])
+@pytest.mark.parametrize(
+    "option, value", [("--block-size", "0"), ("--long-share-alert", "1.5"), ("--top", "-1"), ("--pool-blocks", "0")]
+)
 def test_bad_option_values_exit_2(run_cli, option, value):
     result = run_cli("analyze", D / "basic.csv", option, value)
     assert result.exit_code == EXIT_USAGE
@@ -184,12 +198,14 @@ def test_json_lines_match_the_records(tmp_path):
     import io
 
     from kvtool.events.analysis import analyze_events
-    from kvtool.events.render import request_records, write_json
     from kvtool.events.load import load_events
+    from kvtool.events.render import request_records, write_json
 
     f = tmp_path / "e.csv"
-    f.write_text('ts,event,request_id,num_blocks,num_tokens\n0,allocate,"a, ""b""",1,5\n1,free,"a, ""b""",1,\n'
-                 "2,allocate,z,1,1\n2,free,z,1,\n")
+    f.write_text(
+        'ts,event,request_id,num_blocks,num_tokens\n0,allocate,"a, ""b""",1,5\n1,free,"a, ""b""",1,\n'
+        "2,allocate,z,1,1\n2,free,z,1,\n"
+    )
     analysis = analyze_events(load_events(f))
     out = io.StringIO()
     write_json(analysis, out)
@@ -198,8 +214,10 @@ def test_json_lines_match_the_records(tmp_path):
 
 def test_request_ids_are_not_rich_markup(run_cli, tmp_path):
     f = tmp_path / "e.csv"
-    f.write_text("ts,event,request_id,num_blocks,num_tokens\n0,allocate,[/bold]x,2,1\n1,free,[/bold]x,2,\n"
-                 "0,allocate,[red]leak,1,1\n")
+    f.write_text(
+        "ts,event,request_id,num_blocks,num_tokens\n0,allocate,[/bold]x,2,1\n1,free,[/bold]x,2,\n"
+        "0,allocate,[red]leak,1,1\n"
+    )
     result = run_cli("analyze", f)
     assert result.exit_code == 0, result.stderr
     assert "[/bold]x" in result.stdout and "[red]leak" in result.stdout
@@ -225,9 +243,11 @@ def test_empty_charts_say_why(tmp_path):
         return found
 
     assert texts(D / "leak_preempt.csv", event_plots._free_latency) == [
-        "no free latency recorded (no latency_ms on free rows)"]
+        "no free latency recorded (no latency_ms on free rows)"
+    ]
     assert texts(D / "leak_preempt.csv", event_plots._match_lengths) == [
-        "no prefix-cache hits in the file (no reuse rows, or none with tokens)"]
+        "no prefix-cache hits in the file (no reuse rows, or none with tokens)"
+    ]
     assert texts(D / "reuse.csv", event_plots._match_lengths) == []
     assert texts(D / "basic.csv", event_plots._free_latency) == []  # basic.csv has a free latency
 

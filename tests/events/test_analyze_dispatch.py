@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.support import DATA
-
 from kvtool.core.errors import EXIT_INPUT, EXIT_USAGE
+from tests.support import DATA
 
 INCREMENTAL = DATA / "vllm-events" / "small-cache-evictions-incremental.jsonl"
 
@@ -64,8 +63,10 @@ def test_per_request_options_on_vllm_events_are_named_not_dropped(run_cli):
     result = run_cli("analyze", INCREMENTAL, "--json", "--top", "3", "--block-size", "32")
     assert result.exit_code == 0
     json.loads(result.stdout)
-    assert result.stderr == ("Warning: --block-size, --top do not apply to vLLM's KV events (no request ids, "
-                             "no per-request table): ignored\n")
+    assert result.stderr == (
+        "Warning: --block-size, --top do not apply to vLLM's KV events (no request ids, "
+        "no per-request table): ignored\n"
+    )
 
 
 def test_strict_fails_on_lost_vllm_batches(run_cli, tmp_path):
@@ -82,5 +83,6 @@ def test_strict_fails_on_lost_vllm_batches(run_cli, tmp_path):
     assert result.exit_code == EXIT_CHECK_FAILED
     json.loads(result.stdout)  # the report is still printed
     assert result.stderr.splitlines()[0] == (
-        f"Error: 2 batch sequence numbers are missing: those events were lost ({gappy})")
+        f"Error: 2 batch sequence numbers are missing: those events were lost ({gappy})"
+    )
     assert run_cli("analyze", INCREMENTAL, "--strict").exit_code == 0

@@ -150,20 +150,41 @@ def test_random_bytes_never_crash_the_loader(data):
 
 
 _cell = st.one_of(
-    st.sampled_from(["", "0", "1", "-1", "2.5", "nan", "inf", "x", "allocate", "FREE", " append ", "reuse", "1e3",
-                     "9" * 30, "\"q\"", "1 2 3", "a b"]),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=",\n\r\"\x00"), max_size=6),
+    st.sampled_from(
+        [
+            "",
+            "0",
+            "1",
+            "-1",
+            "2.5",
+            "nan",
+            "inf",
+            "x",
+            "allocate",
+            "FREE",
+            " append ",
+            "reuse",
+            "1e3",
+            "9" * 30,
+            '"q"',
+            "1 2 3",
+            "a b",
+        ]
+    ),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=',\n\r"\x00'), max_size=6),
 )
 
 
 @SETTINGS
 @given(
     st.lists(st.lists(_cell, min_size=3, max_size=8), max_size=12),
-    st.sampled_from([
-        "ts,event,request_id,num_blocks,num_tokens",
-        "ts,event,request_id,num_blocks,num_tokens,latency_ms,block_ids",
-        "ts,event,request_id,num_blocks,num_tokens,block_size,free_pool_blocks,source_request_id",
-    ]),
+    st.sampled_from(
+        [
+            "ts,event,request_id,num_blocks,num_tokens",
+            "ts,event,request_id,num_blocks,num_tokens,latency_ms,block_ids",
+            "ts,event,request_id,num_blocks,num_tokens,block_size,free_pool_blocks,source_request_id",
+        ]
+    ),
 )
 def test_random_rows_never_crash_and_every_row_is_accounted_for(cells, header):
     text = header + "\n" + "".join(",".join(row) + "\n" for row in cells)
@@ -262,8 +283,7 @@ def block_traces(draw):
 @given(block_traces())
 def test_physical_blocks_match_reference(rows):
     text = "ts,event,request_id,num_blocks,num_tokens,block_ids\n" + "".join(
-        f"{ts},{ev},{req},{nb},{'' if ev == 'free' else 1},{' '.join(map(str, ids))}\n"
-        for ts, ev, req, nb, ids in rows
+        f"{ts},{ev},{req},{nb},{'' if ev == 'free' else 1},{' '.join(map(str, ids))}\n" for ts, ev, req, nb, ids in rows
     )
     a = _analyze_text(text)
     if not any(ids for *_, ids in rows):

@@ -6,10 +6,10 @@ import json
 import sys
 
 import pytest
-from tests.support import DATA, heavy_modules_loaded_by
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from kvtool.repro.scenarios import SCENARIO_NAMES
+from tests.support import DATA, heavy_modules_loaded_by
 
 pytest.importorskip("torch")
 
@@ -77,7 +77,10 @@ def test_dtype_tolerances_shown(run_cli):
         (["no-such-scenario"], "Error: unknown scenario 'no-such-scenario' (NAME)"),
         (["--interleavings", "0"], "Error: --interleavings must be at least 1, got 0 (--interleavings)"),
         (["--seed", "-1"], "Error: --seed must be between 0 and 4611686018427387904, got -1 (--seed)"),
-        (["--seed", str(2**64)], "Error: --seed must be between 0 and 4611686018427387904, got 18446744073709551616 (--seed)"),
+        (
+            ["--seed", str(2**64)],
+            "Error: --seed must be between 0 and 4611686018427387904, got 18446744073709551616 (--seed)",
+        ),
         (["--dtype", "float16"], "Error: unknown dtype 'float16'; use one of float32, float64, bfloat16 (--dtype)"),
         (["--device", "tpu"], "Error: unknown device 'tpu'; use cpu or cuda (--device)"),
         (["layer-index", "--target", "x:y"], "Error: give scenario names or --target, not both (--target)"),
@@ -197,7 +200,10 @@ def test_d_model_from_option(run_cli, targets_on_path):
         ("repro_targets:missing", "Error: target 'repro_targets:missing': 'repro_targets' has no attribute"),
         ("repro_targets:not_a_module", "Error: factory of target 'repro_targets:not_a_module' returned int"),
         ("repro_targets:NOT_CALLABLE", "Error: target 'repro_targets:NOT_CALLABLE' is not callable"),
-        ("repro_targets:exits", "Error: factory of target 'repro_targets:exits' raised SystemExit: no GPU found, exiting"),
+        (
+            "repro_targets:exits",
+            "Error: factory of target 'repro_targets:exits' raised SystemExit: no GPU found, exiting",
+        ),
         (
             "repro_targets:broken_factory",
             "Error: factory of target 'repro_targets:broken_factory' raised FileNotFoundError: weights.pt not found",

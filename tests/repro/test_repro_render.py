@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
-from tests.support import DATA
 
 from rich.console import Console
 
-from kvtool.cli.output import to_jsonable
+from kvtool.core.jsonable import to_jsonable
 from kvtool.repro.render import render_report
 from kvtool.repro.results import (
     CacheTensorInfo,
@@ -20,6 +18,7 @@ from kvtool.repro.results import (
     TargetResult,
     Tolerance,
 )
+from tests.support import DATA
 
 GOLDEN = DATA / "repro" / "render_golden.txt"
 
@@ -96,7 +95,9 @@ def test_addresses_are_folded_not_cut_on_a_narrow_terminal():
     big = 0x55A55C0A3600
 
     def real(impl):
-        infos = tuple(replace(i, data_ptr=i.data_ptr + big, storage_ptr=i.storage_ptr + big) for i in impl.cache_tensors)
+        infos = tuple(
+            replace(i, data_ptr=i.data_ptr + big, storage_ptr=i.storage_ptr + big) for i in impl.cache_tensors
+        )
         return replace(impl, cache_tensors=infos)
 
     report = replace(report, scenarios=(replace(scenario, buggy=real(scenario.buggy), fixed=real(scenario.fixed)),))

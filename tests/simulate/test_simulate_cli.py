@@ -47,31 +47,66 @@ def test_length_only_trace_keeps_the_total_length():
 
 
 def test_sampling_with_replacement_is_seeded(run_cli):
-    a = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3",
-                "--json")
-    b = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3",
-                "--json")
-    c = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "4",
-                "--json")
+    a = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3", "--json")
+    b = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "3", "--json")
+    c = run_cli("simulate", "--trace", SIM / "azure-2023-code-head20.csv", "--requests", "500", "--seed", "4", "--json")
     assert a.exit_code == 0 and a.stdout == b.stdout
     assert json.loads(a.stdout)["requests"] == 500
     assert a.stdout != c.stdout
 
 
 def test_table_output_and_recommendations(run_cli):
-    res = run_cli("simulate", "--dist", "lognormal", "--mean", "800", "--p99", "4000", "--requests", "2000",
-                  "--kv-tokens", "50000", "--shared-prefix", "100", "--serve", "--qps", "20")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "lognormal",
+        "--mean",
+        "800",
+        "--p99",
+        "4000",
+        "--requests",
+        "2000",
+        "--kv-tokens",
+        "50000",
+        "--shared-prefix",
+        "100",
+        "--serve",
+        "--qps",
+        "20",
+    )
     assert res.exit_code == 0, res.stderr
-    for text in ("Static comparison", "Contiguous baseline", "Shared prefix of 100 tokens",
-                 "Requests that fit at once in 50,000 KV tokens", "Serving: the block pool",
-                 "Recommendation (least waste)", "Recommendation (most concurrency)",
-                 "Recommendation (fewest preemptions)", "Poisson at 20 requests/s"):
+    for text in (
+        "Static comparison",
+        "Contiguous baseline",
+        "Shared prefix of 100 tokens",
+        "Requests that fit at once in 50,000 KV tokens",
+        "Serving: the block pool",
+        "Recommendation (least waste)",
+        "Recommendation (most concurrency)",
+        "Recommendation (fewest preemptions)",
+        "Poisson at 20 requests/s",
+    ):
         assert text in res.stdout
 
 
 def test_json_has_the_specified_fields(run_cli, tmp_path):
-    res = run_cli("simulate", "--dist", "uniform", "--min", "10", "--max", "3000", "--requests", "300", "--serve",
-                  "--block-sizes", "16,32", "--json", "--plot", tmp_path / "plots")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "uniform",
+        "--min",
+        "10",
+        "--max",
+        "3000",
+        "--requests",
+        "300",
+        "--serve",
+        "--block-sizes",
+        "16,32",
+        "--json",
+        "--plot",
+        tmp_path / "plots",
+    )
     assert res.exit_code == 0, res.stderr
     assert res.stderr == ""
     out = json.loads(res.stdout)
@@ -85,7 +120,9 @@ def test_json_has_the_specified_fields(run_cli, tmp_path):
     assert out["serve_setup"]["pool_is_default"] is True
     assert "default" in out["serve_setup"]["pool_text"]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "blocks_in_use_over_time.png", "fragmentation_vs_block_size.png"]
+        "blocks_in_use_over_time.png",
+        "fragmentation_vs_block_size.png",
+    ]
     assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
 
 
@@ -206,8 +243,23 @@ def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
     # article's formula); the pool is floor(budget / (16 x 524,288)) blocks of 16 tokens.
     assert est["bytes_per_token"] == 2 * 32 * 32 * 128 * 2
     expected = est["kv_budget_bytes"] // (16 * 524_288) * 16
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "1000", "--model", "llama-2-7b",
-                  "--gpu", "h100-80gb", "--serve", "--block-sizes", "16", "--json")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "1000",
+        "--requests",
+        "1000",
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "h100-80gb",
+        "--serve",
+        "--block-sizes",
+        "16",
+        "--json",
+    )
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["kv_tokens"] == expected == est["kv_cache_tokens"]
@@ -302,17 +354,41 @@ def test_fixed_distribution_says_how_it_misleads(run_cli):
 def test_recommendations_state_how_ties_are_broken(run_cli):
     # 2,048 tokens is a multiple of 16 and 128: both waste 0 slots, and with 100,000 KV tokens both fit
     # floor(6250 / 128) = floor(781 / 16) = 48 requests (100,000 // 16 = 6,250 blocks of 16; // 128 = 781 of 128).
-    res = run_cli("simulate", "--dist", "fixed", "--length", "2048", "--requests", "100", "--block-sizes", "16,128",
-                  "--kv-tokens", "100000", "--json")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "2048",
+        "--requests",
+        "100",
+        "--block-sizes",
+        "16,128",
+        "--kv-tokens",
+        "100000",
+        "--json",
+    )
     recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
     assert recs["least waste"]["block_size"] == 128
-    assert recs["least waste"]["reason"] == ("0.00% of allocated slots empty (16: 0.00%); tied with 16: the largest "
-                                             "has the fewest table entries")
+    assert recs["least waste"]["reason"] == (
+        "0.00% of allocated slots empty (16: 0.00%); tied with 16: the largest has the fewest table entries"
+    )
     assert recs["most concurrency"]["reason"].startswith("48 requests fit at once (p50)")
     assert recs["most concurrency"]["reason"].endswith("; tied with 16: the largest has the fewest table entries")
     # 10 requests in a large pool: no block size preempts, so the choice falls to TTFT p99, and says so
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16,32",
-                  "--serve", "--json")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "1000",
+        "--requests",
+        "10",
+        "--block-sizes",
+        "16,32",
+        "--serve",
+        "--json",
+    )
     recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
     assert recs["fewest preemptions"]["reason"].startswith("0 preemptions (")
     assert "; tied with " in recs["fewest preemptions"]["reason"]
@@ -321,8 +397,20 @@ def test_recommendations_state_how_ties_are_broken(run_cli):
 
 def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
     # 1,000-token requests in a 100-token pool: ceil(1000/16) = 63 blocks > 100 // 16 = 6, so nothing runs.
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--block-sizes", "16",
-                  "--kv-tokens", "100", "--serve")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "1000",
+        "--requests",
+        "10",
+        "--block-sizes",
+        "16",
+        "--kv-tokens",
+        "100",
+        "--serve",
+    )
     assert res.exit_code == 0, res.stderr
     assert "nan" not in res.stdout
     assert "No request ran at any block size" in res.stdout
@@ -332,19 +420,34 @@ def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
 
 def test_static_budget_names_where_it_came_from(run_cli):
     # --model/--gpu: the static table says whose plan the budget is, not just a token count
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--model", "llama-2-7b",
-                  "--gpu", "h100-80gb", "--block-sizes", "16")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "1000",
+        "--requests",
+        "100",
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "h100-80gb",
+        "--block-sizes",
+        "16",
+    )
     assert res.exit_code == 0, res.stderr
     assert "tokens (kvtool estimate's plan for llama-2-7b on h100-80gb" in " ".join(res.stdout.split())
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--kv-tokens", "5000",
-                  "--json")
+    res = run_cli(
+        "simulate", "--dist", "fixed", "--length", "1000", "--requests", "100", "--kv-tokens", "5000", "--json"
+    )
     assert json.loads(res.stdout)["kv_tokens_text"] == "--kv-tokens"
 
 
 def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
     # it used to write NAME-b16.csv files beside the folder (or fail only after the simulation with one size)
-    res = run_cli("simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve",
-                  "--export-events", tmp_path)
+    res = run_cli(
+        "simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve", "--export-events", tmp_path
+    )
     assert res.exit_code == 2
     assert "not a folder" in _err(res)
     assert not list(tmp_path.parent.glob(f"{tmp_path.name}-b*.csv"))
@@ -352,8 +455,9 @@ def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
 
 def test_static_waste_column_names_its_unit(run_cli):
     # uniform 1..4096 at b = 8: (b - 1)/2 = 3.5 empty slots per request on average (closed form)
-    res = run_cli("simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000",
-                  "--block-sizes", "8")
+    res = run_cli(
+        "simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000", "--block-sizes", "8"
+    )
     assert res.exit_code == 0, res.stderr
     assert "empty slots/req" in res.stdout
     row = next(line for line in res.stdout.splitlines() if line.startswith("│     8 │"))
@@ -366,10 +470,12 @@ def test_azure_2024_timestamps_with_a_utc_offset(run_cli, tmp_path):
     # By hand: the second row is 1.5 s after the first; the third, 2024-05-10 01:00:00.509930+01:00, is
     # 00:00:00.509930 UTC, 0.5 s after the first.
     path = tmp_path / "az24.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2024-05-10 00:00:00.009930+00:00,100,10\n"
-                    "2024-05-10 00:00:01.509930+00:00,200,20\n"
-                    "2024-05-10 01:00:00.509930+01:00,300,30\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:00.009930+00:00,100,10\n"
+        "2024-05-10 00:00:01.509930+00:00,200,20\n"
+        "2024-05-10 01:00:00.509930+01:00,300,30\n"
+    )
     res = run_cli("simulate", "--trace", path, "--serve", "--block-sizes", "16", "--json")
     assert res.exit_code == 0
     assert res.stderr == ""

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from kvtool.simulate.lengths import load_event_lengths, load_trace, sample_requests
 from kvtool.simulate.export import request_figures
+from kvtool.simulate.lengths import load_event_lengths, load_trace, sample_requests
 from kvtool.simulate.run import SimulateOptions, run_simulation
 from tests.support import DATA
 
@@ -18,8 +18,21 @@ CONV = DATA / "simulate" / "azure-2023-conv.csv"
 
 def test_analyze_on_exported_events_reproduces_the_simulation(run_cli, tmp_path):
     events = tmp_path / "ev.csv"
-    args = ["--trace", CONV, "--requests", "400", "--seed", "2", "--qps", "30", "--serve", "--kv-tokens", "12000",
-            "--block-sizes", "16"]
+    args = [
+        "--trace",
+        CONV,
+        "--requests",
+        "400",
+        "--seed",
+        "2",
+        "--qps",
+        "30",
+        "--serve",
+        "--kv-tokens",
+        "12000",
+        "--block-sizes",
+        "16",
+    ]
     sim = run_cli("simulate", *args, "--export-events", events, "--json")
     assert sim.exit_code == 0, sim.stderr
     sim = json.loads(sim.stdout)["results"][0]
@@ -37,8 +50,7 @@ def test_analyze_on_exported_events_reproduces_the_simulation(run_cli, tmp_path)
     assert summary["duration_s"] == pytest.approx(sim["span_s"], rel=1e-12)
     # per-request figures
     reqs = sample_requests(load_trace(CONV), 400, seed=2)
-    _, traces = run_simulation(reqs, SimulateOptions(block_sizes=[16], serve=True, kv_tokens=12000, qps=30,
-                                                      seed=2))
+    _, traces = run_simulation(reqs, SimulateOptions(block_sizes=[16], serve=True, kv_tokens=12000, qps=30, seed=2))
     figs = request_figures(traces[16], 400)
     by_id = {r["request_id"]: r for r in ana["requests"]}
     for i in range(400):
@@ -54,8 +66,25 @@ def test_from_events_recovers_the_simulated_lengths(run_cli, tmp_path):
     # The simulator holds prompt + max(output, 1) - 1 tokens at the end (vLLM never writes the last token's KV),
     # so the recovered (prompt, output) pairs are (prompt, max(output, 1) - 1).
     events = tmp_path / "ev.csv"
-    res = run_cli("simulate", "--trace", CONV, "--requests", "300", "--seed", "5", "--qps", "40", "--serve",
-                  "--kv-tokens", "15000", "--block-sizes", "32", "--export-events", events, "--json")
+    res = run_cli(
+        "simulate",
+        "--trace",
+        CONV,
+        "--requests",
+        "300",
+        "--seed",
+        "5",
+        "--qps",
+        "40",
+        "--serve",
+        "--kv-tokens",
+        "15000",
+        "--block-sizes",
+        "32",
+        "--export-events",
+        events,
+        "--json",
+    )
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["results"][0]["preemptions"] > 0
     got = load_event_lengths(events)
@@ -97,7 +126,7 @@ def test_exported_events_take_the_format_their_name_says(run_cli, tmp_path, name
     args = ["--trace", DATA / "simulate" / "generic-head20.csv", "--serve", "--block-sizes", "16"]
     assert run_cli("simulate", *args, "--export-events", tmp_path / "ev.csv").exit_code == 0
     assert run_cli("simulate", *args, "--export-events", tmp_path / name).exit_code == 0
-    assert (tmp_path / name).read_bytes()[:len(magic)] == magic
+    assert (tmp_path / name).read_bytes()[: len(magic)] == magic
     plain = json.loads(run_cli("analyze", tmp_path / "ev.csv", "--json").stdout)
     other = run_cli("analyze", tmp_path / name, "--json")
     assert other.exit_code == 0, other.stderr

@@ -9,8 +9,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from kvtool.simulate.serving import CostModel, ServeConfig, simulate_serving
 from kvtool.simulate.export import events_table, export_paths, request_figures
+from kvtool.simulate.serving import CostModel, ServeConfig, simulate_serving
 from tests.support import DATA
 
 # Every step takes exactly 1 ms: no per-token, per-slot or per-entry cost.
@@ -104,8 +104,9 @@ def test_never_fitting_requests_are_counted_and_the_rest_complete():
 def test_split_pools_divide_the_capacity():
     rng = np.random.default_rng(0)
     prompt = rng.integers(10, 3000, 300)
-    result, _ = run(prompt, rng.integers(1, 200, 300), np.sort(rng.uniform(0, 5, 300)), 16, 40_000,
-                    split_threshold_tokens=1000)
+    result, _ = run(
+        prompt, rng.integers(1, 200, 300), np.sort(rng.uniform(0, 5, 300)), 16, 40_000, split_threshold_tokens=1000
+    )
     assert [p.name for p in result.pools] == ["short", "long"]
     assert sum(p.pool_blocks for p in result.pools) == result.pool_blocks
     assert sum(p.requests for p in result.pools) == 300
@@ -143,15 +144,38 @@ def _integrate_events(path):
                 allocated += n
                 tokens += int(row["num_tokens"])
             peak = max(peak, blocks)
-        out[rid] = dict(hold=hold, block_s=block_s, util=token_s / (int(rows[0]["block_size"]) * block_s),
-                        allocated=allocated, freed=freed, end_blocks=blocks, peak=peak)
+        out[rid] = dict(
+            hold=hold,
+            block_s=block_s,
+            util=token_s / (int(rows[0]["block_size"]) * block_s),
+            allocated=allocated,
+            freed=freed,
+            end_blocks=blocks,
+            peak=peak,
+        )
     return out
 
 
 def test_exported_events_reproduce_the_per_request_figures(run_cli, tmp_path):
     events = tmp_path / "ev.csv"
-    args = ["--trace", DATA / "simulate" / "azure-2023-conv.csv", "--requests", "300", "--seed", "2", "--qps", "30",
-            "--serve", "--kv-tokens", "12000", "--block-sizes", "16,64", "--shared-prefix", "64", "--prefix-cache"]
+    args = [
+        "--trace",
+        DATA / "simulate" / "azure-2023-conv.csv",
+        "--requests",
+        "300",
+        "--seed",
+        "2",
+        "--qps",
+        "30",
+        "--serve",
+        "--kv-tokens",
+        "12000",
+        "--block-sizes",
+        "16,64",
+        "--shared-prefix",
+        "64",
+        "--prefix-cache",
+    ]
     res = run_cli("simulate", *args, "--export-events", events, "--json")
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
@@ -162,8 +186,18 @@ def test_exported_events_reproduce_the_per_request_figures(run_cli, tmp_path):
     from kvtool.simulate.run import SimulateOptions, run_simulation
 
     reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 300, seed=2)
-    _, traces = run_simulation(reqs, SimulateOptions(block_sizes=[16, 64], serve=True, kv_tokens=12000, qps=30,
-                                                      seed=2, shared_prefix_tokens=64, prefix_cache=True))
+    _, traces = run_simulation(
+        reqs,
+        SimulateOptions(
+            block_sizes=[16, 64],
+            serve=True,
+            kv_tokens=12000,
+            qps=30,
+            seed=2,
+            shared_prefix_tokens=64,
+            prefix_cache=True,
+        ),
+    )
     for b in (16, 64):
         got = _integrate_events(paths[b])
         figs = request_figures(traces[b], reqs.count)
@@ -183,8 +217,9 @@ def test_pool_integrals_equal_the_sum_of_requests():
     # sum of per-request block-seconds.
     rng = np.random.default_rng(5)
     n = 400
-    result, trace = run(rng.integers(1, 2000, n), rng.integers(1, 300, n), np.sort(rng.uniform(0, 20, n)), 32,
-                        30_000, cost=CostModel())
+    result, trace = run(
+        rng.integers(1, 2000, n), rng.integers(1, 300, n), np.sort(rng.uniform(0, 20, n)), 32, 30_000, cost=CostModel()
+    )
     figs = request_figures(trace, n)
     assert result.preemptions > 0
     assert result.mean_blocks * result.span_s == pytest.approx(np.nansum(figs.block_seconds), rel=1e-9)
@@ -235,8 +270,18 @@ def test_invariants_on_random_workloads(data, b, pool, max_seqs, prefix, split):
     output = np.array([d[1] for d in data])
     arrival = np.sort(np.array([d[2] for d in data]))
     cost = CostModel(step_overhead_ms=1.0, token_us=1.0, kv_token_us=0.01, table_entry_us=0.01, refresh_steps=4)
-    result, trace = run(prompt, output, arrival, b, pool, cost=cost, max_num_seqs=max_seqs,
-                        shared_prefix_tokens=prefix, prefix_cache=prefix > 0, split_threshold_tokens=split)
+    result, trace = run(
+        prompt,
+        output,
+        arrival,
+        b,
+        pool,
+        cost=cost,
+        max_num_seqs=max_seqs,
+        shared_prefix_tokens=prefix,
+        prefix_cache=prefix > 0,
+        split_threshold_tokens=split,
+    )
     assert result.completed + result.never_fit == len(data)
     assert result.peak_blocks <= result.pool_blocks
     if result.completed:
@@ -249,7 +294,7 @@ def test_invariants_on_random_workloads(data, b, pool, max_seqs, prefix, split):
     figs = request_figures(trace, len(data))
     ran = ~np.isnan(figs.block_seconds)
     assert (figs.block_seconds[ran] >= 0).all()
-    assert ((figs.utilization[ran & (figs.block_seconds > 0)] <= 1 + 1e-12)).all()
+    assert (figs.utilization[ran & (figs.block_seconds > 0)] <= 1 + 1e-12).all()
     # a request's peak blocks are its final tokens' blocks: ceil((prompt + max(output, 1) - 1) / b)
     final = -(-(prompt + np.maximum(output, 1) - 1) // b)
     assert (figs.peak_blocks[ran] == final[ran]).all()
@@ -261,8 +306,11 @@ def test_progress_is_reported_per_block_size():
 
     reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 5000, seed=0)
     calls = []
-    run_simulation(reqs, SimulateOptions(block_sizes=[16, 32], serve=True),
-                   lambda label, done, total: calls.append((label, done, total)))
+    run_simulation(
+        reqs,
+        SimulateOptions(block_sizes=[16, 32], serve=True),
+        lambda label, done, total: calls.append((label, done, total)),
+    )
     assert {c[0] for c in calls} == {"serve block 16", "serve block 32"}
     assert ("serve block 32", 5000, 5000) in calls
     assert all(0 <= done <= total for _, done, total in calls)
@@ -272,7 +320,6 @@ def test_unsorted_arrivals_are_served_in_time_order():
     # C arrives first, then A, then B; max_num_seqs 1 and 2 ms of work each: C 0-2, A 2-4, B 4-6 ms.
     result, trace = run([10, 10, 10], [2, 2, 2], [0.001, 0.002, 0.0], 16, 1600, max_num_seqs=1)
     assert trace.completion_s.tolist() == pytest.approx([0.004, 0.006, 0.002])
-
 
 
 def _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, overhead_s, token_s, prefix=0):
@@ -295,8 +342,9 @@ def _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, overhead_
 
     n = len(prompt)
     out = [max(o, 1) for o in output]
-    order = sorted((i for i in range(n) if blocks(prompt[i] + out[i] - 1) <= caps[pool_of[i]]),
-                   key=lambda i: (arrival[i], i))
+    order = sorted(
+        (i for i in range(n) if blocks(prompt[i] + out[i] - 1) <= caps[pool_of[i]]), key=lambda i: (arrival[i], i)
+    )
     pools = range(len(caps))
     waiting, running = [deque() for _ in pools], [[] for _ in pools]
     tok, emitted = {}, [0] * n
@@ -353,10 +401,21 @@ def _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, overhead_
     return np.array(ttft), np.array(done), preemptions, peak
 
 
-@pytest.mark.parametrize("seed,b,pool_blocks,max_seqs,prefix,split", [
-    (0, 16, 300, 256, 0, None), (1, 8, 500, 16, 0, None), (2, 32, 100, 64, 0, None), (3, 4, 2000, 8, 0, None),
-    (4, 128, 40, 256, 0, None), (5, 16, 200, 256, 100, None), (6, 8, 300, 32, 300, None), (7, 32, 60, 256, 64, None),
-    (8, 16, 300, 256, 0, 400), (9, 8, 400, 24, 50, 300)])
+@pytest.mark.parametrize(
+    "seed,b,pool_blocks,max_seqs,prefix,split",
+    [
+        (0, 16, 300, 256, 0, None),
+        (1, 8, 500, 16, 0, None),
+        (2, 32, 100, 64, 0, None),
+        (3, 4, 2000, 8, 0, None),
+        (4, 128, 40, 256, 0, None),
+        (5, 16, 200, 256, 100, None),
+        (6, 8, 300, 32, 300, None),
+        (7, 32, 60, 256, 64, None),
+        (8, 16, 300, 256, 0, 400),
+        (9, 8, 400, 24, 50, 300),
+    ],
+)
 def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, max_seqs, prefix, split):
     # With no per-block cost the step time is exact between events, so jumping from event to event must give the
     # same first-token and completion times, preemptions and peak as stepping token by token.  (This test found
@@ -367,8 +426,18 @@ def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, ma
     output = rng.integers(0, 150, n).tolist()
     arrival = np.round(np.sort(rng.uniform(0, 2, n)), 3).tolist()
     cost = CostModel(step_overhead_ms=2.0, token_us=20.0, kv_token_us=0.0, table_entry_us=0.0, refresh_steps=7)
-    result, trace = run(prompt, output, arrival, b, pool_blocks * b, cost=cost, max_num_seqs=max_seqs,
-                        shared_prefix_tokens=prefix, prefix_cache=prefix > 0, split_threshold_tokens=split)
+    result, trace = run(
+        prompt,
+        output,
+        arrival,
+        b,
+        pool_blocks * b,
+        cost=cost,
+        max_num_seqs=max_seqs,
+        shared_prefix_tokens=prefix,
+        prefix_cache=prefix > 0,
+        split_threshold_tokens=split,
+    )
     lengths = [p + o for p, o in zip(prompt, output)]
     if split is None:
         caps, pool_of = [pool_blocks], [0] * n
@@ -377,8 +446,9 @@ def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, ma
         long_blocks = round(pool_blocks * sum(x for x in lengths if x > split) / sum(lengths))
         caps = [pool_blocks - long_blocks, long_blocks]
         assert [p.pool_blocks for p in result.pools] == caps
-    ttft, done, preemptions, peak = _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, 2e-3,
-                                                  20e-6, prefix)
+    ttft, done, preemptions, peak = _step_by_step(
+        prompt, output, arrival, b, caps, pool_of, max_seqs, 2e-3, 20e-6, prefix
+    )
     assert result.preemptions == preemptions
     assert result.peak_blocks == peak
     assert np.allclose(trace.completion_s, done, equal_nan=True, rtol=1e-12, atol=1e-9)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from kvtool.simulate.static import compare_block_sizes, fit_at_once
 from kvtool.simulate.lengths import lognormal_sigma, parametric_lengths
+from kvtool.simulate.static import compare_block_sizes, fit_at_once
 from tests.support import DATA
 
 AZURE_CONV = DATA / "simulate" / "azure-2023-conv.csv"
@@ -122,7 +122,7 @@ def test_zipf_and_fixed_and_uniform_ranges():
     z, _ = parametric_lengths("zipf", 10_000, 0, min_tokens=10, max_tokens=5000, alpha=1.1)
     assert z.min() >= 10 and z.max() <= 5000
     # P(L=10)/P(L=20) = 2^1.1 for a Zipf law; check the empirical ratio loosely
-    assert (z == 10).sum() / max((z == 20).sum(), 1) == pytest.approx(2 ** 1.1, rel=0.25)
+    assert (z == 10).sum() / max((z == 20).sum(), 1) == pytest.approx(2**1.1, rel=0.25)
     f, _ = parametric_lengths("fixed", 5, 0, length=512)
     assert f.tolist() == [512] * 5
     u, _ = parametric_lengths("uniform", 10_000, 0, min_tokens=3, max_tokens=9)
@@ -135,8 +135,9 @@ def test_fixed_length_claim_counts_the_shared_prefix_once_like_the_windows():
     # the pool holds (100 - 4) // 4 = 24 requests.  Every length is the mean, so the fixed-length claim is the
     # same 24 (it used to be 100 // 8 = 12, below what the windows report).
     prompt = np.full(50, 100, dtype=np.int64)
-    r = compare_block_sizes(prompt, np.full(50, 28, dtype=np.int64), [16], shared_prefix_tokens=64,
-                            kv_tokens=1600).results[0]
+    r = compare_block_sizes(
+        prompt, np.full(50, 28, dtype=np.int64), [16], shared_prefix_tokens=64, kv_tokens=1600
+    ).results[0]
     assert r.fit_at_once_p50 == 24 and r.fit_at_once_p1 == 24
     assert r.fit_if_fixed_mean_length == 24
     # without a shared prefix: 100 // 8 = 12

@@ -105,7 +105,9 @@ def main() -> int:
     llm.reset_prefix_cache()
     # The AllBlocksCleared event is published with the next engine step: run one short request
     # (8 tokens, less than a block, so it stores nothing).
-    engine.add_request("flush", TokensPrompt(prompt_token_ids=list(range(1, 9))), SamplingParams(max_tokens=1, detokenize=False))
+    engine.add_request(
+        "flush", TokensPrompt(prompt_token_ids=list(range(1, 9))), SamplingParams(max_tokens=1, detokenize=False)
+    )
     while engine.has_unfinished_requests():
         engine.step()
     time.sleep(2.0)  # let the publisher thread send the last batches

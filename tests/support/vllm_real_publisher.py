@@ -22,9 +22,16 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 
 def batch(seq: int) -> KVEventBatch:
     events = [
-        BlockStored(block_hashes=[seq * 100 + 1, 2**64 - 1 - seq], parent_block_hash=None if seq == 0 else seq,
-                    token_ids=list(range(32)), block_size=16, lora_id=None, medium="GPU", lora_name=None,
-                    session_id=f"s{seq % 2}"),
+        BlockStored(
+            block_hashes=[seq * 100 + 1, 2**64 - 1 - seq],
+            parent_block_hash=None if seq == 0 else seq,
+            token_ids=list(range(32)),
+            block_size=16,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+            session_id=f"s{seq % 2}",
+        ),
         BlockRemoved(block_hashes=[seq], medium="GPU"),
     ]
     if seq % 3 == 2:

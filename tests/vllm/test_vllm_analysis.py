@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support import DATA
 from kvtool.cli.analyze_vllm import run_vllm_analysis
 from kvtool.core.errors import InputFileError
 from kvtool.vllm.analysis import analyze_events, analyze_vllm_events, looks_like_vllm_events
 from kvtool.vllm.wire import VllmEvent, read_event_file
+from tests.support import DATA
 
 EVENTS = DATA / "vllm-events"
 ONE_GIB = EVENTS / "prefix-cache-1gib-block32.jsonl"
@@ -214,8 +214,10 @@ def test_not_vllm_events_is_exit_3(tmp_path, content):
     [
         ("{not json", "not valid JSON (Expecting property name enclosed in double quotes)"),
         ('{"seq": "x", "batch_ts": 1, "type": "BlockRemoved", "block_hashes": []}', "field 'seq' is not an integer"),
-        ('{"seq": 2, "batch_ts": 1, "type": "BlockRemoved", "block_hashes": [1.5]}',
-         "field 'block_hashes' is not a list of integer or hex-string hashes"),
+        (
+            '{"seq": 2, "batch_ts": 1, "type": "BlockRemoved", "block_hashes": [1.5]}',
+            "field 'block_hashes' is not a list of integer or hex-string hashes",
+        ),
         ('{"seq": 2, "type": "AllBlocksCleared"}', "field 'batch_ts' is missing or not a number"),
     ],
 )
@@ -255,7 +257,9 @@ def test_restored_after_clear_is_not_churn():
 
 
 event_strategy = st.lists(
-    st.tuples(st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]), st.lists(st.integers(0, 6), max_size=4)),
+    st.tuples(
+        st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]), st.lists(st.integers(0, 6), max_size=4)
+    ),
     min_size=1,
     max_size=40,
 )
@@ -272,7 +276,10 @@ def test_invariants_on_random_streams(stream):
     life = a.lifetimes
     # every computed block ends exactly once: evicted, cleared or still cached
     assert life.evicted.count + life.cleared.count + life.still_cached.count == a.churn.computed_blocks
-    assert a.churn.computed_blocks == a.churn.first_time_blocks + a.churn.recomputed_blocks + a.churn.restored_after_clear_blocks
+    assert (
+        a.churn.computed_blocks
+        == a.churn.first_time_blocks + a.churn.recomputed_blocks + a.churn.restored_after_clear_blocks
+    )
     assert a.final_cached_blocks == life.still_cached.count <= a.peak_cached_blocks
     for stats in (life.evicted, life.cleared, life.still_cached):
         assert stats.min_s is None or stats.min_s >= 0

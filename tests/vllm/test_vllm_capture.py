@@ -27,7 +27,6 @@ zmq = pytest.importorskip("zmq")
 msgpack = pytest.importorskip("msgpack")
 
 from kvtool.vllm.capture import CaptureOptions, resolve_role, run_capture, vllm_binds  # noqa: E402
-
 from tests.support import DATA, REPO_ROOT  # noqa: E402
 
 EVENTS = DATA / "vllm-events"
@@ -42,7 +41,9 @@ def free_port() -> int:
 class FakeVllmPublisher:
     """vLLM's publisher side: PUB-like socket that connects, ROUTER replay socket that binds."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: bytes = b"", replay_topic_frame: bool = True):
+    def __init__(
+        self, endpoint: str, replay_endpoint: str | None = None, topic: bytes = b"", replay_topic_frame: bool = True
+    ):
         self.replay_topic_frame = replay_topic_frame
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
@@ -183,13 +184,36 @@ def test_positional_and_map_forms_and_bytes_hashes(tmp_path):
     try:
         pub.wait_subscribed()
         # positional form, as in vLLM's examples/online_serving/kv_events_subscriber.py types
-        pub.publish(0, msgpack.packb([1.5, [["BlockStored", [11, 12], None, [1, 2, 3, 4], 2, None, "GPU"], ["AllBlocksCleared"]], 0]))
+        pub.publish(
+            0,
+            msgpack.packb(
+                [1.5, [["BlockStored", [11, 12], None, [1, 2, 3, 4], 2, None, "GPU"], ["AllBlocksCleared"]], 0]
+            ),
+        )
         # map batch (EventBatch without array_like), bytes hashes (sha256 block hashing)
-        pub.publish(1, msgpack.packb({"ts": 2.5, "events": [
-            {"type": "BlockStored", "block_hashes": [b"\x01\xff"], "parent_block_hash": b"\x00\x02", "token_ids": [5, 6],
-             "block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None, "x_new_field": 7},
-            {"type": "BlockRemoved", "block_hashes": [2**64 - 1], "medium": "GPU"},
-        ], "data_parallel_rank": 1}))
+        pub.publish(
+            1,
+            msgpack.packb(
+                {
+                    "ts": 2.5,
+                    "events": [
+                        {
+                            "type": "BlockStored",
+                            "block_hashes": [b"\x01\xff"],
+                            "parent_block_hash": b"\x00\x02",
+                            "token_ids": [5, 6],
+                            "block_size": 2,
+                            "lora_id": None,
+                            "medium": "GPU",
+                            "lora_name": None,
+                            "x_new_field": 7,
+                        },
+                        {"type": "BlockRemoved", "block_hashes": [2**64 - 1], "medium": "GPU"},
+                    ],
+                    "data_parallel_rank": 1,
+                }
+            ),
+        )
         thread.join(30)
     finally:
         stop.set()
@@ -198,29 +222,82 @@ def test_positional_and_map_forms_and_bytes_hashes(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # Fields left out on the wire (omit_defaults) come back as null, in vLLM 0.32's field order.
     later_stored = dict.fromkeys(
-        ["lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
-         "locality", "ownership", "session_id"]
+        [
+            "lora_name",
+            "extra_keys",
+            "group_idx",
+            "kv_cache_spec_kind",
+            "kv_cache_spec_sliding_window",
+            "locality",
+            "ownership",
+            "session_id",
+        ]
     )
     later_removed = dict.fromkeys(["group_idx", "locality", "ownership"])
     assert rows == [
-        {"seq": 0, "batch_ts": 1.5, "dp_rank": 0, "type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None,
-         "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": None, "medium": "GPU", **later_stored},
+        {
+            "seq": 0,
+            "batch_ts": 1.5,
+            "dp_rank": 0,
+            "type": "BlockStored",
+            "block_hashes": [11, 12],
+            "parent_block_hash": None,
+            "token_ids": [1, 2, 3, 4],
+            "block_size": 2,
+            "lora_id": None,
+            "medium": "GPU",
+            **later_stored,
+        },
         {"seq": 0, "batch_ts": 1.5, "dp_rank": 0, "type": "AllBlocksCleared"},
-        {"seq": 1, "batch_ts": 2.5, "dp_rank": 1, "type": "BlockStored", "block_hashes": ["01ff"], "parent_block_hash": "0002",
-         "token_ids": [5, 6], "block_size": 2, "lora_id": None, "medium": "GPU", **later_stored, "x_new_field": 7},
-        {"seq": 1, "batch_ts": 2.5, "dp_rank": 1, "type": "BlockRemoved", "block_hashes": [18446744073709551615], "medium": "GPU",
-         **later_removed},
+        {
+            "seq": 1,
+            "batch_ts": 2.5,
+            "dp_rank": 1,
+            "type": "BlockStored",
+            "block_hashes": ["01ff"],
+            "parent_block_hash": "0002",
+            "token_ids": [5, 6],
+            "block_size": 2,
+            "lora_id": None,
+            "medium": "GPU",
+            **later_stored,
+            "x_new_field": 7,
+        },
+        {
+            "seq": 1,
+            "batch_ts": 2.5,
+            "dp_rank": 1,
+            "type": "BlockRemoved",
+            "block_hashes": [18446744073709551615],
+            "medium": "GPU",
+            **later_removed,
+        },
     ]
-    assert list(rows[0]) == ["seq", "batch_ts", "dp_rank", "type", "block_hashes", "parent_block_hash", "token_ids",
-                             "block_size", "lora_id", "medium", *later_stored]
+    assert list(rows[0]) == [
+        "seq",
+        "batch_ts",
+        "dp_rank",
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        *later_stored,
+    ]
 
 
 def test_gap_with_dead_replay_endpoint_is_counted_unrecovered(tmp_path):
     port = free_port()
     out = tmp_path / "events.jsonl"
     options = CaptureOptions(
-        endpoint=f"tcp://127.0.0.1:{port}", output=out, replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
-        max_events=2, duration_s=30, replay_timeout_s=0.3,
+        endpoint=f"tcp://127.0.0.1:{port}",
+        output=out,
+        replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        max_events=2,
+        duration_s=30,
+        replay_timeout_s=0.3,
     )
     thread, stop, box = start_capture(options)
     pub = FakeVllmPublisher(options.endpoint)
@@ -319,7 +396,11 @@ def _capture_process(*args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.Popen(
         [sys.executable, "-m", "kvtool", "capture", *args],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -333,8 +414,18 @@ def test_signal_flushes_every_event_received(tmp_path, signum):
         pub.wait_subscribed(timeout_s=30)
         sent = 0
         for seq in range(50):
-            events = [{"type": "BlockStored", "block_hashes": [seq * 10 + i], "parent_block_hash": None,
-                       "token_ids": [0] * 16, "block_size": 16, "lora_id": None, "medium": "GPU"} for i in range(3)]
+            events = [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [seq * 10 + i],
+                    "parent_block_hash": None,
+                    "token_ids": [0] * 16,
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                }
+                for i in range(3)
+            ]
             pub.publish(seq, msgpack.packb([time.time(), events, 0]))
             sent += len(events)
         time.sleep(1.0)
@@ -363,13 +454,17 @@ def test_dead_endpoint_with_duration_reports_zero(run_cli, tmp_path):
 
 
 def test_table_output(run_cli, tmp_path):
-    result = run_cli("capture", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "-o", tmp_path / "e.jsonl", "--duration", "0.2")
+    result = run_cli(
+        "capture", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "-o", tmp_path / "e.jsonl", "--duration", "0.2"
+    )
     assert result.exit_code == 0
     assert "events written" in result.stdout and "duration" in result.stdout
     assert result.stderr.startswith("Warning: no events received (bind tcp://127.0.0.1:")
 
 
-@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:0", "5557", "tcp://a b:1"])
+@pytest.mark.parametrize(
+    "endpoint", ["http://127.0.0.1:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:0", "5557", "tcp://a b:1"]
+)
 def test_invalid_endpoint_is_a_usage_error(run_cli, tmp_path, endpoint):
     result = run_cli("capture", "--endpoint", endpoint, "-o", tmp_path / "e.jsonl", "--duration", "1")
     assert result.exit_code == 2
@@ -382,7 +477,10 @@ def test_bad_values_are_usage_errors(run_cli, tmp_path):
     assert run_cli("capture", "-o", out, "--duration", "0").exit_code == 2
     assert run_cli("capture", "-o", out, "--max-events", "0").exit_code == 2
     result = run_cli("capture", "-o", out, "--role", "listen")
-    assert (result.exit_code, result.stderr.splitlines()[0]) == (2, "Error: --role must be one of auto, bind, connect, not 'listen'")
+    assert (result.exit_code, result.stderr.splitlines()[0]) == (
+        2,
+        "Error: --role must be one of auto, bind, connect, not 'listen'",
+    )
     result = run_cli("capture", "-o", out, "--replay-endpoint", "nope")
     assert result.stderr.splitlines()[0] == "Error: --replay-endpoint 'nope' is not a ZMQ endpoint"
 
@@ -392,7 +490,9 @@ def test_port_in_use_is_a_usage_error(run_cli, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = run_cli("capture", "--endpoint", f"tcp://127.0.0.1:{port}", "-o", tmp_path / "e.jsonl", "--duration", "1")
+        result = run_cli(
+            "capture", "--endpoint", f"tcp://127.0.0.1:{port}", "-o", tmp_path / "e.jsonl", "--duration", "1"
+        )
     assert result.exit_code == 2
     # The likely cause: vLLM binds this port itself (endpoint tcp://*:PORT) and we were told 127.0.0.1.
     assert result.stderr.splitlines() == [
@@ -506,6 +606,5 @@ def test_live_count_on_a_terminal(monkeypatch):
     show(1234, 56, 2, 1)
     finish()
     assert fake.getvalue() == (
-        "\rcaptured 0 events in 0 batches"
-        "\rcaptured 1,234 events in 56 batches, 2 batches missed, 1 malformed frames\n"
+        "\rcaptured 0 events in 0 batches\rcaptured 1,234 events in 56 batches, 2 batches missed, 1 malformed frames\n"
     )

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import DATA, REPO_ROOT
 from kvtool.vllm.analysis import analyze_vllm_events
+from tests.support import DATA, REPO_ROOT
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
 RECORDED = DATA / "vllm-events" / "live-capture-full-report.jsonl"
@@ -39,10 +39,25 @@ def free_port() -> int:
 def start_capture(port: int, replay_port: int, out: Path, *options: str) -> subprocess.Popen:
     """kvtool capture in its own process, binding tcp://127.0.0.1:PORT (vLLM connects there)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "kvtool", "capture", "--endpoint", f"tcp://127.0.0.1:{port}",
-         "--replay-endpoint", f"tcp://*:{replay_port}", "-o", str(out), *options, "--json"],
-        cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvtool",
+            "capture",
+            "--endpoint",
+            f"tcp://127.0.0.1:{port}",
+            "--replay-endpoint",
+            f"tcp://*:{replay_port}",
+            "-o",
+            str(out),
+            *options,
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -60,16 +75,38 @@ def test_live_capture_reproduces_the_recorded_run(tmp_path):
         (scratch / name).mkdir()
     engine_env = dict(
         os.environ,
-        VLLM_HOST_IP="127.0.0.1", VLLM_LOOPBACK_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1",
-        DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(scratch / "tmp"),
-        VLLM_RPC_BASE_PATH=str(scratch / "rpc"), VLLM_CACHE_ROOT=str(scratch / "cache"), HF_HOME=str(scratch / "hf"),
-        XDG_CACHE_HOME=str(scratch / "xdg"), TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+        VLLM_HOST_IP="127.0.0.1",
+        VLLM_LOOPBACK_IP="127.0.0.1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_DO_NOT_TRACK="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TMPDIR=str(scratch / "tmp"),
+        VLLM_RPC_BASE_PATH=str(scratch / "rpc"),
+        VLLM_CACHE_ROOT=str(scratch / "cache"),
+        HF_HOME=str(scratch / "hf"),
+        XDG_CACHE_HOME=str(scratch / "xdg"),
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
     )
     try:
         engine = subprocess.run(
-            [VLLM_PYTHON, str(REPO_ROOT / "tests" / "support" / "vllm_live_engine.py"), "--model-dir", str(tmp_path / "model"),
-             "--endpoint", f"tcp://127.0.0.1:{port}", "--replay-endpoint", f"tcp://*:{replay_port}", "--kv-blocks", "40"],
-            env=engine_env, capture_output=True, text=True, timeout=900,
+            [
+                VLLM_PYTHON,
+                str(REPO_ROOT / "tests" / "support" / "vllm_live_engine.py"),
+                "--model-dir",
+                str(tmp_path / "model"),
+                "--endpoint",
+                f"tcp://127.0.0.1:{port}",
+                "--replay-endpoint",
+                f"tcp://*:{replay_port}",
+                "--kv-blocks",
+                "40",
+            ],
+            env=engine_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert engine.returncode == 0, engine.stderr[-3000:]
         capture.send_signal(signal.SIGTERM)
@@ -113,9 +150,22 @@ def test_gap_filled_from_vllms_real_replay_socket(tmp_path):
     capture = start_capture(port, replay_port, out, "--duration", "120", "--max-events", "14")
     try:
         publisher = subprocess.run(
-            [VLLM_PYTHON, str(REPO_ROOT / "tests" / "support" / "vllm_real_publisher.py"), "--endpoint", f"tcp://127.0.0.1:{port}",
-             "--replay-endpoint", f"tcp://*:{replay_port}", "--batches", "6", "--lose", "2,3"],
-            capture_output=True, text=True, timeout=300, env=dict(os.environ, VLLM_HOST_IP="127.0.0.1"),
+            [
+                VLLM_PYTHON,
+                str(REPO_ROOT / "tests" / "support" / "vllm_real_publisher.py"),
+                "--endpoint",
+                f"tcp://127.0.0.1:{port}",
+                "--replay-endpoint",
+                f"tcp://*:{replay_port}",
+                "--batches",
+                "6",
+                "--lose",
+                "2,3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, VLLM_HOST_IP="127.0.0.1"),
         )
         assert publisher.returncode == 0, publisher.stderr[-3000:]
         stdout, stderr = capture.communicate(timeout=60)
@@ -124,8 +174,16 @@ def test_gap_filled_from_vllms_real_replay_socket(tmp_path):
             capture.kill()
     assert capture.returncode == 0, stderr
     summary = json.loads(stdout)
-    assert (summary["gaps"], summary["batches_missed"], summary["batches_recovered"], summary["batches_unrecovered"]) == (
-        1, 2, 2, 0,
+    assert (
+        summary["gaps"],
+        summary["batches_missed"],
+        summary["batches_recovered"],
+        summary["batches_unrecovered"],
+    ) == (
+        1,
+        2,
+        2,
+        0,
     )
     expected = json.loads(publisher.stdout.strip().splitlines()[-1])
     rows = [json.loads(line) for line in out.read_text().splitlines()]

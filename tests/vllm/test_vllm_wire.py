@@ -14,10 +14,10 @@ from kvtool.vllm.wire import (  # noqa: E402
     END_SEQ,
     MalformedFrame,
     batch_rows,
-    row_to_json,
     decode_payload,
     decode_seq,
     encode_seq,
+    row_to_json,
 )
 
 
@@ -73,16 +73,27 @@ def test_random_bytes_never_crash_the_decoder(data):
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=5) | st.binary(max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=5)
+    | st.binary(max_size=5),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=20,
 )
 events = st.one_of(
     msgpack_values,
-    st.builds(lambda tag, rest: [tag, *rest], st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "X"]),
-              st.lists(msgpack_values, max_size=16)),
-    st.builds(lambda tag, rest: {"type": tag, **rest}, st.sampled_from(["BlockStored", "BlockRemoved", "Y"]),
-              st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6)),
+    st.builds(
+        lambda tag, rest: [tag, *rest],
+        st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "X"]),
+        st.lists(msgpack_values, max_size=16),
+    ),
+    st.builds(
+        lambda tag, rest: {"type": tag, **rest},
+        st.sampled_from(["BlockStored", "BlockRemoved", "Y"]),
+        st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6),
+    ),
 )
 
 
