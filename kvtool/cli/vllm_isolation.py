@@ -1,0 +1,99 @@
+"""`kvtool vllm isolation`: does a serving engine's prefix cache keep tenants, adapters and embeddings apart?"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvtool.cli.output import handle_errors
+from kvtool.core.errors import UsageError
+
+EXAMPLES = """
+Examples:
+
+  kvtool vllm isolation --endpoint http://127.0.0.1:8000 --adapter my-lora --hidden-size 4096
+
+  kvtool vllm isolation --model ./tiny-llama --vllm-python /opt/vllm/bin/python --record run.json
+
+  kvtool vllm isolation --replay run.json --json
+
+Exit codes: 0 every dimension passed, 1 a leak, 2 inconclusive (or a usage error).
+"""
+
+
+def _tenant_keys(values: list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for value in values:
+        tenant, sep, key = value.partition("=")
+        if not sep or not tenant or not key:
+            raise UsageError(f"--api-key takes TENANT=KEY, not {value!r}", where="--api-key")
+        pairs.append((tenant, key))
+    return tuple(pairs)
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Check a running vLLM (or one kvtool starts) from the outside.", no_args_is_help=True)
+    app.add_typer(group, name="vllm")
+
+    @group.command("isolation", epilog=EXAMPLES)
+    @handle_errors
+    def isolation(
+        endpoint: Optional[str] = typer.Option(None, "--endpoint", help="A running OpenAI-compatible server (base URL)."),
+        model: Optional[Path] = typer.Option(None, "--model", help="A model folder: kvtool starts vLLM on it itself."),
+        vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="The Python with vLLM (--model mode; default: $VLLM_PYTHON or this one)."),
+        served_model: Optional[str] = typer.Option(None, "--served-model", help="The base model's served name (default: the first of /v1/models)."),
+        dimension: list[str] = typer.Option([], "--dimension", help="salt, adapter, adapter-version, embeddings or cross (repeat; default: all that can run)."),
+        adapter: list[str] = typer.Option([], "--adapter", help="A served LoRA adapter name (repeat; endpoint mode)."),
+        adapter_version: list[str] = typer.Option([], "--adapter-version", help="An adapter path on the server; give two: kvtool loads both under one name (needs runtime LoRA loading)."),
+        api_key: list[str] = typer.Option([], "--api-key", help="TENANT=KEY, for gateways that derive the salt from credentials (repeat, at least two)."),
+        key: Optional[str] = typer.Option(None, "--key", help="API key for every other request.", envvar="KVTOOL_API_KEY"),
+        hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="The model's hidden size, for the embeddings dimension (endpoint mode)."),
+        block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size in tokens (default: vLLM's cache_config_info metric; --model: passed to vLLM)."),
+        events: Optional[str] = typer.Option(None, "--events", help="vLLM's ZMQ KV-event endpoint as in its --kv-events-config (endpoint mode)."),
+        port: Optional[int] = typer.Option(None, "--port", help="--model mode: the HTTP port on 127.0.0.1 (default: a free one)."),
+        events_port: Optional[int] = typer.Option(None, "--events-port", help="--model mode: the KV-event port (default: a free one)."),
+        engine_arg: list[str] = typer.Option([], "--engine-arg", help="--model mode: one more vLLM argument, e.g. --engine-arg=--enforce-eager (repeat)."),
+        startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--model mode: seconds to wait for vLLM."),
+        repeats: int = typer.Option(2, "--repeats", help="Trials per ordered pair and variant, each on fresh content."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Fix the random content (default: fresh every run)."),
+        record: Optional[Path] = typer.Option(None, "--record", help="Write what the run observed (responses, counters, KV events) as JSON."),
+        replay: Optional[Path] = typer.Option(None, "--replay", help="Judge a recorded run again instead of probing."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else."),
+    ) -> None:
+        """Check that tenants (cache_salt), LoRA adapters, adapter versions and prompt embeddings never share KV
+        blocks in the prefix cache: control pairs that must share, isolation pairs that must not."""
+        from kvtool.cli.output import print_json, stdout_console
+        from kvtool.vllm.isolation_record import read_record, write_record
+        from kvtool.vllm.isolation_render import report_renderables
+        from kvtool.vllm.isolation_verdicts import judge_record
+
+        if replay is not None:
+            if endpoint or model:
+                raise UsageError("--replay judges a recorded run: leave out --endpoint and --model", where="--replay")
+            recorded = read_record(replay)
+        else:
+            from kvtool.vllm.isolation import IsolationOptions, run_isolation
+            from kvtool.vllm.isolation_plan import DIMENSIONS
+
+            options = IsolationOptions(
+                endpoint=endpoint, model_dir=model, vllm_python=vllm_python, base_model=served_model,
+                dimensions=tuple(dimension) or DIMENSIONS, adapters=tuple(adapter),
+                adapter_versions=tuple(adapter_version), api_keys=_tenant_keys(api_key), api_key=key,
+                hidden_size=hidden_size, block_size=block_size, events_endpoint=events, port=port,
+                events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
+                startup_timeout_s=startup_timeout,
+            )  # fmt: skip
+            recorded = run_isolation(options, progress=lambda m: sys.stderr.write(m + "\n"))
+            if record is not None:
+                write_record(recorded, record)
+        report = judge_record(recorded)
+        if json_out:
+            print_json(report)
+        else:
+            console = stdout_console()
+            for renderable in report_renderables(report):
+                console.print(renderable)
+        raise typer.Exit(report.exit_code)

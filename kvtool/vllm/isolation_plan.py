@@ -1,0 +1,188 @@
+"""Probe planning for the prefix-cache isolation check: which requests to send, in which order, expecting what.
+
+The unit is a *trial*: three requests on fresh random content, sent one after the other.
+
+1. ``prime``   partition A, prompt P (at least four full blocks plus a partial one): expected cached tokens 0;
+2. ``control`` partition A again, prompt P (exact variant) or P's first blocks plus a fresh tail (prefix
+   variant): must reuse what the prime stored; expected cached tokens = the shared full blocks;
+3. ``victim``  partition B, the same kind of prompt: must not reuse anything of A; expected cached tokens 0.
+
+The control runs right before the victim, so a victim miss counts only when the control proved, a moment
+earlier, that the cache was on and still held the prime's blocks.  Each ordered partition pair runs in both
+orders (A then B, B then A), in both variants, ``repeats`` times, each time on new random content.
+
+Embeddings are the one dimension where the partition *is* the content: the victim sends other embedding rows
+at the same positions; in the prefix variant its first blocks carry the prime's rows, so exactly those
+blocks are expected back and anything beyond them is a leak.
+
+Prompts are described by per-block seeds (see :mod:`kvtool.vllm.isolation_http` for how a seed becomes
+token ids or embedding rows), so a recorded plan stays small and the requests can be rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+DIMENSIONS = ("salt", "adapter", "adapter-version", "embeddings", "cross")
+DIMENSION_TITLES = {
+    "salt": "Tenants (cache_salt)",
+    "adapter": "LoRA adapters",
+    "adapter-version": "Adapter versions (same name, another path)",
+    "embeddings": "Prompt embeddings",
+    "cross": "Cross-dimension (LoRA name equal to a salt)",
+}
+ROLES = ("prime", "control", "victim")
+VARIANTS = ("exact", "prefix")
+MIN_FULL_BLOCKS = 4  # the issue: at least four full blocks plus a partial one
+PREFIX_BLOCKS = 2  # blocks the prefix variant shares between prime, control and victim
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """One side of an isolation pair: what a request carries that must keep its KV blocks apart."""
+
+    label: str  # short and unique within the run: "salt:a", "base", "adapter:iso-a", "embeds"
+    model: str | None = None  # the served model or LoRA name to send as "model"; None = the base model
+    cache_salt: str | None = None  # the request body's cache_salt
+    api_key: str | None = None  # a tenant's API key (gateways that derive the salt from credentials)
+    adapter_path: str | None = None  # adapter-version: the path the adapter name must point at when probed
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One request of the plan."""
+
+    index: int  # position in the run (requests are sent strictly in this order)
+    dimension: str
+    trial: str  # the trial id, e.g. "salt/0" (three probes share it)
+    role: str  # prime | control | victim
+    partition: Partition
+    kind: str  # "tokens" or "embeds"
+    block_seeds: tuple[int, ...]  # one seed per full block, then one for the partial tail
+    expected_cached_tokens: int  # what a correct engine reports for this request
+    session_id: str  # sent as session_id so its KV events can be told apart
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """prime, control and victim of one ordered partition pair, variant and repeat."""
+
+    id: str
+    dimension: str
+    variant: str  # exact | prefix
+    first: str  # partition label of prime and control
+    second: str  # partition label of the victim
+    repeat: int
+    probes: tuple[Probe, Probe, Probe]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    block_size: int  # the engine's KV block size in tokens
+    full_blocks: int = MIN_FULL_BLOCKS
+    repeats: int = 2
+    seed: int | None = None  # None: fresh content every run (the default; a fixed seed is for tests)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    block_size: int
+    full_blocks: int
+    partial_tokens: int  # tokens of the last, partial block
+    run_id: str  # random hex that prefixes session ids and generated salts
+    trials: tuple[Trial, ...]
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        return tuple(p for t in self.trials for p in t.probes)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.full_blocks * self.block_size + self.partial_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class DimensionPartitions:
+    """The partitions a dimension compares, as unordered pairs (each runs in both orders)."""
+
+    dimension: str
+    pairs: tuple[tuple[Partition, Partition], ...]
+    kind: str = "tokens"
+
+
+class _Seeds:
+    """Fresh 63-bit seeds, one per block; never the same twice within a run."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.used: set[int] = set()
+
+    def take(self, n: int) -> tuple[int, ...]:
+        out = []
+        while len(out) < n:
+            seed = self.rng.getrandbits(63)
+            if seed not in self.used:
+                self.used.add(seed)
+                out.append(seed)
+        return tuple(out)
+
+
+def _trial_prompts(seeds: _Seeds, variant: str, kind: str, full_blocks: int) -> tuple[tuple[int, ...], ...]:
+    """Block seeds of prime, control and victim (each ``full_blocks`` + 1 long)."""
+    n = full_blocks + 1
+    prime = seeds.take(n)
+    if variant == "exact":
+        victim = prime if kind == "tokens" else seeds.take(n)
+        return prime, prime, victim
+    head = prime[:PREFIX_BLOCKS]
+    return prime, head + seeds.take(n - PREFIX_BLOCKS), head + seeds.take(n - PREFIX_BLOCKS)
+
+
+def _expected(variant: str, kind: str, role: str, full_blocks: int, block_size: int) -> int:
+    """Cached tokens a correct engine reports (vLLM caches full blocks only and always recomputes the last token,
+    so a prompt of ``full_blocks`` full blocks plus a partial one can reuse at most ``full_blocks`` blocks)."""
+    shared_blocks = full_blocks if variant == "exact" else PREFIX_BLOCKS
+    if role == "prime":
+        return 0
+    if role == "control":
+        return shared_blocks * block_size
+    # victim: nothing for another partition; embeddings share exactly the blocks whose rows are equal
+    return PREFIX_BLOCKS * block_size if (kind == "embeds" and variant == "prefix") else 0
+
+
+def plan_trials(partitions: tuple[DimensionPartitions, ...], options: PlanOptions, run_id: str) -> Plan:
+    """Every trial, in the order they run: dimension by dimension, pair by pair, both orders, both variants."""
+    rng = random.Random(options.seed)
+    seeds = _Seeds(rng)
+    partial = max(1, options.block_size // 2)
+    trials: list[Trial] = []
+    index = 0
+    for group in partitions:
+        number = 0
+        for repeat in range(options.repeats):
+            for a, b in group.pairs:
+                for first, second in ((a, b), (b, a)):
+                    for variant in VARIANTS:
+                        trial_id = f"{group.dimension}/{number}"
+                        prompts = _trial_prompts(seeds, variant, group.kind, options.full_blocks)
+                        probes = []
+                        for role, partition, block_seeds in zip(ROLES, (first, first, second), prompts):
+                            expected = _expected(variant, group.kind, role, options.full_blocks, options.block_size)
+                            session = f"kvtool-iso-{run_id}-{index}"
+                            probes.append(
+                                Probe(index, group.dimension, trial_id, role, partition, group.kind, block_seeds,
+                                      expected, session)
+                            )  # fmt: skip
+                            index += 1
+                        trials.append(
+                            Trial(trial_id, group.dimension, variant, first.label, second.label, repeat,
+                                  (probes[0], probes[1], probes[2]))
+                        )  # fmt: skip
+                        number += 1
+    return Plan(options.block_size, options.full_blocks, partial, run_id, tuple(trials))
+
+
+def new_run_id(seed: int | None = None) -> str:
+    """8 hex digits naming this run (salts, session ids); random unless seeded."""
+    return f"{random.Random(seed).getrandbits(32):08x}"
