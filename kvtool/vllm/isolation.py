@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import tempfile
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
-from kvtool.vllm.isolation_http import Client
+from kvtool.vllm.isolation_http import Client, parse_block_size
 from kvtool.vllm.isolation_plan import (
     DIMENSIONS,
     DimensionPartitions,
@@ -41,7 +40,6 @@ from kvtool.vllm.isolation_record import (
 )
 
 EVENTS_SETTLE_S = 5.0  # how long to wait for the last probe's KV events after its response
-_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,14 +86,13 @@ def _validate(options: IsolationOptions) -> None:
 
 def discover_block_size(client: Client) -> int:
     """The engine's block size from vLLM's ``vllm:cache_config_info`` metric."""
-    status, text = client._request("GET", "/metrics")
-    match = _CACHE_INFO.search(text) if status == 200 else None
-    if match is None:
+    block_size = parse_block_size(client.metrics_text())
+    if block_size is None:
         raise UsageError(
             "cannot tell the engine's KV block size (no vllm:cache_config_info in /metrics)", where="--block-size",
             tip="give --block-size (vLLM's default is 16 on GPUs)",
         )  # fmt: skip
-    return int(match.group(1))
+    return block_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import dataclasses
 import io
 import json
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +31,7 @@ TOKEN_LOW, TOKEN_HIGH = 10, 1000  # random prompt token ids; every real vocabula
 CACHED_TOKENS_TIP = "start vLLM with --enable-prompt-tokens-details (it fills usage.prompt_tokens_details)"
 METRIC_QUERIES = "vllm:prefix_cache_queries_total"
 METRIC_HITS = "vllm:prefix_cache_hits_total"
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
 
 class EndpointError(KvtoolError):
@@ -117,12 +119,14 @@ class Client:
     def served_models(self) -> tuple[str, ...]:
         return tuple(str(m.get("id")) for m in self.get_json("/v1/models").get("data", []))
 
-    def counters(self) -> PrefixCounters:
-        """Prefix-cache counters from /metrics (Prometheus text); None values where absent or unreachable."""
+    def metrics_text(self) -> str:
+        """/metrics as Prometheus text ("" when the endpoint has none)."""
         status, text = self._request("GET", "/metrics")
-        if status != 200:
-            return PrefixCounters(None, None)
-        return parse_prefix_counters(text)
+        return text if status == 200 else ""
+
+    def counters(self) -> PrefixCounters:
+        """Prefix-cache counters from /metrics; None values where absent."""
+        return parse_prefix_counters(self.metrics_text())
 
     def load_adapter(self, name: str, path: str, *, in_place: bool) -> None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": in_place}
@@ -198,6 +202,12 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
             continue
         totals[name] = totals.get(name, 0.0) + value
     return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS))
+
+
+def parse_block_size(text: str) -> int | None:
+    """The KV block size from vLLM's ``vllm:cache_config_info`` metric (labels carry the cache config)."""
+    match = _CACHE_INFO.search(text)
+    return int(match.group(1)) if match else None
 
 
 def _parse_json(text: str, path: str) -> Any:

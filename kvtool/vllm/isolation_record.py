@@ -66,7 +66,11 @@ def keep_event(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_record(record: IsolationRecord, path: Path) -> None:
-    Path(path).write_text(json.dumps(to_jsonable(record), indent=1) + "\n", encoding="utf-8")
+    """One JSON document; each result names its probe by index (the plan holds the probes)."""
+    data = to_jsonable(record)
+    for result in data["results"]:
+        result["probe"] = result["probe"]["index"]
+    Path(path).write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
 
 
 def _partition(obj: dict[str, Any]) -> Partition:
@@ -88,13 +92,17 @@ def _plan(obj: dict[str, Any]) -> Plan:
     return Plan(obj["block_size"], obj["full_blocks"], obj["partial_tokens"], obj["run_id"], tuple(trials))
 
 
+def _index(probe: Any) -> int:
+    return int(probe["index"] if isinstance(probe, dict) else probe)
+
+
 def record_from_json(obj: Any) -> IsolationRecord:
     """Rebuild a record; raises ValueError, KeyError or TypeError on a malformed document."""
     if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
         raise ValueError(f"not a {RECORD_FORMAT} record")
     plan = _plan(obj["plan"])
     by_index = {p.index: p for p in plan.probes}
-    results = tuple(ProbeResult(**dict(r, probe=by_index[r["probe"]["index"]])) for r in obj["results"])
+    results = tuple(ProbeResult(**dict(r, probe=by_index[_index(r["probe"])])) for r in obj["results"])
     events = None if obj.get("events") is None else tuple(dict(e) for e in obj["events"])
     return IsolationRecord(
         RECORD_FORMAT,
