@@ -34,6 +34,10 @@ def _tenant_keys(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Check a running vLLM (or one kvtool starts) from the outside.", no_args_is_help=True)
     app.add_typer(group, name="vllm")
@@ -41,25 +45,63 @@ def register(app: typer.Typer) -> None:
     @group.command("isolation", epilog=EXAMPLES)
     @handle_errors
     def isolation(
-        endpoint: Optional[str] = typer.Option(None, "--endpoint", help="A running OpenAI-compatible server (base URL)."),
+        endpoint: Optional[str] = typer.Option(
+            None, "--endpoint", help="A running OpenAI-compatible server (base URL)."
+        ),
         model: Optional[Path] = typer.Option(None, "--model", help="A model folder: kvtool starts vLLM on it itself."),
-        vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="The Python with vLLM (--model mode; default: $VLLM_PYTHON or this one)."),
-        served_model: Optional[str] = typer.Option(None, "--served-model", help="The base model's served name (default: the first of /v1/models)."),
-        dimension: list[str] = typer.Option([], "--dimension", help="salt, adapter, adapter-version, embeddings or cross (repeat; default: all that can run)."),
+        vllm_python: Optional[str] = typer.Option(
+            None, "--vllm-python", help="The Python with vLLM (--model mode; default: $VLLM_PYTHON or this one)."
+        ),
+        served_model: Optional[str] = typer.Option(
+            None, "--served-model", help="The base model's served name (default: the first of /v1/models)."
+        ),
+        dimension: list[str] = typer.Option(
+            [],
+            "--dimension",
+            help="salt, adapter, adapter-version, embeddings or cross (repeat; default: all that can run).",
+        ),
         adapter: list[str] = typer.Option([], "--adapter", help="A served LoRA adapter name (repeat; endpoint mode)."),
-        adapter_version: list[str] = typer.Option([], "--adapter-version", help="An adapter path on the server; give two: kvtool loads both under one name (needs runtime LoRA loading)."),
-        api_key: list[str] = typer.Option([], "--api-key", help="TENANT=KEY, for gateways that derive the salt from credentials (repeat, at least two)."),
-        key: Optional[str] = typer.Option(None, "--key", help="API key for every other request.", envvar="KVTOOL_API_KEY"),
-        hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="The model's hidden size, for the embeddings dimension (endpoint mode)."),
-        block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size in tokens (default: vLLM's cache_config_info metric; --model: passed to vLLM)."),
-        events: Optional[str] = typer.Option(None, "--events", help="vLLM's ZMQ KV-event endpoint as in its --kv-events-config (endpoint mode)."),
-        port: Optional[int] = typer.Option(None, "--port", help="--model mode: the HTTP port on 127.0.0.1 (default: a free one)."),
-        events_port: Optional[int] = typer.Option(None, "--events-port", help="--model mode: the KV-event port (default: a free one)."),
-        engine_arg: list[str] = typer.Option([], "--engine-arg", help="--model mode: one more vLLM argument, e.g. --engine-arg=--enforce-eager (repeat)."),
-        startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--model mode: seconds to wait for vLLM."),
+        adapter_version: list[str] = typer.Option(
+            [],
+            "--adapter-version",
+            help="An adapter path on the server; give two: kvtool loads both under one name (needs runtime LoRA loading).",
+        ),
+        api_key: list[str] = typer.Option(
+            [],
+            "--api-key",
+            help="TENANT=KEY, for gateways that derive the salt from credentials (repeat, at least two).",
+        ),
+        key: Optional[str] = typer.Option(
+            None, "--key", help="API key for every other request.", envvar="KVTOOL_API_KEY"
+        ),
+        hidden_size: Optional[int] = typer.Option(
+            None, "--hidden-size", help="The model's hidden size, for the embeddings dimension (endpoint mode)."
+        ),
+        block_size: Optional[int] = typer.Option(
+            None,
+            "--block-size",
+            help="KV block size in tokens (default: vLLM's cache_config_info metric; --model: passed to vLLM).",
+        ),
+        events: Optional[str] = typer.Option(
+            None, "--events", help="vLLM's ZMQ KV-event endpoint as in its --kv-events-config (endpoint mode)."
+        ),
+        port: Optional[int] = typer.Option(
+            None, "--port", help="--model mode: the HTTP port on 127.0.0.1 (default: a free one)."
+        ),
+        events_port: Optional[int] = typer.Option(
+            None, "--events-port", help="--model mode: the KV-event port (default: a free one)."
+        ),
+        engine_arg: list[str] = typer.Option(
+            [], "--engine-arg", help="--model mode: one more vLLM argument, e.g. --engine-arg=--enforce-eager (repeat)."
+        ),
+        startup_timeout: float = typer.Option(
+            600.0, "--startup-timeout", help="--model mode: seconds to wait for vLLM."
+        ),
         repeats: int = typer.Option(2, "--repeats", help="Trials per ordered pair and variant, each on fresh content."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Fix the random content (default: fresh every run)."),
-        record: Optional[Path] = typer.Option(None, "--record", help="Write what the run observed (responses, counters, KV events) as JSON."),
+        record: Optional[Path] = typer.Option(
+            None, "--record", help="Write what the run observed (responses, counters, KV events) as JSON."
+        ),
         replay: Optional[Path] = typer.Option(None, "--replay", help="Judge a recorded run again instead of probing."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else."),
     ) -> None:
@@ -86,7 +128,7 @@ def register(app: typer.Typer) -> None:
                 events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
                 startup_timeout_s=startup_timeout,
             )  # fmt: skip
-            recorded = run_isolation(options, progress=lambda m: sys.stderr.write(m + "\n"))
+            recorded = run_isolation(options, progress=_progress)
             if record is not None:
                 write_record(recorded, record)
         report = judge_record(recorded)

@@ -73,7 +73,9 @@ def _validate(options: IsolationOptions) -> None:
         raise UsageError("give either --endpoint URL (a running server) or --model DIR (kvtool starts vLLM)")
     unknown = [d for d in options.dimensions if d not in DIMENSIONS]
     if unknown:
-        raise UsageError(f"unknown dimension {unknown[0]!r}", where="--dimension", tip=f"one of {', '.join(DIMENSIONS)}")
+        raise UsageError(
+            f"unknown dimension {unknown[0]!r}", where="--dimension", tip=f"one of {', '.join(DIMENSIONS)}"
+        )
     if options.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, not {options.repeats}")
     if options.block_size is not None and options.block_size < 1:
@@ -193,7 +195,11 @@ def _run_probes(client: Client, plan: Plan, *, with_events: bool, hidden_size: i
     probes = plan.probes
     for n, probe in enumerate(probes, start=1):
         partition = probe.partition
-        if partition.adapter_path is not None and partition.model and loaded.get(partition.model) != partition.adapter_path:
+        if (
+            partition.adapter_path is not None
+            and partition.model
+            and loaded.get(partition.model) != partition.adapter_path
+        ):
             client.load_adapter(partition.model, partition.adapter_path, in_place=partition.model in loaded)
             loaded[partition.model] = partition.adapter_path
             counters = client.counters()

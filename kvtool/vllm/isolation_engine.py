@@ -99,7 +99,9 @@ class Engine:
                     env=server_env(self.scratch), start_new_session=True,
                 )  # fmt: skip
             except OSError as err:
-                raise UsageError(f"cannot run {self.spec.python}: {err.strerror or err}", where="--vllm-python")
+                raise UsageError(
+                    f"cannot run {self.spec.python}: {err.strerror or err}", where="--vllm-python"
+                ) from None
         try:
             self._wait_ready()
         except BaseException:

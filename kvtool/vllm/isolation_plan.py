@@ -119,7 +119,7 @@ class _Seeds:
         self.used: set[int] = set()
 
     def take(self, n: int) -> tuple[int, ...]:
-        out = []
+        out: list[int] = []
         while len(out) < n:
             seed = self.rng.getrandbits(63)
             if seed not in self.used:

@@ -166,11 +166,13 @@ def judge_trial(
     first, second = prime.probe.partition.label, victim.probe.partition.label
     # 1. cached tokens
     if victim.cached_tokens > v_expected:
-        leaks.append(f"{second} reused {victim.cached_tokens} cached tokens after {first} (expected {v_expected})")
+        leaks.append(f"{second} reused {victim.cached_tokens} cached tokens of {first} (expected {v_expected})")
     if prime.cached_tokens > 0:
         doubts.append(f"the fresh prime already had {prime.cached_tokens} cached tokens")
     if control.cached_tokens < c_expected:
-        doubts.append(f"control reused {control.cached_tokens} of {c_expected} tokens: the cache did not keep the prime")
+        doubts.append(
+            f"control reused {control.cached_tokens} of {c_expected} tokens: the cache did not keep the prime"
+        )
     # 2. published hashes
     hashes = None
     if events is not None and prime.probe.session_id in events.stored:

