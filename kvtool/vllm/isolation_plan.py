@@ -28,9 +28,9 @@ DIMENSIONS = ("salt", "adapter", "adapter-version", "embeddings", "cross")
 DIMENSION_TITLES = {
     "salt": "Tenants (cache_salt)",
     "adapter": "LoRA adapters",
-    "adapter-version": "Adapter versions (same name, another path)",
+    "adapter-version": "Adapter versions",
     "embeddings": "Prompt embeddings",
-    "cross": "Cross-dimension (LoRA name equal to a salt)",
+    "cross": "Cross (LoRA name = salt)",
 }
 ROLES = ("prime", "control", "victim")
 VARIANTS = ("exact", "prefix")

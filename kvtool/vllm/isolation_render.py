@@ -10,12 +10,6 @@ from typing import Any
 from kvtool.vllm.isolation_verdicts import INCONCLUSIVE, LEAK, PASS, DimensionResult, IsolationReport
 
 VERDICT_STYLE = {PASS: "green", LEAK: "bold red", INCONCLUSIVE: "yellow", "not run": "dim"}
-MEANING = {
-    PASS: "every control shared and no victim reused another partition's blocks",
-    LEAK: "a request reused KV blocks of a partition it must not share with",
-    INCONCLUSIVE: "a control did not share (cache off, evicted, too small) or evidence was missing: no claim",
-    "not run": "",
-}
 
 
 def _verdict(text: str) -> str:
@@ -30,9 +24,10 @@ def dimension_table(result: DimensionResult) -> Any:
     from rich.table import Table
 
     title = f"{result.title}: {_verdict(result.verdict)}"
-    table = Table(title=title, title_justify="left", caption="\n".join(result.evidence), caption_justify="left")
+    caption = "\n".join(("control, victim: cached tokens seen / expected", *result.evidence))
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for name, justify in (("first -> victim", "left"), ("variant", "left"), ("n", "right"),
-                          ("control cached / expected", "right"), ("victim cached / expected", "right"),
+                          ("control", "right"), ("victim", "right"),
                           ("verdict", "left"), ("evidence", "left")):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in result.rows:
@@ -55,12 +50,17 @@ def summary_table(report: IsolationReport) -> Any:
         f"block {engine.block_size}, vLLM {engine.version or '?'}; {report.probes} probes, {events})"
     )
     table = Table(title=title, title_justify="left")
-    table.add_column("dimension")
-    table.add_column("trials", justify="right")
-    table.add_column("verdict")
-    table.add_column("meaning")
+    for name, justify in (("dimension", "left"), ("trials", "right"), ("controls shared", "right"),
+                          ("victims reused", "right"), ("verdict", "left"), ("note", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for d in report.dimensions:
-        table.add_row(d.title, str(d.trials), _verdict(d.verdict), d.skipped_reason or MEANING.get(d.verdict, ""))
+        if d.skipped_reason is not None:
+            table.add_row(d.title, "-", "-", "-", _verdict(d.verdict), d.skipped_reason)
+            continue
+        row = next((r for r in d.rows if r.verdict == d.verdict and d.verdict != PASS), None)
+        note = "" if row is None else f"{row.first} -> {row.second}: {row.evidence}"
+        table.add_row(d.title, str(d.trials), f"{d.controls_shared}/{d.trials}", str(d.victims_reused),
+                      _verdict(d.verdict), note)  # fmt: skip
     return table
 
 

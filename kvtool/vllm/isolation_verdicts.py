@@ -95,6 +95,8 @@ class DimensionResult:
     title: str
     verdict: str  # pass | leak | inconclusive | not run
     trials: int
+    controls_shared: int  # trials whose control reused all the blocks it should
+    victims_reused: int  # trials whose victim reused more than a correct engine allows
     rows: tuple[PairRow, ...]
     evidence: tuple[str, ...]  # strongest first
     timing: TimingChannel | None
@@ -166,7 +168,7 @@ def judge_trial(
     first, second = prime.probe.partition.label, victim.probe.partition.label
     # 1. cached tokens
     if victim.cached_tokens > v_expected:
-        leaks.append(f"{second} reused {victim.cached_tokens} cached tokens of {first} (expected {v_expected})")
+        leaks.append(f"reused {victim.cached_tokens} tokens of {first} (expected {v_expected})")
     if prime.cached_tokens > 0:
         doubts.append(f"the fresh prime already had {prime.cached_tokens} cached tokens")
     if control.cached_tokens < c_expected:
@@ -180,7 +182,7 @@ def judge_trial(
         expected_blocks = v_expected // block_size
         if hashes.victim_shared_blocks > expected_blocks:
             leaks.append(
-                f"{second} published {hashes.victim_shared_blocks} block hashes of {first} (expected {expected_blocks})"
+                f"published {hashes.victim_shared_blocks} block hashes of {first} (expected {expected_blocks})"
             )
         if hashes.evicted_before_victim and not leaks:
             doubts.append(f"{hashes.evicted_before_victim} of the prime's blocks were evicted before the victim ran")
@@ -189,7 +191,7 @@ def judge_trial(
     # 3. metric deltas, only where no other traffic moved the counters
     clean = [r for r in (prime, control, victim) if _metric_clean(r)]
     if victim in clean and _metric_hits(victim) > v_expected:
-        leaks.append(f"vllm:prefix_cache_hits rose by {_metric_hits(victim):g} tokens for {second}")
+        leaks.append(f"vllm:prefix_cache_hits rose by {_metric_hits(victim):g} tokens")
     verdict = LEAK if leaks else INCONCLUSIVE if doubts else PASS
     return TrialVerdict(
         prime.probe.trial, prime.probe.dimension, _variant(prime, control), first, second,
@@ -231,10 +233,11 @@ def _rows(trials: list[TrialVerdict]) -> tuple[PairRow, ...]:
         reasons = [r for t in group if t.verdict == verdict for r in t.reasons]
         if reasons:
             evidence = reasons[0]
-        elif all(t.hashes is not None for t in group):
-            evidence = "cached tokens, hashes"
-        else:
-            evidence = "cached tokens"
+        else:  # which kinds of evidence agreed, strongest first
+            kinds = ["tokens"]
+            kinds += ["hashes"] if all(t.hashes is not None for t in group) else []
+            kinds += ["metrics"] if all(t.metric_clean_probes == 3 for t in group) else []
+            evidence = "+".join(kinds)
         rows.append(
             PairRow(first, second, variant, len(group), tuple(t.control_cached_tokens for t in group),
                     group[0].control_expected_tokens, tuple(t.victim_cached_tokens for t in group),
@@ -253,12 +256,19 @@ def _cross_partition_hashes(results: list[ProbeResult], events: _Events) -> int:
     return sum(1 for keys in owners.values() if len(keys) > 1)
 
 
+def _victims_reused(trials: list[TrialVerdict]) -> int:
+    return sum(1 for t in trials if t.victim_cached_tokens > t.victim_expected_tokens)
+
+
+def _controls_shared(trials: list[TrialVerdict]) -> int:
+    return sum(1 for t in trials if t.control_cached_tokens >= t.control_expected_tokens)
+
+
 def _dimension_evidence(
     trials: list[TrialVerdict], results: list[ProbeResult], events: _Events | None, timing: TimingChannel | None
 ) -> tuple[str, ...]:
     lines = []
-    victims = sum(1 for t in trials if t.victim_cached_tokens > t.victim_expected_tokens)
-    controls = sum(1 for t in trials if t.control_cached_tokens >= t.control_expected_tokens)
+    victims, controls = _victims_reused(trials), _controls_shared(trials)
     lines.append(f"cached tokens: {controls}/{len(trials)} controls shared, {victims} victims reused another's blocks")
     if events is not None:
         with_hashes = [t for t in trials if t.hashes is not None]
@@ -297,8 +307,8 @@ def judge_dimension(
     verdict = _combine(t.verdict for t in trials)
     evidence = _dimension_evidence(trials, results, events, timing)
     return DimensionResult(
-        dimension, DIMENSION_TITLES[dimension], verdict, len(trials), _rows(trials), evidence, timing, None,
-        tuple(trials),
+        dimension, DIMENSION_TITLES[dimension], verdict, len(trials), _controls_shared(trials),
+        _victims_reused(trials), _rows(trials), evidence, timing, None, tuple(trials),
     )  # fmt: skip
 
 
@@ -315,7 +325,7 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
             dims.append(judge_dimension(dimension, results_by_dim[dimension], events, record.plan.block_size))
         elif dimension in skipped:
             dims.append(
-                DimensionResult(dimension, DIMENSION_TITLES[dimension], "not run", 0, (), (), None,
+                DimensionResult(dimension, DIMENSION_TITLES[dimension], "not run", 0, 0, 0, (), (), None,
                                 skipped[dimension], ())
             )  # fmt: skip
     verdict = _combine(d.verdict for d in dims if d.verdict != "not run")

@@ -56,7 +56,24 @@ def test_salt_dropped_from_the_hash_leaks_tenants_and_nothing_else():
     assert "48 hashes published under two partitions" in salt.evidence[1]
 
 
-@pytest.mark.parametrize("name", ["vllm-0.32-real.json", "vllm-0.32-broken-salt.json"])
+def test_lora_path_dropped_from_the_hash_leaks_adapter_versions_and_nothing_else():
+    # vLLM 0.32 hashes ("lora", name, path); without the path, one name re-pointed at new weights shares blocks
+    report = report_of("vllm-0.32-broken-lora-path.json")
+    assert verdicts(report) == {**dict.fromkeys(DIMENSIONS, "pass"), "adapter-version": "leak"}
+    versions = report.dimensions[2]
+    assert versions.victims_reused == versions.trials == 8
+    assert {r.victim_cached_tokens for r in versions.rows} == {(128, 128), (64, 64)}
+
+
+def test_endpoint_mode_run_against_a_running_vllm_passes():
+    report = report_of("vllm-0.32-endpoint.json")
+    assert report.engine.mode == "endpoint" and report.verdict == "pass" and report.events_captured > 0
+    assert [d.trials for d in report.dimensions] == [16, 8, 8, 8, 8]  # one served adapter: base<->adapter only
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm-0.32-real.json", "vllm-0.32-broken-salt.json", "vllm-0.32-broken-lora-path.json"]
+)
 def test_replay_through_the_cli(run_cli, name):
     result = run_cli("vllm", "isolation", "--replay", RECORDS / name, "--json")
     data = json.loads(result.stdout)
