@@ -1,6 +1,8 @@
 """Rendering of isolation reports: one rich table per dimension, then a summary.
 
-JSON comes from the same frozen dataclasses through kvtool.cli.output.print_json.
+Every cell is a ``rich.text.Text``: partition labels and engine messages are shown as they are (no markup, no
+emoji codes such as ``:b:`` in ``salt:b:``).  JSON comes from the same frozen dataclasses through
+kvtool.cli.output.print_json.
 """
 
 from __future__ import annotations
@@ -10,57 +12,72 @@ from typing import Any
 from kvtool.vllm.isolation_verdicts import INCONCLUSIVE, LEAK, PASS, DimensionResult, IsolationReport
 
 VERDICT_STYLE = {PASS: "green", LEAK: "bold red", INCONCLUSIVE: "yellow", "not run": "dim"}
+EXPECTED_NOTE = "control, victim: cached tokens seen / expected"
 
 
-def _verdict(text: str) -> str:
-    return f"[{VERDICT_STYLE.get(text, '')}]{text}[/]"
+def _text(value: object, style: str = "") -> Any:
+    from rich.text import Text
+
+    return Text(str(value), style=style)
+
+
+def _verdict(text: str) -> Any:
+    return _text(text, VERDICT_STYLE.get(text, ""))
+
+
+def _title(prefix: str, verdict: str, suffix: str = "") -> Any:
+    from rich.text import Text
+
+    return Text.assemble(prefix, _verdict(verdict), suffix)
 
 
 def _tokens(values: tuple[int, ...]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def dimension_table(result: DimensionResult) -> Any:
+def _table(title: Any, columns: tuple[tuple[str, str], ...], caption: str | None = None) -> Any:
     from rich.table import Table
 
-    title = f"{result.title}: {_verdict(result.verdict)}"
-    caption = "\n".join(("control, victim: cached tokens seen / expected", *result.evidence))
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for name, justify in (("first -> victim", "left"), ("variant", "left"), ("n", "right"),
-                          ("control", "right"), ("victim", "right"),
-                          ("verdict", "left"), ("evidence", "left")):  # fmt: skip
+    for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    return table
+
+
+def dimension_table(result: DimensionResult) -> Any:
+    columns = (("first -> victim", "left"), ("variant", "left"), ("n", "right"), ("control", "right"),
+               ("victim", "right"), ("verdict", "left"), ("evidence", "left"))  # fmt: skip
+    caption = "\n".join((EXPECTED_NOTE, *result.evidence))
+    table = _table(_title(f"{result.title}: ", result.verdict), columns, caption)
     for row in result.rows:
         victim_expected = f"<= {row.victim_expected_tokens}" if row.victim_expected_tokens else "0"
-        table.add_row(
-            f"{row.first} -> {row.second}", row.variant, str(row.trials),
+        cells = (
+            f"{row.first} -> {row.second}", row.variant, row.trials,
             f"{_tokens(row.control_cached_tokens)} / {row.control_expected_tokens}",
-            f"{_tokens(row.victim_cached_tokens)} / {victim_expected}", _verdict(row.verdict), row.evidence,
+            f"{_tokens(row.victim_cached_tokens)} / {victim_expected}",
         )  # fmt: skip
+        table.add_row(*map(_text, cells), _verdict(row.verdict), _text(row.evidence))
     return table
 
 
 def summary_table(report: IsolationReport) -> Any:
-    from rich.table import Table
-
     engine = report.engine
     events = "not captured" if report.events_captured is None else f"{report.events_captured:,} KV events"
-    title = (
-        f"kvtool vllm isolation: {_verdict(report.verdict)} ({engine.mode} {engine.endpoint}, model {engine.base_model}, "
-        f"block {engine.block_size}, vLLM {engine.version or '?'}; {report.probes} probes, {events})"
+    suffix = (
+        f" ({engine.mode} {engine.endpoint}, model {engine.base_model}, block {engine.block_size}, "
+        f"vLLM {engine.version or '?'}; {report.probes} probes, {events})"
     )
-    table = Table(title=title, title_justify="left")
-    for name, justify in (("dimension", "left"), ("trials", "right"), ("controls shared", "right"),
-                          ("victims reused", "right"), ("verdict", "left"), ("note", "left")):  # fmt: skip
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    columns = (("dimension", "left"), ("trials", "right"), ("controls shared", "right"),
+               ("victims reused", "right"), ("verdict", "left"), ("note", "left"))  # fmt: skip
+    table = _table(_title("kvtool vllm isolation: ", report.verdict, suffix), columns)
     for d in report.dimensions:
         if d.skipped_reason is not None:
-            table.add_row(d.title, "-", "-", "-", _verdict(d.verdict), d.skipped_reason)
+            table.add_row(*map(_text, (d.title, "-", "-", "-")), _verdict(d.verdict), _text(d.skipped_reason))
             continue
         row = next((r for r in d.rows if r.verdict == d.verdict and d.verdict != PASS), None)
         note = "" if row is None else f"{row.first} -> {row.second}: {row.evidence}"
-        table.add_row(d.title, str(d.trials), f"{d.controls_shared}/{d.trials}", str(d.victims_reused),
-                      _verdict(d.verdict), note)  # fmt: skip
+        cells = (d.title, d.trials, f"{d.controls_shared}/{d.trials}", d.victims_reused)
+        table.add_row(*map(_text, cells), _verdict(d.verdict), _text(note))
     return table
 
 

@@ -72,3 +72,10 @@ def test_random_adapters_are_peft_shaped(tmp_path):
     assert len(header) == 4 * 2 * 2  # layers x (q, v) x (A, B)
     assert header["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"]["shape"] == [64, LORA_RANK]
     assert json.loads((folder / "adapter_config.json").read_text())["target_modules"] == ["q_proj", "v_proj"]
+
+
+def test_labels_are_printed_as_they_are(run_cli):
+    # rich would turn "salt:b:" into an emoji and "[...]" into markup; cells are plain Text
+    result = run_cli("vllm", "isolation", "--replay", ISOLATION / "vllm-0.32-broken-salt.json")
+    assert result.exit_code == 1
+    assert "salt:a -> salt:b: reused 128 tokens of salt:a" in " ".join(result.stdout.split())
