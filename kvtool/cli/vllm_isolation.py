@@ -38,6 +38,31 @@ def _progress(message: str) -> None:
     sys.stderr.write(message + "\n")
 
 
+def _judge_and_print(replay: Path | None, options, record: Path | None, json_out: bool) -> int:
+    """Run (or read) the check, print its report, and return the exit code."""
+    from kvtool.cli.output import print_json, stdout_console
+    from kvtool.vllm.isolation_record import read_record, write_record
+    from kvtool.vllm.isolation_render import report_renderables
+    from kvtool.vllm.isolation_verdicts import judge_record
+
+    if replay is not None:
+        recorded = read_record(replay)
+    else:
+        from kvtool.vllm.isolation import run_isolation
+
+        recorded = run_isolation(options, progress=_progress)
+        if record is not None:
+            write_record(recorded, record)
+    report = judge_record(recorded)
+    if json_out:
+        print_json(report)
+    else:
+        console = stdout_console()
+        for renderable in report_renderables(report):
+            console.print(renderable)
+    return report.exit_code
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Check a running vLLM (or one kvtool starts) from the outside.", no_args_is_help=True)
     app.add_typer(group, name="vllm")
@@ -107,35 +132,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check that tenants (cache_salt), LoRA adapters, adapter versions and prompt embeddings never share KV
         blocks in the prefix cache: control pairs that must share, isolation pairs that must not."""
-        from kvtool.cli.output import print_json, stdout_console
-        from kvtool.vllm.isolation_record import read_record, write_record
-        from kvtool.vllm.isolation_render import report_renderables
-        from kvtool.vllm.isolation_verdicts import judge_record
-
         if replay is not None:
             if endpoint or model:
                 raise UsageError("--replay judges a recorded run: leave out --endpoint and --model", where="--replay")
-            recorded = read_record(replay)
-        else:
-            from kvtool.vllm.isolation import IsolationOptions, run_isolation
-            from kvtool.vllm.isolation_plan import DIMENSIONS
+            raise typer.Exit(_judge_and_print(replay, None, None, json_out))
+        from kvtool.vllm.isolation import IsolationOptions
+        from kvtool.vllm.isolation_plan import DIMENSIONS
 
-            options = IsolationOptions(
-                endpoint=endpoint, model_dir=model, vllm_python=vllm_python, base_model=served_model,
-                dimensions=tuple(dimension) or DIMENSIONS, adapters=tuple(adapter),
-                adapter_versions=tuple(adapter_version), api_keys=_tenant_keys(api_key), api_key=key,
-                hidden_size=hidden_size, block_size=block_size, events_endpoint=events, port=port,
-                events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
-                startup_timeout_s=startup_timeout,
-            )  # fmt: skip
-            recorded = run_isolation(options, progress=_progress)
-            if record is not None:
-                write_record(recorded, record)
-        report = judge_record(recorded)
-        if json_out:
-            print_json(report)
-        else:
-            console = stdout_console()
-            for renderable in report_renderables(report):
-                console.print(renderable)
-        raise typer.Exit(report.exit_code)
+        options = IsolationOptions(
+            endpoint=endpoint, model_dir=model, vllm_python=vllm_python, base_model=served_model,
+            dimensions=tuple(dimension) or DIMENSIONS, adapters=tuple(adapter),
+            adapter_versions=tuple(adapter_version), api_keys=_tenant_keys(api_key), api_key=key,
+            hidden_size=hidden_size, block_size=block_size, events_endpoint=events, port=port,
+            events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
+            startup_timeout_s=startup_timeout,
+        )  # fmt: skip
+        raise typer.Exit(_judge_and_print(None, options, record, json_out))
