@@ -276,8 +276,7 @@ def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tup
         progress(f"vLLM is up at {engine.url}")
         folder = engine.scratch / "adapters"
         paths = {n: write_random_adapter(folder / n, shape, str(model_dir), seed) for seed, n in enumerate("abv")}
-        run_tag = new_run_id(options.seed)
-        names = (f"kvtool-{run_tag}-a", f"kvtool-{run_tag}-b")
+        names = ("lora-a", "lora-b")  # a fresh engine: short names cannot collide
         client = Client(engine.url, base_model="base", api_key=options.api_key)
         for name, key in zip(names, "ab"):
             client.load_adapter(name, str(paths[key]), in_place=False)

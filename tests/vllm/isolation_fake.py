@@ -4,7 +4,7 @@ It hashes prompts the way vLLM 0.32 does (vllm/v1/core/kv_cache_utils.py: a chai
 over (parent, block tokens, extra keys), extra keys = LoRA name and path, and the cache salt on the first block),
 reports ``usage.prompt_tokens_details.cached_tokens`` = the longest cached chain of full blocks, capped at
 prompt length - 1 and rounded down to whole blocks, and serves ``/metrics`` counters and ``/version``.
-``drop`` names a dimension to leave out of the hash (the negative control); ``report_cached=False`` behaves
+``caching=False`` keeps nothing (prefix caching off); ``drop`` names a dimension to leave out of the hash (the negative control); ``report_cached=False`` behaves
 like vLLM without --enable-prompt-tokens-details (prompt_tokens_details is null).
 """
 
@@ -21,8 +21,11 @@ BLOCK = 16
 
 
 class FakeVllm:
-    def __init__(self, *, drop: frozenset[str] = frozenset(), report_cached: bool = True, adapters=("lora-a",)):
+    def __init__(
+        self, *, drop: frozenset[str] = frozenset(), report_cached: bool = True, adapters=("lora-a",), caching=True
+    ):
         self.drop = drop
+        self.caching = caching  # False: prefix caching off (nothing is ever kept)
         self.report_cached = report_cached
         self.adapters = {name: f"/adapters/{name}" for name in adapters}
         self.cache: set[bytes] = set()
@@ -72,7 +75,8 @@ class FakeVllm:
         hit = 0
         while hit < min(usable, len(chain)) and chain[hit] in self.cache:
             hit += 1
-        self.cache.update(chain)
+        if self.caching:
+            self.cache.update(chain)
         self.queries += n
         self.hits += hit * BLOCK
         details = {"cached_tokens": hit * BLOCK} if self.report_cached else None

@@ -49,6 +49,15 @@ def test_a_dropped_dimension_leaks_there_and_nowhere_else(drop, leaking):
         assert salt_rows[0].victim_cached_tokens == (4 * BLOCK,)
 
 
+def test_prefix_caching_off_is_inconclusive_never_pass():
+    # every victim misses, but so does every control: the misses prove nothing
+    with FakeVllm(caching=False) as fake:
+        report = run(fake, adapters=("lora-a",))
+    assert report.verdict == "inconclusive" and report.exit_code == 2
+    assert {d.verdict for d in report.dimensions if d.verdict != "not run"} == {"inconclusive"}
+    assert all(d.controls_shared == 0 for d in report.dimensions)
+
+
 def test_dimensions_without_what_they_need_are_not_run_and_say_why():
     with FakeVllm(adapters=()) as fake:
         report = run(fake)
