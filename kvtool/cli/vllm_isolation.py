@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
 
@@ -128,14 +129,14 @@ def register(app: typer.Typer) -> None:
             None, "--record", help="Write what the run observed (responses, counters, KV events) as JSON."
         ),
         replay: Optional[Path] = typer.Option(None, "--replay", help="Judge a recorded run again instead of probing."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else."),
+        json_output: JsonOpt = False,
     ) -> None:
         """Check that tenants (cache_salt), LoRA adapters, adapter versions and prompt embeddings never share KV
         blocks in the prefix cache: control pairs that must share, isolation pairs that must not."""
         if replay is not None:
             if endpoint or model:
                 raise UsageError("--replay judges a recorded run: leave out --endpoint and --model", where="--replay")
-            raise typer.Exit(_judge_and_print(replay, None, None, json_out))
+            raise typer.Exit(_judge_and_print(replay, None, None, json_output))
         from kvtool.vllm.isolation import IsolationOptions
         from kvtool.vllm.isolation_plan import DIMENSIONS
 
@@ -147,4 +148,4 @@ def register(app: typer.Typer) -> None:
             events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
             startup_timeout_s=startup_timeout,
         )  # fmt: skip
-        raise typer.Exit(_judge_and_print(None, options, record, json_out))
+        raise typer.Exit(_judge_and_print(None, options, record, json_output))
