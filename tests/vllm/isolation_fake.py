@@ -22,8 +22,15 @@ BLOCK = 16
 
 class FakeVllm:
     def __init__(
-        self, *, drop: frozenset[str] = frozenset(), report_cached: bool = True, adapters=("lora-a",), caching=True
+        self,
+        *,
+        drop: frozenset[str] = frozenset(),
+        report_cached: bool = True,
+        adapters=("lora-a",),
+        caching=True,
+        salt_from_key=False,
     ):
+        self.salt_from_key = salt_from_key  # a gateway that salts each API key's requests
         self.drop = drop
         self.caching = caching  # False: prefix caching off (nothing is ever kept)
         self.report_cached = report_cached
@@ -119,6 +126,9 @@ class FakeVllm:
                     if body.get("model") not in ("base", *fake.adapters):
                         self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
                         return
+                    key = self.headers.get("Authorization")
+                    if fake.salt_from_key and key:
+                        body = dict(body, cache_salt=key)
                     self._send(200, fake.complete(body))
                 elif self.path == "/v1/load_lora_adapter":
                     fake.adapters[body["lora_name"]] = body["lora_path"]

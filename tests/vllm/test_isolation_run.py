@@ -49,6 +49,16 @@ def test_a_dropped_dimension_leaks_there_and_nowhere_else(drop, leaking):
         assert salt_rows[0].victim_cached_tokens == (4 * BLOCK,)
 
 
+@pytest.mark.parametrize(("salted", "verdict"), [(True, "pass"), (False, "leak")])
+def test_tenants_by_api_key(salted, verdict):
+    # a gateway that derives the salt from the key keeps tenants apart; one that does not lets them share
+    with FakeVllm(salt_from_key=salted, adapters=()) as fake:
+        report = run(fake, api_keys=(("acme", "k1"), ("globex", "k2")), dimensions=("salt",))
+    rows = [r for r in report.dimensions[0].rows if r.first.startswith("tenant:")]
+    assert {r.verdict for r in rows} == {verdict} and len(rows) == 4  # 2 orders x 2 variants
+    assert report.verdict == verdict
+
+
 def test_prefix_caching_off_is_inconclusive_never_pass():
     # every victim misses, but so does every control: the misses prove nothing
     with FakeVllm(caching=False) as fake:
