@@ -14,8 +14,9 @@ Evidence, strongest first:
    prompt length, i.e. when no other traffic moved the counters; a clean delta above the expected hits is a leak.
 4. **Timing** is reported as a channel (how well latency tells a hit from a miss, as an AUC), never as a verdict.
 
-A trial is a leak when any evidence says so, inconclusive when a control failed or evidence is missing, and a
-pass otherwise; a dimension passes only when every trial passed.
+A trial is a leak when any evidence says so, inconclusive when its control failed (or its prime was evicted
+before the victim ran), and a pass otherwise; a trial without KV events is judged on the rest.  A dimension passes
+only when every trial passed.
 """
 
 from __future__ import annotations
@@ -186,8 +187,6 @@ def judge_trial(
             )
         if hashes.evicted_before_victim and not leaks:
             doubts.append(f"{hashes.evicted_before_victim} of the prime's blocks were evicted before the victim ran")
-    elif events is not None:
-        doubts.append("no KV events were published for the prime")
     # 3. metric deltas, only where no other traffic moved the counters
     clean = [r for r in (prime, control, victim) if _metric_clean(r)]
     if victim in clean and _metric_hits(victim) > v_expected:

@@ -119,3 +119,11 @@ def test_timing_is_a_channel_never_a_verdict():
 @pytest.mark.parametrize(("cached", "code"), [((0, 128, 0), 0), ((0, 128, 128), 1), ((0, 0, 0), 2)])
 def test_exit_codes(cached, code):
     assert judge_record(record(cached)).exit_code == code
+
+
+def test_a_trial_without_kv_events_is_judged_on_the_rest():
+    rec = record((0, 128, 0))
+    other = stored("someone-else", [42], 100.5)  # events were captured, none for this trial's sessions
+    verdict = trial_of(dataclasses.replace(rec, events=(other,)))
+    assert verdict.verdict == "pass" and verdict.hashes is None
+    assert judge_record(dataclasses.replace(rec, events=(other,))).dimensions[0].rows[0].evidence == "tokens+metrics"
