@@ -74,23 +74,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _click_exceptions():
-    """typer >= 0.20 vendors click as typer._click; older releases use click itself."""
-    try:
-        from typer._click import exceptions
-    except ImportError:  # pragma: no cover - older typer
-        from click import exceptions
-    return exceptions
-
-
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code, with usage errors as one ``Error:`` line.
 
     This is the console-script entry point (``kvtool``) and what ``python -m kvtool`` calls.
     """
+    from typer._click import exceptions  # typer >= 0.26 carries its own click (pyproject)
+
     from kvtool.core.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
-    exceptions = _click_exceptions()
     args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(build_app(_command_named(args)))
     try:
