@@ -18,6 +18,7 @@ from pathlib import Path
 from kvtool.cli import COMMAND_MODULES
 
 WIDTH = 100  # terminal columns of the rendered help
+SUBCOMMANDS = ("vllm isolation",)  # commands of typer sub-groups, each after its group's section
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 HEADER = f"""# Command-line reference
 
@@ -39,7 +40,7 @@ def help_env() -> dict[str, str]:
 
 def help_text(command: str | None) -> str:
     """``kvtool [COMMAND] --help`` as printed, with trailing spaces removed."""
-    args = [sys.executable, "-m", "kvtool", *([command] if command else []), "--help"]
+    args = [sys.executable, "-m", "kvtool", *(command.split() if command else []), "--help"]
     proc = subprocess.run(args, env=help_env(), capture_output=True, text=True, check=True)
     return "\n".join(line.rstrip() for line in proc.stdout.splitlines()).strip("\n")
 
@@ -48,7 +49,7 @@ def render() -> str:
     """The whole of docs/cli.md."""
     from concurrent.futures import ThreadPoolExecutor
 
-    commands = (None, *COMMAND_MODULES)
+    commands = (None, *COMMAND_MODULES, *SUBCOMMANDS)
     with ThreadPoolExecutor() as pool:  # one interpreter per command, side by side
         texts = list(pool.map(help_text, commands))
     sections = [HEADER]

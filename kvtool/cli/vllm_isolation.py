@@ -131,8 +131,12 @@ def register(app: typer.Typer) -> None:
         replay: Optional[Path] = typer.Option(None, "--replay", help="Judge a recorded run again instead of probing."),
         json_output: JsonOpt = False,
     ) -> None:
-        """Check that tenants (cache_salt), LoRA adapters, adapter versions and prompt embeddings never share KV
-        blocks in the prefix cache: control pairs that must share, isolation pairs that must not."""
+        """Check that tenants, LoRA adapters, adapter versions and embeddings never share KV blocks.
+
+        Per dimension, a control pair that must share runs right before each isolation pair that must not.
+
+        Fresh random prompts, both orders, exact and shared-prefix variants; see docs/isolation.md.
+        """
         if replay is not None:
             if endpoint or model:
                 raise UsageError("--replay judges a recorded run: leave out --endpoint and --model", where="--replay")
