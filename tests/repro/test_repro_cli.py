@@ -84,7 +84,10 @@ def test_dtype_tolerances_shown(run_cli):
         (["--dtype", "float16"], "Error: unknown dtype 'float16'; use one of float32, float64, bfloat16 (--dtype)"),
         (["--device", "tpu"], "Error: unknown device 'tpu'; use cpu or cuda (--device)"),
         (["layer-index", "--target", "x:y"], "Error: give scenario names or --target, not both (--target)"),
-        (["--target", "no_colon"], "Error: --target must look like package.module:factory, got 'no_colon' (--target)"),
+        (
+            ["--target", "no_colon"],
+            "Error: --target must look like package.module:factory or hf:DIR, got 'no_colon' (--target)",
+        ),
         (["--d-model", "8"], "Error: --d-model only applies with --target (--d-model)"),
     ],
 )
