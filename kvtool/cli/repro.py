@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--interleavings",
             metavar="N",
-            help="Seeded random interleavings per implementation (default 200; 20 for a --target).",
+            help="Seeded random interleavings per implementation (default 200; 10 for a --target).",
         ),
         json_: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     ) -> None:

@@ -81,7 +81,8 @@ def _visit(obj: Any, path: str, walk: _Walk, window: int | None) -> None:
     if obj is None:
         return
     if isinstance(obj, _PLAIN):
-        walk.skipped.append(Skipped(path, f"a {type(obj).__name__}"))
+        name = type(obj).__name__
+        walk.skipped.append(Skipped(path, f"{'an' if name[0] in 'aeiou' else 'a'} {name}"))
         return
     if id(obj) in walk.first_path:
         walk.aliases.append(Alias(path, walk.first_path[id(obj)]))
@@ -149,6 +150,9 @@ def _visit_module(module: torch.nn.Module, path: str, walk: _Walk) -> None:
                 continue
             walk.first_path[id(value)] = f"{where}.{name}"
             _add_tensor(value, f"{where}.{name}", walk, None, None)
+        for name, value in vars(sub).items():  # lists and objects held by the module (per-head caches, say)
+            if not name.startswith("_") and isinstance(value, (list, tuple, dict)) and value:
+                _visit(value, f"{where}.{name}", walk, None)
 
 
 def _visit_reporting(obj: Any, path: str, walk: _Walk) -> None:

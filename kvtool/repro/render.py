@@ -149,9 +149,9 @@ def render_check(c: TargetCheck, console) -> None:
     from rich.markup import escape
 
     status = "skip" if c.skipped else ("pass" if c.passed else "fail")
-    console.print(f"{_STATUS[status]} {c.name}: {escape(c.message)}", highlight=False)
+    console.print(f"{_STATUS[status]} {c.name}: {escape(c.message)}", highlight=False, soft_wrap=True)
     for line in c.evidence:
-        console.print(f"    {line}", highlight=False, markup=False)
+        console.print(f"    {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _target_title(t: TargetResult) -> str:
@@ -166,7 +166,7 @@ def _render_target(t: TargetResult, console, streamed: bool = False) -> None:
     details = [f"built: {t.built}"] if t.built else []
     details += [f"requests (prompt+decode): {t.workload}"] if t.workload else []
     for line in (*details, *t.cache_notes):
-        console.print(f"  {line}", highlight=False, markup=False)
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     if not streamed:
         for c in t.checks:
             render_check(c, console)

@@ -67,6 +67,7 @@ class TargetCheck:
     message: str  # one line: what was checked and what was found
     evidence: tuple[str, ...]  # data_ptr / shape / position lines behind a failure, repeats collapsed with a count
     skipped: bool = False  # the check could not apply to this target (message says why)
+    elapsed_s: float = 0.0  # wall time of the check
 
 
 @dataclass(frozen=True)

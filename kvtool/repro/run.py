@@ -16,7 +16,7 @@ from kvtool.repro.target import check_target
 
 MAX_SEED = 2**62  # torch.Generator takes a signed 64-bit seed; the workloads add small offsets to it
 SCENARIO_INTERLEAVINGS = 200  # default --interleavings for the built-in scenarios
-TARGET_INTERLEAVINGS = 20  # for a --target: a real decoder's forward costs ~10 ms on CPU, and 20 orders of 6
+TARGET_INTERLEAVINGS = 10  # for a --target: a real decoder's forward costs ~10 ms on CPU, and 10 orders of 6
 # requests already interleave every pair of requests many times (a default run stays under 30 s)
 THREADS = 1  # tiny tensors: a second thread only adds synchronisation (measured: 7 s vs 125 s on a busy 2-core box)
 
@@ -53,7 +53,7 @@ def run_repro(
 
     ``progress`` is called with a short description before each scenario (for a status line on stderr);
     ``on_check`` with each target check as it finishes.  ``interleavings`` defaults to 200 for the scenarios
-    and 20 for a target.
+    and 10 for a target.
     """
     if interleavings is None:
         interleavings = SCENARIO_INTERLEAVINGS if target is None else TARGET_INTERLEAVINGS

@@ -18,8 +18,9 @@ import importlib
 import inspect
 import os
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -161,10 +162,17 @@ def check_target(
     Whatever the target's own code prints (the article's habit: print each cache's shape and data_ptr
     on every step) goes to stderr, so stdout carries only kvtool's answer and ``--json`` stays JSON.
     """
+    stdout = sys.stdout
+
+    def report(check: TargetCheck) -> None:
+        if on_check is not None:
+            with contextlib.redirect_stdout(stdout):  # kvtool's own stream, not the target's
+                on_check(check)
+
     with contextlib.redirect_stdout(sys.stderr):
         setup = _prepare(spec, d_model=d_model, device=device, dtype=dtype, seed=seed, hf_cache=hf_cache)
         setup.ctx.interleavings = interleavings
-        checks, interrupted = _run_checks(setup.ctx, on_check)
+        checks, interrupted = _run_checks(setup.ctx, report)
     failed = tuple(c.name for c in checks if not c.passed)
     return TargetResult(
         target=spec,
@@ -182,19 +190,20 @@ def check_target(
     )
 
 
-def _run_checks(ctx: tc.Context, on_check: Callable[[TargetCheck], None] | None) -> tuple[list[TargetCheck], bool]:
+def _run_checks(ctx: tc.Context, on_check: Callable[[TargetCheck], None]) -> tuple[list[TargetCheck], bool]:
     """Each check in turn (a failure inside one fails that one); Ctrl-C stops with the finished ones."""
     done: list[TargetCheck] = []
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             for name, check in CHECKS:
+                start = time.perf_counter()
                 try:
                     result = check(ctx)
                 except TargetFailure as err:
                     result = TargetCheck(name, False, str(err), ())
+                result = replace(result, elapsed_s=round(time.perf_counter() - start, 3))
                 done.append(result)
-                if on_check is not None:
-                    on_check(result)
+                on_check(result)
     except KeyboardInterrupt:
         return done, True
     return done, False

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,7 +163,8 @@ def _schedule(rng: random.Random, work: Workload) -> list[list[int]]:
 def isolation(ctx: Context) -> TargetCheck:
     refs = references(ctx)
     rng = random.Random(ctx.seed)
-    mismatched, hits, first = 0, [], None
+    mismatched, first = 0, None
+    hits: dict[int, int] = {}  # request -> interleavings in which it differed
     for _ in range(ctx.interleavings):
         schedule = _schedule(rng, ctx.work)
         outs, lives = run_schedule(ctx, ctx.driver, schedule)
@@ -170,20 +172,21 @@ def isolation(ctx: Context) -> TargetCheck:
         if bad and first is None:
             first = _isolation_evidence(ctx, bad[0], outs[bad[0]], lives[bad[0]], schedule)
         mismatched += bool(bad)
-        hits.extend((f"r{rid}", f"r{rid} ({ctx.work.requests[rid].note})") for rid in bad)
+        for rid in bad:
+            hits[rid] = hits.get(rid, 0) + 1
         for live in lives.values():
             ctx.driver.end(live)
     if not mismatched:
         return TargetCheck(
             "isolation", True, f"{ctx.interleavings} seeded interleavings: every request matches its run alone", ()
         )
-    counts = collapse(hits)
+    counts = [f"r{rid} ({ctx.work.requests[rid].note}) in {n}" for rid, n in sorted(hits.items())]
     return TargetCheck(
         "isolation",
         False,
         f"{mismatched} of {ctx.interleavings} seeded interleavings gave a request other outputs than its run alone "
         f"on a fresh copy ({_tol_text(ctx.tol)})",
-        (first or "", "requests affected: " + ", ".join(counts)),
+        (first or "", "requests that differed, and in how many interleavings: " + ", ".join(counts)),
     )
 
 
@@ -251,6 +254,8 @@ def _divergence(ctx: Context, rid: int) -> _Divergence | None:
     if not where:
         tensor = first_diverging_tensor(got_scan, want_scan, ctx.tol)
         where = f"cache tensor {tensor}" if tensor else ""
+    if not where and got_scan.tensors and not want_scan.tensors:
+        where = "the one forward over all positions left the cache empty (a multi-token input bypasses the cache)"
     return _Divergence(rid, position, _diff(got, want), where)
 
 
@@ -294,6 +299,7 @@ class _Snapshot:
 
 @dataclass
 class RoundRobin:
+    caches: dict[int, Any]  # request -> its cache object at the end
     scans: dict[int, CacheScan]
     history: dict[tuple[int, str], list[_Snapshot]]
 
@@ -319,7 +325,9 @@ def round_robin(ctx: Context) -> RoundRobin:
         chunks = [r.chunks() for r in ctx.work.requests]
         steps = [0] * len(counts)
         for (rid,) in schedule:
-            live = lives.setdefault(rid, ctx.driver.begin(1))
+            if rid not in lives:
+                lives[rid] = ctx.driver.begin(1)
+            live = lives[rid]
             ctx.driver.step(live, chunks[rid][steps[rid]])
             steps[rid] += 1
             seen = ctx.work.tokens_seen(rid, steps[rid])
@@ -327,7 +335,11 @@ def round_robin(ctx: Context) -> RoundRobin:
                 if item.tensor.dim() >= 2:
                     snap = _Snapshot(seen, tuple(item.tensor.shape), _unwritten(item.tensor, seen), item.valid_length)
                     history.setdefault((rid, item.path), []).append(snap)
-        ctx.round_robin = RoundRobin({rid: ctx.scan(live.cache) for rid, live in lives.items()}, history)
+        ctx.round_robin = RoundRobin(
+            {rid: live.cache for rid, live in lives.items()},
+            {rid: ctx.scan(live.cache) for rid, live in lives.items()},
+            history,
+        )
         for live in lives.values():
             ctx.driver.end(live)
     result: RoundRobin = ctx.round_robin
@@ -336,11 +348,10 @@ def round_robin(ctx: Context) -> RoundRobin:
 
 def _no_tensors(ctx: Context, what: str) -> str:
     rr = round_robin(ctx)
-    skipped = sorted({f"{s.path}: {s.reason}" for scan in rr.scans.values() for s in scan.skipped})[:4]
-    extra = f"; skipped {', '.join(skipped)}" if skipped else ""
+    kinds = sorted({type(live_cache).__name__ for live_cache in rr.caches.values()})
     return (
         f"the returned caches hold no {what} (kvtool looks inside tuples, lists, dicts, object attributes, "
-        f"nn.Module buffers and transformers caches{extra})"
+        f"nn.Module buffers and transformers caches; the caches are of type {', '.join(kinds) or 'nothing'})"
     )
 
 
@@ -397,6 +408,26 @@ def _contains(outer: torch.Tensor, inner: torch.Tensor) -> bool:
     return so.byte_start <= si.byte_start and si.byte_end <= so.byte_end and inner.numel() < outer.numel()
 
 
+def _sharing_groups(tensors: list[CacheTensor]) -> list[list[int]]:
+    """Groups (index lists) of tensors joined by shared memory; a view strictly inside another is not sharing
+    (a combined K/V buffer and its halves)."""
+    parent = list(range(len(tensors)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i, j in overlap_pairs([t.tensor for t in tensors]):
+        a, b = tensors[i].tensor, tensors[j].tensor
+        if not (_contains(a, b) or _contains(b, a)):
+            parent[root(j)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(tensors)):
+        groups.setdefault(root(i), []).append(i)
+    return [members for members in groups.values() if len(members) > 1]
+
+
 def _intra_evidence(rid: int, scan: CacheScan) -> list[tuple[str, str]]:
     evidence = []
     holders = [t.path for t in scan.tensors]
@@ -406,15 +437,15 @@ def _intra_evidence(rid: int, scan: CacheScan) -> list[tuple[str, str]]:
                 (f"{alias.path} {alias.same_as}", f"r{rid} {alias.path} is the same object as {alias.same_as}")
             )
     tensors = _live_tensors(scan)
-    for i, j in overlap_pairs([t.tensor for t in tensors]):
-        a, b = tensors[i], tensors[j]
-        if _contains(a.tensor, b.tensor) or _contains(b.tensor, a.tensor):
-            continue
+    groups = _sharing_groups(tensors)
+    for members in groups:
+        first = tensors[members[0]].tensor
+        names = ", ".join(tensors[m].path for m in members)
         evidence.append(
             (
-                f"{a.path} {b.path}",
-                f"r{rid} {a.path} and {b.path} share memory (data_ptr {a.tensor.data_ptr():#x} / "
-                f"{b.tensor.data_ptr():#x}, storage {a.tensor.untyped_storage().data_ptr():#x})",
+                re.sub(r"\d+", "N", names),
+                f"r{rid} {names} share memory (data_ptr {first.data_ptr():#x}, "
+                f"storage {first.untyped_storage().data_ptr():#x})",
             )
         )
     for item in tensors:
@@ -488,7 +519,7 @@ def cache_length(ctx: Context) -> TargetCheck:
     for (rid, path), history in rr.history.items():
         problem = _judge_length(history, windows.get((rid, path)) or ctx.window)
         if problem:
-            evidence.append((f"{path} {problem.split(' ')[0]}", f"r{rid} {path}: {problem}"))
+            evidence.append((re.sub(r"\d+", "N", problem), f"r{rid} {path}: {problem}"))
     if not evidence:
         return TargetCheck(
             "cache-length",
