@@ -86,7 +86,7 @@ class HfDriver(Driver):
     def _new_cache(self, batch: int) -> Any:
         import transformers
 
-        config = self.module.config
+        config: Any = self.module.config
         try:
             if self.hf_cache == "static":
                 return transformers.StaticCache(config=config, max_cache_len=self.max_tokens)

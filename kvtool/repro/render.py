@@ -25,6 +25,7 @@ def render_report(report: ReproReport, console, *, streamed: bool = False) -> No
         f"(torch.allclose rtol {tol.rtol:g}, atol {tol.atol:g}), seed {report.seed}, "
         f"{report.interleavings} interleavings",
         highlight=False,
+        soft_wrap=True,
     )
     for scenario in report.scenarios:
         _render_scenario(scenario, console)
@@ -162,7 +163,7 @@ def _target_title(t: TargetResult) -> str:
 def _render_target(t: TargetResult, console, streamed: bool = False) -> None:
     from rich.markup import escape
 
-    console.print(f"[bold]{escape(_target_title(t))}[/]", highlight=False)
+    console.print(f"[bold]{escape(_target_title(t))}[/]", highlight=False, soft_wrap=True)
     details = [f"built: {t.built}"] if t.built else []
     details += [f"requests (prompt+decode): {t.workload}"] if t.workload else []
     for line in (*details, *t.cache_notes):

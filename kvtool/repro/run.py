@@ -10,7 +10,7 @@ import torch
 from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DTYPES, TOLERANCES, run_scenario
 from kvtool.repro.hf import HF_CACHES
-from kvtool.repro.results import ReproReport, TargetCheck
+from kvtool.repro.results import ReproReport, ScenarioResult, TargetCheck, TargetResult
 from kvtool.repro.scenarios import SCENARIO_NAMES
 from kvtool.repro.target import check_target
 
@@ -80,6 +80,8 @@ def run_repro(
     threads = torch.get_num_threads()
     torch.set_num_threads(min(threads, THREADS))
     start = time.perf_counter()
+    scenarios: tuple[ScenarioResult, ...] = ()
+    result: TargetResult | None = None
     try:
         if target is not None:
             if progress is not None:
@@ -94,11 +96,10 @@ def run_repro(
                 hf_cache=hf_cache,
                 on_check=on_check,
             )
-            scenarios, passed = (), result.passed
+            passed = result.passed
         else:
-            result = None
             chosen = list(dict.fromkeys(names)) if names else list(SCENARIO_NAMES)
-            runs = []
+            runs: list[ScenarioResult] = []
             for i, name in enumerate(chosen):
                 if progress is not None:
                     progress(f"scenario {i + 1}/{len(chosen)}: {name}")
