@@ -14,7 +14,6 @@ is done with a request, so slot pools can free the slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +50,6 @@ class Driver:
 
     protocol = "embeds"
     supports_batch = False
-    reports_layers = False  # True when full() can return per-layer hidden states
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
@@ -144,10 +142,3 @@ def make_driver(module: torch.nn.Module, hf_cache: str, max_tokens: int) -> Driv
     if getattr(module, PROTOCOL_ATTRIBUTE, "embeds") == "tokens":
         return TokensDriver(module)
     return Driver(module)
-
-
-def guarded(fn: Callable[[], Any], what: str) -> Any:
-    try:
-        return fn()
-    except USER_ERRORS as err:  # noqa: BLE001
-        raise TargetFailure(f"{what} raised {_one_line(err)}") from None

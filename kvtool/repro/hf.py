@@ -63,7 +63,6 @@ def load_hf_dir(path: str, *, seed: int, dtype: torch.dtype) -> tuple[torch.nn.M
 class HfDriver(Driver):
     protocol = "hf"
     supports_batch = True
-    reports_layers = True
 
     def __init__(self, module: torch.nn.Module, hf_cache: str = "dynamic", max_tokens: int = 64):
         super().__init__(module)

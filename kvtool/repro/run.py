@@ -36,6 +36,38 @@ def resolve_device(device: str | None, *, target: bool) -> str:
     return device
 
 
+def _validate(
+    names: list[str] | None,
+    *,
+    dtype: str,
+    seed: int,
+    interleavings: int,
+    target: str | None,
+    d_model: int | None,
+    hf_cache: str,
+) -> None:
+    """UsageError for the first bad option value."""
+    if hf_cache not in HF_CACHES:
+        raise UsageError(f"unknown --hf-cache '{hf_cache}'; use dynamic or static", where="--hf-cache")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
+    if not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED}, got {seed}", where="--seed")
+    if interleavings < 1:
+        raise UsageError(f"--interleavings must be at least 1, got {interleavings}", where="--interleavings")
+    if d_model is not None and d_model <= 0:
+        raise UsageError(f"--d-model must be positive, got {d_model}", where="--d-model")
+    if target is not None and names:
+        raise UsageError("give scenario names or --target, not both", where="--target")
+    if target is None and d_model is not None:
+        raise UsageError("--d-model only applies with --target", where="--d-model")
+    unknown = [n for n in names or [] if n not in SCENARIO_NAMES]
+    if unknown:
+        raise UsageError(
+            f"unknown scenario '{unknown[0]}'", where="NAME", tip=f"scenarios: {', '.join(SCENARIO_NAMES)}"
+        )
+
+
 def run_repro(
     names: list[str] | None = None,
     *,
@@ -57,25 +89,9 @@ def run_repro(
     """
     if interleavings is None:
         interleavings = SCENARIO_INTERLEAVINGS if target is None else TARGET_INTERLEAVINGS
-    if hf_cache not in HF_CACHES:
-        raise UsageError(f"unknown --hf-cache '{hf_cache}'; use dynamic or static", where="--hf-cache")
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
-    if not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"--seed must be between 0 and {MAX_SEED}, got {seed}", where="--seed")
-    if interleavings < 1:
-        raise UsageError(f"--interleavings must be at least 1, got {interleavings}", where="--interleavings")
-    if d_model is not None and d_model <= 0:
-        raise UsageError(f"--d-model must be positive, got {d_model}", where="--d-model")
-    if target is not None and names:
-        raise UsageError("give scenario names or --target, not both", where="--target")
-    if target is None and d_model is not None:
-        raise UsageError("--d-model only applies with --target", where="--d-model")
-    unknown = [n for n in names or [] if n not in SCENARIO_NAMES]
-    if unknown:
-        raise UsageError(
-            f"unknown scenario '{unknown[0]}'", where="NAME", tip=f"scenarios: {', '.join(SCENARIO_NAMES)}"
-        )
+    _validate(
+        names, dtype=dtype, seed=seed, interleavings=interleavings, target=target, d_model=d_model, hf_cache=hf_cache
+    )
     dev = resolve_device(device, target=target is not None)
     threads = torch.get_num_threads()
     torch.set_num_threads(min(threads, THREADS))

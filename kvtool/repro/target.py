@@ -27,7 +27,7 @@ import torch
 
 from kvtool.core.errors import UsageError
 from kvtool.repro import target_checks as tc
-from kvtool.repro.cachewalk import scan_cache, weight_storages
+from kvtool.repro.cachewalk import weight_storages
 from kvtool.repro.checks import DTYPES, TOLERANCES
 from kvtool.repro.drivers import USER_ERRORS as _USER_ERRORS
 from kvtool.repro.drivers import Driver, TargetFailure, make_driver, vocab_size_of
@@ -314,8 +314,3 @@ def _cache_notes(ctx: tc.Context) -> tuple[str, ...]:
         extra = f" and {len(paths) - 2} more" if len(paths) > 2 else ""
         notes.append(f"skipped {', '.join(paths[:2])}{extra}: {reason}")
     return tuple(notes)
-
-
-def scan_of(cache: Any, module: torch.nn.Module | None = None):
-    """The tensors kvtool finds in ``cache`` (for users checking what kvtool sees)."""
-    return scan_cache(cache, weight_storages(module) if module is not None else None)

@@ -94,6 +94,12 @@ BUGGY = [
         "first diverging: cache tensor cache.layers[0].keys from position 5",
     ),
     ("decoders:hf_adapter_training_path", "consistency", "left the cache empty"),
+    # a PreTrainedModel subclass, driven natively: the first diverging layer comes from hidden_states
+    (
+        "decoders:hf_llama_rope_restart",
+        "consistency",
+        "first diverging: the output of layer 0 (hidden_states[1]) from position 5",
+    ),
 ]
 
 

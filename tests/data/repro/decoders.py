@@ -380,6 +380,19 @@ def hf_llama():
     return _hf_llama()
 
 
+def hf_llama_rope_restart():
+    """A PreTrainedModel whose forward restarts the rotary positions at 0 on every call (driven natively)."""
+    from transformers import LlamaForCausalLM
+
+    class RestartingLlama(LlamaForCausalLM):
+        def forward(self, input_ids=None, position_ids=None, **kwargs):
+            position_ids = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
+            return super().forward(input_ids=input_ids, position_ids=position_ids, **kwargs)
+
+    torch.manual_seed(0)
+    return RestartingLlama(_hf_llama().config)
+
+
 def gptfast_on(device="cpu", dtype=torch.float32):
     """A factory taking device and dtype, as gpt-fast's loaders do."""
     torch.manual_seed(0)
