@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
                 render_list(stdout_console())
             return
         if target is not None:
-            _check_target(names or None, target, device, dtype, seed, interleavings, d_model, hf_cache, json_)
+            _check_target(names or None, target, device, dtype, seed, interleavings, d_model, hf_cache, json_output)
             return
         from contextlib import nullcontext
 
