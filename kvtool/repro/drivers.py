@@ -131,14 +131,3 @@ def vocab_size_of(module: torch.nn.Module) -> int | None:
         if isinstance(sub, torch.nn.Embedding):
             return int(sub.num_embeddings)
     return None
-
-
-def make_driver(module: torch.nn.Module, hf_cache: str, max_tokens: int) -> Driver:
-    """The driver for ``module``'s protocol: HF when it is a PreTrainedModel, else its ``kvtool_protocol``."""
-    from kvtool.repro.hf import HfDriver, is_hf_model
-
-    if is_hf_model(module):
-        return HfDriver(module, hf_cache, max_tokens)
-    if getattr(module, PROTOCOL_ATTRIBUTE, "embeds") == "tokens":
-        return TokensDriver(module)
-    return Driver(module)

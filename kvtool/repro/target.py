@@ -29,8 +29,9 @@ from kvtool.core.errors import UsageError
 from kvtool.repro import target_checks as tc
 from kvtool.repro.cachewalk import weight_storages
 from kvtool.repro.checks import DTYPES, TOLERANCES
+from kvtool.repro.drivers import PROTOCOL_ATTRIBUTE, Driver, TargetFailure, TokensDriver, vocab_size_of
 from kvtool.repro.drivers import USER_ERRORS as _USER_ERRORS
-from kvtool.repro.drivers import Driver, TargetFailure, make_driver, vocab_size_of
+from kvtool.repro.hf import HfDriver, is_hf_model
 from kvtool.repro.results import TargetCheck, TargetResult
 from kvtool.repro.workload import make_workload
 
@@ -264,6 +265,15 @@ def _fresh_maker(module: torch.nn.Module, loaded: LoadedTarget, driver: Driver, 
             raise TargetFailure(f"could not make a fresh copy of the module: {type(err).__name__}: {err}") from None
 
     return fresh
+
+
+def make_driver(module: torch.nn.Module, hf_cache: str, max_tokens: int) -> Driver:
+    """The driver for ``module``'s protocol: HF when it is a PreTrainedModel, else its ``kvtool_protocol``."""
+    if is_hf_model(module):
+        return HfDriver(module, hf_cache, max_tokens)
+    if getattr(module, PROTOCOL_ATTRIBUTE, "embeds") == "tokens":
+        return TokensDriver(module)
+    return Driver(module)
 
 
 def _declared_window(module: torch.nn.Module) -> int | None:
