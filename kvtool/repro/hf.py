@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kvtool.core.errors import UsageError
-from kvtool.repro.drivers import USER_ERRORS, Driver, Live
+from kvtool.repro.drivers import USER_ERRORS, Driver, Live, TargetFailure
 
 HF_CACHES = ("dynamic", "static")
 WEIGHT_FILES = (
@@ -107,3 +107,33 @@ class HfDriver(Driver):
         result = self.module(input_ids=inputs, output_hidden_states=layers, **self._kwargs(positions, cache))
         states = tuple(result.hidden_states or ()) if layers else ()
         return result.logits, cache, states  # the Cache object is updated in place
+
+    def run_padded(self, prompts: list[torch.Tensor], decode: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Prompts of different lengths as one left-padded batch with an ``attention_mask`` (as ``generate``
+        pads), then ``decode[i]`` [batch] token per step.  Per row: its prompt logits (pads cut), then one
+        logits tensor per decode step, each [1, seq, vocab]."""
+        live = self.begin(len(prompts))
+        width = max(int(p.shape[0]) for p in prompts)
+        device = prompts[0].device
+        pads = [width - int(p.shape[0]) for p in prompts]
+        ids = torch.stack([torch.cat([torch.zeros(n, dtype=p.dtype, device=device), p]) for n, p in zip(pads, prompts)])
+        mask = (torch.arange(width, device=device)[None, :] >= torch.tensor(pads, device=device)[:, None]).long()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        outs = [[row[None, n:]] for row, n in zip(self._padded_call(ids, mask, positions, live.cache), pads)]
+        for tokens in decode:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            for row, logits in zip(outs, self._padded_call(tokens[:, None], mask, positions, live.cache)):
+                row.append(logits[None])
+        self.end(live)
+        return outs
+
+    def _padded_call(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        try:
+            kwargs = self._kwargs(positions, cache)
+            if self.takes_cache_position:
+                kwargs["cache_position"] = torch.arange(mask.shape[1] - ids.shape[1], mask.shape[1], device=ids.device)
+            result = self.module(input_ids=ids, attention_mask=mask, **kwargs)
+        except USER_ERRORS as err:  # noqa: BLE001 - the target's exception is the finding
+            raise TargetFailure(f"forward raised {type(err).__name__}: {' '.join(str(err).split())}") from None
+        return result.logits.detach().clone()

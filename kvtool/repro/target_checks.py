@@ -565,8 +565,52 @@ def batch(ctx: Context) -> TargetCheck:
                     )
                 )
                 break
+    padded = _padded_batch(ctx)
+    evidence.extend(padded)
     if not evidence:
-        return TargetCheck("batch", True, f"r{a} and r{b} as one batch of 2: each row matches its request alone", ())
+        extra = "; r0, r1, r2 left-padded to one batch (attention_mask) match theirs" if _pads(ctx) else ""
+        return TargetCheck(
+            "batch", True, f"r{a} and r{b} as one batch of 2: each row matches its request alone{extra}", ()
+        )
     return TargetCheck(
-        "batch", False, f"r{a} and r{b} as one batch of 2 ({_tol_text(ctx.tol)}): rows interfere", collapse(evidence)
+        "batch",
+        False,
+        f"requests run as one batch differ from their runs alone ({_tol_text(ctx.tol)})",
+        collapse(evidence),
     )
+
+
+PADDED = (0, 1, 2)  # prompts of 5, 8 and 3 tokens: left padding of 3, 0 and 5 positions
+
+
+def _pads(ctx: Context) -> bool:
+    """Whether the target takes a left-padded batch with an attention_mask (transformers models do)."""
+    return callable(getattr(ctx.driver, "run_padded", None))
+
+
+def _padded_batch(ctx: Context) -> list[tuple[str, str]]:
+    """Requests of different lengths as one left-padded batch: each row vs its request alone (padding-mask bugs)."""
+    if not _pads(ctx):
+        return []
+    refs = references(ctx)
+    requests = [ctx.work.requests[rid] for rid in PADDED]
+    steps = min(r.total - r.prompt_length for r in requests)
+    prompts = [r.inputs[: r.prompt_length] for r in requests]
+    decode = [torch.stack([r.inputs[r.prompt_length + s] for r in requests]) for s in range(steps)]
+    driver = ctx.fresh()
+    outs = driver.run_padded(prompts, decode)  # type: ignore[attr-defined]
+    width = max(r.prompt_length for r in requests)
+    evidence = []
+    for rid, request, row in zip(PADDED, requests, outs):
+        for step, (out, ref) in enumerate(zip(row, refs[rid][0])):
+            if not _close(out, ref, ctx.tol):
+                pad = width - request.prompt_length
+                evidence.append(
+                    (
+                        "padded",
+                        f"left-padded batch: r{rid} ({pad} pad positions) differs from r{rid} alone at step {step}: "
+                        f"max |diff| {_diff(out, ref):.3g}",
+                    )
+                )
+                break
+    return evidence

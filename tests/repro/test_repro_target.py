@@ -94,6 +94,8 @@ BUGGY = [
         "first diverging: cache tensor cache.layers[0].keys from position 5",
     ),
     ("decoders:hf_adapter_training_path", "consistency", "left the cache empty"),
+    # a PreTrainedModel that drops attention_mask: r0's 5-token prompt is padded by 3 to r1's 8 (padding-mask)
+    ("decoders:hf_llama_ignores_padding", "batch", "left-padded batch: r0 (3 pad positions) differs from r0 alone"),
     # a PreTrainedModel subclass, driven natively: the first diverging layer comes from hidden_states
     (
         "decoders:hf_llama_rope_restart",

@@ -397,3 +397,16 @@ def gptfast_on(device="cpu", dtype=torch.float32):
     """A factory taking device and dtype, as gpt-fast's loaders do."""
     torch.manual_seed(0)
     return GptFast().to(device=device, dtype=dtype)
+
+
+def hf_llama_ignores_padding():
+    """A PreTrainedModel whose forward drops the attention_mask (a padding-mask bug): alone it is right, in a
+    left-padded batch the shorter prompts attend to the pad tokens."""
+    from transformers import LlamaForCausalLM
+
+    class PaddingBlindLlama(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, **kwargs):
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    torch.manual_seed(0)
+    return PaddingBlindLlama(_hf_llama().config)
