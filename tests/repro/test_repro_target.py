@@ -233,3 +233,11 @@ def test_missing_package_tip_names_python_m(run_cli, monkeypatch):
         "Tip: run kvtool with your environment's Python: python -m kvtool repro --target not_installed_pkg_i10:make "
         "(or pip install kvtool into that environment)"
     )
+
+
+@pytest.mark.parametrize("spec", ["decoders:gptfast", "decoders:litgpt", f"hf:{REPRO / 'hf_mistral'}"])
+def test_no_false_alarm_in_bfloat16(spec):
+    # bfloat16 tolerances (rtol 1.6e-2, atol 1e-2: kvtool.repro.checks.TOLERANCES); the caches follow the model's
+    # dtype (gpt-fast and litgpt allocate them in it).
+    result = _check(spec, dtype="bfloat16")
+    assert result.failed_checks == (), [(c.name, c.message) for c in result.checks if not c.passed]

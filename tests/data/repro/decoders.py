@@ -83,10 +83,10 @@ class Decoder(nn.Module):
 class KVCache(nn.Module):
     """gpt-fast's KVCache: preallocated buffers, index_copy_ at input_pos."""
 
-    def __init__(self, batch: int = 1, max_seq: int = MAX_SEQ):
+    def __init__(self, batch: int = 1, max_seq: int = MAX_SEQ, dtype=torch.float32):
         super().__init__()
-        self.register_buffer("k_cache", torch.zeros(batch, N_HEADS, max_seq, HEAD_DIM))
-        self.register_buffer("v_cache", torch.zeros(batch, N_HEADS, max_seq, HEAD_DIM))
+        self.register_buffer("k_cache", torch.zeros(batch, N_HEADS, max_seq, HEAD_DIM, dtype=dtype))
+        self.register_buffer("v_cache", torch.zeros(batch, N_HEADS, max_seq, HEAD_DIM, dtype=dtype))
 
     def update(self, input_pos, k, v):
         self.k_cache.index_copy_(2, input_pos, k)
@@ -105,9 +105,10 @@ class GptFast(Decoder):
         self.memo: dict[int, tuple] = {}
 
     def kvtool_begin_request(self, batch_size):
+        dtype = self.head.weight.dtype
         if self.bug == "shared-layer-cache":
-            return [KVCache(batch_size)] * N_LAYERS  # every layer the same cache object
-        return [KVCache(batch_size) for _ in range(N_LAYERS)]
+            return [KVCache(batch_size, dtype=dtype)] * N_LAYERS  # every layer the same cache object
+        return [KVCache(batch_size, dtype=dtype) for _ in range(N_LAYERS)]
 
     def mask(self, input_pos):
         if self.bug == "mask-ignores-offset":  # built for the new tokens as if they started at 0
@@ -157,15 +158,15 @@ class HeadViewCache(nn.Module):
     """Per-head caches as views: correct, one [B, H, S, D] buffer and a view per head; buggy, every head a
     view of one [B, S, D] buffer (the article's opening bug)."""
 
-    def __init__(self, batch: int, shared: bool):
+    def __init__(self, batch: int, shared: bool, dtype):
         super().__init__()
         if shared:
-            buf = torch.zeros(batch, MAX_SEQ, HEAD_DIM)
+            buf = torch.zeros(batch, MAX_SEQ, HEAD_DIM, dtype=dtype)
             self.k_heads = [buf.view(batch, MAX_SEQ, HEAD_DIM) for _ in range(N_HEADS)]
-            vbuf = torch.zeros(batch, MAX_SEQ, HEAD_DIM)
+            vbuf = torch.zeros(batch, MAX_SEQ, HEAD_DIM, dtype=dtype)
             self.v_heads = [vbuf.view(batch, MAX_SEQ, HEAD_DIM) for _ in range(N_HEADS)]
         else:
-            kbuf, vbuf = torch.zeros(2, batch, N_HEADS, MAX_SEQ, HEAD_DIM)
+            kbuf, vbuf = torch.zeros(2, batch, N_HEADS, MAX_SEQ, HEAD_DIM, dtype=dtype)
             self.k_heads = [kbuf[:, h] for h in range(N_HEADS)]
             self.v_heads = [vbuf[:, h] for h in range(N_HEADS)]
 
@@ -178,7 +179,8 @@ class HeadViewCache(nn.Module):
 
 class HeadViews(GptFast):
     def kvtool_begin_request(self, batch_size):
-        return [HeadViewCache(batch_size, shared=self.bug == "head-view-inplace") for _ in range(N_LAYERS)]
+        dtype = self.head.weight.dtype
+        return [HeadViewCache(batch_size, self.bug == "head-view-inplace", dtype) for _ in range(N_LAYERS)]
 
 
 class ExpandBatch(GptFast):
@@ -189,8 +191,9 @@ class ExpandBatch(GptFast):
         caches = super().kvtool_begin_request(batch_size)
         if self.bug == "batch-expand-alias":
             for c in caches:
-                c.k_cache = torch.zeros(1, N_HEADS, MAX_SEQ, HEAD_DIM).expand(batch_size, -1, -1, -1)
-                c.v_cache = torch.zeros(1, N_HEADS, MAX_SEQ, HEAD_DIM).expand(batch_size, -1, -1, -1)
+                zeros = torch.zeros(1, N_HEADS, MAX_SEQ, HEAD_DIM, dtype=self.head.weight.dtype)
+                c.k_cache = zeros.expand(batch_size, -1, -1, -1)
+                c.v_cache = zeros.clone().expand(batch_size, -1, -1, -1)
                 c.update = _row_update(c)
         return caches
 
@@ -213,7 +216,7 @@ class SlotPool(GptFast):
 
     def __init__(self):
         super().__init__()
-        self.pool = [KVCache(self.POOL) for _ in range(N_LAYERS)]
+        self.pool = nn.ModuleList(KVCache(self.POOL) for _ in range(N_LAYERS))  # moved by .to() with the model
         self.free = list(range(self.POOL))
         self.handed = 0
 
@@ -248,20 +251,20 @@ class InstanceCache(GptFast):
 
     def __init__(self):
         super().__init__()
-        self.caches = [KVCache(1) for _ in range(N_LAYERS)]
+        self.caches = nn.ModuleList(KVCache(1) for _ in range(N_LAYERS))
 
     def kvtool_begin_request(self, batch_size):
-        return self.caches
+        return list(self.caches)
 
 
 # --- litgpt style --------------------------------------------------------------------------------------
 
 
 class LitKVCache(nn.Module):
-    def __init__(self, batch: int = 1):
+    def __init__(self, batch: int = 1, dtype=torch.float32):
         super().__init__()
-        self.register_buffer("k", torch.zeros(batch, N_HEADS, MAX_SEQ, HEAD_DIM), persistent=False)
-        self.register_buffer("v", torch.zeros(batch, N_HEADS, MAX_SEQ, HEAD_DIM), persistent=False)
+        self.register_buffer("k", torch.zeros(batch, N_HEADS, MAX_SEQ, HEAD_DIM, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(batch, N_HEADS, MAX_SEQ, HEAD_DIM, dtype=dtype), persistent=False)
 
     def forward(self, input_pos, k, v):
         return self.k.index_copy_(2, input_pos, k), self.v.index_copy_(2, input_pos, v)
@@ -277,7 +280,7 @@ class LitGpt(Decoder):
         self.register_buffer("mask_cache", torch.tril(torch.ones(MAX_SEQ, MAX_SEQ, dtype=torch.bool)))
 
     def kvtool_begin_request(self, batch_size):
-        return [LitKVCache(batch_size) for _ in range(N_LAYERS)]
+        return [LitKVCache(batch_size, self.head.weight.dtype) for _ in range(N_LAYERS)]
 
     def model(self, idx, cache, input_pos=None, input_pos_maxp1=None):
         x = self.embed(idx)
