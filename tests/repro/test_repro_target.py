@@ -49,6 +49,7 @@ CORRECT = [
     "decoders:expand_batch",  # batch caches allocated per row
     "decoders:slot_pool",  # one pool, a slot per request, freed by kvtool_end_request
     "decoders:litgpt",  # one KVCache module per block, input_pos_maxp1
+    "decoders:reporting",  # a cache with kvtool_tensors() and kvtool_valid_length()
     "decoders:hf_adapter",  # a token adapter over LlamaForCausalLM with its own DynamicCache
     "decoders:hf_llama",  # the bare PreTrainedModel, driven natively
 ]
@@ -84,6 +85,8 @@ BUGGY = [
     ("decoders:slot_pool_overlap", "no-shared-storage", "share storage"),
     # gpt-fast as written: the caches live on the model, every request uses them
     ("decoders:instance_cache", "isolation", "first: r"),
+    # a cache reporting its valid length, not advanced by decode steps: after r0's prompt and 1 decode token
+    ("decoders:reporting_stale_length", "cache-length", "r0 cache.L0.k: reports 5 tokens held after 6 tokens seen"),
     # input_pos_maxp1 without the + 1: the last prompt token (position 4) no longer sees itself in a chunk
     ("decoders:litgpt_maxp1", "consistency", "r0: first differs at position 4 (prompt)"),
     # the prompt on the training path: the cache never holds it

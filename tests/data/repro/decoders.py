@@ -257,6 +257,32 @@ class InstanceCache(GptFast):
         return list(self.caches)
 
 
+class ReportingCache:
+    """A cache that says what it is, through kvtool's two optional methods."""
+
+    def __init__(self, layers):
+        self.layers, self.length = layers, 0
+
+    def kvtool_tensors(self):
+        return {f"L{i}.{name}": t for i, c in enumerate(self.layers) for name, t in (("k", c.k_cache), ("v", c.v_cache))}
+
+    def kvtool_valid_length(self):
+        return self.length
+
+
+class Reporting(GptFast):
+    """Correct: the length advances by every token.  Buggy: only prompts advance it (decode steps forgotten)."""
+
+    def kvtool_begin_request(self, batch_size):
+        return ReportingCache(super().kvtool_begin_request(batch_size))
+
+    def forward(self, ids, positions, cache):
+        out = super().forward(ids, positions, cache.layers)
+        if self.bug != "length-not-advanced" or ids.shape[1] > 1:
+            cache.length += ids.shape[1]
+        return out
+
+
 # --- litgpt style --------------------------------------------------------------------------------------
 
 
@@ -370,6 +396,8 @@ expand_batch_alias = _factory(ExpandBatch, "batch-expand-alias")
 slot_pool = _factory(SlotPool)
 slot_pool_overlap = _factory(SlotPool, "prealloc-slice")
 instance_cache = _factory(InstanceCache)
+reporting = _factory(Reporting)
+reporting_stale_length = _factory(Reporting, "length-not-advanced")
 litgpt = _factory(LitGpt)
 litgpt_maxp1 = _factory(LitGpt, "maxp1-without-plus-one")
 litgpt_training_path = _factory(LitGpt, "prompt-training-path")
