@@ -6,13 +6,18 @@ the command function (through the core modules), never by ``kvtool --help``.
 
 from __future__ import annotations
 
-from typing import Optional
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors, print_json, stdout_console
-from kvtool.core.errors import EXIT_CHECK_FAILED
+from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED
+
+if TYPE_CHECKING:
+    from kvtool.repro.results import TargetCheck
 
 
 def register(app: typer.Typer) -> None:
@@ -26,9 +31,16 @@ def register(app: typer.Typer) -> None:
         target: Optional[str] = typer.Option(
             None,
             "--target",
-            metavar="PACKAGE.MODULE:FACTORY",
-            help="Check your own module instead: the factory returns an nn.Module with "
-            "forward(x, cache=None) -> (out, new_cache).",
+            metavar="PACKAGE.MODULE:FACTORY | hf:DIR",
+            help="Check your own decoder instead: a factory returning an nn.Module (forward(x, cache) -> "
+            "(out, new_cache), or forward(ids, positions, cache) with kvtool_protocol = 'tokens', or a "
+            "transformers PreTrainedModel), or hf:DIR, a local Hugging Face model folder (random weights from "
+            "config.json alone).  See docs/repro.md.",
+        ),
+        hf_cache: str = typer.Option(
+            "dynamic",
+            "--hf-cache",
+            help="Cache of a transformers target: dynamic (DynamicCache) or static (StaticCache).",
         ),
         d_model: Optional[int] = typer.Option(
             None, "--d-model", help="d_model of the --target module (default: its d_model attribute)."
@@ -38,8 +50,11 @@ def register(app: typer.Typer) -> None:
         ),
         dtype: str = typer.Option("float32", "--dtype", help="float32, float64 or bfloat16 (sets the tolerances)."),
         seed: int = typer.Option(0, "--seed", help="Seed of weights, inputs and interleavings."),
-        interleavings: int = typer.Option(
-            200, "--interleavings", metavar="N", help="Seeded random interleavings per implementation."
+        interleavings: Optional[int] = typer.Option(
+            None,
+            "--interleavings",
+            metavar="N",
+            help="Seeded random interleavings per implementation (default 200; 10 for a --target).",
         ),
         json_output: JsonOpt = False,
     ) -> None:
@@ -52,6 +67,9 @@ def register(app: typer.Typer) -> None:
                 print_json({"scenarios": list(SCENARIOS)})
             else:
                 render_list(stdout_console())
+            return
+        if target is not None:
+            _check_target(names or None, target, device, dtype, seed, interleavings, d_model, hf_cache, json_output)
             return
         from contextlib import nullcontext
 
@@ -67,7 +85,6 @@ def register(app: typer.Typer) -> None:
                 dtype=dtype,
                 seed=seed,
                 interleavings=interleavings,
-                target=target,
                 d_model=d_model,
                 progress=None if line is None else (lambda text: line.update(f"kvtool repro: {text}")),
             )
@@ -79,3 +96,45 @@ def register(app: typer.Typer) -> None:
             render_report(report, stdout_console())
         if not report.passed:
             raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _check_target(names, target, device, dtype, seed, interleavings, d_model, hf_cache, json_) -> None:
+    """--target: each check printed on stdout as it finishes (JSON at the end with --json); Ctrl-C keeps
+    the finished checks and exits 130."""
+    from kvtool.repro.run import run_repro
+
+    console = stdout_console()
+    on_check: Callable[[TargetCheck], None] | None = None
+    if not json_:
+        from kvtool.repro.render import render_check
+
+        shown: list[str] = []
+
+        def on_check(check) -> None:
+            if not shown:  # the first line only once the target loaded (usage errors print nothing on stdout)
+                console.print(f"kvtool repro --target {target}: checks as they finish", highlight=False, markup=False)
+            shown.append(check.name)
+            render_check(check, console)
+
+    report = run_repro(
+        names,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        interleavings=interleavings,
+        target=target,
+        d_model=d_model,
+        hf_cache=hf_cache,
+        on_check=on_check,
+    )
+    if json_:
+        print_json(report)
+    else:
+        from kvtool.repro.render import render_report
+
+        render_report(report, console, streamed=True)
+    if report.target is not None and report.target.interrupted:
+        sys.stderr.write("Error: interrupted\n")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if not report.passed:
+        raise typer.Exit(EXIT_CHECK_FAILED)

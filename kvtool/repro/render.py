@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtool.repro.results import CacheTensorInfo, ImplResult, ReproReport, ScenarioResult, TargetResult
+from kvtool.repro.results import CacheTensorInfo, ImplResult, ReproReport, ScenarioResult, TargetCheck, TargetResult
 from kvtool.repro.scenarios import SCENARIOS
 
 
@@ -17,20 +17,22 @@ def render_list(console) -> None:
     console.print(table)
 
 
-def render_report(report: ReproReport, console) -> None:
+def render_report(report: ReproReport, console, *, streamed: bool = False) -> None:
+    """The whole report; ``streamed``: the target's check lines were already printed as they finished."""
     tol = report.tolerance
     console.print(
         f"kvtool repro: device {report.device}, dtype {report.dtype} "
         f"(torch.allclose rtol {tol.rtol:g}, atol {tol.atol:g}), seed {report.seed}, "
         f"{report.interleavings} interleavings",
         highlight=False,
+        soft_wrap=True,
     )
     for scenario in report.scenarios:
         _render_scenario(scenario, console)
     if report.scenarios:
         _render_summary(report, console)
     if report.target is not None:
-        _render_target(report.target, console)
+        _render_target(report.target, console, streamed)
     console.print(f"took {report.elapsed_s:.1f} s; {'PASSED' if report.passed else 'FAILED'}", highlight=False)
 
 
@@ -140,21 +142,36 @@ def _render_summary(report: ReproReport, console) -> None:
     )
 
 
-def _render_target(t: TargetResult, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+_STATUS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}
 
-    table = Table(
-        title=escape(f"target {t.target} ({t.module_type}, d_model {t.d_model})"),
-        title_justify="left",
-        title_style="bold",
-    )
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("what was found")
-    for c in t.checks:
-        table.add_row(c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.message))
-    console.print(table)
-    for c in t.checks:
-        for line in c.evidence:
-            console.print(f"  {c.name}: {line}", highlight=False, markup=False)
+
+def render_check(c: TargetCheck, console) -> None:
+    """One target check: a status line, then its evidence (repeats already collapsed)."""
+    from rich.markup import escape
+
+    status = "skip" if c.skipped else ("pass" if c.passed else "fail")
+    console.print(f"{_STATUS[status]} {c.name}: {escape(c.message)}", highlight=False, soft_wrap=True)
+    for line in c.evidence:
+        console.print(f"    {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _target_title(t: TargetResult) -> str:
+    inputs = f"vocab {t.vocab_size}" if t.d_model is None else f"d_model {t.d_model}"
+    return f"target {t.target} ({t.module_type}, protocol {t.protocol}, {inputs})"
+
+
+def _render_target(t: TargetResult, console, streamed: bool = False) -> None:
+    from rich.markup import escape
+
+    console.print(f"[bold]{escape(_target_title(t))}[/]", highlight=False, soft_wrap=True)
+    details = [f"built: {t.built}"] if t.built else []
+    details += [f"requests (prompt+decode): {t.workload}"] if t.workload else []
+    for line in (*details, *t.cache_notes):
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    if not streamed:
+        for c in t.checks:
+            render_check(c, console)
+    passed = sum(c.passed for c in t.checks)
+    failed = f"; failed: {', '.join(t.failed_checks)}" if t.failed_checks else ""
+    stop = " (interrupted: the checks above finished)" if t.interrupted else ""
+    console.print(f"{passed} of {len(t.checks)} checks passed{failed}{stop}", highlight=False)

@@ -62,20 +62,28 @@ class ScenarioResult:
 
 @dataclass(frozen=True)
 class TargetCheck:
-    name: str  # determinism, isolation, no-shared-storage, cache-length
-    passed: bool
+    name: str  # determinism, isolation, consistency, no-shared-storage, no-aliasing, cache-length, batch
+    passed: bool  # True for a skipped check (it found nothing wrong)
     message: str  # one line: what was checked and what was found
-    evidence: tuple[str, ...]  # data_ptr / shape lines behind a failure
+    evidence: tuple[str, ...]  # data_ptr / shape / position lines behind a failure, repeats collapsed with a count
+    skipped: bool = False  # the check could not apply to this target (message says why)
+    elapsed_s: float = 0.0  # wall time of the check
 
 
 @dataclass(frozen=True)
 class TargetResult:
-    target: str  # "package.module:factory"
+    target: str  # "package.module:factory" or "hf:DIR"
     module_type: str
-    d_model: int
+    d_model: int | None  # embeds protocol; None for token-id targets
     passed: bool
     checks: tuple[TargetCheck, ...]
     failed_checks: tuple[str, ...]
+    protocol: str = "embeds"  # embeds, tokens or hf
+    vocab_size: int | None = None  # token-id targets
+    built: str = ""  # how the module was made ("random weights (seed 0) from .../config.json")
+    workload: str = ""  # the requests: "r0 5+4, r1 8+4, ..." (prompt + decode positions)
+    cache_notes: tuple[str, ...] = ()  # what kvtool found in a request's cache, and what it skipped and why
+    interrupted: bool = False  # Ctrl-C: only the checks listed finished
 
 
 @dataclass(frozen=True)

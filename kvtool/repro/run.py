@@ -9,11 +9,15 @@ import torch
 
 from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DTYPES, TOLERANCES, run_scenario
-from kvtool.repro.results import ReproReport
+from kvtool.repro.hf import HF_CACHES
+from kvtool.repro.results import ReproReport, ScenarioResult, TargetCheck, TargetResult
 from kvtool.repro.scenarios import SCENARIO_NAMES
 from kvtool.repro.target import check_target
 
 MAX_SEED = 2**62  # torch.Generator takes a signed 64-bit seed; the workloads add small offsets to it
+SCENARIO_INTERLEAVINGS = 200  # default --interleavings for the built-in scenarios
+TARGET_INTERLEAVINGS = 10  # for a --target: a real decoder's forward costs ~10 ms on CPU, and 10 orders of 6
+# requests already interleave every pair of requests many times (a default run stays under 30 s)
 THREADS = 1  # tiny tensors: a second thread only adds synchronisation (measured: 7 s vs 125 s on a busy 2-core box)
 
 
@@ -32,21 +36,19 @@ def resolve_device(device: str | None, *, target: bool) -> str:
     return device
 
 
-def run_repro(
-    names: list[str] | None = None,
+def _validate(
+    names: list[str] | None,
     *,
-    device: str | None = None,
-    dtype: str = "float32",
-    seed: int = 0,
-    interleavings: int = 200,
-    target: str | None = None,
-    d_model: int | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> ReproReport:
-    """Run the named scenarios (all when empty), or with ``target`` only the target's checks.
-
-    ``progress`` is called with a short description before each scenario (for a status line on stderr).
-    """
+    dtype: str,
+    seed: int,
+    interleavings: int,
+    target: str | None,
+    d_model: int | None,
+    hf_cache: str,
+) -> None:
+    """UsageError for the first bad option value."""
+    if hf_cache not in HF_CACHES:
+        raise UsageError(f"unknown --hf-cache '{hf_cache}'; use dynamic or static", where="--hf-cache")
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
     if not 0 <= seed <= MAX_SEED:
@@ -64,22 +66,56 @@ def run_repro(
         raise UsageError(
             f"unknown scenario '{unknown[0]}'", where="NAME", tip=f"scenarios: {', '.join(SCENARIO_NAMES)}"
         )
+
+
+def run_repro(
+    names: list[str] | None = None,
+    *,
+    device: str | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    interleavings: int | None = None,
+    target: str | None = None,
+    d_model: int | None = None,
+    hf_cache: str = "dynamic",
+    progress: Callable[[str], None] | None = None,
+    on_check: Callable[[TargetCheck], None] | None = None,
+) -> ReproReport:
+    """Run the named scenarios (all when empty), or with ``target`` only the target's checks.
+
+    ``progress`` is called with a short description before each scenario (for a status line on stderr);
+    ``on_check`` with each target check as it finishes.  ``interleavings`` defaults to 200 for the scenarios
+    and 10 for a target.
+    """
+    if interleavings is None:
+        interleavings = SCENARIO_INTERLEAVINGS if target is None else TARGET_INTERLEAVINGS
+    _validate(
+        names, dtype=dtype, seed=seed, interleavings=interleavings, target=target, d_model=d_model, hf_cache=hf_cache
+    )
     dev = resolve_device(device, target=target is not None)
     threads = torch.get_num_threads()
     torch.set_num_threads(min(threads, THREADS))
     start = time.perf_counter()
+    scenarios: tuple[ScenarioResult, ...] = ()
+    result: TargetResult | None = None
     try:
         if target is not None:
             if progress is not None:
                 progress(f"checking {target}")
             result = check_target(
-                target, d_model=d_model, device=dev, dtype=dtype, seed=seed, interleavings=interleavings
+                target,
+                d_model=d_model,
+                device=dev,
+                dtype=dtype,
+                seed=seed,
+                interleavings=interleavings,
+                hf_cache=hf_cache,
+                on_check=on_check,
             )
-            scenarios, passed = (), result.passed
+            passed = result.passed
         else:
-            result = None
             chosen = list(dict.fromkeys(names)) if names else list(SCENARIO_NAMES)
-            runs = []
+            runs: list[ScenarioResult] = []
             for i, name in enumerate(chosen):
                 if progress is not None:
                     progress(f"scenario {i + 1}/{len(chosen)}: {name}")

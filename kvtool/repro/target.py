@@ -1,62 +1,134 @@
-"""`kvtool repro --target package.module:factory`: the isolation checks run against the user's own module.
+"""`kvtool repro --target`: the isolation checks run against the user's own decoder.
 
-The factory returns a ``torch.nn.Module`` whose ``forward(x, cache)`` takes x [batch, seq, d_model] and a
-cache (None on a request's first call) and returns ``(out, new_cache)``; the cache is any nesting of
-tensors, tuples, lists, dicts and objects with tensor attributes.  Requests run with batch 1, one cache per request, held by kvtool.
+A target is ``package.module:factory`` (the factory returns an ``nn.Module``; it may take ``device`` and
+``dtype`` keywords) or ``hf:DIR`` (a local Hugging Face model folder: config.json, weights optional).  How the
+module is called (its protocol) is in ``kvtool.repro.drivers``; how its cache is looked into in
+``kvtool.repro.cachewalk``; the checks in ``kvtool.repro.target_checks``.
 
-Checks (each fails on its own, naming the evidence; an exception inside forward fails the check it
-happened in, with its message):
-
-- ``determinism``: one request run twice on the instance, each from an empty cache, gives the same outputs.
-- ``isolation``: requests decoded step by step in seeded random interleavings on the instance give the
-  same outputs as each request alone on a fresh copy of the module (same weights).
-- ``no-shared-storage``: no two requests' live caches share a byte of memory.
-- ``cache-length``: every cache tensor of 2+ dimensions has a dimension equal to the tokens seen, after
-  every step.
+The checks run one after another; each result is handed to ``on_check`` as it finishes, and Ctrl-C ends the
+run with the finished checks (``interrupted``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import glob
 import importlib
+import inspect
 import os
-import random
 import sys
-import types
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from kvtool.core.errors import UsageError
-from kvtool.repro.checks import DECODE_STEPS, DTYPES, N_REQUESTS, PROMPT_LENGTHS, TOLERANCES, random_schedule
+from kvtool.repro import target_checks as tc
+from kvtool.repro.cachewalk import weight_storages
+from kvtool.repro.checks import DTYPES, TOLERANCES
+from kvtool.repro.drivers import PROTOCOL_ATTRIBUTE, Driver, TargetFailure, TokensDriver, vocab_size_of
+from kvtool.repro.drivers import USER_ERRORS as _USER_ERRORS
+from kvtool.repro.hf import HfDriver, is_hf_model
 from kvtool.repro.results import TargetCheck, TargetResult
-from kvtool.repro.storage import overlap_pairs
+from kvtool.repro.workload import make_workload
 
-# What the user's code may raise into kvtool: any exception, and SystemExit (a module that runs argparse
-# at import, a factory that calls sys.exit("no GPU")), which would otherwise end kvtool with the
-# target's exit code (1 would read as "checks failed").  KeyboardInterrupt still stops kvtool.
-_USER_ERRORS = (Exception, SystemExit)
+CHECKS: tuple[tuple[str, Callable[[tc.Context], TargetCheck]], ...] = (
+    ("determinism", tc.determinism),
+    ("isolation", tc.isolation),
+    ("consistency", tc.consistency),
+    ("no-shared-storage", tc.no_shared_storage),
+    ("no-aliasing", tc.no_aliasing),
+    ("cache-length", tc.cache_length),
+    ("batch", tc.batch),
+)
+CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
 
-class TargetFailure(Exception):
-    """The target misbehaved during a check (raised, or returned something unusable)."""
+@dataclass(frozen=True)
+class LoadedTarget:
+    module: torch.nn.Module
+    factory: Callable[[], Any] | None  # None for hf:DIR
+    built: str  # how the module was made
+    notes: tuple[str, ...]  # e.g. the environment its package was found in
 
 
-def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
-    """Import ``package.module:factory`` and call it; returns (module, factory).  UsageError names the target."""
+def _user_site_packages() -> list[str]:
+    """site-packages of the environment the user has activated, when kvtool runs from another one (pipx)."""
+    paths = []
+    for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        prefix = os.environ.get(var)
+        if prefix and os.path.realpath(prefix) != os.path.realpath(sys.prefix):
+            pattern = os.path.join(prefix, "lib", "python*", "site-packages")
+            paths += sorted(glob.glob(pattern)) + glob.glob(os.path.join(prefix, "Lib", "site-packages"))
+    return [p for p in paths if p not in sys.path]
+
+
+def _import(module_name: str, spec: str) -> tuple[Any, tuple[str, ...]]:
+    """Import the target's module: the current directory first (as ``python -m`` and pytest do), then, if
+    it is not found, the site-packages of the activated environment when kvtool runs from another one."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name), ()
+    except ModuleNotFoundError as err:
+        extra = _user_site_packages()
+        if not extra:
+            raise _import_error(module_name, spec, err) from None
+        sys.path.extend(extra)
+        try:
+            module = importlib.import_module(module_name)
+        except _USER_ERRORS as again:  # noqa: BLE001
+            raise _import_error(module_name, spec, again) from None
+        return module, (f"imported from the active environment ({', '.join(extra)}); kvtool runs in {sys.prefix}",)
+    except _USER_ERRORS as err:  # noqa: BLE001 - any import-time failure is the target's fault
+        raise _import_error(module_name, spec, err) from None
+
+
+def _import_error(module_name: str, spec: str, err: BaseException) -> UsageError:
+    tip = None
+    if isinstance(err, ModuleNotFoundError):
+        tip = (
+            f"run kvtool with your environment's Python: python -m kvtool repro --target {spec} "
+            "(or pip install kvtool into that environment)"
+        )
+    return UsageError(
+        f"cannot import module '{module_name}' of target '{spec}': {type(err).__name__}: {err}",
+        where="--target",
+        tip=tip,
+    )
+
+
+def _call_factory(factory: Callable[..., Any], spec: str, device: str, dtype: torch.dtype) -> Any:
+    """Call the factory, with ``device`` and ``dtype`` keywords where it takes them."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    kwargs: dict[str, Any] = {}
+    if "device" in params:
+        kwargs["device"] = torch.device(device)
+    if "dtype" in params:
+        kwargs["dtype"] = dtype
+    try:
+        return factory(**kwargs)
+    except _USER_ERRORS as err:  # noqa: BLE001
+        raise UsageError(f"factory of target '{spec}' raised {type(err).__name__}: {err}", where="--target") from None
+
+
+def load_target(spec: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> LoadedTarget:
+    """Import ``package.module:factory`` and call it, or build ``hf:DIR``; UsageError names the target."""
+    if spec.startswith("hf:"):
+        from kvtool.repro.hf import load_hf_dir
+
+        model, built = load_hf_dir(spec[3:], seed=seed, dtype=DTYPES[dtype])
+        return LoadedTarget(model, None, built, ())
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise UsageError(f"--target must look like package.module:factory, got '{spec}'", where="--target")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the current directory's packages are importable
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except _USER_ERRORS as err:  # noqa: BLE001 - any import-time failure is the target's fault
-        raise UsageError(
-            f"cannot import module '{module_name}' of target '{spec}': {type(err).__name__}: {err}", where="--target"
-        ) from None
+        raise UsageError(f"--target must look like package.module:factory or hf:DIR, got '{spec}'", where="--target")
+    obj, notes = _import(module_name, spec)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise UsageError(f"target '{spec}': '{module_name}' has no attribute '{attr}'", where="--target")
@@ -66,115 +138,13 @@ def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
             f"target '{spec}' is not callable (it is of type {type(obj).__name__}); name a factory", where="--target"
         )
     factory = obj
-    try:
-        module = factory()
-    except _USER_ERRORS as err:  # noqa: BLE001
-        raise UsageError(f"factory of target '{spec}' raised {type(err).__name__}: {err}", where="--target") from None
+    module = _call_factory(factory, spec, device, DTYPES[dtype])
     if not isinstance(module, torch.nn.Module):
         raise UsageError(
             f"factory of target '{spec}' returned {type(module).__name__}, expected a torch.nn.Module",
             where="--target",
         )
-    return module, factory
-
-
-def _leaves(cache: Any, path: str = "cache", _seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) for every tensor in a nesting of tuples, lists, dicts and plain objects (their
-    attributes: a ``KVCache`` class, a dataclass, HF's ``DynamicCache``); other leaves are skipped.
-
-    Modules (torch's or Python's) are not descended into: their weights and globals are shared by design.
-    Nothing is visited twice."""
-    seen = set() if _seen is None else _seen
-    if isinstance(cache, torch.Tensor):
-        return [(path, cache)]
-    skipped = (torch.nn.Module, types.ModuleType, str, bytes, int, float, bool, type(None))
-    if id(cache) in seen or isinstance(cache, skipped):
-        return []
-    seen.add(id(cache))
-    if isinstance(cache, dict):
-        return [leaf for key, value in cache.items() for leaf in _leaves(value, f"{path}[{key!r}]", seen)]
-    if isinstance(cache, (tuple, list)):
-        return [leaf for i, value in enumerate(cache) for leaf in _leaves(value, f"{path}[{i}]", seen)]
-    if callable(cache):
-        return []
-    attributes = dict(getattr(cache, "__dict__", None) or {})
-    for klass in type(cache).__mro__:  # a class with __slots__ has no __dict__
-        slots = klass.__dict__.get("__slots__", ())
-        for name in [slots] if isinstance(slots, str) else slots:
-            if hasattr(cache, name):
-                attributes.setdefault(name, getattr(cache, name))
-    return [leaf for key, value in attributes.items() for leaf in _leaves(value, f"{path}.{key}", seen)]
-
-
-def _no_tensors(caches: dict[int, Any], what: str) -> str:
-    """Why no tensor was found: name the type the target returned as its cache."""
-    kinds = sorted({type(c).__name__ for c in caches.values()})
-    return (
-        f"the returned caches hold no {what} (kvtool looks inside tuples, lists, dicts and object attributes; "
-        f"the caches are of type {', '.join(kinds) or 'nothing'})"
-    )
-
-
-def _forward(module: torch.nn.Module, x: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
-    try:
-        result = module(x, cache)
-    except _USER_ERRORS as err:  # noqa: BLE001 - the target's exception is the finding
-        raise TargetFailure(f"forward raised {type(err).__name__}: {' '.join(str(err).split())}") from None
-    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
-        raise TargetFailure(f"forward returned {type(result).__name__}, expected (out tensor, new_cache)")
-    return result[0].detach().clone(), result[1]  # clone: a later step must not change this output
-
-
-class _Workload:
-    """Seeded requests of random vectors: a prompt [1, P, d_model], then DECODE_STEPS single vectors."""
-
-    def __init__(self, d_model: int, seed: int, dtype: torch.dtype, device: torch.device):
-        g = torch.Generator().manual_seed(seed + 2)
-        self.chunks = [
-            [torch.randn(1, length, d_model, generator=g).to(device=device, dtype=dtype)]
-            + [torch.randn(1, 1, d_model, generator=g).to(device=device, dtype=dtype) for _ in range(DECODE_STEPS)]
-            for length in PROMPT_LENGTHS[:N_REQUESTS]
-        ]
-
-    def run_alone(self, module: torch.nn.Module, rid: int) -> list[torch.Tensor]:
-        cache, outs = None, []
-        for x in self.chunks[rid]:
-            out, cache = _forward(module, x, cache)
-            outs.append(out)
-        return outs
-
-    def run_schedule(self, module, schedule, on_step=None):
-        """Steps in ``schedule`` order (a list of single-request groups); returns (outputs, caches)."""
-        caches: dict[int, Any] = {}
-        outs: list[list[torch.Tensor]] = [[] for _ in self.chunks]
-        for group in schedule:
-            for rid in group:
-                step = len(outs[rid])
-                out, caches[rid] = _forward(module, self.chunks[rid][step], caches.get(rid))
-                outs[rid].append(out)
-                if on_step is not None:
-                    on_step(rid, caches[rid])
-        return outs, caches
-
-    def tokens_seen(self, rid: int, steps: int) -> int:
-        return sum(x.shape[1] for x in self.chunks[rid][:steps])
-
-
-def _first_mismatch(outs, refs, tol) -> tuple[int, float] | None:
-    """(step, max |diff|) of the first output not allclose to its reference, or None."""
-    for step, (out, ref) in enumerate(zip(outs, refs)):
-        if out.shape != ref.shape:
-            return step, float("inf")
-        if not torch.allclose(out, ref, rtol=tol.rtol, atol=tol.atol):
-            return step, float((out.double() - ref.double()).abs().max())
-    return None
-
-
-def _check(name: str, fn) -> TargetCheck:
-    try:
-        return fn()
-    except TargetFailure as err:
-        return TargetCheck(name, False, str(err), ())
+    return LoadedTarget(module, lambda: _call_factory(factory, spec, device, DTYPES[dtype]), f"{spec}()", notes)
 
 
 def check_target(
@@ -184,21 +154,85 @@ def check_target(
     device: str = "cpu",
     dtype: str = "float32",
     seed: int = 0,
-    interleavings: int = 200,
+    interleavings: int = 20,
+    hf_cache: str = "dynamic",
+    on_check: Callable[[TargetCheck], None] | None = None,
 ) -> TargetResult:
-    """Load the target and run the four checks; UsageError if it cannot be loaded or has no d_model.
+    """Load the target and run the checks; UsageError if it cannot be loaded or its inputs cannot be told.
 
     Whatever the target's own code prints (the article's habit: print each cache's shape and data_ptr
     on every step) goes to stderr, so stdout carries only kvtool's answer and ``--json`` stays JSON.
     """
+    stdout = sys.stdout
+
+    def report(check: TargetCheck) -> None:
+        if on_check is not None:
+            with contextlib.redirect_stdout(stdout):  # kvtool's own stream, not the target's
+                on_check(check)
+
     with contextlib.redirect_stdout(sys.stderr):
-        return _check_target(spec, d_model=d_model, device=device, dtype=dtype, seed=seed, interleavings=interleavings)
+        setup = _prepare(spec, d_model=d_model, device=device, dtype=dtype, seed=seed, hf_cache=hf_cache)
+        setup.ctx.interleavings = interleavings
+        checks, interrupted = _run_checks(setup.ctx, report)
+    failed = tuple(c.name for c in checks if not c.passed)
+    return TargetResult(
+        target=spec,
+        module_type=type(setup.ctx.driver.module).__name__,
+        d_model=setup.d_model,
+        passed=not failed and not interrupted,
+        checks=tuple(checks),
+        failed_checks=failed,
+        protocol=setup.ctx.driver.protocol,
+        vocab_size=setup.vocab_size,
+        built=setup.built,
+        workload=setup.ctx.work.describe(),
+        cache_notes=setup.notes + _cache_notes(setup.ctx),
+        interrupted=interrupted,
+    )
 
 
-def _check_target(
-    spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, interleavings: int
-) -> TargetResult:
-    module, factory = load_target(spec)
+def _run_checks(ctx: tc.Context, on_check: Callable[[TargetCheck], None]) -> tuple[list[TargetCheck], bool]:
+    """Each check in turn (a failure inside one fails that one); Ctrl-C stops with the finished ones."""
+    done: list[TargetCheck] = []
+    try:
+        with torch.inference_mode():
+            for name, check in CHECKS:
+                start = time.perf_counter()
+                try:
+                    result = check(ctx)
+                except TargetFailure as err:
+                    result = TargetCheck(name, False, str(err), ())
+                result = replace(result, elapsed_s=round(time.perf_counter() - start, 3))
+                done.append(result)
+                on_check(result)
+    except KeyboardInterrupt:
+        return done, True
+    return done, False
+
+
+@dataclass
+class _Setup:
+    ctx: tc.Context
+    d_model: int | None
+    vocab_size: int | None
+    built: str
+    notes: tuple[str, ...]
+
+
+def _inputs_of(
+    module: torch.nn.Module, driver: Driver, spec: str, d_model: int | None
+) -> tuple[int | None, int | None]:
+    """(d_model, vocab): what the workload is made of, random vectors or random token ids."""
+    if driver.protocol != "embeds":
+        vocab = vocab_size_of(module)
+        if vocab is None:
+            raise UsageError(
+                f"cannot tell the vocabulary size of target '{spec}': no vocab_size attribute, no config.vocab_size, "
+                "no nn.Embedding",
+                where="--target",
+                tip="give the module a vocab_size attribute",
+            )
+        return None, vocab
     if d_model is None:
         d_model = getattr(module, "d_model", None)
         if not isinstance(d_model, int) or isinstance(d_model, bool) or d_model <= 0:
@@ -207,147 +241,86 @@ def _check_target(
                 where="--target",
                 tip="pass --d-model N",
             )
-    tol = TOLERANCES[dtype]
-    dev = torch.device(device)
+    return d_model, None
+
+
+def _fresh_maker(module: torch.nn.Module, loaded: LoadedTarget, driver: Driver, dev, dtype) -> Callable[[], Driver]:
+    """Fresh copies with the same weights: a deepcopy of the module as built, else a new one from the factory."""
     try:
-        module = module.to(device=dev, dtype=DTYPES[dtype]).eval()
-    except _USER_ERRORS as err:  # noqa: BLE001
-        raise UsageError(f"cannot move target '{spec}' to {device}/{dtype}: {err}", where="--target") from None
-    work = _Workload(d_model, seed, DTYPES[dtype], dev)
-    try:
-        pristine = copy.deepcopy(module)
+        pristine: torch.nn.Module | None = copy.deepcopy(module)
     except _USER_ERRORS:  # noqa: BLE001 - fall back to a new instance with the same weights
         pristine = None
     state = {k: v.detach().clone() for k, v in module.state_dict().items()}
 
-    def fresh() -> torch.nn.Module:
+    def fresh() -> Driver:
         try:
             if pristine is not None:
-                return copy.deepcopy(pristine)
-            other = factory().to(device=dev, dtype=DTYPES[dtype]).eval()
+                return driver.with_module(copy.deepcopy(pristine))
+            if loaded.factory is None:
+                raise TargetFailure("the model cannot be copied (copy.deepcopy failed)")
+            other = loaded.factory().to(device=dev, dtype=dtype).eval()
             other.load_state_dict(state)
-            return other
+            return driver.with_module(other)
         except _USER_ERRORS as err:  # noqa: BLE001
             raise TargetFailure(f"could not make a fresh copy of the module: {type(err).__name__}: {err}") from None
 
-    with torch.no_grad():
-        checks = (
-            _check("determinism", lambda: _determinism(module, work, tol)),
-            _check("isolation", lambda: _isolation(module, fresh, work, tol, seed, interleavings)),
-            _check("no-shared-storage", lambda: _no_shared_storage(module, work)),
-            _check("cache-length", lambda: _cache_length(module, work)),
-        )
-    failed = tuple(c.name for c in checks if not c.passed)
-    return TargetResult(spec, type(module).__name__, d_model, not failed, checks, failed)
+    return fresh
 
 
-def _determinism(module, work: _Workload, tol) -> TargetCheck:
-    first = work.run_alone(module, 0)
-    second = work.run_alone(module, 0)
-    miss = _first_mismatch(second, first, tol)
-    if miss is None:
-        return TargetCheck("determinism", True, "the same request twice from an empty cache: identical outputs", ())
-    step, diff = miss
-    return TargetCheck(
-        "determinism",
-        False,
-        f"request r0 run a second time from an empty cache differs at step {step}: max |diff| {diff:.3g} "
-        f"(rtol {tol.rtol:g}, atol {tol.atol:g}); state survives between requests",
-        (),
+def make_driver(module: torch.nn.Module, hf_cache: str, max_tokens: int) -> Driver:
+    """The driver for ``module``'s protocol: HF when it is a PreTrainedModel, else its ``kvtool_protocol``."""
+    if is_hf_model(module):
+        return HfDriver(module, hf_cache, max_tokens)
+    if getattr(module, PROTOCOL_ATTRIBUTE, "embeds") == "tokens":
+        return TokensDriver(module)
+    return Driver(module)
+
+
+def _declared_window(module: torch.nn.Module) -> int | None:
+    for owner in (module, getattr(module, "config", None)):
+        window = getattr(owner, "sliding_window", None)
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            return window
+    return None
+
+
+def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, hf_cache: str) -> _Setup:
+    loaded = load_target(spec, device=device, dtype=dtype, seed=seed)
+    dev, torch_dtype = torch.device(device), DTYPES[dtype]
+    try:
+        module = loaded.module.to(device=dev, dtype=torch_dtype).eval()
+    except _USER_ERRORS as err:  # noqa: BLE001
+        raise UsageError(f"cannot move target '{spec}' to {device}/{dtype}: {err}", where="--target") from None
+    probe = make_driver(module, hf_cache, 1)
+    d_model, vocab = _inputs_of(module, probe, spec, d_model)
+    work = make_workload(seed, d_model=d_model, vocab=vocab, dtype=torch_dtype, device=dev)
+    driver = make_driver(module, hf_cache, work.max_tokens)
+    ctx = tc.Context(
+        driver=driver,
+        fresh=_fresh_maker(module, loaded, driver, dev, torch_dtype),
+        work=work,
+        tol=TOLERANCES[dtype],
+        weights=weight_storages(module),
+        window=_declared_window(module),
+        seed=seed,
+        interleavings=0,
     )
+    return _Setup(ctx, d_model, vocab, loaded.built, loaded.notes)
 
 
-def _isolation(module, fresh, work: _Workload, tol, seed: int, interleavings: int) -> TargetCheck:
-    refs = [work.run_alone(fresh(), rid) for rid in range(len(work.chunks))]
-    rng = random.Random(seed)
-    mismatches, first = 0, None
-    for _ in range(interleavings):
-        schedule = random_schedule(rng, len(work.chunks), 1 + DECODE_STEPS, "single")
-        outs, _ = work.run_schedule(module, schedule)
-        for rid, (o, r) in enumerate(zip(outs, refs)):
-            miss = _first_mismatch(o, r, tol)
-            if miss is not None:
-                mismatches += 1
-                if first is None:
-                    order = " ".join(f"r{g[0]}" for g in schedule)
-                    first = f"first: r{rid} step {miss[0]} max |diff| {miss[1]:.3g}, order {order}"
-                break
-    if not mismatches:
-        return TargetCheck(
-            "isolation", True, f"{interleavings} seeded interleavings: every request matches its run alone", ()
-        )
-    return TargetCheck(
-        "isolation",
-        False,
-        f"{mismatches} of {interleavings} seeded interleavings gave a request other outputs than its run alone "
-        f"on a fresh copy (rtol {tol.rtol:g}, atol {tol.atol:g})",
-        (first,),
-    )
-
-
-def _no_shared_storage(module, work: _Workload) -> TargetCheck:
-    schedule = [[r] for _ in range(1 + DECODE_STEPS) for r in range(len(work.chunks))]
-    _, caches = work.run_schedule(module, schedule)
-    labelled = [(rid, path, t) for rid in sorted(caches) for path, t in _leaves(caches[rid])]
-    evidence = []
-    for i, j in overlap_pairs([t for _, _, t in labelled]):
-        (ri, pi, ti), (rj, pj, tj) = labelled[i], labelled[j]
-        if ri != rj:
-            evidence.append(
-                f"r{ri} {pi} (data_ptr {ti.data_ptr():#x}, shape {list(ti.shape)}) and r{rj} {pj} "
-                f"(data_ptr {tj.data_ptr():#x}, shape {list(tj.shape)}) share storage "
-                f"{ti.untyped_storage().data_ptr():#x}"
-            )
-    if not labelled:
-        return TargetCheck("no-shared-storage", False, _no_tensors(caches, "tensors"), ())
-    if not evidence:
-        return TargetCheck(
-            "no-shared-storage",
-            True,
-            f"{len(labelled)} cache tensors of {len(caches)} live requests: no shared bytes",
-            (),
-        )
-    return TargetCheck(
-        "no-shared-storage",
-        False,
-        f"{len(evidence)} pair(s) of cache tensors of different requests share memory",
-        tuple(evidence),
-    )
-
-
-def _cache_length(module, work: _Workload) -> TargetCheck:
-    shapes: dict[tuple[int, str], list[tuple[int, tuple[int, ...]]]] = {}
-    steps_done = [0] * len(work.chunks)
-
-    def record(rid, cache):
-        steps_done[rid] += 1
-        seen = work.tokens_seen(rid, steps_done[rid])
-        for path, t in _leaves(cache):
-            if t.dim() >= 2:
-                shapes.setdefault((rid, path), []).append((seen, tuple(t.shape)))
-
-    schedule = [[r] for _ in range(1 + DECODE_STEPS) for r in range(len(work.chunks))]
-    _, caches = work.run_schedule(module, schedule, on_step=record)
-    evidence = []
-    for (rid, path), history in shapes.items():
-        ndim = len(history[0][1])
-        dims = set(range(ndim))
-        for seen, shape in history:
-            dims &= {d for d, size in enumerate(shape) if len(shape) == ndim and size == seen}
-            if not dims:
-                first_seen, first_shape = history[0]
-                before = "" if seen == first_seen else f" (shape {list(first_shape)} after {first_seen})"
-                evidence.append(
-                    f"r{rid} {path}: shape {list(shape)} after {seen} tokens seen{before}; "
-                    "no dimension tracks the tokens seen"
-                )
-                break
-    if not shapes:
-        return TargetCheck("cache-length", False, _no_tensors(caches, "tensor of 2 or more dimensions"), ())
-    if not evidence:
-        return TargetCheck(
-            "cache-length", True, f"{len(shapes)} cache tensors: length equals tokens seen after every step", ()
-        )
-    return TargetCheck(
-        "cache-length", False, f"{len(evidence)} cache tensor(s) whose length is not the tokens seen", tuple(evidence)
-    )
+def _cache_notes(ctx: tc.Context) -> tuple[str, ...]:
+    """What a request's cache held at the end of the round-robin run, and what was skipped and why."""
+    rr = ctx.round_robin
+    if rr is None or not rr.scans:
+        return ()
+    scan = rr.scans[min(rr.scans)]
+    shown = ", ".join(f"{t.path} {list(t.tensor.shape)}" for t in scan.tensors[:4])
+    more = f" and {len(scan.tensors) - 4} more" if len(scan.tensors) > 4 else ""
+    notes = [f"r0's cache: {len(scan.tensors)} tensor(s): {shown}{more}" if scan.tensors else "r0's cache: no tensors"]
+    reasons: dict[str, list[str]] = {}
+    for item in scan.skipped:
+        reasons.setdefault(item.reason, []).append(item.path)
+    for reason, paths in reasons.items():
+        extra = f" and {len(paths) - 2} more" if len(paths) > 2 else ""
+        notes.append(f"skipped {', '.join(paths[:2])}{extra}: {reason}")
+    return tuple(notes)

@@ -84,7 +84,10 @@ def test_dtype_tolerances_shown(run_cli):
         (["--dtype", "float16"], "Error: unknown dtype 'float16'; use one of float32, float64, bfloat16 (--dtype)"),
         (["--device", "tpu"], "Error: unknown device 'tpu'; use cpu or cuda (--device)"),
         (["layer-index", "--target", "x:y"], "Error: give scenario names or --target, not both (--target)"),
-        (["--target", "no_colon"], "Error: --target must look like package.module:factory, got 'no_colon' (--target)"),
+        (
+            ["--target", "no_colon"],
+            "Error: --target must look like package.module:factory or hf:DIR, got 'no_colon' (--target)",
+        ),
         (["--d-model", "8"], "Error: --d-model only applies with --target (--d-model)"),
     ],
 )
@@ -149,7 +152,8 @@ def test_a_cache_object_is_looked_into(run_cli, targets_on_path):
     result = run_cli("repro", "--target", "repro_targets:object_cache", "--json", "--interleavings", "5")
     assert result.exit_code == EXIT_OK, result.stdout
     storage = next(c for c in json.loads(result.stdout)["target"]["checks"] if c["name"] == "no-shared-storage")
-    assert storage["message"] == "6 cache tensors of 3 live requests: no shared bytes"  # k and v of 3 requests
+    # k and v of each of the 6 requests (kvtool.repro.workload: r0..r5)
+    assert storage["message"] == "12 cache tensors of 6 live requests: no shared bytes"
 
 
 def test_a_cache_without_tensors_names_its_type(run_cli, targets_on_path):
@@ -159,8 +163,8 @@ def test_a_cache_without_tensors_names_its_type(run_cli, targets_on_path):
     assert target["failed_checks"] == ["no-shared-storage", "cache-length"]
     storage = next(c for c in target["checks"] if c["name"] == "no-shared-storage")
     assert storage["message"] == (
-        "the returned caches hold no tensors (kvtool looks inside tuples, lists, dicts and object attributes; "
-        "the caches are of type int)"
+        "the returned caches hold no tensors of 2 or more dimensions (kvtool looks inside tuples, lists, dicts, "
+        "object attributes, nn.Module buffers and transformers caches; the caches are of type int)"
     )
 
 
@@ -237,21 +241,31 @@ def test_unimportable_target_in_a_fresh_interpreter():
     assert proc.stderr.startswith("Error: cannot import module 'no_such_pkg'")
 
 
-def test_cache_leaves_skip_modules_and_cycles():
-    # A cache object that refers to itself, to a Python module (with a tensor global, shared by design) and to
-    # a torch module: only its own tensor counts.
+def test_cache_scan_skips_modules_weights_and_cycles():
+    # A cache object that refers to itself, to a Python module (with a tensor global, shared by design), to a
+    # layer of the target (its weights, shared by design) and to a function: only its own tensor counts, and
+    # each skipped object is named with its reason.
     import types
 
     import torch
 
-    from kvtool.repro.target import _leaves
+    from kvtool.repro.cachewalk import scan_cache, weight_storages
 
     lib = types.ModuleType("rope_tables")
     lib.cos = torch.ones(64, 8)
+    target = torch.nn.Linear(2, 2)
 
     class Cache:
         def __init__(self):
             self.k = torch.zeros(1, 2, 3, 4)
-            self.me, self.lib, self.proj, self.fn = self, lib, torch.nn.Linear(2, 2), print
+            self.me, self.lib, self.proj, self.fn = self, lib, target, print
 
-    assert [path for path, _ in _leaves({"layer0": Cache()})] == ["cache['layer0'].k"]
+    scan = scan_cache({"layer0": Cache()}, weight_storages(target))
+    assert [t.path for t in scan.tensors] == ["cache['layer0'].k"]
+    assert {(s.path, s.reason) for s in scan.skipped} == {
+        ("cache['layer0'].lib", "a Python module (shared by design)"),
+        ("cache['layer0'].proj.weight", "the target's weights (shared by design)"),
+        ("cache['layer0'].proj.bias", "the target's weights (shared by design)"),
+        ("cache['layer0'].fn", "a function or class"),
+    }
+    assert [(a.path, a.same_as) for a in scan.aliases] == [("cache['layer0'].me", "cache['layer0']")]

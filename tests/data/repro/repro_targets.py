@@ -203,3 +203,22 @@ NOT_CALLABLE = 3
 
 def broken_factory():
     raise FileNotFoundError("weights.pt not found")
+
+
+class CtrlCAttention(Attention):
+    """Correct, but the user presses Ctrl-C during the second check (after 12 forwards: determinism
+    runs request r0, 5 + 4 positions in 5 calls, twice = 10 calls)."""
+
+    calls = 0
+
+    def forward(self, x, cache=None):
+        CtrlCAttention.calls += 1
+        if CtrlCAttention.calls == 12:
+            raise KeyboardInterrupt
+        return super().forward(x, cache)
+
+
+def ctrl_c():
+    CtrlCAttention.calls = 0
+    torch.manual_seed(0)
+    return CtrlCAttention()
