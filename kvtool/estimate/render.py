@@ -202,8 +202,16 @@ def render_models(models: list, gpus: list, console) -> None:
         box=None,
         pad_edge=False,
     )
-    for col in ("name", "memory", "bytes", "vendor"):
+    for col in ("name", "datasheet", "driver reports", "GB/s", "bf16 TFLOPS", "vendor"):
         gt.add_column(col, no_wrap=True)
     for g in gpus:
-        gt.add_row(g.name, g.memory_text, f"{g.memory_bytes:,}", g.vendor)
+        bf16 = g.peak_dense_tflops.bf16
+        gt.add_row(
+            g.name,
+            g.nominal_memory_text,
+            f"{g.memory_bytes / GIB:,.2f} GiB",
+            f"{g.memory_bandwidth_gb_s:,.0f}" if g.memory_bandwidth_gb_s else "",
+            f"{bf16:,.0f}" if bf16 else "",
+            g.vendor,
+        )
     console.print(gt)
