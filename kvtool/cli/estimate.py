@@ -80,8 +80,25 @@ def register(app: typer.Typer) -> None:
             help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9.",
         ),
         reserve: Optional[str] = typer.Option(
-            None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."
+            None,
+            "--reserve",
+            help="Per-GPU memory held besides weights, all terms at once. Default: modelled as vLLM 0.32 profiles it.",
         ),
+        activation_memory: Optional[str] = typer.Option(
+            None, "--activation-memory", help="Override the modelled activation peak of vLLM's profiling run."
+        ),
+        non_torch_memory: Optional[str] = typer.Option(
+            None, "--non-torch-memory", help="Override the modelled non-torch memory (NCCL, cuBLAS)."
+        ),
+        cudagraph_memory: Optional[str] = typer.Option(
+            None, "--cudagraph-memory", help="Override the modelled CUDA-graph memory vLLM 0.32 subtracts."
+        ),
+        max_num_seqs: Optional[int] = typer.Option(
+            None,
+            "--max-num-seqs",
+            help="vLLM's max_num_seqs (sizes the sampler's profiling peak). Default: vllm serve's.",
+        ),
+        enforce_eager: bool = typer.Option(False, "--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved."),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
         max_num_batched_tokens: Optional[int] = typer.Option(
             None,
@@ -123,6 +140,11 @@ def register(app: typer.Typer) -> None:
             reserve=reserve,
             block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            activation_memory=activation_memory,
+            non_torch_memory=non_torch_memory,
+            cudagraph_memory=cudagraph_memory,
             compare=compare,
             profile_dirs=tuple(profiles),
         )

@@ -19,6 +19,8 @@ def render_estimate(result: EstimateResult, console) -> None:
         f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {heads}, "
         f"model {r.model_dtype} -> KV {r.kv_dtype}"
     )
+    if r.fits is not None:
+        console.print(headline(r))
     table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", overflow="fold")
@@ -45,6 +47,13 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"- weights {r.weights_bytes_per_gpu / GIB:,.2f} GiB - reserve {r.reserve_bytes / GIB:,.2f} GiB "
                 f"= {r.kv_budget_bytes:,} B ({r.kv_budget_bytes / GIB:,.2f} GiB)",
             )
+            if r.activation_bytes is not None:
+                table.add_row(
+                    "reserve per GPU (vLLM 0.32 profiling)",
+                    f"activation peak {r.activation_bytes / GIB:,.2f} GiB + non-torch {r.non_torch_bytes / GIB:,.2f} "
+                    f"GiB + CUDA graphs {r.cudagraph_bytes / GIB:,.2f} GiB (each overridable: --activation-memory, "
+                    f"--non-torch-memory, --cudagraph-memory)",
+                )
         else:
             table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
         table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
@@ -107,6 +116,17 @@ def render_estimate(result: EstimateResult, console) -> None:
     for note in r.notes:
         console.print(f"Note: {note}", style="dim")
     console.print(f"Source: {r.source}", style="dim")
+
+
+def headline(r: EstimateResult) -> str:
+    """The user's question answered first: "4 requests of 8,192 tokens fit: yes, up to 37"."""
+    where = f" on {r.gpu}" if r.gpu else ""
+    if r.tp > 1:
+        where += f" x {r.tp} (tensor parallel)"
+    asked = f"{r.batch:,} request{'s' if r.batch != 1 else ''} of {r.seq_len:,} tokens{where} fit"
+    if r.fits:
+        return f"[bold]{asked}: [green]yes[/green], up to {r.max_batch:,}[/bold]"
+    return f"[bold]{asked}: [red]no[/red], {r.max_batch:,} do[/bold]"
 
 
 def _beyond_context(r: EstimateResult) -> bool:
