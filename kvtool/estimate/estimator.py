@@ -300,6 +300,21 @@ def asked_gpu(request: EstimateRequest) -> AskedGpu | None:
     return AskedGpu(memory, None)
 
 
+def check_block_size(block_size: int, gpu: AskedGpu | None) -> None:
+    """Refuse a block size vLLM's GPU attention backends refuse.
+
+    vLLM 0.32's CUDA backends declare their kernel block sizes: FlashAttention ``MultipleOf(16)``, FlashInfer 16, 32
+    or 64 (vllm/v1/attention/backends, ``get_supported_kernel_block_sizes``); no backend takes other sizes.
+    """
+    if gpu is not None and block_size % 16:
+        raise UsageError(
+            f"--block-size {block_size} is refused by vLLM's GPU attention backends (FlashAttention needs a multiple "
+            "of 16)",
+            where="--block-size",
+            tip="use 16 (vLLM's default), 32, 64 or 128",
+        )
+
+
 def scheduler_defaults(request: EstimateRequest, gpu: AskedGpu | None) -> tuple[EstimateRequest, list[str]]:
     """max_num_batched_tokens and max_num_seqs as ``vllm serve`` picks them for the GPU, unless given."""
     said: list[str] = []
@@ -521,6 +536,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     check_tp(spec, request.tp)
     layout = kv_layout(spec, request.kv_dtype, request.tp)
     gpu = asked_gpu(request)
+    check_block_size(request.block_size, gpu)
     request, scheduler = scheduler_defaults(request, gpu)
     planned = resolve_budget(request, spec, weights, gpu)
     lengths = _lengths(request, spec)

@@ -167,7 +167,83 @@ class _Reader:
             return None
         if value <= 0:
             raise InputFileError(f"{key} must be positive, not {value}", where=f"{self.where}: field {key}")
+        if value > MAX_CONFIG_INT:
+            raise InputFileError(
+                f"{key} {value:.3g} is not a plausible model dimension (over {MAX_CONFIG_INT:,})",
+                where=f"{self.where}: field {key}",
+            )
         return value
+
+
+# No published model comes near this in any dimension (vocabularies reach ~262k, hidden sizes ~30k, layers ~200);
+# a larger value is a typo or a hostile file, refused in one line instead of an overflow deep in the arithmetic.
+MAX_CONFIG_INT = 10_000_000
+
+# model_type values of encoder-only models: vLLM serves them as pooling models, without a KV cache.
+ENCODER_ONLY = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "albert", "modernbert"}
+)
+# Models that mix attention with linear-attention or Mamba-style layers (per-request recurrent state, sized by
+# vLLM's MambaSpec / hybrid KV groups).  kvtool does not model them yet and refuses them rather than count every
+# layer as full attention.
+HYBRID_MODEL_TYPES = frozenset(
+    {
+        "jamba",
+        "falcon_h1",
+        "granitemoehybrid",
+        "nemotron_h",
+        "mamba",
+        "mamba2",
+        "zamba",
+        "zamba2",
+        "bamba",
+        "qwen3_next",
+        "minimax",
+        "minimax_m1",
+        "minimax_text_01",
+        "plamo2",
+        "lfm2",
+        "kimi_linear",
+        "rwkv",
+    }
+)
+HYBRID_KEYS = (
+    "attn_type_list",
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "mamba_d_state",
+    "linear_num_key_heads",
+)
+
+
+def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
+    """Encoder-only and hybrid (linear-attention / Mamba) configs: a clear refusal, never a wrong number."""
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    model_type = str(text.get("model_type") or data.get("model_type") or "")
+    architectures = " ".join(str(a) for a in data.get("architectures") or [])
+    if model_type in ENCODER_ONLY or "ForMaskedLM" in architectures:
+        raise InputFileError(
+            f"{model_type or architectures} is an encoder-only model: vLLM serves it as a pooling model with no KV "
+            "cache to size",
+            where=f"{where}: field model_type",
+        )
+    layer_types = text.get("layer_types") if isinstance(text.get("layer_types"), list) else []
+    odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
+    hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
+    if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
+        why = (
+            f"layer_types holds {', '.join(odd)}"
+            if odd
+            else f"{hybrid_key} marks linear-attention or Mamba layers"
+            if hybrid_key
+            else f"model_type {model_type} mixes attention with linear-attention or Mamba layers"
+        )
+        raise InputFileError(
+            f"hybrid model not modelled: {why}; vLLM keeps per-request recurrent state for those layers "
+            "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention",
+            where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
+            tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
+        )
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
@@ -205,6 +281,7 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
 
 def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -> ModelSpec:
     """Turn a config.json mapping into a ModelSpec (see the module docstring for the rules)."""
+    refuse_unmodelled(data, where)
     top = _Reader(data, where)
     text_config = top.get("text_config")
     cfg = _Reader({**text_config}, f"{where}: text_config") if isinstance(text_config, dict) else top
