@@ -204,14 +204,15 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
                         f"{found.method} (parameters) at {spec.dtype}",
                     )
         return spec, weights or estimate_weights(spec)
-    if not all(manual):
+    layers, kv_heads, head_dim = request.layers, request.kv_heads, request.head_dim
+    if layers is None or kv_heads is None or head_dim is None:
         raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
-    if request.heads is not None and request.kv_heads > request.heads:
-        raise UsageError(f"--kv-heads {request.kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
+    if request.heads is not None and kv_heads > request.heads:
+        raise UsageError(f"--kv-heads {kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
     spec = manual_spec(
-        layers=request.layers,
-        kv_heads=request.kv_heads,
-        head_dim=request.head_dim,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         heads=request.heads,
         hidden=request.hidden,
         dtype=request.dtype or "float16",
@@ -394,7 +395,7 @@ def _check_positive(request: EstimateRequest) -> None:
         for v in values:
             if v <= 0:
                 raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
-    for option, v in (
+    optional: tuple[tuple[str, int | None], ...] = (
         ("--tp", request.tp),
         ("--block-size", request.block_size),
         ("--layers", request.layers),
@@ -403,9 +404,11 @@ def _check_positive(request: EstimateRequest) -> None:
         ("--heads", request.heads),
         ("--hidden", request.hidden),
         ("--max-num-batched-tokens", request.max_num_batched_tokens),
-    ):
-        if v is not None and v <= 0:
-            raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
+        ("--max-num-seqs", request.max_num_seqs),
+    )
+    for option, given in optional:
+        if given is not None and given <= 0:
+            raise UsageError(f"{option} must be greater than zero, not {given}", where=option)
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
@@ -686,7 +689,7 @@ def _capacity(
         block_size=request.block_size,
         max_model_len=seq_len,
         batch=batch,
-        max_num_batched_tokens=request.max_num_batched_tokens,
+        max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
     )
 
 
@@ -768,9 +771,9 @@ def kv_budget_tokens(
     spec, weights = resolve_model(request)
     check_tp(spec, tp)
     layout = kv_layout(spec, kv_dtype, tp)
-    gpu = asked_gpu(request)
-    request, _ = scheduler_defaults(request, gpu)
-    budget = resolve_budget(request, spec, weights, gpu).budget
+    asked = asked_gpu(request)
+    request, _ = scheduler_defaults(request, asked)
+    budget = resolve_budget(request, spec, weights, asked).budget
     if budget is None:
         raise UsageError("give --gpu, --gpu-memory or --kv-memory for a KV budget")
     length = max_model_len or spec.max_position_embeddings or 4096

@@ -159,6 +159,12 @@ class _Reader:
                 return key, value
         return None, None
 
+    def need(self, *keys: str) -> int:
+        """A required positive integer (the error names the file and the first key)."""
+        value = self.positive(*keys, required=True)
+        assert value is not None  # positive(required=True) raises instead of returning None
+        return value
+
     def positive(self, *keys: str, required: bool = True) -> int | None:
         key, value = self.first(*keys)
         if value is None:
@@ -218,7 +224,8 @@ HYBRID_KEYS = (
 
 def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     """Encoder-only and hybrid (linear-attention / Mamba) configs: a clear refusal, never a wrong number."""
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    nested = data.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else data
     model_type = str(text.get("model_type") or data.get("model_type") or "")
     architectures = " ".join(str(a) for a in data.get("architectures") or [])
     if model_type in ENCODER_ONLY or "ForMaskedLM" in architectures:
@@ -227,7 +234,8 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
             "cache to size",
             where=f"{where}: field model_type",
         )
-    layer_types = text.get("layer_types") if isinstance(text.get("layer_types"), list) else []
+    listed = text.get("layer_types")
+    layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
     hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
     if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
@@ -290,8 +298,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         notes.append("read the language model from text_config")
 
     model_type = cfg.get("model_type") or top.get("model_type") or "unknown"
-    num_layers = cfg.positive("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-    num_heads = cfg.positive("num_attention_heads", "n_head", "num_heads")
+    num_layers = cfg.need("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    num_heads = cfg.need("num_attention_heads", "n_head", "num_heads")
     hidden = cfg.positive("hidden_size", "n_embd", "d_model", required=False)
 
     dtype_key, dtype = cfg.first("dtype", "torch_dtype")
@@ -309,8 +317,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     kv_lora_rank = cfg.positive("kv_lora_rank", required=False)
     is_mla = kv_lora_rank is not None
     qk_rope = None
-    if is_mla:
-        qk_rope = cfg.positive("qk_rope_head_dim")
+    if kv_lora_rank is not None:
+        qk_rope = cfg.need("qk_rope_head_dim")
         head_dim = kv_lora_rank + qk_rope
         num_kv_heads = 1
         notes.append(f"MLA: one latent of kv_lora_rank {kv_lora_rank} + qk_rope_head_dim {qk_rope} per layer")

@@ -10,6 +10,15 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n)
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GIB:,.2f} GiB"
+
+
+def _n(x: int | None) -> int:
+    """A capacity figure, set whenever a budget is (the JSON keeps None where there is none)."""
+    return 0 if x is None else x
+
+
 def render_estimate(result: EstimateResult, console) -> None:
     from rich.table import Table
 
@@ -43,22 +52,22 @@ def render_estimate(result: EstimateResult, console) -> None:
             gpu = r.gpu or "GPU"
             table.add_row(
                 "KV budget per GPU",
-                f"{gpu} {r.gpu_memory_bytes / GIB:,.2f} GiB x {r.gpu_memory_utilization:g} "
-                f"- weights {r.weights_bytes_per_gpu / GIB:,.2f} GiB - reserve {r.reserve_bytes / GIB:,.2f} GiB "
-                f"= {r.kv_budget_bytes:,} B ({r.kv_budget_bytes / GIB:,.2f} GiB)",
+                f"{gpu} {_gib(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} "
+                f"- weights {_gib(r.weights_bytes_per_gpu)} - reserve {_gib(r.reserve_bytes)} "
+                f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
             )
             if r.activation_bytes is not None:
                 table.add_row(
                     "reserve per GPU (vLLM 0.32 profiling)",
-                    f"activation peak {r.activation_bytes / GIB:,.2f} GiB + non-torch {r.non_torch_bytes / GIB:,.2f} "
-                    f"GiB + CUDA graphs {r.cudagraph_bytes / GIB:,.2f} GiB (each overridable: --activation-memory, "
+                    f"activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
+                    f"+ CUDA graphs {_gib(r.cudagraph_bytes)} (each overridable: --activation-memory, "
                     f"--non-torch-memory, --cudagraph-memory)",
                 )
         else:
             table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
         table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
         table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
-        if r.max_batch >= 1:
+        if _n(r.max_batch) >= 1:
             table.add_row(
                 "vLLM would log",
                 f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
@@ -94,7 +103,7 @@ def render_estimate(result: EstimateResult, console) -> None:
             )
         elif r.max_seq_len == 0:
             console.print(
-                f"[red]Does not fit[/red]: {max(r.num_blocks, 0):,} blocks leave no room for even one request "
+                f"[red]Does not fit[/red]: {max(_n(r.num_blocks), 0):,} blocks leave no room for even one request "
                 f"(vLLM would refuse to start)."
             )
         else:
@@ -105,7 +114,8 @@ def render_estimate(result: EstimateResult, console) -> None:
                 fitting.append(f"no length at which {r.batch:,} requests fit")
             console.print(
                 f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
-                f"{r.batch * r.blocks_per_request:,} blocks; {max(r.num_blocks - 1, 0):,} are usable. Largest that fit: "
+                f"{r.batch * _n(r.blocks_per_request):,} blocks; {max(_n(r.num_blocks) - 1, 0):,} are usable. "
+                "Largest that fit: "
                 f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
             )
     if r.sweep:

@@ -47,6 +47,7 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     other = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2) + h  # embeddings (+ head), final norm
 
     if spec.is_mla:
+        lora = spec.kv_lora_rank or 0
         nope = spec.qk_nope_head_dim or 0
         rope = spec.qk_rope_head_dim or 0
         v = spec.v_head_dim or nope
@@ -56,8 +57,8 @@ def _parts(spec: ModelSpec) -> _Parts | None:
             attn_other = spec.q_lora_rank  # q_a_layernorm
         else:
             attn, attn_other = [(q_dim, h)], 0
-        attn += [(spec.kv_lora_rank + rope, h), (heads * (nope + v), spec.kv_lora_rank), (h, heads * v)]
-        attn_other += spec.kv_lora_rank  # kv_a_layernorm
+        attn += [(lora + rope, h), (heads * (nope + v), lora), (h, heads * v)]
+        attn_other += lora  # kv_a_layernorm
     else:
         attn = [(heads * d, h), (kv * d, h), (kv * d, h), (h, heads * d)]
         attn_other = (heads + 2 * kv) * d if spec.model_type == "qwen2" else 0  # q/k/v biases
