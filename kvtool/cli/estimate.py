@@ -31,7 +31,10 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def estimate_command(
         model: Optional[str] = typer.Option(
-            None, "--model", "-m", help="Built-in or user profile name (see 'kvtool models')."
+            None,
+            "--model",
+            "-m",
+            help="Profile name (see 'kvtool models'), or a Hugging Face id org/name read from the local cache.",
         ),
         config: Optional[str] = typer.Option(
             None,
@@ -99,6 +102,13 @@ def register(app: typer.Typer) -> None:
             help="vLLM's max_num_seqs (sizes the sampler's profiling peak). Default: vllm serve's.",
         ),
         enforce_eager: bool = typer.Option(False, "--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved."),
+        quantization: Optional[str] = typer.Option(
+            None,
+            "--quantization",
+            "-q",
+            help="vLLM's online quantization of an unquantized checkpoint: fp8 or bitsandbytes (quantized checkpoints "
+            "are read from their quantization_config).",
+        ),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
         max_num_batched_tokens: Optional[int] = typer.Option(
             None,
@@ -141,6 +151,7 @@ def register(app: typer.Typer) -> None:
             block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
+            quantization=quantization,
             enforce_eager=enforce_eager,
             activation_memory=activation_memory,
             non_torch_memory=non_torch_memory,

@@ -56,6 +56,7 @@ class EstimateRequest:
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_batched_tokens)
     max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_seqs)
+    quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
     activation_memory: str | None = None  # override the modelled terms of the reserve
     non_torch_memory: str | None = None
@@ -175,35 +176,91 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
             tip="'kvtool models' lists the built-in model names",
         )
     if request.model:
-        from kvtool.estimate.profiles import find_model, model_spec
+        spec, weights = _model_from_name(request, request.model)
+    elif request.config:
+        spec, weights = _model_from_config(request, request.config)
+    else:
+        return _model_from_options(request), None
+    return _with_quantization(spec, weights, request.quantization)
 
-        profile = find_model(request.model, request.profile_dirs)
-        spec = model_spec(profile)
-        spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
-        spec = _with_dtype(spec, request.dtype)
-        return spec, estimate_weights(spec)
-    if request.config:
-        data, file = load_config_path(request.config)
-        parsed = parse_config(data, where=str(file), name=Path(request.config).resolve().name)
-        parsed_dtype = parsed.dtype
-        spec = _with_dtype(parsed, request.dtype)
-        weights = None
-        if file.parent.is_dir():
-            from kvtool.estimate.safetensors import weights_from_dir
 
-            found = weights_from_dir(file.parent)
-            if found is not None:
-                weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
-                if found.num_params and spec.dtype != parsed_dtype:
-                    # vLLM loads the checkpoint in the run dtype, whatever the files store
-                    from kvtool.estimate.dtypes import model_dtype_bytes
+def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, WeightEstimate | None]:
+    """A built-in or user profile, else a Hugging Face repository id found in the local cache (offline)."""
+    from kvtool.estimate.hf_cache import find_snapshot
+    from kvtool.estimate.profiles import find_model, find_model_by_repo, model_spec
 
-                    weights = WeightEstimate(
-                        found.num_params,
-                        found.num_params * model_dtype_bytes(spec.dtype),
-                        f"{found.method} (parameters) at {spec.dtype}",
-                    )
-        return spec, weights or estimate_weights(spec)
+    if "/" in name:
+        snapshot = find_snapshot(name)
+        if snapshot is not None:
+            return _model_from_config(request, str(snapshot))
+        profile = find_model_by_repo(name, request.profile_dirs)
+        if profile is None:
+            from kvtool.estimate.hf_cache import cache_dir
+
+            raise UsageError(
+                f"{name} is neither in the local Hugging Face cache ({cache_dir()}) nor a built-in profile; kvtool "
+                "reads only local files",
+                where="--model",
+                tip=f"fetch its config first (huggingface-cli download {name} config.json), or pass --config DIR",
+            )
+    else:
+        profile = find_model(name, request.profile_dirs)
+    spec = model_spec(profile)
+    spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
+    spec = _with_dtype(spec, request.dtype)
+    return spec, estimate_weights(spec)
+
+
+def _model_from_config(request: EstimateRequest, path: str) -> tuple[ModelSpec, WeightEstimate | None]:
+    """A config.json (or a directory holding one), with exact weights from safetensors headers beside it."""
+    data, file = load_config_path(path)
+    parsed = parse_config(data, where=str(file), name=Path(path).resolve().name)
+    spec = _with_dtype(parsed, request.dtype)
+    weights = None
+    if file.parent.is_dir() and request.quantization is None:
+        from kvtool.estimate.safetensors import weights_from_dir
+
+        found = weights_from_dir(file.parent)
+        if found is not None:
+            weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
+            quant = spec.weight_quant
+            if quant is not None and quant.pad_intermediate_to > 1:
+                weights = None  # vLLM pads the experts on the GPU (kvtool.estimate.quant): the config estimate does
+            elif quant is None and found.num_params and spec.dtype != parsed.dtype:
+                # vLLM loads an unquantized checkpoint in the run dtype, whatever the files store
+                from kvtool.estimate.dtypes import model_dtype_bytes
+
+                weights = WeightEstimate(
+                    found.num_params,
+                    found.num_params * model_dtype_bytes(spec.dtype),
+                    f"{found.method} (parameters) at {spec.dtype}",
+                )
+    return spec, weights or estimate_weights(spec)
+
+
+def _with_quantization(
+    spec: ModelSpec, weights: WeightEstimate | None, method: str | None
+) -> tuple[ModelSpec, WeightEstimate | None]:
+    """vLLM's ``--quantization``: online for an unquantized checkpoint; a quantized one must name its own method."""
+    if method is None:
+        return spec, weights
+    from kvtool.estimate.quant import online
+
+    if spec.weight_quant is not None:
+        own = spec.weight_quant.method.split()[0].lower()
+        if not own.startswith(method.lower()):
+            raise UsageError(
+                f"{spec.name} is already quantized ({spec.weight_quant.method}); vLLM refuses --quantization {method} "
+                "for it",
+                where="--quantization",
+                tip="drop --quantization: the checkpoint's quantization_config is read as is",
+            )
+        return spec, weights
+    spec = dataclasses.replace(spec, weight_quant=online(method))
+    return spec, estimate_weights(spec)
+
+
+def _model_from_options(request: EstimateRequest) -> ModelSpec:
     layers, kv_heads, head_dim = request.layers, request.kv_heads, request.head_dim
     if layers is None or kv_heads is None or head_dim is None:
         raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
@@ -217,7 +274,7 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
         hidden=request.hidden,
         dtype=request.dtype or "float16",
     )
-    return spec, None
+    return spec
 
 
 def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+from kvtool.estimate.quant import WeightQuant, from_quantization_config
 
 FULL = "full"
 SLIDING = "sliding"
@@ -61,9 +62,8 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     num_nextn_predict_layers: int = 0
-    # quantization_config.quant_method "fp8": linear weights are 1 byte with one float32 scale per block of
-    # (rows, cols) ((0, 0): one scale per matrix); None: every weight at `dtype`
-    fp8_weight_block: tuple[int, int] | None = None
+    # how quantized linear weights are stored (quantization_config or --quantization); None: all at `dtype`
+    weight_quant: WeightQuant | None = None
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -371,7 +371,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
-        fp8_weight_block=_fp8_weight_block(top, notes),
+        weight_quant=_weight_quant(top, dtype, notes),
         notes=tuple(notes),
     )
 
@@ -402,27 +402,18 @@ def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
     return found[key]
 
 
-def _fp8_weight_block(top: _Reader, notes: list[str]) -> tuple[int, int] | None:
-    """FP8 weight blocks from ``quantization_config`` (DeepSeek-V3: quant_method fp8, weight_block_size [128, 128])."""
-    quant = top.get("quantization_config")
+def _weight_quant(top: _Reader, dtype: str, notes: list[str]) -> WeightQuant | None:
+    """Quantized weights from ``quantization_config`` (kvtool.estimate.quant); a method not modelled is said."""
+    config = top.get("quantization_config")
+    if config is None:
+        return None
+    quant = from_quantization_config(config, top.where, MODEL_DTYPE_BYTES.get(dtype, 2))
     if quant is None:
-        return None
-    method = quant.get("quant_method")
-    if method != "fp8":
         notes.append(
-            f"quantization_config quant_method {method!r} is not modelled: weights estimated at the config dtype "
-            f"(safetensors headers beside the config give exact bytes)"
+            f"quantization_config quant_method {config.get('quant_method')!r} is not modelled: weights estimated at "
+            f"the config dtype (safetensors headers beside the config give exact bytes)"
         )
-        return None
-    block = quant.get("weight_block_size")
-    if block is None:
-        return (0, 0)
-    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-        raise InputFileError(
-            f"weight_block_size must be two positive integers, not {block!r}",
-            where=f"{top.where}: field quantization_config.weight_block_size",
-        )
-    return (block[0], block[1])
+    return quant
 
 
 def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:

@@ -298,6 +298,15 @@ def find_model(name: str, extra: Iterable[str | Path] = ()) -> ModelProfile:
     return _find(name, _kind_dirs(search_dirs(extra), "models"), read_model_profile, "model", "--model")
 
 
+def find_model_by_repo(repo_id: str, extra: Iterable[str | Path] = ()) -> ModelProfile | None:
+    """The profile whose ``hf_repo`` is ``org/name`` (case-insensitive); None when no profile names it."""
+    key = repo_id.strip().strip("/").lower()
+    for profile in list_models(extra):
+        if profile.hf_repo.lower() == key:
+            return profile
+    return None
+
+
 def find_gpu(name: str, extra: Iterable[str | Path] = ()) -> GpuProfile:
     """A GPU profile by name or alias: driver-reported memory, bandwidth, dense peak TFLOPS per dtype, evidence.
 

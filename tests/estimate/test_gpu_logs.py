@@ -47,6 +47,15 @@ def _from_scratch(run_cli, name: str) -> float:
 
 
 SCRATCH = [c for c in CASES if _case(c).get("from_scratch", True)]
+WEIGHTS = [c for c in SCRATCH if "weights_gib" in _case(c)["logged"]]
+
+
+@pytest.mark.parametrize("name", WEIGHTS)
+def test_weights_per_gpu_within_a_quarter_gib_of_model_loading_took(run_cli, name):
+    # bf16, and MXFP4 experts for gpt-oss (kvtool.estimate.quant): the logged "Model loading took" per GPU
+    case = _case(name)
+    out = _estimate(run_cli, name, "--gpu-memory", f"{case['gpu_memory_gib']}GiB")
+    assert abs(out["weights_bytes_per_gpu"] / GIB - case["logged"]["weights_gib"]) <= 0.25
 
 
 @pytest.mark.parametrize("name", SCRATCH)
