@@ -70,6 +70,9 @@ def register(app: typer.Typer) -> None:
         tp: int = typer.Option(
             1, "--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp))."
         ),
+        pp: int = typer.Option(
+            1, "--pp", help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage)."
+        ),
         gpu: Optional[str] = typer.Option(
             None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."
         ),
@@ -143,6 +146,7 @@ def register(app: typer.Typer) -> None:
             batches=_int_list(batch, "--batch"),
             kv_dtype=kv_dtype,
             tp=tp,
+            pp=pp,
             gpu=gpu,
             gpu_memory=gpu_memory,
             kv_memory=kv_memory,

@@ -20,6 +20,7 @@ from kvtool.estimate.capacity import (
 )
 from kvtool.estimate.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
+from kvtool.estimate.pipeline import Stage, stage_spec, stages
 from kvtool.estimate.reserve import (
     DEFAULT_MAX_NUM_SEQS,
     Reserve,
@@ -48,6 +49,7 @@ class EstimateRequest:
     batches: tuple[int, ...] = ()
     kv_dtype: str = "auto"
     tp: int = 1
+    pp: int = 1  # pipeline stages
     gpu: str | None = None
     gpu_memory: str | None = None
     kv_memory: str | None = None
@@ -115,6 +117,8 @@ class EstimateResult:
     model_dtype: str
     kv_dtype: str
     tp: int
+    pp: int
+    stages: tuple[Stage, ...]  # per pipeline stage: layers, weights and KV budget per GPU, blocks (empty at pp 1)
     seq_len: int
     batch: int
     bytes_per_token: int  # one sequence, all layers, all GPUs (whole bytes; exact for every dtype but odd int4)
@@ -399,9 +403,16 @@ def _size_or_none(text: str | None, option: str) -> int | None:
 
 
 def resolve_budget(
-    request: EstimateRequest, spec: ModelSpec, weights: WeightEstimate | None, gpu: AskedGpu | None
+    request: EstimateRequest,
+    spec: ModelSpec,
+    weights: WeightEstimate | None,
+    gpu: AskedGpu | None,
+    stage: Stage | None = None,
 ) -> PlannedBudget:
-    """The per-GPU KV budget from --kv-memory, or the GPU's memory less weights and the modelled reserve."""
+    """The per-GPU KV budget from --kv-memory, or the GPU's memory less weights and the modelled reserve.
+
+    With a pipeline ``stage``, its weights per GPU replace the whole model's, and only the last stage samples.
+    """
     if request.kv_memory is not None:
         text = str(request.kv_memory)
         size = parse_size(text, option="--kv-memory")
@@ -427,13 +438,16 @@ def resolve_budget(
         max_num_seqs=request.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         enforce_eager=request.enforce_eager,
         overrides=overrides,
+        pp=request.pp,
+        last_stage=stage is None or stage.index == request.pp - 1,
     )
+    weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
     budget = gpu_budget(
         gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=(
             DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
         ),
-        weights_bytes=weights.weights_bytes,
+        weights_bytes=weights_bytes,
         tp=request.tp,
         reserve_bytes=reserve.total_bytes,
         gpu_name=gpu.name,
@@ -463,6 +477,8 @@ def _check_positive(request: EstimateRequest) -> None:
         ("--max-num-batched-tokens", request.max_num_batched_tokens),
         ("--max-num-seqs", request.max_num_seqs),
     )
+    if request.pp <= 0:
+        raise UsageError(f"--pp must be greater than zero, not {request.pp}", where="--pp")
     for option, given in optional:
         if given is not None and given <= 0:
             raise UsageError(f"{option} must be greater than zero, not {given}", where=option)
@@ -585,6 +601,44 @@ def _layer_groups(layout: KvLayout, seq_len: int, batch: int) -> tuple[LayerGrou
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelinePlan:
+    """What sets capacity: the whole model (pp 1) or the pipeline stage with the fewest blocks."""
+
+    spec: ModelSpec  # the binding stage's layers (the whole model at pp 1)
+    layout: KvLayout
+    planned: PlannedBudget
+    stages: tuple[Stage, ...]  # empty at pp 1
+
+
+def plan_pipeline(
+    request: EstimateRequest, spec: ModelSpec, layout: KvLayout, weights: WeightEstimate | None, gpu: AskedGpu | None
+) -> PipelinePlan:
+    """Budget every pipeline stage on its own and keep the one with the fewest blocks, as vLLM's shared pool does."""
+    if request.pp == 1:
+        return PipelinePlan(spec, layout, resolve_budget(request, spec, weights, gpu), ())
+    options: list[tuple[int, Stage, ModelSpec, KvLayout, PlannedBudget]] = []
+    for stage in stages(spec, weights.weights_bytes if weights else 0, request.pp, request.tp):
+        part = stage_spec(spec, stage.first_layer, stage.num_layers)
+        part_layout = kv_layout(part, request.kv_dtype, request.tp)
+        planned = resolve_budget(request, part, weights, gpu, stage)
+        blocks = -1
+        if planned.budget is not None:
+            blocks = plan_capacity(
+                part,
+                part_layout,
+                planned.budget.kv_budget_bytes,
+                block_size=request.block_size,
+                max_model_len=spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN,
+                max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            ).num_blocks
+        budget_bytes = planned.budget.kv_budget_bytes if planned.budget else None
+        stage = dataclasses.replace(stage, kv_budget_bytes=budget_bytes, num_blocks=blocks if blocks >= 0 else None)
+        options.append((blocks, stage, part, part_layout, planned))
+    _, _, part, part_layout, planned = min(options, key=lambda o: (o[0], -o[1].num_layers))
+    return PipelinePlan(part, part_layout, planned, tuple(o[1] for o in options))
+
+
 def estimate(request: EstimateRequest) -> EstimateResult:
     """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way).
 
@@ -598,11 +652,12 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     gpu = asked_gpu(request)
     check_block_size(request.block_size, gpu)
     request, scheduler = scheduler_defaults(request, gpu)
-    planned = resolve_budget(request, spec, weights, gpu)
+    pipeline = plan_pipeline(request, spec, layout, weights, gpu)
+    planned = pipeline.planned
     lengths = _lengths(request, spec)
     defaults = _defaults(request, spec, layout, planned, scheduler, lengths)
     seq_len, batch = lengths.seq_lens[0], lengths.batches[0]
-    capacity = _capacity(spec, layout, planned.budget, request, seq_len, batch)
+    capacity = _capacity(pipeline.spec, pipeline.layout, planned.budget, request, seq_len, batch)
     return _result(
         request=request,
         spec=spec,
@@ -612,7 +667,8 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         capacity=capacity,
         lengths=lengths,
         defaults=tuple(defaults),
-        sweep=_sweep(spec, layout, planned, request, lengths),
+        sweep=_sweep(pipeline.spec, pipeline.layout, planned, request, lengths),
+        stages=pipeline.stages,
     )
 
 
@@ -627,6 +683,7 @@ def _result(
     lengths: _Lengths,
     defaults: tuple[str, ...],
     sweep: tuple[SweepPoint, ...],
+    stages: tuple[Stage, ...] = (),
 ) -> EstimateResult:
     """The flat result record both renderers read."""
     budget, reserve = planned.budget, planned.reserve
@@ -647,6 +704,8 @@ def _result(
         model_dtype=spec.dtype,
         kv_dtype=layout.kv_dtype,
         tp=request.tp,
+        pp=request.pp,
+        stages=stages,
         seq_len=seq_len,
         batch=batch,
         bytes_per_token=per_token_gpu * request.tp,

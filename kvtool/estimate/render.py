@@ -65,6 +65,14 @@ def render_estimate(result: EstimateResult, console) -> None:
                 )
         else:
             table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
+        for st in r.stages:
+            binding = " (sets capacity)" if st.num_blocks == r.num_blocks else ""
+            table.add_row(
+                f"pipeline stage {st.index} (per GPU){binding}",
+                f"layers {st.first_layer}-{st.first_layer + st.num_layers - 1}, weights "
+                f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
+                f"{_n(st.num_blocks):,} blocks",
+            )
         table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
         table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
         if _n(r.max_batch) >= 1:
@@ -131,8 +139,12 @@ def render_estimate(result: EstimateResult, console) -> None:
 def headline(r: EstimateResult) -> str:
     """The user's question answered first: "4 requests of 8,192 tokens fit: yes, up to 37"."""
     where = f" on {r.gpu}" if r.gpu else ""
-    if r.tp > 1:
-        where += f" x {r.tp} (tensor parallel)"
+    if r.tp * r.pp > 1:
+        where += (
+            f" x {r.tp * r.pp} ("
+            + ", ".join(part for part in (f"tp {r.tp}" if r.tp > 1 else "", f"pp {r.pp}" if r.pp > 1 else "") if part)
+            + ")"
+        )
     asked = f"{r.batch:,} request{'s' if r.batch != 1 else ''} of {r.seq_len:,} tokens{where} fit"
     if r.fits:
         return f"[bold]{asked}: [green]yes[/green], up to {r.max_batch:,}[/bold]"

@@ -86,11 +86,13 @@ def model_reserve(
     max_num_seqs: int,
     enforce_eager: bool = False,
     overrides: ReserveOverrides = ReserveOverrides(),
+    pp: int = 1,
+    last_stage: bool = True,
 ) -> Reserve:
-    """The reserve per GPU, each term modelled unless overridden."""
+    """The reserve per GPU, each term modelled unless overridden (only the last pipeline stage samples)."""
     forward = _forward_bytes(spec, max_num_batched_tokens, tp)
     requests = min(max_num_batched_tokens, max_num_seqs)
-    sampler = int(SAMPLER_BYTES_PER_LOGIT * requests * (spec.vocab_size or 32_000))
+    sampler = int(SAMPLER_BYTES_PER_LOGIT * requests * (spec.vocab_size or 32_000)) if last_stage else 0
     said: list[str] = []
     if overrides.total_bytes is not None:
         return Reserve(0, 0, 0, overrides.total_bytes, forward, sampler, max_num_seqs, "--reserve (all terms)")
@@ -103,8 +105,8 @@ def model_reserve(
         )
     non_torch = overrides.non_torch_bytes
     if non_torch is None:
-        non_torch = NON_TORCH_TP1_BYTES if tp == 1 else NON_TORCH_TP_BYTES
-        said.append(f"non-torch {non_torch / GIB:.2f} GiB at TP {tp}")
+        non_torch = NON_TORCH_TP1_BYTES if tp * pp == 1 else NON_TORCH_TP_BYTES
+        said.append(f"non-torch {non_torch / GIB:.2f} GiB at TP {tp}" + (f" x PP {pp}" if pp > 1 else ""))
     graphs = overrides.cudagraph_bytes
     if graphs is None:
         graphs = 0 if enforce_eager else CUDAGRAPH_BYTES
