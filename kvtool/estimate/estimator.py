@@ -6,7 +6,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from kvtool.core.errors import UsageError
+from kvtool.core.errors import KvtoolError, UsageError
 from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.capacity import (
     DEFAULT_BLOCK_SIZE,
@@ -65,6 +65,7 @@ class EstimateRequest:
     cudagraph_memory: str | None = None
     compare: bool = False
     profile_dirs: tuple[str, ...] = ()
+    suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +166,7 @@ class EstimateResult:
     warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
+    suggestions: tuple[str, ...]  # when it does not fit: changes that would make it fit, in words
 
 
 def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None]:
@@ -751,7 +753,35 @@ def _result(
         warnings=_context_warnings(spec, lengths.seq_lens),
         sweep=sweep,
         compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
+        suggestions=suggest_fits(request, spec, capacity, seq_len, batch),
     )
+
+
+def suggest_fits(
+    request: EstimateRequest, spec: ModelSpec, capacity: Capacity | None, seq_len: int, batch: int
+) -> tuple[str, ...]:
+    """What would fit when the asked batch does not: the smallest larger --tp, an fp8 KV cache, a shorter context."""
+    if not request.suggest or capacity is None or capacity.fits:
+        return ()
+    said: list[str] = []
+    one = dataclasses.replace(request, seq_lens=(seq_len,), batches=(batch,), suggest=False, compare=False)
+    for tp in (2, 4, 8, 16):
+        if tp <= request.tp or spec.num_attention_heads % tp:
+            continue
+        try:
+            tried = estimate(dataclasses.replace(one, tp=tp))
+        except KvtoolError:
+            continue
+        if tried.fits:
+            said.append(f"--tp {tp} fits (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+            break
+    if not request.kv_dtype.startswith("fp8") and request.kv_dtype not in ("int4", "nvfp4"):
+        tried = estimate(dataclasses.replace(one, kv_dtype="fp8"))
+        verdict = "fits" if tried.fits else "is not enough"
+        said.append(f"--kv-dtype fp8 {verdict} (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+    if capacity.max_seq_len_at_batch:
+        said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {batch:,} requests")
+    return tuple(said)
 
 
 def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, ...]:

@@ -126,6 +126,8 @@ def render_estimate(result: EstimateResult, console) -> None:
                 "Largest that fit: "
                 f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
             )
+    if r.suggestions:
+        console.print("Would fit: " + "; ".join(r.suggestions) + ".")
     if r.sweep:
         render_sweep(result, console)
     if r.compare:

@@ -54,3 +54,15 @@ def test_block_size_a_gpu_backend_refuses(run_cli):
     # FlashAttention's kernel block sizes are MultipleOf(16) in vLLM 0.32
     r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "H100", "--block-size", "24")
     assert r.exit_code == EXIT_USAGE and "multiple of 16" in r.stderr
+
+
+def test_does_not_fit_suggests_what_would(run_cli):
+    # Llama-3.1-70B in bf16 (141 GB of weights) on one H100 leaves nothing for the KV cache; at --tp 4 each GPU
+    # holds a quarter of the weights.
+    r = run_cli("estimate", "--model", "llama-3.1-70b", "--gpu", "H100", "--seq-len", "8192", "--batch", "4", "--json")
+    out = json.loads(r.stdout)
+    assert out["fits"] is False
+    assert out["suggestions"][0].startswith("--tp 4 fits")
+    assert any(s.startswith("--kv-dtype fp8") for s in out["suggestions"])
+    text = " ".join(run_cli("estimate", "--model", "llama-3.1-70b", "--gpu", "H100", "--seq-len", "8192").stdout.split())
+    assert text.startswith("1 request of 8,192 tokens on H100-80GB fit: no, 0 do") and "Would fit: --tp 4 fits" in text
