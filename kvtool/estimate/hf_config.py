@@ -20,11 +20,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
 from kvtool.estimate.quant import WeightQuant, from_quantization_config
+
+if TYPE_CHECKING:
+    from kvtool.estimate.hybrid import MambaState
 
 FULL = "full"
 SLIDING = "sliding"
@@ -64,6 +67,9 @@ class ModelSpec:
     num_nextn_predict_layers: int = 0
     # how quantized linear weights are stored (quantization_config or --quantization); None: all at `dtype`
     weight_quant: WeightQuant | None = None
+    # hybrid models (kvtool.estimate.hybrid): each state layer keeps mamba_state per request, not per token
+    mamba_state: MambaState | None = None
+    state_layers: int = 0
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -194,16 +200,11 @@ ENCODER_ONLY = frozenset(
 # layer as full attention.
 HYBRID_MODEL_TYPES = frozenset(
     {
-        "jamba",
-        "falcon_h1",
-        "granitemoehybrid",
-        "nemotron_h",
         "mamba",
         "mamba2",
         "zamba",
         "zamba2",
         "bamba",
-        "qwen3_next",
         "minimax",
         "minimax_m1",
         "minimax_text_01",
@@ -237,6 +238,10 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
+    from kvtool.estimate.hybrid import READERS
+
+    if model_type in READERS:
+        return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
     hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
     if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
         why = (
@@ -248,7 +253,9 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
         )
         raise InputFileError(
             f"hybrid model not modelled: {why}; vLLM keeps per-request recurrent state for those layers "
-            "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention",
+            "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention"
+            + (" (and vLLM 0.32 has no MiniMax-Text-01/M1 model class)" if model_type.startswith("minimax") else "")
+            + f"; modelled: {', '.join(sorted(READERS))}",
             where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
             tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
         )
@@ -339,7 +346,14 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
             head_dim = hidden // num_heads
         num_kv_heads = _kv_heads(cfg, model_type, num_heads, notes)
 
-    layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
+    from kvtool.estimate.hybrid import read_hybrid
+
+    hybrid = read_hybrid(cfg.data, model_type, cfg.where, MODEL_DTYPE_BYTES.get(dtype, 2), num_layers)
+    if hybrid is not None:
+        layer_kinds, window = hybrid.layer_kinds, None
+        notes.append(hybrid.note)
+    else:
+        layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
     experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
     return ModelSpec(
@@ -372,6 +386,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
         weight_quant=_weight_quant(top, dtype, notes),
+        mamba_state=hybrid.state if hybrid else None,
+        state_layers=hybrid.state_layers if hybrid else 0,
         notes=tuple(notes),
     )
 
