@@ -44,7 +44,8 @@ def render_estimate(result: EstimateResult, console) -> None:
         table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
     if r.weights_bytes is not None:
         params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
-        table.add_row("weights", f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
+        label = "weights (whole model, all GPUs)" if r.tp * r.pp > 1 else "weights"
+        table.add_row(label, f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
     if r.kv_budget_bytes is not None:
         if r.budget_method == "gpu":
             gpu = r.gpu or "GPU"
@@ -71,7 +72,8 @@ def render_estimate(result: EstimateResult, console) -> None:
                 f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
                 f"{_n(st.num_blocks):,} blocks",
             )
-        table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
+        label = "blocks (one pool; every GPU holds its share of each)" if r.tp * r.pp > 1 else "blocks"
+        table.add_row(label, f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
         table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
         if _n(r.max_batch) >= 1:
             table.add_row(
