@@ -29,6 +29,7 @@ def _estimate(run_cli, name: str, *args: str) -> dict:
     case = _case(name)
     base = ["estimate", "--config", str(LOGS / name), "--seq-len", str(case["seq_len"])]
     base += ["--block-size", str(case.get("block_size", 16)), "--tp", str(case.get("tp", 1)), "--json"]
+    base += ["--pp", str(case.get("pp", 1))]
     if case.get("kv_dtype"):
         base += ["--kv-dtype", case["kv_dtype"]]
     result = run_cli(*base, *args)
