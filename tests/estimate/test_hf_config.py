@@ -174,6 +174,12 @@ def test_phi_sliding_window_as_vllm_032_reads_it():
     }
     assert set(parse_config(phi, where="phi-4").layer_kinds) == {FULL}
     # microsoft/Phi-3-mini-4k-instruct: sliding_window 2047 on every layer
-    mini = {**phi, "sliding_window": 2047, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32}
+    mini = {
+        **phi,
+        "sliding_window": 2047,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+    }
     spec = parse_config({**mini, "hidden_size": 3072}, where="phi-3-mini")
     assert set(spec.layer_kinds) == {SLIDING} and spec.sliding_window == 2047
