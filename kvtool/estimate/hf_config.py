@@ -20,14 +20,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+from kvtool.estimate.hybrid import READERS, MambaState, read_hybrid
 from kvtool.estimate.quant import WeightQuant, from_quantization_config
-
-if TYPE_CHECKING:
-    from kvtool.estimate.hybrid import MambaState
 
 FULL = "full"
 SLIDING = "sliding"
@@ -238,8 +236,6 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
-    from kvtool.estimate.hybrid import READERS
-
     if model_type in READERS:
         return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
     hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
@@ -309,18 +305,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     num_heads = cfg.need("num_attention_heads", "n_head", "num_heads")
     hidden = cfg.positive("hidden_size", "n_embd", "d_model", required=False)
 
-    dtype_key, dtype = cfg.first("dtype", "torch_dtype")
-    if dtype is None:
-        dtype_key, dtype = top.first("dtype", "torch_dtype")
-    if dtype is None:
-        dtype = "float32"
-        notes.append("no dtype or torch_dtype in the config: float32 (the transformers default)")
-    elif dtype not in MODEL_DTYPE_BYTES:
-        raise InputFileError(
-            f"unknown dtype {dtype!r}; expected one of {', '.join(sorted(MODEL_DTYPE_BYTES))}",
-            where=f"{cfg.where}: field {dtype_key}",
-        )
-
+    dtype = _dtype(cfg, top, notes)
     kv_lora_rank = cfg.positive("kv_lora_rank", required=False)
     is_mla = kv_lora_rank is not None
     qk_rope = None
@@ -345,8 +330,6 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
                 )
             head_dim = hidden // num_heads
         num_kv_heads = _kv_heads(cfg, model_type, num_heads, notes)
-
-    from kvtool.estimate.hybrid import read_hybrid
 
     hybrid = read_hybrid(cfg.data, model_type, cfg.where, MODEL_DTYPE_BYTES.get(dtype, 2), num_layers)
     if hybrid is not None:
@@ -416,6 +399,22 @@ def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
     if key != "max_position_embeddings":
         notes.append(f"context {found[key]:,} from {key} (vLLM takes the smallest of its length keys)")
     return found[key]
+
+
+def _dtype(cfg: _Reader, top: _Reader, notes: list[str]) -> str:
+    """The checkpoint dtype: ``dtype`` or ``torch_dtype`` (the language model's first), else float32."""
+    dtype_key, dtype = cfg.first("dtype", "torch_dtype")
+    if dtype is None:
+        dtype_key, dtype = top.first("dtype", "torch_dtype")
+    if dtype is None:
+        notes.append("no dtype or torch_dtype in the config: float32 (the transformers default)")
+        return "float32"
+    if dtype not in MODEL_DTYPE_BYTES:
+        raise InputFileError(
+            f"unknown dtype {dtype!r}; expected one of {', '.join(sorted(MODEL_DTYPE_BYTES))}",
+            where=f"{cfg.where}: field {dtype_key}",
+        )
+    return dtype
 
 
 def _weight_quant(top: _Reader, dtype: str, notes: list[str]) -> WeightQuant | None:
