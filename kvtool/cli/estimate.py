@@ -122,6 +122,13 @@ MaxNumSeqsOpt = Annotated[
     ),
 ]
 EnforceEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved.")]
+PrefixCachingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="As vLLM's (on by default): hybrid models hold 2 state blocks a request with it, 1 without.",
+    ),
+]
 QuantizationOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -167,6 +174,7 @@ def estimate_command(
     cudagraph_memory: CudagraphMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    prefix_caching: PrefixCachingOpt = True,
     quantization: QuantizationOpt = None,
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
@@ -205,6 +213,7 @@ def estimate_command(
         cudagraph_memory=cudagraph_memory,
         max_num_seqs=max_num_seqs,
         enforce_eager=enforce_eager,
+        prefix_caching=prefix_caching,
         quantization=quantization,
         block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,

@@ -60,6 +60,7 @@ class EstimateRequest:
     max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_seqs)
     quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
+    prefix_caching: bool = True  # vLLM's default; hybrid state layers hold 2 blocks a request with it, 1 without
     activation_memory: str | None = None  # override the modelled terms of the reserve
     non_torch_memory: str | None = None
     cudagraph_memory: str | None = None
@@ -633,6 +634,7 @@ def plan_pipeline(
                 block_size=request.block_size,
                 max_model_len=spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN,
                 max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                prefix_caching=request.prefix_caching,
             ).num_blocks
         budget_bytes = planned.budget.kv_budget_bytes if planned.budget else None
         stage = dataclasses.replace(stage, kv_budget_bytes=budget_bytes, num_blocks=blocks if blocks >= 0 else None)
@@ -836,6 +838,7 @@ def _capacity(
         max_model_len=seq_len,
         batch=batch,
         max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        prefix_caching=request.prefix_caching,
     )
 
 

@@ -82,3 +82,12 @@ def test_jamba_by_hand(run_cli, tmp_path):
     }
     out = _run(run_cli, tmp_path, config, "--kv-memory", "10GiB", "--seq-len", "8000")
     assert (out["block_size"], out["num_blocks"], out["blocks_per_request"]) == (80, 8192, 114)
+
+
+def test_without_prefix_caching_a_state_holds_one_block(run_cli, tmp_path):
+    # MambaSpec.max_memory_usage_bytes: page x 2 in "align" mode (prefix caching, vLLM 0.32's default), page x 1
+    # otherwise; Qwen3-Next at 262,144 tokens: 482 attention blocks + 3 state groups x 1
+    out = _run(
+        run_cli, tmp_path, QWEN3_NEXT, "--kv-memory", "20GiB", "--seq-len", "262144", "--no-enable-prefix-caching"
+    )
+    assert out["blocks_per_request"] == 482 + 3
