@@ -333,6 +333,7 @@ class ModelSummary:
     dtype: str
     sliding_layers: int
     sliding_window: int | None
+    state_layers: int  # hybrid models: layers with a per-request state (Mamba, Gated DeltaNet)
     published_params: int | None
     hf_repo: str
     file: str
@@ -352,6 +353,7 @@ def model_catalog(extra: Iterable[str | Path] = ()) -> list[ModelSummary]:
                 dtype=spec.dtype,
                 sliding_layers=spec.layer_kinds.count("sliding"),
                 sliding_window=spec.sliding_window,
+                state_layers=spec.state_layers,
                 published_params=profile.published_params,
                 hf_repo=profile.hf_repo,
                 file=profile.file,

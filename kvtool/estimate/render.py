@@ -237,12 +237,14 @@ def render_models(models: list, gpus: list, console) -> None:
         pad_edge=False,
     )
     table.add_column("name", no_wrap=True)
-    for col in ("attention", "layers", "KV x dim", "dtype", "sliding", "params"):
+    for col in ("attention", "layers", "KV x dim", "dtype", "sliding/state", "params"):
         table.add_column(col, no_wrap=True)
     if show_repo:
         table.add_column("values from", no_wrap=True)
     for m in models:
         sliding = f"{m.sliding_layers}/{m.num_layers} x {m.sliding_window:,}" if m.sliding_layers else "-"
+        if m.state_layers:
+            sliding = f"{m.state_layers}/{m.num_layers} state"
         params = f"{m.published_params / 1e9:,.2f} B" if m.published_params else "-"
         row = [m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params]
         table.add_row(*row, *([m.hf_repo] if show_repo else []))
