@@ -32,7 +32,12 @@ def _int_list(text: Optional[str], option: str) -> tuple[int, ...]:
 
 # The options of `kvtool estimate`, declared once each (the command's signature stays one line per option).
 ModelOpt = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="Built-in or user profile name (see 'kvtool models').")
+    Optional[str],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Profile name (see 'kvtool models'), or a Hugging Face id org/name read from the local cache.",
+    ),
 ]
 ConfigOpt = Annotated[
     Optional[str],
@@ -74,6 +79,9 @@ KvDtypeOpt = Annotated[
 TpOpt = Annotated[
     int, typer.Option("--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp)).")
 ]
+PpOpt = Annotated[
+    int, typer.Option("--pp", help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage).")
+]
 GpuOpt = Annotated[
     Optional[str], typer.Option("--gpu", help="GPU profile for capacity planning (see 'kvtool models').")
 ]
@@ -91,7 +99,44 @@ GpuMemoryUtilizationOpt = Annotated[
 ]
 ReserveOpt = Annotated[
     Optional[str],
-    typer.Option("--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."),
+    typer.Option(
+        "--reserve",
+        help="Per-GPU memory held besides weights, all terms at once. Default: modelled as vLLM 0.32 profiles it.",
+    ),
+]
+ActivationMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--activation-memory", help="Override the modelled activation peak of vLLM's profiling run."),
+]
+NonTorchMemoryOpt = Annotated[
+    Optional[str], typer.Option("--non-torch-memory", help="Override the modelled non-torch memory (NCCL, cuBLAS).")
+]
+CudagraphMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--cudagraph-memory", help="Override the modelled CUDA-graph memory vLLM 0.32 subtracts."),
+]
+MaxNumSeqsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-num-seqs", help="vLLM's max_num_seqs (sizes the sampler's profiling peak). Default: vllm serve's."
+    ),
+]
+EnforceEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved.")]
+PrefixCachingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="As vLLM's (on by default): hybrid models hold 2 state blocks a request with it, 1 without.",
+    ),
+]
+QuantizationOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--quantization",
+        "-q",
+        help="vLLM's online quantization of an unquantized checkpoint: fp8 or bitsandbytes (quantized checkpoints "
+        "are read from their quantization_config).",
+    ),
 ]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block (vLLM default 16).")]
 MaxNumBatchedTokensOpt = Annotated[
@@ -118,11 +163,19 @@ def estimate_command(
     batch: BatchOpt = None,
     kv_dtype: KvDtypeOpt = "auto",
     tp: TpOpt = 1,
+    pp: PpOpt = 1,
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuMemoryUtilizationOpt = None,
     reserve: ReserveOpt = None,
+    activation_memory: ActivationMemoryOpt = None,
+    non_torch_memory: NonTorchMemoryOpt = None,
+    cudagraph_memory: CudagraphMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    prefix_caching: PrefixCachingOpt = True,
+    quantization: QuantizationOpt = None,
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     compare: CompareOpt = False,
@@ -149,11 +202,19 @@ def estimate_command(
         batches=_int_list(batch, "--batch"),
         kv_dtype=kv_dtype,
         tp=tp,
+        pp=pp,
         gpu=gpu,
         gpu_memory=gpu_memory,
         kv_memory=kv_memory,
         gpu_memory_utilization=gpu_memory_utilization,
         reserve=reserve,
+        activation_memory=activation_memory,
+        non_torch_memory=non_torch_memory,
+        cudagraph_memory=cudagraph_memory,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
+        prefix_caching=prefix_caching,
+        quantization=quantization,
         block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
         compare=compare,

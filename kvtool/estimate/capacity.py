@@ -23,12 +23,16 @@ from decimal import Decimal
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+from kvtool.estimate.hybrid import MAMBA
 from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_RESERVE_BYTES = 2 * 1024**3  # activation peak + CUDA graphs + non-torch memory, stated in the output
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM `vllm serve` default on GPUs under 70 GiB (EngineArgs)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# MambaSpec.max_memory_usage_bytes / page: 2 blocks in "align" mode (prefix caching on, vLLM 0.32's default), else 1
+MAMBA_ALIGN_BLOCKS = 2
+MAMBA_NONE_BLOCKS = 1  # vLLM `vllm serve` default on GPUs under 70 GiB (EngineArgs)
 _GIB = 1024**3
 
 
@@ -70,9 +74,16 @@ class Budget:
 class KvGroup:
     """One of vLLM's KV cache groups: layers sharing a block table."""
 
-    kind: str  # "full", "sliding", "mla"
+    kind: str  # "full", "sliding", "mla", "mamba"
     num_layers: int  # real layers (the group may be padded up to group_size)
     window_tokens: int | None
+    state_blocks: int = MAMBA_ALIGN_BLOCKS  # state groups: blocks a request holds (2 with prefix caching, else 1)
+
+    def blocks_for(self, seq_len: int, block_size: int, mnbt: int) -> int:
+        """Blocks one request of ``seq_len`` tokens needs in this group (vLLM's max_memory_usage_bytes / page)."""
+        if self.kind == MAMBA:
+            return self.state_blocks
+        return _group_blocks(self.kind, self.window_tokens, seq_len, block_size, mnbt)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +127,35 @@ def _group_blocks(kind: str, window: int | None, seq_len: int, block_size: int, 
     return _cdiv(seq_len, block_size)
 
 
-def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...], int, int, str]:
+def hybrid_block_size(layout: KvLayout, block_size: int) -> int:
+    """The attention block size vLLM 0.32 picks for a hybrid model (``Platform._align_hybrid_block_size``).
+
+    The smallest multiple of the kernel alignment (``max(16, block_size)`` for FlashAttention's ``MultipleOf(16)``)
+    whose attention page holds one state: ``align x cdiv(state, align x attention bytes per token)``; the state is
+    then padded to that page.  Qwen3-Next: a 1,097,728 B state over 2,048 B per token gives 544-token blocks.
+    """
+    states = [g.state_bytes_per_request for g in layout.groups if g.kind == MAMBA]
+    per_token = [g.bytes_per_token_per_layer for g in layout.groups if g.kind != MAMBA]
+    if not states or not per_token:
+        return block_size
+    align = max(16, block_size)
+    one_token = math.ceil(per_token[0])
+    return max(block_size, align * _cdiv(max(states), align * one_token))
+
+
+def _hybrid_pages(layout: KvLayout, block_size: int) -> set[int]:
+    """Every group's page: attention pages at the block size; state pages padded up to the attention page."""
+    attention = {page_bytes(g, block_size) for g in layout.groups if g.kind != MAMBA}
+    if not attention:  # state layers only (not produced by the readers, which always list attention layers)
+        return {max(g.state_bytes_per_request for g in layout.groups)}
+    return attention
+
+
+def vllm_groups(
+    layout: KvLayout, block_size: int, state_blocks: int = MAMBA_ALIGN_BLOCKS
+) -> tuple[tuple[KvGroup, ...], int, int, str]:
     """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how."""
-    pages = {page_bytes(g, block_size) for g in layout.groups}
+    pages = _hybrid_pages(layout, block_size)
     if len(pages) != 1:  # pragma: no cover - every layer of a ModelSpec has the same heads and head_dim
         raise UsageError("layers with different page sizes are not supported")
     page = pages.pop()
@@ -130,8 +167,10 @@ def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...],
             if g.kind == SLIDING
             else ""
         )
+        if g.kind == MAMBA:
+            sliding = f"; a request holds {state_blocks} state blocks"
         return (
-            (KvGroup(g.kind, g.num_layers, g.window_tokens),),
+            (KvGroup(g.kind, g.num_layers, g.window_tokens, state_blocks),),
             g.num_layers,
             page,
             (
@@ -148,20 +187,32 @@ def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...],
         n_groups = _cdiv(g.num_layers, group_size)
         for i in range(n_groups):
             real = len(range(i, g.num_layers, n_groups))
-            groups.append(KvGroup(g.kind, real, g.window_tokens))
+            groups.append(KvGroup(g.kind, real, g.window_tokens, state_blocks))
     padding = sum(group_size - k.num_layers for k in groups)
     desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
+    states = [g for g in layout.groups if g.kind == MAMBA]
+    mode = (
+        "prefix caching's 'align' mode, vLLM 0.32's default"
+        if state_blocks == MAMBA_ALIGN_BLOCKS
+        else "no prefix caching"
+    )
+    state_text = (
+        f"; attention blocks of {block_size} tokens so that a page ({page:,} B) holds a "
+        f"{states[0].state_bytes_per_request:,} B state (padded to the page), {state_blocks} state blocks per request ({mode})"
+        if states
+        else ""
+    )
     method = (
         f"hybrid model ({desc} layers): {len(groups)} KV cache groups of {group_size} layers "
         f"(vLLM _get_kv_cache_groups_uniform_page_size{f', {padding} padding layers' if padding else ''}); "
         f"num_blocks = budget // {page:,} B page // {group_size}; a request needs the blocks of every group "
-        f"(sliding groups: cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1)"
+        f"(sliding groups: cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1){state_text}"
     )
     return tuple(groups), group_size, page, method
 
 
 def blocks_for(groups: tuple[KvGroup, ...], seq_len: int, block_size: int, mnbt: int) -> int:
-    return sum(_group_blocks(g.kind, g.window_tokens, seq_len, block_size, mnbt) for g in groups)
+    return sum(g.blocks_for(seq_len, block_size, mnbt) for g in groups)
 
 
 def _longest(groups, usable_blocks: int, block_size: int, mnbt: int, context_cap: int) -> tuple[int, str]:
@@ -191,9 +242,16 @@ def plan_capacity(
     max_model_len: int,
     batch: int = 1,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    prefix_caching: bool = True,
 ) -> Capacity:
-    """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring)."""
-    groups, group_size, page, method = vllm_groups(layout, block_size)
+    """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring).
+
+    ``prefix_caching`` (vLLM's default) matters to hybrid models only: their state layers hold 2 blocks a request
+    in the "align" mode it selects, 1 without it (MambaSpec.max_memory_usage_bytes).
+    """
+    block_size = hybrid_block_size(layout, block_size)
+    state_blocks = MAMBA_ALIGN_BLOCKS if prefix_caching else MAMBA_NONE_BLOCKS
+    groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks)
     num_blocks = max(0, budget_bytes // page // group_size)
     per_request = blocks_for(groups, max_model_len, block_size, max_num_batched_tokens)
     concurrency = num_blocks / per_request
