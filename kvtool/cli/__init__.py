@@ -22,6 +22,7 @@ COMMAND_MODULES: dict[str, str] = {
     "analyze": "kvtool.cli.analyze",
     "simulate": "kvtool.cli.simulate",
     "capture": "kvtool.cli.capture",
+    "record": "kvtool.cli.record",
 }
 
 

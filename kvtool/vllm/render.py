@@ -11,6 +11,7 @@ from pathlib import Path
 from kvtool.core.errors import UsageError
 from kvtool.vllm.analysis import Stats, VllmAnalysis
 from kvtool.vllm.capture import CaptureResult
+from kvtool.vllm.launch import RecordResult
 
 TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every point)
 
@@ -55,6 +56,22 @@ def capture_table(result: CaptureResult):
         rows.extend(("  reason", reason) for reason in result.malformed_reasons)
     for row in rows:
         table.add_row(*row)
+    return table
+
+
+def record_table(result: RecordResult):
+    """One row per file written by `kvtool record` (one per data-parallel rank that ran)."""
+    from rich.table import Table
+
+    table = Table(title=f"kvtool record: command exited with {result.command_exit_code} after {result.duration_s:.1f} s")
+    for name, justify in (("file", "left"), ("DP rank", "right"), ("rows", "right"), ("engine steps", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("recorder time", justify="right")
+    table.add_column("note")
+    for f in result.files:
+        per_step = f"{f.recorder_s / f.engine_steps * 1e3:.3f} ms/step" if f.engine_steps else "-"
+        note = f"turned off: {f.turned_off}" if f.turned_off else ("spool converted" if f.spool_converted else "")
+        table.add_row(f.path, str(f.dp_rank), f"{f.rows:,}", f"{f.engine_steps:,}", per_step, note)
     return table
 
 
