@@ -141,8 +141,24 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------ events
 
-    def allocated(self, call: AllocateCall, after: list[list], pool_blocks: int) -> None:
-        """Rows for a successful ``allocate_slots``: reuse + allocate at admission, else append."""
+    def appended(self, rid: str, new_groups: Any, num_new_tokens: int, pool_blocks: int) -> None:
+        """A running request's ``allocate_slots`` succeeded: the new blocks (often none) and the tokens."""
+        if self.groups == 1:
+            group = new_groups[0]
+            ids = [b.block_id for b in group if not b.is_null] if group else []
+            per_group = None
+        else:
+            per_group = [[b.block_id for b in group if not b.is_null] for group in new_groups]
+            ids = [i for g in per_group for i in g]
+        owner = self.owner
+        for block_id in ids:
+            owner[block_id] = rid
+        if (ids or not self.blocks_only) and self.is_sampled(rid):
+            groups = None if per_group is None else tuple(map(len, per_group))
+            self.add((self.clock(), APPEND, rid, len(ids), num_new_tokens, ids, None, None, pool_blocks, None, self.step, groups))
+
+    def admitted(self, call: AllocateCall, after: list, pool_blocks: int) -> None:
+        """A request holding no block was admitted: its prefix-cache hit (reuse) and its new blocks (allocate)."""
         rid = call.request_id
         new = [[b.block_id for b in group if not b.is_null] for group in call.result.blocks]
         for ids in new:
@@ -151,12 +167,6 @@ class Recorder:
         if not self.is_sampled(rid):
             return
         now = self.clock()
-        if any(call.before):
-            added = sum(map(len, new))
-            if added or not self.blocks_only:
-                ids, groups = _flatten(new, self.groups)
-                self.add((now, APPEND, rid, added, call.num_new_tokens, ids, None, None, pool_blocks, None, self.step, groups))
-            return
         hits, external = self._attached(call, after, new)
         if hits is not None:
             ids, groups = _flatten(hits, self.groups)

@@ -51,33 +51,45 @@ class Hooks:
         return [list(m.req_to_blocks.get(request_id) or ()) for m in self.managers]
 
     def allocate_slots(
-        self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: Any = None, *args, **kwargs
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        *args,
+        **kwargs,
     ):
+        """Rows for one ``allocate_slots``: an append for a running request (the hot path), else an admission."""
         rec = self.rec
         if not rec.on:
             return self._allocate(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs)
         t0 = perf_counter_ns()
-        call = None
+        before = None
         try:
             rid = request.request_id
-            call = AllocateCall(
-                request_id=rid,
-                num_new_tokens=num_new_tokens,
-                num_new_computed_tokens=num_new_computed_tokens,
-                num_external_tokens=kwargs.get("num_external_computed_tokens", 0),
-                hit_blocks=None if new_computed_blocks is None else new_computed_blocks.blocks,
-                before=[len(m.req_to_blocks.get(rid) or ()) for m in self.managers],
-            )
+            before = [len(m.req_to_blocks.get(rid) or ()) for m in self.managers]
         except Exception as err:
             rec.fail(err, "allocate_slots")
         t1 = perf_counter_ns()
         result = self._allocate(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs)
         t2 = perf_counter_ns()
-        if call is not None and result is not None and rec.on:
+        if before is not None and result is not None and rec.on:
             try:
-                call.result, call.elapsed_ns = result, t2 - t1
-                after = [m.req_to_blocks.get(call.request_id) or () for m in self.managers]
-                rec.allocated(call, after, self.pool.get_num_free_blocks())
+                if any(before):
+                    rec.appended(rid, result.blocks, num_new_tokens, self.pool.get_num_free_blocks())
+                else:
+                    call = AllocateCall(
+                        request_id=rid,
+                        num_new_tokens=num_new_tokens,
+                        num_new_computed_tokens=num_new_computed_tokens,
+                        num_external_tokens=kwargs.get("num_external_computed_tokens", 0),
+                        hit_blocks=None if new_computed_blocks is None else new_computed_blocks.blocks,
+                        before=before,
+                        result=result,
+                        elapsed_ns=t2 - t1,
+                    )
+                    after = [m.req_to_blocks.get(rid) or () for m in self.managers]
+                    rec.admitted(call, after, self.pool.get_num_free_blocks())
             except Exception as err:
                 rec.fail(err, "allocate_slots")
         rec.cost_ns += (t1 - t0) + (perf_counter_ns() - t2)

@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,7 @@ META_SUFFIX = ".meta.json"
 # vLLM appends "-" and 8 characters of a random uuid4 hex to every request id (InputProcessor.assign_request_id).
 _RANDOM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _CLOSE = None  # the queue item that ends the writer thread
+WRITE_INTERVAL_S = 0.05  # the writer wakes at most this often (rows reach the file within this delay of their step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,17 +102,28 @@ class RowWriter:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is _CLOSE:
-                break
-            rows, count = item
-            if self.error is None:
+        """Drain the queue, write, sleep a little: the engine thread loses the GIL to this one in few, short turns."""
+        closing = False
+        while not closing:
+            batch = [self._work.get()]
+            while True:
                 try:
-                    self._write(rows, count)
-                except Exception as err:  # a full disk, a file system gone away: the recorder stops, vLLM goes on
-                    self.error = err
-            self.spare.put(rows)
+                    batch.append(self._work.get_nowait())
+                except queue.Empty:
+                    break
+            for item in batch:
+                if item is _CLOSE:
+                    closing = True
+                    continue
+                rows, count = item
+                if self.error is None:
+                    try:
+                        self._write(rows, count)
+                    except Exception as err:  # a full disk, a file system gone away: the recorder stops, vLLM goes on
+                        self.error = err
+                self.spare.put(rows)
+            if not closing:
+                time.sleep(WRITE_INTERVAL_S)
         try:
             self._file.close()
         except OSError as err:
@@ -121,7 +134,6 @@ class RowWriter:
         out = []
         for i in range(count):
             ts, event, rid, nblocks, ntok, block_ids, latency, source, pool, reason, step, groups = rows[i]
-            rows[i] = None
             name = ids.get(rid)
             if name is None:
                 name = ids[rid] = strip(rid)
