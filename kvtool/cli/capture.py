@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -42,9 +42,9 @@ def _progress_printer():
     return show, finish
 
 
-def _install_stop_handlers(stop: threading.Event) -> dict:
+def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
     """SIGINT and SIGTERM end the capture cleanly (flush, summary, exit 0)."""
-    previous = {}
+    previous: dict[int, Any] = {}
     if threading.current_thread() is not threading.main_thread():
         return previous
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from kvtool.core.errors import UsageError
 from kvtool.vllm.wire import (
@@ -204,7 +204,7 @@ class _Writer:
         except OSError as err:  # a full disk, a quota, a file system gone away
             self._failed(path, err)
 
-    def _failed(self, path: Path, err: OSError):
+    def _failed(self, path: Path, err: OSError) -> NoReturn:
         self.failed = True
         raise UsageError(
             f"writing failed after {self.events:,} events in {self.batches:,} batches, which the file keeps: "

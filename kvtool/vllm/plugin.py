@@ -218,8 +218,9 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
     def shutdown(*args, **kwargs):
         try:
             close()
-        finally:
-            return original_shutdown(*args, **kwargs)
+        except Exception as err:  # never stand in the way of vLLM's own shutdown
+            say(f"closing the recording failed: {type(err).__name__}: {err}")
+        return original_shutdown(*args, **kwargs)
 
     scheduler.shutdown = shutdown
     _closers.append(close)

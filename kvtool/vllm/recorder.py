@@ -84,7 +84,7 @@ class Recorder:
         self.groups = groups
         self.step = 0
         self.cost_ns = 0  # time spent in the recorder's own code on the engine thread
-        self.rows = [None] * BUFFER_ROWS  # the preallocated buffer
+        self.rows: list[Any] = [None] * BUFFER_ROWS  # the preallocated buffer
         self.count = 0
         self.row_total = 0
         self.preempting = False
@@ -155,7 +155,22 @@ class Recorder:
             owner[block_id] = rid
         if (ids or not self.blocks_only) and self.is_sampled(rid):
             groups = None if per_group is None else tuple(map(len, per_group))
-            self.add((self.clock(), APPEND, rid, len(ids), num_new_tokens, ids, None, None, pool_blocks, None, self.step, groups))
+            self.add(
+                (
+                    self.clock(),
+                    APPEND,
+                    rid,
+                    len(ids),
+                    num_new_tokens,
+                    ids,
+                    None,
+                    None,
+                    pool_blocks,
+                    None,
+                    self.step,
+                    groups,
+                )
+            )
 
     def admitted(self, call: AllocateCall, after: list, pool_blocks: int) -> None:
         """A request holding no block was admitted: its prefix-cache hit (reuse) and its new blocks (allocate)."""
@@ -234,7 +249,9 @@ class Recorder:
         per_group: list[list[int]] = [[] for _ in range(self.groups)]
         per_group[group] = ids
         flat, groups = _flatten(per_group, self.groups)
-        self.add((self.clock(), FREE, request_id, len(flat), 0, flat, None, None, pool_blocks, WINDOW, self.step, groups))
+        self.add(
+            (self.clock(), FREE, request_id, len(flat), 0, flat, None, None, pool_blocks, WINDOW, self.step, groups)
+        )
 
 
 @dataclasses.dataclass

@@ -62,7 +62,9 @@ class Hooks:
         """Rows for one ``allocate_slots``: an append for a running request (the hot path), else an admission."""
         rec = self.rec
         if not rec.on:
-            return self._allocate(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs)
+            return self._allocate(
+                request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs
+            )
         t0 = perf_counter_ns()
         before = None
         try:

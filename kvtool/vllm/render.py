@@ -7,6 +7,7 @@ rich is imported by the callers' consoles; matplotlib only inside :func:`write_p
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from kvtool.core.errors import UsageError
 from kvtool.vllm.analysis import Stats, VllmAnalysis
@@ -63,7 +64,9 @@ def record_table(result: RecordResult):
     """One row per file written by `kvtool record` (one per data-parallel rank that ran)."""
     from rich.table import Table
 
-    table = Table(title=f"kvtool record: command exited with {result.command_exit_code} after {result.duration_s:.1f} s")
+    table = Table(
+        title=f"kvtool record: command exited with {result.command_exit_code} after {result.duration_s:.1f} s"
+    )
     for name, justify in (("file", "left"), ("DP rank", "right"), ("rows", "right"), ("engine steps", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     table.add_column("recorder time", justify="right")
@@ -93,7 +96,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     from rich.text import Text
 
     c = analysis.counts
-    out = []
+    out: list[Any] = []
     summary = Table(title=f"vLLM KV-cache events: {analysis.source}", show_header=False)
     summary.add_column("what")
     summary.add_column("value", justify="right")

@@ -105,9 +105,7 @@ class KVCacheManager:
             m.remove_skipped_blocks(request.request_id, computed)
         held = [m.req_to_blocks.get(request.request_id, []) for m in managers]
         hits = new_computed_blocks.blocks if new_computed_blocks is not None else tuple([] for _ in managers)
-        need = [
-            -(-(computed + num_new_tokens) // self.block_size) - len(h) - len(c) for h, c in zip(held, hits)
-        ]
+        need = [-(-(computed + num_new_tokens) // self.block_size) - len(h) - len(c) for h, c in zip(held, hits)]
         if sum(max(n, 0) for n in need) > self.block_pool.get_num_free_blocks():
             return None
         new = []
