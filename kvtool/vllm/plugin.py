@@ -25,8 +25,8 @@ import os
 import time
 from typing import Any
 
-from kvtool import __version__
 from kvtool.vllm.recorder import APPENDS, Recorder, RecorderOptions, say
+from kvtool.vllm.recorder_io import kvtool_version
 
 SUPPORTED_VLLM = ("0.32.",)  # the versions whose scheduler and KV-cache manager these hooks were read from
 ENV_PATH, ENV_SAMPLE, ENV_APPENDS, ENV_FORCE = (
@@ -87,7 +87,7 @@ def register() -> None:
     version = getattr(vllm, "__version__", "unknown")
     if not supported(version) and os.environ.get(ENV_FORCE) != "1":
         say(
-            f"vLLM {version} is not a supported version (kvtool {__version__} supports "
+            f"vLLM {version} is not a supported version (kvtool {kvtool_version()} supports "
             f"{', '.join(v + 'x' for v in SUPPORTED_VLLM)}); not recording. Set {ENV_FORCE}=1 to try anyway"
         )
         return
@@ -244,7 +244,7 @@ def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, opti
         recorder.off_reason = f"writing {paths.spool}: {writer.error}"
         say(f"writing {paths.spool} failed ({writer.error}); the file holds what was written before")
     meta = {
-        "kvtool_version": __version__,
+        "kvtool_version": kvtool_version(),
         **dataclasses.asdict(facts),
         "sample": options.sample,
         "appends": options.appends,

@@ -16,6 +16,7 @@ import json
 import os
 import queue
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +65,11 @@ def output_paths(path: str | Path, dp_rank: int, dp_size: int) -> OutputPaths:
     parquet = target.suffix.lower() == ".parquet"
     spool = target.with_name(target.name + SPOOL_SUFFIX) if parquet else target
     return OutputPaths(target=target, spool=spool, meta=target.with_name(target.name + META_SUFFIX))
+
+
+def kvtool_version() -> str:
+    """The version of the kvtool package this module belongs to (imported already, being its parent package)."""
+    return str(getattr(sys.modules.get("kvtool"), "__version__", "unknown"))
 
 
 def strip_request_id(request_id: str, randomized: bool) -> str:
