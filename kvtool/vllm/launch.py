@@ -146,20 +146,25 @@ def _remove_previous(output: Path) -> None:
 
 
 def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
-    """What the engines wrote: each meta file, with a leftover Parquet spool converted here."""
-    from kvtool.vllm.recorder_io import spool_to_parquet
+    """What the engines wrote: each meta file, with a leftover Parquet spool converted here.
 
+    A spool without a meta file is an engine that never closed its recording (killed): its rows are converted too,
+    and the file says so.
+    """
     found = []
     for path in _candidates(output):
         meta_path = path.with_name(path.name + META_SUFFIX)
-        if not meta_path.exists():
+        spool = path.with_name(path.name + SPOOL_SUFFIX)
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        elif spool.exists():
+            meta = {"turned_off": "the engine did not close its recording (killed?): rows up to its last step"}
+        else:
             continue
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
         converted = False
-        spool = meta.get("spool")
-        if spool and Path(spool).exists():
-            spool_to_parquet(Path(spool), path)
-            meta.pop("spool")
+        if spool.exists():
+            meta["rows"] = _convert_spool(spool, path)
+            meta.pop("spool", None)
             meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             converted = True
         found.append(
@@ -174,3 +179,12 @@ def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
             )
         )
     return tuple(found)
+
+
+def _convert_spool(spool: Path, target: Path) -> int:
+    from kvtool.vllm.recorder_io import spool_to_parquet
+
+    try:
+        return spool_to_parquet(spool, target)
+    except Exception as err:  # pyarrow's own error on a damaged spool: name the file, keep it
+        raise UsageError(f"cannot convert the recorded rows to Parquet: {err}", where=str(spool)) from None

@@ -250,7 +250,8 @@ def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, opti
         "appends": options.appends,
         "rows": writer.rows_written,
         "steps": recorder.step,
-        "recorder_s": recorder.cost_ns / 1e9,
+        "recorder_s": recorder.cost_ns / 1e9,  # the recorder's code on the engine thread
+        "writer_cpu_s": writer.cpu_s,  # formatting and writing on the writer thread
         "started_ts": started,
         "closed_ts": time.time(),
         "turned_off": recorder.off_reason,

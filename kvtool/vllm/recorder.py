@@ -141,7 +141,7 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------ events
 
-    def appended(self, rid: str, new_groups: Any, num_new_tokens: int, pool_blocks: int) -> None:
+    def appended(self, rid: str, new_groups: Any, num_new_tokens: int, pool: Any) -> None:
         """A running request's ``allocate_slots`` succeeded: the new blocks (often none) and the tokens."""
         if self.groups == 1:
             group = new_groups[0]
@@ -155,21 +155,9 @@ class Recorder:
             owner[block_id] = rid
         if (ids or not self.blocks_only) and self.is_sampled(rid):
             groups = None if per_group is None else tuple(map(len, per_group))
+            free = pool.get_num_free_blocks()
             self.add(
-                (
-                    self.clock(),
-                    APPEND,
-                    rid,
-                    len(ids),
-                    num_new_tokens,
-                    ids,
-                    None,
-                    None,
-                    pool_blocks,
-                    None,
-                    self.step,
-                    groups,
-                )
+                (self.clock(), APPEND, rid, len(ids), num_new_tokens, ids, None, None, free, None, self.step, groups)
             )
 
     def admitted(self, call: AllocateCall, after: list, pool_blocks: int) -> None:

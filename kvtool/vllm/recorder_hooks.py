@@ -23,6 +23,8 @@ class Hooks:
         self.manager = manager = scheduler.kv_cache_manager
         self.pool = manager.block_pool
         self.managers = tuple(manager.coordinator.single_type_managers)
+        # one KV-cache group (most models): its request -> blocks map, looked up directly on the hot path
+        self.single = self.managers[0].req_to_blocks if len(self.managers) == 1 else None
         self._allocate = manager.allocate_slots
         self._free = manager.free
         self._pop = manager.pop_blocks_for_free
@@ -69,7 +71,11 @@ class Hooks:
         before = None
         try:
             rid = request.request_id
-            before = [len(m.req_to_blocks.get(rid) or ()) for m in self.managers]
+            if self.single is not None:
+                held = self.single.get(rid)
+                before = [len(held) if held else 0]
+            else:
+                before = [len(m.req_to_blocks.get(rid) or ()) for m in self.managers]
         except Exception as err:
             rec.fail(err, "allocate_slots")
         t1 = perf_counter_ns()
@@ -78,7 +84,7 @@ class Hooks:
         if before is not None and result is not None and rec.on:
             try:
                 if any(before):
-                    rec.appended(rid, result.blocks, num_new_tokens, self.pool.get_num_free_blocks())
+                    rec.appended(rid, result.blocks, num_new_tokens, self.pool)
                 else:
                     call = AllocateCall(
                         request_id=rid,

@@ -86,6 +86,7 @@ class RowWriter:
         self.randomized_ids = randomized_ids
         self.hybrid = hybrid
         self.rows_written = 0
+        self.cpu_s = 0.0  # CPU time of this thread formatting and writing (it holds the GIL meanwhile)
         self.error: BaseException | None = None  # the first write error; the recorder turns itself off on it
         self.spare: queue.SimpleQueue = queue.SimpleQueue()  # emptied buffers, for reuse
         self._work: queue.SimpleQueue = queue.SimpleQueue()
@@ -124,7 +125,9 @@ class RowWriter:
                 rows, count = item
                 if self.error is None:
                     try:
+                        started = time.thread_time()
                         self._write(rows, count)
+                        self.cpu_s += time.thread_time() - started
                     except Exception as err:  # a full disk, a file system gone away: the recorder stops, vLLM goes on
                         self.error = err
                 self.spare.put(rows)

@@ -159,3 +159,9 @@ def test_a_spool_left_by_a_python_without_pyarrow_is_converted(tmp_path):
     (found,) = collect_outputs(tmp_path / "e.parquet")
     assert found.spool_converted and found.rows == 6 and found.engine_steps == 5
     assert load_events(found.path).events == 6 and "spool" not in json.loads(paths.meta.read_text())
+
+
+def test_a_spool_without_meta_is_an_engine_that_was_killed(tmp_path):
+    write(tmp_path, "e.parquet")  # rows flushed, but the engine never closed the recording
+    (found,) = collect_outputs(tmp_path / "e.parquet")
+    assert found.rows == 6 and found.spool_converted and "did not close" in found.turned_off
