@@ -67,10 +67,10 @@ def record_table(result: RecordResult):
     table = Table(
         title=f"kvtool record: command exited with {result.command_exit_code} after {result.duration_s:.1f} s"
     )
-    for name, justify in (("file", "left"), ("DP rank", "right"), ("rows", "right"), ("engine steps", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    table.add_column("recorder time", justify="right")
-    table.add_column("note")
+    table.add_column("file", overflow="fold", min_width=24)
+    for name in ("DP rank", "rows", "engine steps", "recorder time"):
+        table.add_column(name, justify="right")
+    table.add_column("note", overflow="fold")
     for f in result.files:
         per_step = f"{f.recorder_s / f.engine_steps * 1e3:.3f} ms/step" if f.engine_steps else "-"
         note = f"turned off: {f.turned_off}" if f.turned_off else ("spool converted" if f.spool_converted else "")

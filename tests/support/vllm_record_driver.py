@@ -45,6 +45,27 @@ def workload(count: int, seed: int) -> list[tuple[list[int], int]]:
     return out
 
 
+def build_gemma2(model_dir: Path) -> None:
+    """A tiny random Gemma 2: global and sliding-window (64 tokens) layers alternate, so vLLM keeps two KV-cache
+    groups (a hybrid model) and releases sliding-window blocks mid-request."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=512,
+        vocab_size=1000,
+        max_position_embeddings=2048,
+        sliding_window=64,
+    )
+    torch.manual_seed(0)
+    Gemma2ForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
+
+
 def counters(llm) -> dict[str, float]:
     wanted = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", "vllm:num_preemptions")
     found: dict[str, float] = {}
@@ -63,10 +84,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=36)
     parser.add_argument("--abort", type=int, default=2, help="requests aborted after a few engine steps")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--arch", choices=("llama", "gemma2"), default="llama", help="gemma2: a hybrid model")
     args = parser.parse_args()
 
     if not (args.model_dir / "config.json").exists():
-        build_model(args.model_dir)
+        (build_gemma2 if args.arch == "gemma2" else build_model)(args.model_dir)
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -13,6 +13,7 @@ from kvtool.events.load import load_events
 from kvtool.vllm.launch import RecordOptions, child_environment, collect_outputs, write_plugin_dir
 from kvtool.vllm.plugin import options_from_env
 from kvtool.vllm.recorder_io import RowWriter, output_paths, spool_to_parquet, strip_request_id
+from tests.support import REPO_ROOT
 
 ROWS = [
     # ts, event, request id (vLLM's form), blocks, tokens, ids, latency, source, pool, reason, step, groups
@@ -165,3 +166,42 @@ def test_a_spool_without_meta_is_an_engine_that_was_killed(tmp_path):
     write(tmp_path, "e.parquet")  # rows flushed, but the engine never closed the recording
     (found,) = collect_outputs(tmp_path / "e.parquet")
     assert found.rows == 6 and found.spool_converted and "did not close" in found.turned_off
+
+
+def fake_vllm_package(root: Path, version: str) -> Path:
+    """A stand-in ``vllm`` package with the two classes the plugin wraps (the version is what is tested)."""
+    for pkg in ("vllm", "vllm/v1", "vllm/v1/core", "vllm/v1/core/sched", "vllm/v1/engine"):
+        (root / pkg).mkdir(parents=True, exist_ok=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "vllm" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (root / "vllm/v1/core/sched/scheduler.py").write_text("class Scheduler:\n    def __init__(self): pass\n")
+    (root / "vllm/v1/engine/core.py").write_text("class EngineCore:\n    def shutdown(self): pass\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("version", "force", "wrapped", "message"),
+    [
+        ("0.32.0", "", True, None),
+        ("0.31.1", "", False, "vLLM 0.31.1 is not a supported version"),
+        ("0.33.0", "1", True, None),
+    ],
+)
+def test_the_plugin_checks_the_vllm_version(tmp_path, version, force, wrapped, message):
+    root = fake_vllm_package(tmp_path, version)
+    code = (
+        "from kvtool.vllm.plugin import register\n"
+        "register()\n"
+        "from vllm.v1.core.sched.scheduler import Scheduler\n"
+        "from vllm.v1.engine.core import EngineCore\n"
+        "print(getattr(Scheduler.__init__, '_kvtool_recorder', False), "
+        "getattr(EngineCore.shutdown, '_kvtool_recorder', False))\n"
+    )
+    env = {"PYTHONPATH": f"{root}:{REPO_ROOT}", "KVTOOL_RECORD": str(tmp_path / "e.csv"), "KVTOOL_RECORD_FORCE": force}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(wrapped), str(wrapped)]
+    if message:
+        assert message in proc.stderr and "KVTOOL_RECORD_FORCE=1" in proc.stderr
+    else:
+        assert proc.stderr == ""
