@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -59,19 +58,9 @@ def hook_path(calls_per_step: int = 64, steps: int = 300) -> list[tuple[str, flo
 
 def engine_runs(vllm_python: str, scratch: Path) -> list[dict]:
     """The driver without the recorder, with it, and sampled; each run's figures and recorder meta."""
-    env = dict(
-        os.environ,
-        VLLM_HOST_IP="127.0.0.1",
-        VLLM_LOOPBACK_IP="127.0.0.1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_DO_NOT_TRACK="1",
-        DO_NOT_TRACK="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    for name in ("TMPDIR", "VLLM_RPC_BASE_PATH", "VLLM_CACHE_ROOT", "HF_HOME", "XDG_CACHE_HOME"):
-        (scratch / name).mkdir(exist_ok=True)
-        env[name] = str(scratch / name)
+    from tests.support import vllm_engine_env
+
+    env = vllm_engine_env(scratch)
     driver = [vllm_python, str(REPO / "tests" / "support" / "vllm_record_driver.py"), "--model-dir"]
     driver.append(str(scratch / "model"))
     runs = []

