@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors
 
 EXAMPLES = """
@@ -42,12 +43,13 @@ def register(app: typer.Typer) -> None:
             "--block-appends-only",
             help="Record only the appends that add blocks (most appends add a token to the last block).",
         ),
-        json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+        json_output: JsonOpt = False,
     ) -> None:
         """Run a command with kvtool's recorder inside vLLM: per-request KV-block events for `kvtool analyze`.
 
-        The recorder is a vLLM general plugin (vLLM 0.32): every scheduler the command starts writes allocate,
-        reuse, append and free rows (docs/vllm-record.md). kvtool exits with the command's exit code.
+        A vLLM 0.32 general plugin: each engine the command starts writes its rows (docs/vllm-record.md).
+
+        Exits with the command's exit code.
         """
         from kvtool.cli.output import print_json, stdout_console, warn
         from kvtool.vllm.launch import RecordOptions, run_record

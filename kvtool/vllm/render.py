@@ -10,23 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.core.format import fmt_num as _num
+from kvtool.core.format import fmt_pct as _pct
 from kvtool.vllm.analysis import Stats, VllmAnalysis
 from kvtool.vllm.capture import CaptureResult
 from kvtool.vllm.launch import RecordResult
 
 TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every point)
-
-
-def _num(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.3f}"
-    return f"{value:,}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
 
 
 def capture_table(result: CaptureResult):
