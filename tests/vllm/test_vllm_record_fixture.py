@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kvtool.events.analysis import analyze_events
@@ -42,7 +41,7 @@ def check_against_vllm(events: Path, figures: dict) -> None:
     a = analyze_events(table)
     assert table.rejected.count == 0
     # per request: the prefix-cache hit at first admission is vLLM's num_cached_tokens; preemptions
-    first_hit = dict(zip(np.array(a.requests.request_ids)[a.requests.prompt_tokens > 0].tolist(), a.match_tokens))
+    first_hit = dict(zip(a.requests.request_ids, a.requests.prefix_hit_tokens.tolist()))
     preemptions = dict(zip(a.requests.request_ids, a.requests.preemptions.tolist()))
     for rid, vllm in figures["requests"].items():
         assert first_hit[rid] == vllm["num_cached_tokens"], rid
