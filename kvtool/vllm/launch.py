@@ -27,6 +27,8 @@ from kvtool.vllm.plugin import ENTRY_POINT, ENV_APPENDS, ENV_PATH, ENV_SAMPLE, S
 from kvtool.vllm.recorder import APPENDS
 from kvtool.vllm.recorder_io import META_SUFFIX, SPOOL_SUFFIX, kvtool_version
 
+KILLED = "the engine stopped before closing its recording (killed); the file has every step up to its last"
+
 
 @dataclasses.dataclass(frozen=True)
 class RecordOptions:
@@ -148,8 +150,8 @@ def _remove_previous(output: Path) -> None:
 def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
     """What the engines wrote: each meta file, with a leftover Parquet spool converted here.
 
-    A spool without a meta file is an engine that never closed its recording (killed): its rows are converted too,
-    and the file says so.
+    An engine that never closed its recording (killed: ``vllm serve`` kills its engine core at shutdown) has a meta
+    file still marked open, or none: its rows, flushed step by step, are converted too, and the result says so.
     """
     found = []
     for path in _candidates(output):
@@ -158,15 +160,20 @@ def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
         if meta_path.exists():
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         elif spool.exists():
-            meta = {"turned_off": "the engine did not close its recording (killed?): rows up to its last step"}
+            meta = {"open": True}
         else:
             continue
+        if meta.get("open"):
+            meta["turned_off"] = KILLED
         converted = False
         if spool.exists():
             meta["rows"] = _convert_spool(spool, path)
             meta.pop("spool", None)
-            meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             converted = True
+        elif meta.get("open") and path.exists():
+            meta["rows"] = _count_csv_rows(path)
+        if converted or meta.get("open"):
+            meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         found.append(
             RecordedFile(
                 path=str(path),
@@ -179,6 +186,11 @@ def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
             )
         )
     return tuple(found)
+
+
+def _count_csv_rows(path: Path) -> int:
+    with path.open("rb") as handle:
+        return max(sum(1 for _ in handle) - 1, 0)
 
 
 def _convert_spool(spool: Path, target: Path) -> int:

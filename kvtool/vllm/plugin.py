@@ -196,7 +196,7 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
     from vllm.v1.request import RequestStatus
 
     from kvtool.vllm.recorder_hooks import Hooks
-    from kvtool.vllm.recorder_io import RowWriter, output_paths, strip_request_id
+    from kvtool.vllm.recorder_io import RowWriter, output_paths, strip_request_id, write_meta
 
     facts = engine_facts(scheduler)
     paths = output_paths(options.path, facts.dp_rank, facts.dp_size)
@@ -212,6 +212,9 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
     hooks = Hooks(scheduler, recorder, RequestStatus.FINISHED_ABORTED)
     hooks.install(windowed_groups(scheduler))
     started = time.time()
+    # written now and again at close: an engine killed before closing (vllm serve's shutdown kills its engine core)
+    # still leaves what kvtool record needs to finish the file
+    write_meta(paths, {**_base_meta(facts, options, started), "open": True})
     close = functools.partial(_close, recorder, writer, paths, facts, options, started)
     original_shutdown = scheduler.shutdown
 
@@ -230,6 +233,16 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
     return recorder
 
 
+def _base_meta(facts: EngineFacts, options: RecorderOptions, started: float) -> dict[str, Any]:
+    return {
+        "kvtool_version": kvtool_version(),
+        **dataclasses.asdict(facts),
+        "sample": options.sample,
+        "appends": options.appends,
+        "started_ts": started,
+    }
+
+
 def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, options: RecorderOptions, started: float):
     """Flush the last rows, stop the writer, convert a Parquet spool, write the meta file (once)."""
     from kvtool.vllm.recorder_io import finish_output
@@ -244,15 +257,12 @@ def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, opti
         recorder.off_reason = f"writing {paths.spool}: {writer.error}"
         say(f"writing {paths.spool} failed ({writer.error}); the file holds what was written before")
     meta = {
-        "kvtool_version": kvtool_version(),
-        **dataclasses.asdict(facts),
-        "sample": options.sample,
-        "appends": options.appends,
+        **_base_meta(facts, options, started),
+        "open": False,
         "rows": writer.rows_written,
         "steps": recorder.step,
         "recorder_s": recorder.cost_ns / 1e9,  # the recorder's code on the engine thread
         "writer_cpu_s": writer.cpu_s,  # formatting and writing on the writer thread
-        "started_ts": started,
         "closed_ts": time.time(),
         "turned_off": recorder.off_reason,
     }

@@ -206,6 +206,11 @@ def finish_output(paths: OutputPaths, meta: dict, say: Callable[[str], None]) ->
         except Exception as err:
             meta["spool"] = str(paths.spool)
             say(f"could not convert {paths.spool} to Parquet ({err}); the rows are in the CSV spool")
+    write_meta(paths, meta)
+
+
+def write_meta(paths: OutputPaths, meta: dict) -> None:
+    """The meta file, replaced atomically (a reader never sees half of it)."""
     tmp = paths.meta.with_name(paths.meta.name + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, paths.meta)

@@ -165,7 +165,15 @@ def test_a_spool_left_by_a_python_without_pyarrow_is_converted(tmp_path):
 def test_a_spool_without_meta_is_an_engine_that_was_killed(tmp_path):
     write(tmp_path, "e.parquet")  # rows flushed, but the engine never closed the recording
     (found,) = collect_outputs(tmp_path / "e.parquet")
-    assert found.rows == 6 and found.spool_converted and "did not close" in found.turned_off
+    assert found.rows == 6 and found.spool_converted and "before closing its recording" in found.turned_off
+
+
+def test_a_csv_left_open_by_a_killed_engine_is_counted(tmp_path):
+    paths = write(tmp_path, "e.csv")
+    paths.meta.write_text(json.dumps({"open": True, "dp_rank": 0, "num_blocks": 48}))
+    (found,) = collect_outputs(tmp_path / "e.csv")
+    assert found.rows == 6 and not found.spool_converted and "killed" in found.turned_off
+    assert json.loads(paths.meta.read_text())["num_blocks"] == 48
 
 
 def fake_vllm_package(root: Path, version: str) -> Path:
