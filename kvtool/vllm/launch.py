@@ -27,7 +27,7 @@ from kvtool.vllm.plugin import ENTRY_POINT, ENV_APPENDS, ENV_PATH, ENV_SAMPLE, S
 from kvtool.vllm.recorder import APPENDS
 from kvtool.vllm.recorder_io import META_SUFFIX, SPOOL_SUFFIX, kvtool_version
 
-KILLED = "the engine stopped before closing its recording (killed); the file has every step up to its last"
+KILLED = "engine killed before closing the recording; rows up to its last step"
 
 
 @dataclasses.dataclass(frozen=True)
