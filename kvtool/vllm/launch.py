@@ -126,7 +126,8 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
         except ValueError:  # not the main thread
             pass
     try:
-        return child.wait()
+        code = child.wait()
+        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -213,3 +213,9 @@ def test_the_plugin_checks_the_vllm_version(tmp_path, version, force, wrapped, m
         assert message in proc.stderr and "KVTOOL_RECORD_FORCE=1" in proc.stderr
     else:
         assert proc.stderr == ""
+
+
+def test_a_command_killed_by_a_signal_exits_like_a_shell_says(run_cli, tmp_path):
+    script = tmp_path / "die.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    assert run_cli("record", "-o", tmp_path / "e.csv", "--", sys.executable, script).exit_code == 128 + 15
