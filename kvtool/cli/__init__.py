@@ -23,6 +23,7 @@ COMMAND_MODULES: dict[str, str] = {
     "simulate": "kvtool.cli.simulate",
     "capture": "kvtool.cli.capture",
     "vllm": "kvtool.cli.vllm_isolation",
+    "record": "kvtool.cli.record",
 }
 
 

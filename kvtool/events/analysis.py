@@ -175,6 +175,7 @@ REQUEST_COLUMNS = (
     "prompt_tokens",
     "reused_blocks",
     "reused_tokens",
+    "prefix_hit_tokens",
     "free_latency_ms_max",
     "preemptions",
     "over_frees",
@@ -202,6 +203,7 @@ class RequestTable:
     prompt_tokens: np.ndarray  # allocate + reuse tokens of the first holding interval
     reused_blocks: np.ndarray
     reused_tokens: np.ndarray
+    prefix_hit_tokens: np.ndarray  # reuse tokens of the first holding interval (vLLM: num_cached_tokens)
     free_latency_ms_max: np.ndarray  # NaN without a latency
     preemptions: np.ndarray
     over_frees: np.ndarray
@@ -371,6 +373,7 @@ def analyze_events(
         prompt_tokens=prompt_tokens,
         reused_blocks=reused_blocks,
         reused_tokens=reused_tokens,
+        prefix_hit_tokens=match_tokens_all,
         free_latency_ms_max=free_latency_max,
         preemptions=np.maximum(ups - 1, 0),
         over_frees=over_per_request,

@@ -219,188 +219,241 @@ def _missing_seqs(events: tuple[VllmEvent, ...]) -> int:
     return sum(max(seqs) - min(seqs) + 1 - len(seqs) for seqs in by_rank.values())
 
 
-def analyze_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAnalysis:
-    """Replay the events against a model of the prefix cache (see the module docstring)."""
-    if not events:
-        raise InputFileError("the file holds no vLLM KV events", where=source or None)
-    t0 = events[0].batch_ts
-    sizes = Counter(e.block_size for e in events if e.type == BLOCK_STORED and e.block_size)
-    block_size = sizes.most_common(1)[0][0] if sizes else None
+class _CacheReplay:
+    """The prefix cache as the events build it, keyed by (dp_rank, medium, group_idx, hash), and what they did."""
 
-    cached: dict[tuple, float] = {}  # key -> time stored
-    evicted_keys: set[tuple] = set()
-    cleared_keys: set[tuple] = set()
-    stored_keys: set[tuple] = set()
-    depth: dict[tuple, int] = {}  # (dp_rank, hash) -> depth in blocks
-    children: dict[tuple, set] = defaultdict(set)
-    evicted_s: list[float] = []
-    cleared_s: list[float] = []
-    recomputed_keys: set[tuple] = set()
-    type_counts: Counter = Counter()
-    sessions: dict[str, dict] = {}
-    timeline: list[CachePoint] = []
-    peak = stored_total = removed_total = removed_unknown = 0
-    first_time = recomputed = after_clear = hits = resent = unknown_parent = 0
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.cached: dict[tuple, float] = {}  # key -> time stored
+        self.evicted_keys: set[tuple] = set()
+        self.cleared_keys: set[tuple] = set()
+        self.stored_keys: set[tuple] = set()
+        self.recomputed_keys: set[tuple] = set()
+        self.depth: dict[tuple, int] = {}  # (dp_rank, hash) -> depth in blocks
+        self.children: dict[tuple, set] = defaultdict(set)
+        self.evicted_s: list[float] = []
+        self.cleared_s: list[float] = []
+        self.type_counts: Counter = Counter()
+        self.sessions: dict[str, dict] = {}
+        self.timeline: list[CachePoint] = []
+        self.peak = self.stored_total = self.removed_total = self.removed_unknown = 0
+        self.first_time = self.recomputed = self.after_clear = self.hits = self.resent = self.unknown_parent = 0
 
-    def close_batch(event: VllmEvent) -> None:
-        point = CachePoint(event.batch_ts - t0, event.seq, len(cached), stored_total, removed_total)
+    def replay(self, events: tuple[VllmEvent, ...]) -> None:
+        for index, event in enumerate(events):
+            t = event.batch_ts - self.t0
+            self.type_counts[event.type] += 1
+            if event.type == BLOCK_STORED:
+                self.stored(event, t)
+            elif event.type == BLOCK_REMOVED:
+                self.removed(event, t)
+            elif event.type == ALL_BLOCKS_CLEARED:
+                self.cleared(event, t)
+            following = events[index + 1] if index + 1 < len(events) else None
+            if following is None or (following.seq, following.dp_rank, following.batch_ts) != (
+                event.seq,
+                event.dp_rank,
+                event.batch_ts,
+            ):
+                self.close_batch(event)
+
+    def _session(self, event: VllmEvent, t: float) -> dict | None:
+        if event.session_id is None:
+            return None
+        session = self.sessions.setdefault(
+            event.session_id,
+            {"store_events": 0, "computed": 0, "hits": 0, "recomputed": 0, "first": t, "last": t},
+        )
+        session["store_events"] += 1
+        session["last"] = t
+        return session
+
+    def _chain(self, event: VllmEvent) -> None:
+        """Depths (from the parent's) and parent -> child links of the stored blocks."""
+        parent = event.parent_block_hash
+        level: int | None = 0
+        if parent is not None:
+            level = self.depth.get((event.dp_rank, parent))
+            if level is None:
+                self.unknown_parent += 1
+        previous = parent
+        for block_hash in event.block_hashes:
+            if level is not None:
+                level += 1
+                self.depth.setdefault((event.dp_rank, block_hash), level)
+            if previous is not None:
+                self.children[(event.dp_rank, previous)].add(block_hash)
+            previous = block_hash
+
+    def stored(self, event: VllmEvent, t: float) -> None:
+        """``BlockStored``: a block computed now, or (already cached) hit evidence in full report mode."""
+        session = self._session(event, t)
+        self._chain(event)
+        event_hits = 0
+        for block_hash in event.block_hashes:
+            key = (event.dp_rank, event.medium, event.group_idx, block_hash)
+            if key in self.cached:
+                event_hits += 1
+                continue
+            if key in self.evicted_keys:
+                self.recomputed += 1
+                self.recomputed_keys.add(key)
+                if session is not None:
+                    session["recomputed"] += 1
+            elif key in self.cleared_keys:
+                self.after_clear += 1
+            elif key not in self.stored_keys:
+                self.first_time += 1
+            self.cached[key] = t
+            self.stored_keys.add(key)
+            self.stored_total += 1
+            if session is not None:
+                session["computed"] += 1
+        self.hits += event_hits
+        if session is not None:
+            session["hits"] += event_hits
+        if event.block_hashes and event_hits == len(event.block_hashes):
+            self.resent += 1
+        self.peak = max(self.peak, len(self.cached))
+
+    def removed(self, event: VllmEvent, t: float) -> None:
+        """``BlockRemoved``: evicted to make room; the block's lifetime ends."""
+        for block_hash in event.block_hashes:
+            key = (event.dp_rank, event.medium, event.group_idx, block_hash)
+            stored_at = self.cached.pop(key, None)
+            if stored_at is None:
+                self.removed_unknown += 1
+                continue
+            self.evicted_s.append(t - stored_at)
+            self.evicted_keys.add(key)
+            self.removed_total += 1
+
+    def cleared(self, event: VllmEvent, t: float) -> None:
+        """``AllBlocksCleared``: every cached block of that rank ends."""
+        for key in [k for k in self.cached if k[0] == event.dp_rank]:
+            self.cleared_s.append(t - self.cached.pop(key))
+            self.cleared_keys.add(key)
+
+    def close_batch(self, event: VllmEvent) -> None:
+        point = CachePoint(event.batch_ts - self.t0, event.seq, len(self.cached), self.stored_total, self.removed_total)
+        timeline = self.timeline
         if timeline and (timeline[-1].seq, timeline[-1].t_s) == (point.seq, point.t_s):
             timeline[-1] = point
         else:
             timeline.append(point)
 
-    for index, event in enumerate(events):
-        t = event.batch_ts - t0
-        type_counts[event.type] += 1
-        if event.type == BLOCK_STORED:
-            session = None
-            if event.session_id is not None:
-                session = sessions.setdefault(
-                    event.session_id,
-                    {"store_events": 0, "computed": 0, "hits": 0, "recomputed": 0, "first": t, "last": t},
-                )
-                session["store_events"] += 1
-                session["last"] = t
-            parent = event.parent_block_hash
-            level: int | None = 0
-            if parent is not None:
-                level = depth.get((event.dp_rank, parent))
-                if level is None:
-                    unknown_parent += 1
-            previous = parent
-            event_hits = 0
-            for block_hash in event.block_hashes:
-                if level is not None:
-                    level += 1
-                    depth.setdefault((event.dp_rank, block_hash), level)
-                if previous is not None:
-                    children[(event.dp_rank, previous)].add(block_hash)
-                previous = block_hash
-                key = (event.dp_rank, event.medium, event.group_idx, block_hash)
-                if key in cached:
-                    event_hits += 1
-                    continue
-                if key in evicted_keys:
-                    recomputed += 1
-                    recomputed_keys.add(key)
-                    if session is not None:
-                        session["recomputed"] += 1
-                elif key in cleared_keys:
-                    after_clear += 1
-                elif key not in stored_keys:
-                    first_time += 1
-                cached[key] = t
-                stored_keys.add(key)
-                stored_total += 1
-                if session is not None:
-                    session["computed"] += 1
-            hits += event_hits
-            if session is not None:
-                session["hits"] += event_hits
-            if event.block_hashes and event_hits == len(event.block_hashes):
-                resent += 1
-            peak = max(peak, len(cached))
-        elif event.type == BLOCK_REMOVED:
-            for block_hash in event.block_hashes:
-                key = (event.dp_rank, event.medium, event.group_idx, block_hash)
-                stored_at = cached.pop(key, None)
-                if stored_at is None:
-                    removed_unknown += 1
-                    continue
-                evicted_s.append(t - stored_at)
-                evicted_keys.add(key)
-                removed_total += 1
-        elif event.type == ALL_BLOCKS_CLEARED:
-            for key in [k for k in cached if k[0] == event.dp_rank]:
-                cleared_s.append(t - cached.pop(key))
-                cleared_keys.add(key)
-        following = events[index + 1] if index + 1 < len(events) else None
-        if following is None or (following.seq, following.dp_rank, following.batch_ts) != (
-            event.seq,
-            event.dp_rank,
-            event.batch_ts,
-        ):
-            close_batch(event)
+    @property
+    def computed(self) -> int:
+        return self.first_time + self.recomputed + self.after_clear
 
-    t_end = events[-1].batch_ts - t0
-    computed = first_time + recomputed + after_clear
-    known_depths = Counter(depth.values())
-    mean_depth = sum(d * n for d, n in known_depths.items()) / sum(known_depths.values()) if known_depths else None
-    max_depth = max(known_depths) if known_depths else 0
-    full_mode = hits > 0
 
-    notes = [NOTE_NO_REQUESTS, NOTE_FULL if full_mode else NOTE_INCREMENTAL]
-    missing = _missing_seqs(events)
+def _notes(events: tuple[VllmEvent, ...], replay: _CacheReplay, missing: int) -> tuple[str, ...]:
+    notes = [NOTE_NO_REQUESTS, NOTE_FULL if replay.hits > 0 else NOTE_INCREMENTAL]
     if missing:
         notes.append(f"{missing:,} batch sequence numbers are missing: those events were lost, so counts are low.")
-    if removed_unknown or unknown_parent:
+    if replay.removed_unknown or replay.unknown_parent:
         notes.append(
-            f"{removed_unknown:,} removed blocks and {unknown_parent:,} parent links refer to blocks stored before "
-            "the file begins (the capture started mid-run); they are left out of lifetimes and depths."
+            f"{replay.removed_unknown:,} removed blocks and {replay.unknown_parent:,} parent links refer to blocks "
+            "stored before the file begins (the capture started mid-run); they are left out of lifetimes and depths."
         )
-    if type_counts.keys() - set(EVENT_TYPES):
-        other = ", ".join(sorted(type_counts.keys() - set(EVENT_TYPES)))
-        notes.append(f"Events of other types were counted but not analysed: {other}.")
+    other = replay.type_counts.keys() - set(EVENT_TYPES)
+    if other:
+        notes.append(f"Events of other types were counted but not analysed: {', '.join(sorted(other))}.")
+    return tuple(notes)
 
-    counts = EventCounts(
-        block_stored_events=type_counts[BLOCK_STORED],
-        block_removed_events=type_counts[BLOCK_REMOVED],
-        all_blocks_cleared_events=type_counts[ALL_BLOCKS_CLEARED],
-        other_events=sum(n for k, n in type_counts.items() if k not in EVENT_TYPES),
+
+def _counts(events: tuple[VllmEvent, ...], replay: _CacheReplay, missing: int, duration_s: float) -> EventCounts:
+    types = replay.type_counts
+    return EventCounts(
+        block_stored_events=types[BLOCK_STORED],
+        block_removed_events=types[BLOCK_REMOVED],
+        all_blocks_cleared_events=types[ALL_BLOCKS_CLEARED],
+        other_events=sum(n for k, n in types.items() if k not in EVENT_TYPES),
         batches=len({(e.dp_rank, e.seq) for e in events}),
         first_seq=min(e.seq for e in events),
         last_seq=max(e.seq for e in events),
         missing_seqs=missing,
         dp_ranks=tuple(sorted({e.dp_rank for e in events})),
-        duration_s=t_end,
+        duration_s=duration_s,
     )
+
+
+def _chains(replay: _CacheReplay, block_size: int | None) -> Chains:
+    known_depths = Counter(replay.depth.values())
+    max_depth = max(known_depths) if known_depths else 0
+    mean_depth = sum(d * n for d, n in known_depths.items()) / sum(known_depths.values()) if known_depths else None
+    return Chains(
+        root_blocks=known_depths.get(1, 0),
+        max_depth_blocks=max_depth,
+        max_prefix_tokens=None if block_size is None else max_depth * block_size,
+        mean_depth_blocks=mean_depth,
+        depth_histogram=tuple(sorted(known_depths.items())),
+        branch_blocks=sum(1 for kids in replay.children.values() if len(kids) >= 2),
+        max_children=max((len(kids) for kids in replay.children.values()), default=0),
+        unknown_parent_events=replay.unknown_parent,
+    )
+
+
+def _churn(replay: _CacheReplay, block_size: int | None) -> Churn:
+    computed = replay.computed
+    return Churn(
+        computed_blocks=computed,
+        first_time_blocks=replay.first_time,
+        recomputed_blocks=replay.recomputed,
+        recomputed_hashes=len(replay.recomputed_keys),
+        recomputed_tokens=None if block_size is None else replay.recomputed * block_size,
+        recomputed_fraction=replay.recomputed / computed if computed else None,
+        restored_after_clear_blocks=replay.after_clear,
+    )
+
+
+def _hits(replay: _CacheReplay, block_size: int | None) -> Hits:
+    hits, computed = replay.hits, replay.computed
+    full_mode = hits > 0
+    return Hits(
+        report_mode="full" if full_mode else "incremental",
+        resent_events=replay.resent,
+        hit_blocks=hits,
+        hit_tokens=None if block_size is None else hits * block_size,
+        hit_fraction=hits / (hits + computed) if full_mode and hits + computed else None,
+    )
+
+
+def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAnalysis:
+    """Replay vLLM KV-cache events against a model of the prefix cache (see the module docstring)."""
+    if not events:
+        raise InputFileError("the file holds no vLLM KV events", where=source or None)
+    t0 = events[0].batch_ts
+    sizes = Counter(e.block_size for e in events if e.type == BLOCK_STORED and e.block_size)
+    block_size = sizes.most_common(1)[0][0] if sizes else None
+    replay = _CacheReplay(t0)
+    replay.replay(events)
+    t_end = events[-1].batch_ts - t0
+    missing = _missing_seqs(events)
     return VllmAnalysis(
         source=source,
         kind="vllm-kv-events",
         block_size=block_size,
-        counts=counts,
-        peak_cached_blocks=peak,
-        final_cached_blocks=len(cached),
-        distinct_blocks=len(stored_keys),
-        timeline=_thin(timeline),
+        counts=_counts(events, replay, missing, t_end),
+        peak_cached_blocks=replay.peak,
+        final_cached_blocks=len(replay.cached),
+        distinct_blocks=len(replay.stored_keys),
+        timeline=_thin(replay.timeline),
         lifetimes=Lifetimes(
-            evicted=_stats(evicted_s),
-            cleared=_stats(cleared_s),
-            still_cached=_stats([t_end - s for s in cached.values()]),
-            removed_unknown_blocks=removed_unknown,
-            evicted_histogram=_histogram(evicted_s),
+            evicted=_stats(replay.evicted_s),
+            cleared=_stats(replay.cleared_s),
+            still_cached=_stats([t_end - s for s in replay.cached.values()]),
+            removed_unknown_blocks=replay.removed_unknown,
+            evicted_histogram=_histogram(replay.evicted_s),
         ),
-        churn=Churn(
-            computed_blocks=computed,
-            first_time_blocks=first_time,
-            recomputed_blocks=recomputed,
-            recomputed_hashes=len(recomputed_keys),
-            recomputed_tokens=None if block_size is None else recomputed * block_size,
-            recomputed_fraction=recomputed / computed if computed else None,
-            restored_after_clear_blocks=after_clear,
-        ),
-        chains=Chains(
-            root_blocks=known_depths.get(1, 0),
-            max_depth_blocks=max_depth,
-            max_prefix_tokens=None if block_size is None else max_depth * block_size,
-            mean_depth_blocks=mean_depth,
-            depth_histogram=tuple(sorted(known_depths.items())),
-            branch_blocks=sum(1 for kids in children.values() if len(kids) >= 2),
-            max_children=max((len(kids) for kids in children.values()), default=0),
-            unknown_parent_events=unknown_parent,
-        ),
-        hits=Hits(
-            report_mode="full" if full_mode else "incremental",
-            resent_events=resent,
-            hit_blocks=hits,
-            hit_tokens=None if block_size is None else hits * block_size,
-            hit_fraction=hits / (hits + computed) if full_mode and hits + computed else None,
-        ),
+        churn=_churn(replay, block_size),
+        chains=_chains(replay, block_size),
+        hits=_hits(replay, block_size),
         sessions=tuple(
             SessionSummary(sid, s["store_events"], s["computed"], s["hits"], s["recomputed"], s["first"], s["last"])
-            for sid, s in sorted(sessions.items())
+            for sid, s in sorted(replay.sessions.items())
         ),
-        notes=tuple(notes),
+        notes=_notes(events, replay, missing),
     )
 
 
@@ -416,4 +469,4 @@ def analyze_vllm_events(path: Path) -> VllmAnalysis:
             where=str(path),
             tip="record one with 'kvtool capture --endpoint tcp://127.0.0.1:5557 -o events.jsonl'",
         )
-    return analyze_events(read_event_file(path), str(path))
+    return analyze_kv_events(read_event_file(path), str(path))

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from kvtool.core.errors import UsageError
 from kvtool.vllm.wire import (
@@ -204,7 +204,7 @@ class _Writer:
         except OSError as err:  # a full disk, a quota, a file system gone away
             self._failed(path, err)
 
-    def _failed(self, path: Path, err: OSError):
+    def _failed(self, path: Path, err: OSError) -> NoReturn:
         self.failed = True
         raise UsageError(
             f"writing failed after {self.events:,} events in {self.batches:,} batches, which the file keeps: "
@@ -293,6 +293,12 @@ def run_capture(
     ``progress_interval_s`` seconds.  Raises UsageError for bad options or a socket that
     cannot be bound.
     """
+    check_options(options)
+    capture = Capture(options, on_progress=on_progress, progress_interval_s=progress_interval_s)
+    return capture.run(stop or threading.Event())
+
+
+def check_options(options: CaptureOptions) -> None:
     validate_endpoint(options.endpoint)
     if options.replay_endpoint is not None:
         validate_endpoint(options.replay_endpoint, "--replay-endpoint")
@@ -300,66 +306,102 @@ def run_capture(
         raise UsageError(f"--duration must be positive, not {options.duration_s}")
     if options.max_events is not None and options.max_events <= 0:
         raise UsageError(f"--max-events must be positive, not {options.max_events}")
-    role, address = resolve_role(options.endpoint, options.role)
-    zmq = _import_zmq()
-    stop = stop or threading.Event()
 
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.RCVHWM, 0)  # no receive limit: never drop what vLLM sent while we write
-    sub.setsockopt(zmq.SUBSCRIBE, options.topic.encode("utf-8"))
-    if _is_ipv6(address):
-        sub.setsockopt(zmq.IPV6, 1)
-    try:
-        (sub.bind if role == "bind" else sub.connect)(address)
-    except zmq.ZMQError as err:
-        sub.close(linger=0)
-        ctx.term()
-        raise UsageError(
-            f"cannot {role} {address}: {_zmq_reason(err)}", where="--endpoint", tip=_socket_tip(role, err, options)
-        ) from None
-    try:
-        writer = _Writer(options.output)
-    except UsageError:
-        sub.close(linger=0)
-        ctx.term()
-        raise
-    replay_address = _connect_address(options.replay_endpoint) if options.replay_endpoint else None
-    replayer = _Replayer(zmq, ctx, replay_address, options.replay_timeout_s) if replay_address else None
-    started = time.monotonic()
-    deadline = None if options.duration_s is None else started + options.duration_s
-    first_seq = last_seq = None
-    gaps = missed = recovered = resets = malformed = 0
-    reasons: list[str] = []
-    replay_error: str | None = None
-    stopped_by = "signal"
-    next_progress = started
 
-    def bad_frame(frames: list[bytes], reason: str) -> None:
-        nonlocal malformed
-        malformed += 1
-        if reason not in reasons and len(reasons) < MAX_MALFORMED_REASONS:
-            reasons.append(reason)
-        writer.malformed(frames, reason)
+@dataclasses.dataclass
+class _Sequence:
+    """What the batch sequence numbers said so far."""
 
-    def fill_gap(first: int, last: int) -> None:
-        nonlocal recovered
+    first: int | None = None
+    last: int | None = None
+    gaps: int = 0  # times the sequence jumped forward by more than one
+    missed: int = 0  # batches absent from the live stream
+    recovered: int = 0  # of those, filled from the replay socket
+    resets: int = 0  # times the sequence went backwards
+
+
+class Capture:
+    """One capture: the SUB socket, the writer, the optional replayer and the counts (see :func:`run_capture`).
+
+    A message goes through :meth:`handle`; a jump in the sequence numbers through :meth:`fill_gap`; anything that
+    is not a KV-event batch through :meth:`bad_frame`.  :meth:`run` loops until a stop condition and returns the
+    :class:`CaptureResult`.
+    """
+
+    def __init__(
+        self,
+        options: CaptureOptions,
+        *,
+        on_progress: Callable[[int, int, int, int], None] | None = None,
+        progress_interval_s: float = 0.25,
+    ):
+        self.options = options
+        self.on_progress = on_progress
+        self.progress_interval_s = progress_interval_s
+        self.role, self.address = resolve_role(options.endpoint, options.role)
+        self.zmq = _import_zmq()
+        self.seq = _Sequence()
+        self.malformed = 0
+        self.reasons: list[str] = []
+        self.replay_error: str | None = None
+        self.ctx, self.sub = self._open_socket()
+        try:
+            self.writer = _Writer(options.output)
+        except UsageError:
+            self._close_socket()
+            raise
+        replay = _connect_address(options.replay_endpoint) if options.replay_endpoint else None
+        self.replayer = _Replayer(self.zmq, self.ctx, replay, options.replay_timeout_s) if replay else None
+
+    def _open_socket(self):
+        zmq = self.zmq
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 0)  # no receive limit: never drop what vLLM sent while we write
+        sub.setsockopt(zmq.SUBSCRIBE, self.options.topic.encode("utf-8"))
+        if _is_ipv6(self.address):
+            sub.setsockopt(zmq.IPV6, 1)
+        try:
+            (sub.bind if self.role == "bind" else sub.connect)(self.address)
+        except zmq.ZMQError as err:
+            sub.close(linger=0)
+            ctx.term()
+            raise UsageError(
+                f"cannot {self.role} {self.address}: {_zmq_reason(err)}",
+                where="--endpoint",
+                tip=_socket_tip(self.role, err, self.options),
+            ) from None
+        return ctx, sub
+
+    def _close_socket(self) -> None:
+        self.sub.close(linger=0)
+        self.ctx.term()
+
+    def bad_frame(self, frames: list[bytes], reason: str) -> None:
+        """A message that is not a KV-event batch: counted, its reason kept, its frames written as hex."""
+        self.malformed += 1
+        if reason not in self.reasons and len(self.reasons) < MAX_MALFORMED_REASONS:
+            self.reasons.append(reason)
+        self.writer.malformed(frames, reason)
+
+    def fill_gap(self, first: int, last: int) -> None:
+        """Ask vLLM's replay socket for batches ``first..last`` (inclusive) and write those it returns."""
+        replayer = self.replayer
         if replayer is None:
             return
-        nonlocal replay_error
         try:
             replies, bad, answered = replayer.fetch(first, last)
-        except zmq.ZMQError as err:  # e.g. a replay address that cannot be reached at all
-            replay_error = f"replay of batches {first}..{last} failed: {err}"
+        except self.zmq.ZMQError as err:  # e.g. a replay address that cannot be reached at all
+            self.replay_error = f"replay of batches {first}..{last} failed: {err}"
             return
         if not answered:
-            replay_error = (
+            self.replay_error = (
                 f"replay of batches {first}..{last}: {replayer.endpoint} did not answer within "
-                f"{options.replay_timeout_s:g} s"
+                f"{self.options.replay_timeout_s:g} s"
             )
         for frames, reason in bad:
-            bad_frame(frames, reason)
+            self.bad_frame(frames, reason)
         seen: set[int] = set()
         for seq, payload in sorted(replies, key=lambda r: r[0]):
             if seq in seen:
@@ -367,84 +409,96 @@ def run_capture(
             try:
                 batch = decode_payload(payload)
             except MalformedFrame as err:
-                bad_frame([encode_seq(seq), payload], f"replayed batch {seq}: {err}")
+                self.bad_frame([encode_seq(seq), payload], f"replayed batch {seq}: {err}")
                 continue
             seen.add(seq)
-            writer.batch(seq, batch)
-        recovered += len(seen)
+            self.writer.batch(seq, batch)
+        self.seq.recovered += len(seen)
 
-    def handle(frames: list[bytes]) -> None:
-        nonlocal first_seq, last_seq, gaps, missed, resets
+    def handle(self, frames: list[bytes]) -> None:
+        """One message from the SUB socket: decode, follow the sequence numbers, write."""
         if len(frames) != 3:
-            bad_frame(frames, f"message has {len(frames)} frames, expected 3 (topic, seq, payload)")
+            self.bad_frame(frames, f"message has {len(frames)} frames, expected 3 (topic, seq, payload)")
             return
         try:
             seq = decode_seq(frames[1], signed=False)
             batch = decode_payload(frames[2])
         except MalformedFrame as err:
-            bad_frame(frames, str(err))
+            self.bad_frame(frames, str(err))
             return
-        if last_seq is not None and seq > last_seq + 1:
-            gaps += 1
-            missed += seq - last_seq - 1
-            fill_gap(last_seq + 1, seq - 1)
-        elif last_seq is not None and seq <= last_seq:
-            resets += 1
-        if first_seq is None:
-            first_seq = seq
-        last_seq = seq
-        writer.batch(seq, batch)
+        state = self.seq
+        if state.last is not None and seq > state.last + 1:
+            state.gaps += 1
+            state.missed += seq - state.last - 1
+            self.fill_gap(state.last + 1, seq - 1)
+        elif state.last is not None and seq <= state.last:
+            state.resets += 1
+        if state.first is None:
+            state.first = seq
+        state.last = seq
+        self.writer.batch(seq, batch)
 
-    try:
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            unrecovered = self.seq.missed - self.seq.recovered
+            self.on_progress(self.writer.events, self.writer.batches, unrecovered, self.malformed)
+
+    def _loop(self, stop: threading.Event, started: float) -> str:
+        """Receive until a stop condition; return what stopped the capture."""
+        options = self.options
+        deadline = None if options.duration_s is None else started + options.duration_s
+        next_progress = started
         while True:
             now = time.monotonic()
-            if options.max_events is not None and writer.events >= options.max_events:
-                stopped_by = "max-events"
-                break
-            if stop.is_set():
-                stopped_by = "signal"
-                _drain(sub, zmq, handle)
-                break
-            if deadline is not None and now >= deadline:
-                stopped_by = "duration"
-                _drain(sub, zmq, handle)
-                break
-            if on_progress is not None and now >= next_progress:
-                on_progress(writer.events, writer.batches, missed - recovered, malformed)
-                next_progress = now + progress_interval_s
+            if options.max_events is not None and self.writer.events >= options.max_events:
+                return "max-events"
+            if stop.is_set() or (deadline is not None and now >= deadline):
+                _drain(self.sub, self.zmq, self.handle)
+                return "signal" if stop.is_set() else "duration"
+            if now >= next_progress:
+                self._progress()
+                next_progress = now + self.progress_interval_s
             wait_s = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
-            if sub.poll(int(wait_s * 1000)):
-                handle(sub.recv_multipart())
-    finally:
+            if self.sub.poll(int(wait_s * 1000)):
+                self.handle(self.sub.recv_multipart())
+
+    def run(self, stop: threading.Event) -> CaptureResult:
+        """Capture until ``stop`` is set, the duration passes or enough events are written; close everything."""
+        started = time.monotonic()
         try:
-            writer.close()
+            stopped_by = self._loop(stop, started)
         finally:
-            if replayer is not None:
-                replayer.close()
-            sub.close(linger=0)
-            ctx.term()
-    if on_progress is not None:
-        on_progress(writer.events, writer.batches, missed - recovered, malformed)
-    return CaptureResult(
-        output=str(options.output),
-        endpoint=address,
-        role=role,
-        events_written=writer.events,
-        batches_written=writer.batches,
-        first_seq=first_seq,
-        last_seq=last_seq,
-        gaps=gaps,
-        batches_missed=missed,
-        batches_recovered=recovered,
-        batches_unrecovered=missed - recovered,
-        sequence_resets=resets,
-        replay_error=replay_error,
-        malformed_frames=malformed,
-        malformed_reasons=tuple(reasons),
-        malformed_file=str(writer.malformed_path) if malformed else None,
-        duration_s=time.monotonic() - started,
-        stopped_by=stopped_by,
-    )
+            try:
+                self.writer.close()
+            finally:
+                if self.replayer is not None:
+                    self.replayer.close()
+                self._close_socket()
+        self._progress()
+        return self._result(stopped_by, time.monotonic() - started)
+
+    def _result(self, stopped_by: str, duration_s: float) -> CaptureResult:
+        state, writer = self.seq, self.writer
+        return CaptureResult(
+            output=str(self.options.output),
+            endpoint=self.address,
+            role=self.role,
+            events_written=writer.events,
+            batches_written=writer.batches,
+            first_seq=state.first,
+            last_seq=state.last,
+            gaps=state.gaps,
+            batches_missed=state.missed,
+            batches_recovered=state.recovered,
+            batches_unrecovered=state.missed - state.recovered,
+            sequence_resets=state.resets,
+            replay_error=self.replay_error,
+            malformed_frames=self.malformed,
+            malformed_reasons=tuple(self.reasons),
+            malformed_file=str(writer.malformed_path) if self.malformed else None,
+            duration_s=duration_s,
+            stopped_by=stopped_by,
+        )
 
 
 DRAIN_LIMIT_S = 2.0  # at a stop, keep handling queued messages for at most this long

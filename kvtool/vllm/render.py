@@ -7,12 +7,14 @@ rich is imported by the callers' consoles; matplotlib only inside :func:`write_p
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from kvtool.core.errors import UsageError
 from kvtool.core.format import fmt_num as _num
 from kvtool.core.format import fmt_pct as _pct
 from kvtool.vllm.analysis import Stats, VllmAnalysis
 from kvtool.vllm.capture import CaptureResult
+from kvtool.vllm.launch import RecordResult
 
 TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every point)
 
@@ -48,6 +50,24 @@ def capture_table(result: CaptureResult):
     return table
 
 
+def record_table(result: RecordResult):
+    """One row per file written by `kvtool record` (one per data-parallel rank that ran)."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"kvtool record: command exited with {result.command_exit_code} after {result.duration_s:.1f} s"
+    )
+    table.add_column("file", overflow="fold", min_width=24)
+    for name in ("DP rank", "rows", "engine steps", "recorder time"):
+        table.add_column(name, justify="right")
+    table.add_column("note", overflow="fold")
+    for f in result.files:
+        per_step = f"{f.recorder_s / f.engine_steps * 1e3:.3f} ms/step" if f.engine_steps else "-"
+        note = f"turned off: {f.turned_off}" if f.turned_off else ("spool converted" if f.spool_converted else "")
+        table.add_row(f.path, str(f.dp_rank), f"{f.rows:,}", f"{f.engine_steps:,}", per_step, note)
+    return table
+
+
 def _stats_row(name: str, stats: Stats) -> tuple[str, ...]:
     return (
         name,
@@ -66,7 +86,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     from rich.text import Text
 
     c = analysis.counts
-    out = []
+    out: list[Any] = []
     summary = Table(title=f"vLLM KV-cache events: {analysis.source}", show_header=False)
     summary.add_column("what")
     summary.add_column("value", justify="right")

@@ -42,3 +42,33 @@ def heavy_modules_loaded_by(*invocations: list[str], modules=("torch", "pandas",
     last = proc.stdout.strip().splitlines()[-1]
     codes_text, heavy_text = last.removeprefix("CODES ").split(" HEAVY ")
     return ast.literal_eval(codes_text), proc.stdout, ast.literal_eval(heavy_text)
+
+
+def vllm_engine_env(scratch: Path, base: dict | None = None) -> dict[str, str]:
+    """The environment of a real vLLM run here: offline, loopback only, every cache under ``scratch``.
+
+    Recipe: shared/docs/vllm-on-cpu.md.  ``scratch`` must be a short path (vLLM's ipc socket paths stay under 107
+    characters), so not pytest's tmp_path.
+    """
+    folders = {
+        "TMPDIR": "tmp",
+        "VLLM_RPC_BASE_PATH": "rpc",
+        "VLLM_CACHE_ROOT": "cache",
+        "HF_HOME": "hf",
+        "XDG_CACHE_HOME": "xdg",
+        "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    }
+    env = dict(os.environ if base is None else base)
+    env.update(
+        VLLM_HOST_IP="127.0.0.1",
+        VLLM_LOOPBACK_IP="127.0.0.1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_DO_NOT_TRACK="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    for name, folder in folders.items():
+        (scratch / folder).mkdir(parents=True, exist_ok=True)
+        env[name] = str(scratch / folder)
+    return env

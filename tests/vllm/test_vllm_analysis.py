@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kvtool.cli.analyze_vllm import run_vllm_analysis
 from kvtool.core.errors import InputFileError
-from kvtool.vllm.analysis import analyze_events, analyze_vllm_events, looks_like_vllm_events
+from kvtool.vllm.analysis import analyze_kv_events, analyze_vllm_events, looks_like_vllm_events
 from kvtool.vllm.wire import VllmEvent, read_event_file
 from tests.support import DATA
 
@@ -109,7 +109,7 @@ def test_one_lifetime_by_hand():
     """Block ...0625: stored in batch 3 (ts 1795993087.782993), evicted in batch 6 (ts 1795993087.8370922)."""
     histogram = analyze_vllm_events(INCREMENTAL).lifetimes.evicted_histogram
     assert sum(n for _, _, n in histogram) == 25
-    a = analyze_events(tuple(e for e in read_event_file(INCREMENTAL) if 16573708104130840625 in e.block_hashes))
+    a = analyze_kv_events(tuple(e for e in read_event_file(INCREMENTAL) if 16573708104130840625 in e.block_hashes))
     assert a.lifetimes.evicted.count == 1
     assert a.lifetimes.evicted.max_s == pytest.approx(1795993087.8370922 - 1795993087.782993)
 
@@ -236,7 +236,7 @@ def test_capture_started_mid_run_is_noted():
         VllmEvent(2, 6, 11.0, 0, "BlockRemoved", (42,)),
         VllmEvent(3, 8, 12.0, 0, "BlockRemoved", (7,)),
     )
-    a = analyze_events(events)
+    a = analyze_kv_events(events)
     assert (a.lifetimes.removed_unknown_blocks, a.chains.unknown_parent_events) == (1, 1)
     assert a.counts.missing_seqs == 1  # seq 7 is absent
     assert a.lifetimes.evicted.max_s == pytest.approx(2.0)
@@ -250,7 +250,7 @@ def test_restored_after_clear_is_not_churn():
         VllmEvent(2, 1, 1.0, 0, "AllBlocksCleared"),
         VllmEvent(3, 2, 3.0, 0, "BlockStored", (1,), block_size=16),
     )
-    a = analyze_events(events)
+    a = analyze_kv_events(events)
     assert (a.churn.recomputed_blocks, a.churn.restored_after_clear_blocks, a.churn.first_time_blocks) == (0, 1, 2)
     assert a.lifetimes.cleared.count == 2
     assert a.lifetimes.still_cached.count == 1 and a.lifetimes.still_cached.max_s == 0.0
@@ -272,7 +272,7 @@ def test_invariants_on_random_streams(stream):
         VllmEvent(i + 1, i, float(i), 0, kind, tuple(hashes) if kind != "AllBlocksCleared" else (), block_size=16)
         for i, (kind, hashes) in enumerate(stream)
     )
-    a = analyze_events(events)
+    a = analyze_kv_events(events)
     life = a.lifetimes
     # every computed block ends exactly once: evicted, cleared or still cached
     assert life.evicted.count + life.cleared.count + life.still_cached.count == a.churn.computed_blocks

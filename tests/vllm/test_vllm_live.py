@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from kvtool.vllm.analysis import analyze_vllm_events
-from tests.support import DATA, REPO_ROOT
+from tests.support import DATA, REPO_ROOT, vllm_engine_env
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
 RECORDED = DATA / "vllm-events" / "live-capture-full-report.jsonl"
@@ -71,24 +71,7 @@ def test_live_capture_reproduces_the_recorded_run(tmp_path):
     capture = start_capture(port, replay_port, out, "--duration", "600")
     # vLLM's ipc socket paths must stay under 107 characters: a short scratch folder, not tmp_path.
     scratch = Path(tempfile.mkdtemp(prefix="kvv"))
-    for name in ("tmp", "rpc", "cache", "hf", "xdg", "inductor"):
-        (scratch / name).mkdir()
-    engine_env = dict(
-        os.environ,
-        VLLM_HOST_IP="127.0.0.1",
-        VLLM_LOOPBACK_IP="127.0.0.1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_DO_NOT_TRACK="1",
-        DO_NOT_TRACK="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TMPDIR=str(scratch / "tmp"),
-        VLLM_RPC_BASE_PATH=str(scratch / "rpc"),
-        VLLM_CACHE_ROOT=str(scratch / "cache"),
-        HF_HOME=str(scratch / "hf"),
-        XDG_CACHE_HOME=str(scratch / "xdg"),
-        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
-    )
+    engine_env = vllm_engine_env(scratch)
     try:
         engine = subprocess.run(
             [
