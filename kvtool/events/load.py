@@ -145,6 +145,8 @@ def load_events(
         else:
             read = _read_csv(source, header)
     except (pa.ArrowException, OSError, EOFError) as err:
+        if "could not skip initial" in str(err).lower():  # pyarrow's words for a header without a newline
+            raise InputFileError(_HEADER_ONLY, where=source.name) from None
         raise InputFileError(_plain_reason("cannot read the events file", err), where=source.name) from None
     note("checking rows")
     try:
@@ -203,9 +205,10 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
+_HEADER_ONLY = "the events file has a header but no event rows: it has no events"
+
 # pyarrow's messages, said in kvtool's words (the raw text never reaches the user)
 _ARROW_MESSAGES = (
-    ("could not skip initial", "the header line is the whole file: it has no event rows"),
     ("straddling", "a value spans more than one line (an unclosed double quote?)"),
     ("empty csv", "the events file is empty: it has no events"),
     ("parquet magic bytes not found", "not a valid Parquet file (its footer is missing: truncated?)"),
@@ -326,6 +329,7 @@ class _Read:
     bad_lines: list[int]  # line numbers of rows with a wrong number of fields
     blank_lines: int
     first_row_number: int  # the row number of the table's first row (2 for CSV: the header is line 1)
+    invalid_utf8_lines: tuple[int, ...] = ()  # lines whose invalid bytes were replaced before reading
 
 
 _TEXT_COLUMNS = ("event", "request_id", "source_request_id", *INSTANCE_COLUMNS)
@@ -352,6 +356,8 @@ def _read_csv(source: EventSource, names: list[str]) -> _Read:
     with source.open() as fh:  # the content decides, not the name: pyarrow would inflate any "*.gz" path
         gzip_content = fh.read(2) == b"\x1f\x8b"
 
+    cleaned: list[bytes] = []  # the content with invalid UTF-8 replaced, when pyarrow cannot report such a row
+
     def read(types: dict, threads: bool, quoting: bool = True):
         bad: list[tuple[int | None, str]] = []
 
@@ -359,8 +365,16 @@ def _read_csv(source: EventSource, names: list[str]) -> _Read:
             bad.append((row.number, row.text))
             return "skip"
 
-        raw = source.arrow_file()
-        stream = pa.CompressedInputStream(raw, "gzip") if gzip_content else raw
+        import pyarrow as pa
+
+        import sys
+
+        previous_hook = sys.unraisablehook
+        # pyarrow decodes a malformed row's text for the handler; invalid UTF-8 there raises inside its callback,
+        # which Python would print to stderr as "Exception ignored": the read then fails and is retried cleaned
+        sys.unraisablehook = lambda u: None if isinstance(u.exc_value, UnicodeDecodeError) else previous_hook(u)
+        raw = pa.BufferReader(cleaned[0]) if cleaned else source.arrow_file()
+        stream = pa.CompressedInputStream(raw, "gzip") if gzip_content and not cleaned else raw
         try:
             table = pacsv.read_csv(
                 stream,
@@ -381,26 +395,61 @@ def _read_csv(source: EventSource, names: list[str]) -> _Read:
             )
         finally:
             raw.close()
+            sys.unraisablehook = previous_hook
         return table, bad
 
-    quoting = True
+    def read_all(types: dict):
+        try:
+            table, bad = read(types, threads=True)
+        except pa.ArrowInvalid as err:
+            if "conversion error" not in str(err).lower():
+                raise
+            # a value that does not parse as a number: read the numeric columns as text and check them vectorised
+            types = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in types.items()}
+            table, bad = read(types, threads=True)
+        if bad and any(number is None for number, _ in bad):
+            table, bad = read(types, threads=False)  # pyarrow only numbers malformed rows when single-threaded
+        if any("\n" in text.rstrip("\r\n") for _, text in bad):
+            # a double quote that never closed swallowed the lines after it into one "row": read line by line
+            table, bad = read(types, threads=False, quoting=False)
+        return table, bad
+
+    invalid_lines: tuple[int, ...] = ()
     try:
-        table, bad = read(typed, threads=True)
-    except pa.ArrowInvalid as err:
-        if "conversion error" not in str(err).lower():
+        table, bad = read_all(typed)
+    except pa.ArrowException:
+        # A row with both a wrong field count and invalid UTF-8 stops pyarrow (it decodes the row's text for the
+        # handler).  Read a copy with the bad bytes replaced, and reject the lines that had them.
+        content, invalid_lines = _replace_invalid_utf8(source, gzip_content)
+        if not invalid_lines:
             raise
-        # a value that does not parse as a number: read the numeric columns as text and check them vectorised
-        typed = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in typed.items()}
-        table, bad = read(typed, threads=True)
-    if bad and any(number is None for number, _ in bad):
-        table, bad = read(typed, threads=False)  # pyarrow only numbers malformed rows when single-threaded
-    if any("\n" in text.rstrip("\r\n") for _, text in bad):
-        # a double quote that never closed swallowed the lines after it into one "row": read line by line
-        quoting = False
-        table, bad = read(typed, threads=False, quoting=quoting)
+        cleaned.append(content)
+        table, bad = read_all(typed)
     bad_lines = sorted(n for n, text in bad if n is not None and text.strip())
     blank_lines = sum(1 for _, text in bad if not text.strip())
-    return _Read(table, tuple(names), bad_lines, blank_lines, first_row_number=2)
+    return _Read(table, tuple(names), bad_lines, blank_lines, 2, invalid_lines)
+
+
+def _replace_invalid_utf8(source: EventSource, gzip_content: bool) -> tuple[bytes, tuple[int, ...]]:
+    """The whole content with each line's invalid UTF-8 replaced (U+FFFD), and those lines' numbers (1-based)."""
+    with source.open() as fh:
+        data = fh.read()
+    if gzip_content:
+        data = gzip.decompress(data)
+    try:
+        data.decode("utf-8")
+        return data, ()
+    except UnicodeDecodeError:
+        pass
+    lines = data.split(b"\n")
+    invalid = []
+    for i, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            invalid.append(i + 1)
+            lines[i] = line.decode("utf-8", errors="replace").encode("utf-8")
+    return b"\n".join(lines), tuple(invalid)
 
 
 def _read_parquet(source: EventSource) -> _Read:
@@ -552,11 +601,14 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     table = read.table
     object.__setattr__(read, "table", None)  # the only reference is now `columns`: each column frees when taken
     if table.num_rows == 0 and not read.bad_lines:
-        raise InputFileError("the events file has a header but no event rows: it has no events", where=where)
+        raise InputFileError(_HEADER_ONLY, where=where)
     checks = _RowChecks(table.num_rows)
     columns = _Columns(table.unify_dictionaries())
     del table
     invalid_utf8 = _invalid_utf8_rows(columns)
+    if read.invalid_utf8_lines:
+        lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
+        invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
     block_ids_job = None
     if columns.has("block_ids"):  # the slowest column: split on another thread (pyarrow releases the GIL)
         block_ids_job = in_background(_block_ids, columns.take("block_ids"))
@@ -578,6 +630,19 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     rejected = _rejected(checks.reason, keep | blank, read.bad_lines, read.first_row_number)
     rejected = dataclasses.replace(rejected, blank_rows=int(blank.sum()) + read.blank_lines)
     return _assemble(where, read, keep, required, optional, source, instance, block_ids, rejected, default_block_size)
+
+
+def _rows_of_lines(lines, bad_lines, first_row_number: int, n: int):
+    """A mask of the table rows read from ``lines`` (the lines pyarrow skipped are not table rows)."""
+    import numpy as np
+
+    lines = np.asarray(lines, dtype=np.int64)
+    skipped = np.asarray(bad_lines, dtype=np.int64)
+    lines = lines[~np.isin(lines, skipped)]
+    rows = lines - first_row_number - np.searchsorted(skipped, lines)
+    mask = np.zeros(n, dtype=bool)
+    mask[rows[(rows >= 0) & (rows < n)]] = True
+    return mask
 
 
 def _invalid_utf8_rows(columns: _Columns):
