@@ -235,7 +235,7 @@ def _require_content(path: Path) -> None:
     except OSError:
         return
     if not head.strip():
-        raise InputFileError("the file is empty: it has no events", where=str(path))
+        raise InputFileError("the events file is empty: it has no events", where=str(path))
 
 
 def _positive(value: int, option: str) -> int:

@@ -365,8 +365,6 @@ def _read_csv(source: EventSource, names: list[str]) -> _Read:
             bad.append((row.number, row.text))
             return "skip"
 
-        import pyarrow as pa
-
         import sys
 
         previous_hook = sys.unraisablehook

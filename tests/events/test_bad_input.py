@@ -117,7 +117,7 @@ def test_an_empty_capture_says_it_has_no_events(tmp_path, run_cli):
     for name, body in (("capture.jsonl", b""), ("capture.jsonl.gz", gzip.compress(b"\n"))):
         result = run_cli("analyze", _file(tmp_path, body, name))
         assert result.exit_code == 3, result.stderr
-        assert result.stderr.startswith("Error: the file is empty: it has no events"), result.stderr
+        assert result.stderr.startswith("Error: the events file is empty: it has no events"), result.stderr
 
 
 def test_corrupt_parquet_message_is_kvtools(tmp_path):
