@@ -443,16 +443,17 @@ class _Held:
     bp: Any  # blocks held before each row
 
 
-def _hold_blocks_beside_physical(table: EventTable, order: _TimeOrder):
+def _hold_blocks_beside_physical(table: EventTable, order: _TimeOrder) -> tuple[Any, _Held]:
     """Run _hold_blocks here while the physical-block pass (block_ids) starts on a second core.
 
     numpy releases the GIL in its sorts and loops; the physical pass needs b, which this thread hands over
     through a Future once computed (or the error, so that thread never waits forever).
     """
-    physical_job = later = None
-    if table.events and table.block_id_rows is not None and table.block_id_rows.size:
-        from concurrent.futures import Future
+    from concurrent.futures import Future
 
+    physical_job: Future[PhysicalBlocks] | None = None
+    later: Future[tuple[Any, Any, Any, Any]] | None = None
+    if table.events and table.block_id_rows is not None and table.block_id_rows.size:
         later = Future()
         physical_job = in_background(physical_blocks, table, order.tpos_of_row, order.t_ts, order.t_end, later)
     try:

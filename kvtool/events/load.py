@@ -1037,8 +1037,8 @@ def _event_codes(col):
 
     codes, dictionary = _dictionary_codes(col)
     kinds = {name: i for i, name in enumerate(EVENT_TYPES)}
-    lut = [kinds.get(v.strip().lower(), -1) if v is not None and v.strip() else -2 for v in dictionary]
-    lut = np.array(lut + [-2], dtype=np.int8)  # code -1 (null) -> the last entry: missing
+    found = [kinds.get(v.strip().lower(), -1) if v is not None and v.strip() else -2 for v in dictionary]
+    lut = np.array(found + [-2], dtype=np.int8)  # code -1 (null) -> the last entry: missing
     return lut[codes]
 
 
