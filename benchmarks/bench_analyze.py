@@ -163,8 +163,13 @@ def generate(path: Path, n_events: int = 5_000_000, seed: int = 0) -> dict:
     arrays["num_tokens"] = pa.array(cols["num_tokens"], mask=cols["num_tokens"] < 0)  # free: empty
     table = pa.table(arrays)
     if str(path).endswith(".parquet"):
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
+        # Parquet has lists: block ids as list<int64> (what a recorder writing Parquet stores), not text
+        ids = pc.split_pattern(table.column("block_ids"), " ")
+        ids = pc.if_else(pc.equal(table.column("block_ids"), ""), pa.scalar([], pa.list_(pa.string())), ids)
+        table = table.set_column(table.schema.get_field_index("block_ids"), "block_ids", ids.cast(pa.list_(pa.int64())))
         pq.write_table(table, str(path))
     else:
         pacsv.write_csv(table, str(path), pacsv.WriteOptions(quoting_style="none"))

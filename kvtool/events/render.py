@@ -159,6 +159,10 @@ def _pct(value: Any) -> str:
     return _num(None if value is None else value * 100, ".1f", " %")
 
 
+def _pct0(value: Any) -> str:
+    return _num(None if value is None else value * 100, ".0f", "%")
+
+
 def _kv_table(title: str, rows: list[tuple[str, str]]):
     from rich.table import Table
 
@@ -477,27 +481,30 @@ def _health_section(fleet: FleetAnalysis, console) -> None:
     worst = {h.instance for h in fleet.worst_instances}
     rows = sorted(fleet.health, key=lambda h: -h.lost_slot_seconds)
     table = Table(
-        title="Pool health per instance, worst first (* the worst --top). lost slot-s: wasted slot-seconds + "
-        "late-free block-seconds x block size; late: requests freed late; long pk: peak share of long requests "
-        "(! alert); hits: requests with a prefix hit",
+        title="Pool health per instance, worst first (* the worst --top). reqs: requests; rej: rejected rows; "
+        "peak: peak blocks in use; util: tokens / slots held; lost: slot-seconds lost = wasted slot-seconds + "
+        "late-free block-seconds x block size; late: requests freed late; leak: leaked requests; long: peak "
+        "share of long requests (! alert); hits: requests with a prefix hit",
         title_justify="left",
     )
-    columns = ("instance", "requests", "rejected", "peak blk", "util", "lost slot-s", "late", "leaked", "long pk",
-               "hits")  # fmt: skip
+    columns = ("instance", "reqs", "rej", "peak", "util", "lost", "late", "leak", "long", "hits")
     for name in columns:
-        table.add_column(name, justify="left" if name == "instance" else "right")
+        if name == "instance":
+            table.add_column(name, justify="left", no_wrap=True, max_width=24, overflow="ellipsis")
+        else:
+            table.add_column(name, justify="right", min_width=len(name))
     for h in rows[:MAX_HEALTH_ROWS]:
         table.add_row(
             ("* " if h.instance in worst else "") + _esc(h.instance),
             _num(h.requests, ",d"),
             _num(h.rejected_rows, ",d"),
             _num(h.peak_blocks_in_use, ",d"),
-            _pct(h.utilization),
+            _pct0(h.utilization),
             _num(h.lost_slot_seconds, ",.0f"),
             _num(h.late_free_requests, ",d"),
             _num(h.leaked_requests, ",d"),
-            _pct(h.long_peak_share) + ("!" if h.long_alert else ""),
-            _pct(h.prefix_hit_share),
+            _pct0(h.long_peak_share) + ("!" if h.long_alert else ""),
+            _pct0(h.prefix_hit_share),
         )
     console.print(table)
     if len(rows) > MAX_HEALTH_ROWS:
