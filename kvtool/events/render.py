@@ -490,7 +490,7 @@ def _health_section(fleet: FleetAnalysis, console) -> None:
     columns = ("instance", "reqs", "rej", "peak", "util", "lost", "late", "leak", "long", "hits")
     for name in columns:
         if name == "instance":
-            table.add_column(name, justify="left", no_wrap=True, max_width=24, overflow="ellipsis")
+            table.add_column(name, justify="left", no_wrap=True, max_width=16, overflow="ellipsis")
         else:
             table.add_column(name, justify="right", min_width=len(name))
     for h in rows[:MAX_HEALTH_ROWS]:
