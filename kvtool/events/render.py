@@ -480,7 +480,11 @@ def _health_section(fleet: FleetAnalysis, console) -> None:
 
     worst = {h.instance for h in fleet.worst_instances}
     rows = sorted(fleet.health, key=lambda h: -h.lost_slot_seconds)
+    from rich import box
+
     table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
         title="Pool health per instance, worst first (* the worst --top). reqs: requests; rej: rejected rows; "
         "peak: peak blocks in use; util: tokens / slots held; lost: slot-seconds lost = wasted slot-seconds + "
         "late-free block-seconds x block size; late: requests freed late; leak: leaked requests; long: peak "
