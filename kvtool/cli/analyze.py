@@ -5,7 +5,6 @@ Thin layer: parse options, call ``load_events`` and ``analyze_events``, hand the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -13,7 +12,9 @@ from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors
+from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
             100.0, "--late-free-ms", help="A free later than this (ms after the request ended) is named as late."
         ),
         top: int = typer.Option(10, "--top", help="How many culprits (late frees, worst pools) to list."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else."),
+        json_output: JsonOpt = False,
         export: Optional[Path] = typer.Option(None, "--export", help="Write the per-request table to this CSV file."),
         plot: Optional[Path] = typer.Option(
             None, "--plot", help="Write four PNG charts into this directory (a fleet: one folder per worst pool)."
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
             pool_blocks=pool_blocks,
             late_free_ms=late_free_ms,
         )
-        output = _Output(json_out=json_out, export=export, plot=plot, strict=strict)
+        output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
         if not is_single_file(events):
             return _analyze_fleet(events, options, output, workers=workers, scheduler=scheduler)
         events_file = Path(events[0])
@@ -106,14 +107,14 @@ def register(app: typer.Typer) -> None:
                 if value != default
             ]
             return _analyze_jsonl(
-                events_file, json_out=json_out, plot=plot, export=export, strict=strict, ignored=ignored
+                events_file, json_output=json_output, plot=plot, export=export, strict=strict, ignored=ignored
             )
         _analyze_file(events_file, options, output)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Output:
-    json_out: bool
+    json_output: bool
     export: Optional[Path]
     plot: Optional[Path]
     strict: bool
@@ -125,7 +126,8 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
     from kvtool.events.load import load_events
     from kvtool.events.render import anomaly_line, export_requests_csv, render_analysis, write_json
 
-    with _progress(events_file) as note:
+    with _progress(events_file) as progress:
+        note = progress.stage
         table = load_events(events_file, default_block_size=options.default_block_size, progress=note)
         if table.instance is not None and len(set(table.instance.tolist())) > 1:
             unit = pools_of_table(table, str(events_file), (str(events_file),), options)
@@ -141,7 +143,7 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
         from kvtool.events.plots import write_plots
 
         written += [str(p) for p in write_plots(analysis, output.plot)]
-    if output.json_out:
+    if output.json_output:
         write_json(analysis, sys.stdout)
     else:
         from kvtool.cli.output import stdout_console
@@ -162,16 +164,20 @@ def _analyze_fleet(arguments: list[str], options, output: _Output, *, workers, s
     units = find_pool_files(arguments)
     total_files = sum(len(u.paths) for u in units)
     done_files = 0
+    with StderrProgress(label="analyze") as progress:
 
-    def note(done: int, total: int, result, unit) -> None:
-        nonlocal done_files
-        for f in result.files:
-            done_files += 1
-            state = f"refused ({f.refused})" if f.refused else f"{f.events:,} events, {f.rejected_rows:,} rejected"
-            sys.stderr.write(f"analyze: file {done_files}/{total_files} {f.path}: {state}\n")
-        sys.stderr.flush()
+        def note(done: int, total: int, result, unit) -> None:
+            nonlocal done_files
+            for f in result.files:
+                done_files += 1
+                state = f"refused ({f.refused})" if f.refused else f"{f.events:,} events, {f.rejected_rows:,} rejected"
+                if progress.task is not None:  # a terminal: one bar over the files
+                    progress.task("analyze: files", done_files, total_files)
+                else:  # a log: one line per file
+                    sys.stderr.write(f"analyze: file {done_files}/{total_files} {f.path}: {state}\n")
+                    sys.stderr.flush()
 
-    fleet = analyze_fleet(units, options, workers=workers, scheduler=scheduler, progress=note)
+        fleet = analyze_fleet(units, options, workers=workers, scheduler=scheduler, progress=note)
     _report_fleet(fleet, output, where=", ".join(arguments))
 
 
@@ -195,7 +201,7 @@ def _report_fleet(fleet, output: _Output, where: str) -> None:
             pool = next(p for p in fleet.pools if p.instance == health.instance)
             folder = output.plot / _safe_folder(pool.instance)
             written += [str(p) for p in write_plots(pool.analysis, folder)]
-    if output.json_out:
+    if output.json_output:
         write_fleet_json(fleet, sys.stdout)
     else:
         from kvtool.cli.output import stdout_console
@@ -263,7 +269,7 @@ def _is_vllm_events_file(path: Path) -> bool:
 
 
 def _analyze_jsonl(
-    path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path], strict: bool, ignored: list[str]
+    path: Path, *, json_output: bool, plot: Optional[Path], export: Optional[Path], strict: bool, ignored: list[str]
 ) -> None:
     """vLLM's JSON-lines KV-cache events (as recorded or captured by `kvtool capture`): issue 6, section 3.
 
@@ -286,37 +292,16 @@ def _analyze_jsonl(
             f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to vLLM's KV events "
             "(no request ids, no per-request table): ignored"
         )
-    analysis = run_vllm_analysis(path, json_output=json_out, plot_dir=plot)
+    analysis = run_vllm_analysis(path, json_output=json_output, plot_dir=plot)
     missing = analysis.counts.missing_seqs
     if strict and missing:
         raise CheckFailed(f"{missing:,} batch sequence numbers are missing: those events were lost", where=str(path))
 
 
-@contextlib.contextmanager
-def _progress(path: Path):
+def _progress(path: Path) -> StderrProgress:
     """A stage progress bar on stderr, only when stderr is a terminal and the file is large."""
     try:
         big = path.stat().st_size >= PROGRESS_MIN_BYTES
     except OSError:
         big = False
-    if not (big and sys.stderr.isatty()):
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kvtool.cli.output import stderr_console
-
-    with Progress(
-        TextColumn("analyze: {task.description:<14}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=stderr_console(),
-        transient=True,
-    ) as bar:
-        task = bar.add_task("starting", total=len(_STAGES))
-
-        def note(stage: str) -> None:
-            done = _STAGES.index(stage) if stage in _STAGES else 0
-            bar.update(task, completed=done, description=stage)
-
-        yield note
+    return StderrProgress(enabled=big, label="analyze", stages=_STAGES)

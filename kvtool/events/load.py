@@ -462,9 +462,7 @@ def _read_parquet(source: EventSource) -> _Read:
         wanted = [raw for raw, name in zip(schema.names, names) if name in known]
         # text columns decoded straight to dictionaries (Parquet stores them so): no re-encoding of 5M strings
         text = [raw for raw, name in zip(schema.names, names) if name in _TEXT_COLUMNS]
-        table = pq.read_table(
-            source.local if source.local is not None else fh, columns=wanted, read_dictionary=text
-        )
+        table = pq.read_table(source.local if source.local is not None else fh, columns=wanted, read_dictionary=text)
     table = table.rename_columns([_normalise_names([n])[0] for n in table.column_names])
     return _Read(table, tuple(names), [], 0, first_row_number=1)
 
