@@ -143,15 +143,9 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
         from kvtool.events.plots import write_plots
 
         written += [str(p) for p in write_plots(analysis, output.plot)]
-    if output.json_output:
-        write_json(analysis, sys.stdout)
-    else:
-        from kvtool.cli.output import stdout_console
-
-        console = stdout_console()
-        render_analysis(analysis, console)
-        for path in written:
-            console.print(f"wrote {path}", highlight=False)
+    _print(
+        output, lambda: write_json(analysis, sys.stdout), lambda console: render_analysis(analysis, console), written
+    )
     if output.strict and analysis.anomalies.count:
         raise CheckFailed(anomaly_line(analysis), where=str(events_file))
 
@@ -201,17 +195,22 @@ def _report_fleet(fleet, output: _Output, where: str) -> None:
             pool = next(p for p in fleet.pools if p.instance == health.instance)
             folder = output.plot / _safe_folder(pool.instance)
             written += [str(p) for p in write_plots(pool.analysis, folder)]
-    if output.json_output:
-        write_fleet_json(fleet, sys.stdout)
-    else:
-        from kvtool.cli.output import stdout_console
-
-        console = stdout_console()
-        render_fleet(fleet, console)
-        for path in written:
-            console.print(f"wrote {path}", highlight=False)
+    _print(output, lambda: write_fleet_json(fleet, sys.stdout), lambda console: render_fleet(fleet, console), written)
     if output.strict and fleet_anomalies(fleet):
         raise CheckFailed(fleet_anomaly_line(fleet), where=where)
+
+
+def _print(output: _Output, as_json, as_tables, written: list[str]) -> None:
+    """The answer on stdout: JSON only, or the tables and the files written."""
+    if output.json_output:
+        as_json()
+        return
+    from kvtool.cli.output import stdout_console
+
+    console = stdout_console()
+    as_tables(console)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
 
 
 def _safe_folder(name: str) -> str:
