@@ -65,12 +65,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool.
 
-        EVENTS: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md), or vLLM's KV-event
-        JSON lines (.jsonl, as `kvtool capture` records them). Several files, a directory or a glob: each
-        engine's events are one pool (an instance=NAME/ folder, an instance/engine column, or the file) and the
-        report covers each pool and the fleet; --workers/--scheduler run them on Dask (pip install 'kvtool[fleet]').
+        EVENTS: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md),
+        or vLLM's KV-event JSON lines (.jsonl, as `kvtool capture` records them).
 
-        Examples: kvtool analyze events.csv --plot charts/ ;
+        Several files, a directory or a glob: each engine's events are one pool (an
+        instance=NAME/ folder, an instance or engine column, or the file), reported per pool
+        and for the fleet. --workers and --scheduler run them on Dask (the fleet extra).
+
+        Examples: kvtool analyze events.csv --plot charts/
         kvtool analyze 'logs/instance=*/**/*.parquet' --workers 8 --json > fleet.json
         """
         from kvtool.events.fleet import AnalyzeOptions
