@@ -38,7 +38,12 @@ def register(app: typer.Typer) -> None:
         ),
         top: int = typer.Option(10, "--top", help="How many culprits to list."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else."),
-        export: Optional[Path] = typer.Option(None, "--export", help="Write the per-request table to this CSV file."),
+        export: Optional[Path] = typer.Option(
+            None,
+            "--export",
+            help="Write every table: the per-request table to this file, the pool timeline, prefix matches and free "
+            "latencies beside it (NAME-pool_timeline.csv, ...); .csv, .csv.gz or .parquet by the name.",
+        ),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write four PNG charts into this directory."),
         strict: bool = typer.Option(
             False,
@@ -71,7 +76,8 @@ def register(app: typer.Typer) -> None:
         from kvtool.cli.output import stdout_console
         from kvtool.events.analysis import analyze_events
         from kvtool.events.load import load_events
-        from kvtool.events.render import anomaly_line, export_requests_csv, render_analysis, write_json
+        from kvtool.events.render import anomaly_line, export_tables, render_analysis, write_json
+        from kvtool.events.tables import analysis_tables
 
         with _progress(events_file) as note:
             table = load_events(events_file, default_block_size=_positive(block_size, "--block-size"), progress=note)
@@ -83,11 +89,11 @@ def register(app: typer.Typer) -> None:
                 pool_blocks=pool_blocks,
                 progress=note,
             )
+            tables = analysis_tables(analysis, table) if export is not None else None
             del table
         written = []
-        if export is not None:
-            export_requests_csv(analysis, export)
-            written.append(str(export))
+        if export is not None and tables is not None:
+            written += [str(p) for p in export_tables(tables, export)]
         if plot is not None:
             from kvtool.events.plots import write_plots
 

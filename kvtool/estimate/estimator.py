@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.core.jsonable import to_jsonable
 from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.capacity import (
     DEFAULT_BLOCK_SIZE,
@@ -144,6 +146,10 @@ class EstimateResult:
     warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``kvtool estimate --json`` object."""
+        return to_jsonable(self)
 
 
 def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None]:

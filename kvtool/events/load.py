@@ -148,6 +148,28 @@ def load_events(
         pa.default_memory_pool().release_unused()
 
 
+def events_from_arrow(table, where: str = "<table>", default_block_size: int = DEFAULT_BLOCK_SIZE) -> EventTable:
+    """Check an in-memory Arrow table in schema 1 (a pandas DataFrame through ``pyarrow.Table.from_pandas``) with
+    the same rules as a file, into an :class:`EventTable`; ``where`` names it in errors and as its ``path``.
+
+    Row numbers of rejected rows are 1-based row indices (as for Parquet).
+    """
+    if default_block_size <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
+    import pyarrow as pa
+
+    names = _normalise_names([str(n) for n in table.column_names])
+    _check_columns(where, names)
+    known = [i for i, name in enumerate(names) if name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)]
+    selected = table.select(known).rename_columns([names[i] for i in known])
+    if selected.num_rows == 0:
+        raise InputFileError("the events table has no rows", where=where)
+    try:
+        return _convert(where, [selected], tuple(names), [], 0, 1, default_block_size)
+    except pa.ArrowException as err:
+        raise InputFileError(f"cannot convert the events table: {_first_line(err)}", where=where) from None
+
+
 def write_events(path: str | Path, columns: dict) -> int:
     """Write events in schema 1 (CSV, ``.csv.gz`` or ``.parquet`` by the file name); return the row count.
 
@@ -275,7 +297,7 @@ def _normalise_names(names: list[str]) -> list[str]:
     return out
 
 
-def _check_columns(path: Path, found: list[str] | tuple[str, ...]) -> None:
+def _check_columns(path: str | Path, found: list[str] | tuple[str, ...]) -> None:
     missing = [c for c in REQUIRED_COLUMNS if c not in found]
     if missing:
         shown = ", ".join(found[:20]) + (" ..." if len(found) > 20 else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -11,7 +12,7 @@ from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DTYPES, TOLERANCES, run_scenario
 from kvtool.repro.results import ReproReport
 from kvtool.repro.scenarios import SCENARIO_NAMES
-from kvtool.repro.target import check_target
+from kvtool.repro.target import check_target, target_label
 
 MAX_SEED = 2**62  # torch.Generator takes a signed 64-bit seed; the workloads add small offsets to it
 THREADS = 1  # tiny tensors: a second thread only adds synchronisation (measured: 7 s vs 125 s on a busy 2-core box)
@@ -39,11 +40,13 @@ def run_repro(
     dtype: str = "float32",
     seed: int = 0,
     interleavings: int = 200,
-    target: str | None = None,
+    target: str | torch.nn.Module | Callable[[], Any] | None = None,
     d_model: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ReproReport:
     """Run the named scenarios (all when empty), or with ``target`` only the target's checks.
+
+    ``target`` is ``package.module:factory`` (the CLI's ``--target``) or, from Python, the module or its factory.
 
     ``progress`` is called with a short description before each scenario (for a status line on stderr).
     """
@@ -71,7 +74,7 @@ def run_repro(
     try:
         if target is not None:
             if progress is not None:
-                progress(f"checking {target}")
+                progress(f"checking {target_label(target)}")
             result = check_target(
                 target, d_model=d_model, device=dev, dtype=dtype, seed=seed, interleavings=interleavings
             )
