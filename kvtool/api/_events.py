@@ -14,24 +14,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from kvtool.core.errors import UsageError
+from kvtool.core.jsonable import to_jsonable
+from kvtool.events.analysis import DEFAULT_LONG_SHARE_ALERT, DEFAULT_TOP
+from kvtool.events.analysis import DEFAULT_LONG_THRESHOLD_TOKENS as DEFAULT_LONG_THRESHOLD
+from kvtool.events.load import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import pyarrow as pa
 
     from kvtool.events.analysis import Analysis
-    from kvtool.events.load import EventTable
+    from kvtool.events.load import EventTable, RejectedRows
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-DEFAULT_BLOCK_SIZE = 16  # kvtool.events.load.DEFAULT_BLOCK_SIZE (not imported: importing kvtool.api stays light)
-DEFAULT_LONG_THRESHOLD = 2048  # kvtool.events.analysis.DEFAULT_LONG_THRESHOLD_TOKENS
-DEFAULT_LONG_SHARE_ALERT = 0.6  # kvtool.events.analysis.DEFAULT_LONG_SHARE_ALERT
-DEFAULT_TOP = 10  # kvtool.events.analysis.DEFAULT_TOP
-
 # DataFrame.attrs keys set by load_events
 ATTR_SOURCE = "source"  # the file (one) or files (several) read
-ATTR_REJECTED = "rejected_rows"  # {file: kvtool.events.load.RejectedRows}
+ATTR_REJECTED = "rejected_rows"  # {file: RejectedRows as a JSON dict} (attrs must stay JSON: to_parquet stores them)
 ATTR_BLOCK_SIZE = "block_size"  # the default block size rows without a block_size were read with
 
 
@@ -78,7 +77,7 @@ def _frame(table: EventTable) -> pd.DataFrame:
         columns["free_pool_blocks"] = table.free_pool_blocks
     frame = pd.DataFrame({k: v.array if isinstance(v, pd.Series) else v for k, v in columns.items()})
     frame.attrs[ATTR_SOURCE] = table.path
-    frame.attrs[ATTR_REJECTED] = {table.path: table.rejected}
+    frame.attrs[ATTR_REJECTED] = {table.path: to_jsonable(table.rejected)}
     frame.attrs[ATTR_BLOCK_SIZE] = table.default_block_size
     return frame
 
@@ -90,8 +89,8 @@ def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFA
     accepted rows in file order, with the schema's columns (``ts``, ``event``, ``request_id``, ``num_blocks``,
     ``num_tokens`` and the optional ones the file has); ``event``, ``request_id`` and ``source_request_id`` are
     categorical, ``block_ids`` a list of integers per row (Arrow-backed).  Rejected rows are beside it in
-    ``frame.attrs["rejected_rows"]``: ``{file: RejectedRows}`` (count, count per reason, the first ten row numbers
-    with their reason, blank rows).  With several files the frames are concatenated and a categorical ``file``
+    ``frame.attrs["rejected_rows"]``: ``{file: {"count", "by_reason", "first", "blank_rows"}}`` (how many, how
+    many per reason, ``[row number, reason]`` of the first ten, blank lines skipped), as ``--json`` reports them.  With several files the frames are concatenated and a categorical ``file``
     column says where each row came from.
 
     ``block_size`` is the tokens per block of rows without a ``block_size`` (``--block-size``); it is kept in
@@ -116,7 +115,7 @@ def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFA
     0  0.0  allocate          a           2         NaN
     1  0.5    append          a           1         NaN
     2  1.0      free          a           3       800.0
-    >>> events.attrs["rejected_rows"][str(path)].by_reason
+    >>> events.attrs["rejected_rows"][str(path)]["by_reason"]
     {'negative num_tokens': 1}
     """
     from kvtool.events.load import load_events as load_table
@@ -209,6 +208,13 @@ def _arrow_frame(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas()
 
 
+def _rejected_rows(data: dict[str, Any]) -> RejectedRows:
+    from kvtool.events.load import RejectedRows
+
+    first = tuple((int(row), str(reason)) for row, reason in data["first"])
+    return RejectedRows(int(data["count"]), dict(data["by_reason"]), first, int(data["blank_rows"]))
+
+
 def _event_table(events: PathLike | pd.DataFrame, block_size: int | None) -> EventTable:
     """The events to analyse, read by the CLI's loader whatever their form."""
     import pandas as pd
@@ -221,15 +227,17 @@ def _event_table(events: PathLike | pd.DataFrame, block_size: int | None) -> Eve
         source = events.attrs.get(ATTR_SOURCE)
         where = source if isinstance(source, str) else "<DataFrame>"
         size = block_size or events.attrs.get(ATTR_BLOCK_SIZE) or DEFAULT_BLOCK_SIZE
+        bare = events.copy(deep=False)
+        bare.attrs = {}  # pyarrow would try to store them as JSON in the schema
         try:
-            arrow = pa.Table.from_pandas(events, preserve_index=False)
+            arrow = pa.Table.from_pandas(bare, preserve_index=False)
         except (pa.ArrowException, TypeError, ValueError) as err:
             raise UsageError(f"cannot read the DataFrame as events: {err}", where=where) from None
         table = events_from_arrow(arrow, where=where, default_block_size=size)
         rejected = events.attrs.get(ATTR_REJECTED) or {}
         if isinstance(source, str) and source in rejected and table.rejected.count == 0:
             # the frame of one file: the rows its loader rejected are this analysis's rejected rows too
-            table = dataclasses.replace(table, rejected=rejected[source])
+            table = dataclasses.replace(table, rejected=_rejected_rows(rejected[source]))
         return table
     if not isinstance(events, (str, os.PathLike)):
         raise UsageError(

@@ -10,6 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE
+from kvtool.simulate.run import DEFAULT_BLOCK_SIZES
+from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -17,11 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvtool.simulate.serving import CostModel
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-# kvtool.simulate's defaults (not imported: importing kvtool.api stays light); tests/api checks they agree
-DEFAULT_BLOCK_SIZES = (8, 16, 32, 64, 128)
-DEFAULT_OUTPUT_SHARE = 0.2
-DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
