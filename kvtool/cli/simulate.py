@@ -270,6 +270,8 @@ class _progress:
         return self.update
 
     def update(self, label: str, done: int, total: int) -> None:
+        if self.bar is None:
+            return
         if label not in self.tasks:
             self.tasks[label] = self.bar.add_task(label, total=total)
         self.bar.update(self.tasks[label], completed=done)

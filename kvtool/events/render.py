@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvtool.core.errors import UsageError
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
@@ -167,7 +167,7 @@ def render_analysis(analysis: Analysis, console) -> None:
     culprits = Table(
         title="Culprits: requests that hold long and use little (by wasted slot-seconds)", title_justify="left"
     )
-    for name, justify in (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("#", "right"),
         ("request_id", "left"),
         ("wasted slot-s", "right"),
@@ -176,7 +176,8 @@ def render_analysis(analysis: Analysis, console) -> None:
         ("block-s", "right"),
         ("peak blocks", "right"),
         ("leaked", "left"),
-    ):
+    )
+    for name, justify in columns:
         culprits.add_column(name, justify=justify)
     for i, c in enumerate(analysis.culprits, 1):
         culprits.add_row(

@@ -10,7 +10,7 @@ import torch
 
 from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DTYPES, TOLERANCES, run_scenario
-from kvtool.repro.results import ReproReport
+from kvtool.repro.results import ReproReport, ScenarioResult
 from kvtool.repro.scenarios import SCENARIO_NAMES
 from kvtool.repro.target import check_target, target_label
 
@@ -78,7 +78,8 @@ def run_repro(
             result = check_target(
                 target, d_model=d_model, device=dev, dtype=dtype, seed=seed, interleavings=interleavings
             )
-            scenarios, passed = (), result.passed
+            scenarios: tuple[ScenarioResult, ...] = ()
+            passed = result.passed
         else:
             result = None
             chosen = list(dict.fromkeys(names)) if names else list(SCENARIO_NAMES)

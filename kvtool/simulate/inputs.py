@@ -46,12 +46,15 @@ def load_requests(
     """The requests to simulate: a trace or an events file (sampled to ``requests`` when given), else ``dist``
     with its parameters (``mean``, ``p99``, ``min_tokens``, ``max_tokens``, ``length``, ``alpha``)."""
     try:
-        if trace is not None or from_events is not None:
-            reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
-            return sample_requests(reqs, requests, seed) if requests is not None else reqs
-        if dist is None:
+        if trace is not None:
+            reqs = load_trace(trace, output_share=output_share)
+        elif from_events is not None:
+            reqs = load_event_lengths(from_events)
+        elif dist is None:
             raise UsageError("give a source of request lengths", where="--trace/--from-events/--dist")
-        return parametric_requests(dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, **dist_params)
+        else:
+            return parametric_requests(dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, **dist_params)
+        return sample_requests(reqs, requests, seed) if requests is not None else reqs
     except MemoryError:
         raise UsageError(
             f"not enough memory for {requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
