@@ -126,62 +126,40 @@ def simulate(
     """
     import pandas as pd
 
-    from kvtool.simulate.inputs import check_options, load_requests, resolve_pool
-    from kvtool.simulate.run import SimulateOptions, parse_block_sizes, run_simulation
+    from kvtool.simulate.inputs import SimulateInputs, prepare
+    from kvtool.simulate.run import run_simulation
     from kvtool.simulate.serving import CostModel
 
-    sizes = parse_block_sizes(",".join(str(b) for b in block_sizes))
-    kv_tokens, kv_text = resolve_pool(kv_tokens, model, gpu)
-    cost = cost or CostModel()
-    events_path = None if export_events is None else Path(export_events)
-    events_file = None if from_events is None else Path(from_events)
     with _trace_file(trace) as trace_path:
-        check_options(
-            trace_path,
-            events_file,
-            dist,
-            requests,
-            output_share,
-            shared_prefix,
-            max_model_len,
-            kv_tokens,
-            qps,
-            max_num_seqs,
-            prefix_cache,
-            split_pools,
-            events_path,
-            serve,
-            (cost.step_overhead_ms, cost.token_us, cost.kv_token_us, cost.table_entry_us),
+        reqs, options = prepare(
+            SimulateInputs(
+                trace=trace_path,
+                from_events=None if from_events is None else Path(from_events),
+                dist=dist,
+                requests=requests,
+                seed=seed,
+                mean=mean,
+                p99=p99,
+                min_tokens=min_tokens,
+                max_tokens=max_tokens,
+                length=length,
+                alpha=alpha,
+                output_share=output_share,
+                shared_prefix=shared_prefix,
+                block_sizes=",".join(str(b) for b in block_sizes),
+                max_model_len=max_model_len,
+                kv_tokens=kv_tokens,
+                model=model,
+                gpu=gpu,
+                serve=serve,
+                qps=qps,
+                max_num_seqs=max_num_seqs,
+                prefix_cache=prefix_cache,
+                split_pools=split_pools,
+                export_events=None if export_events is None else Path(export_events),
+                cost=cost or CostModel(),
+            )
         )
-        reqs = load_requests(
-            trace_path,
-            events_file,
-            dist,
-            requests,
-            seed,
-            output_share,
-            mean=mean,
-            p99=p99,
-            min_tokens=min_tokens,
-            max_tokens=max_tokens,
-            length=length,
-            alpha=alpha,
-        )
-    options = SimulateOptions(
-        block_sizes=sizes,
-        shared_prefix_tokens=shared_prefix,
-        max_model_len=max_model_len,
-        kv_tokens=kv_tokens,
-        kv_tokens_text=kv_text,
-        serve=serve,
-        qps=qps,
-        seed=seed,
-        max_num_seqs=max_num_seqs,
-        prefix_cache=prefix_cache,
-        split_threshold_tokens=split_pools,
-        cost=cost,
-        export_events=events_path,
-    )
     report, traces = run_simulation(reqs, options, keep_traces=serve)
     doc = report.to_dict()
     return SimulateResult(

@@ -175,58 +175,39 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Compare KV-cache block sizes against a real or sampled request-length distribution."""
-        from kvtool.simulate.inputs import check_options, load_requests, resolve_pool
-        from kvtool.simulate.run import SimulateOptions, parse_block_sizes, run_simulation
+        from kvtool.simulate.inputs import SimulateInputs, prepare
+        from kvtool.simulate.run import run_simulation
 
-        sizes = parse_block_sizes(block_sizes)
-        kv_tokens, kv_text = resolve_pool(kv_tokens, model, gpu)
-        check_options(
-            trace,
-            from_events,
-            dist,
-            requests,
-            output_share,
-            shared_prefix,
-            max_model_len,
-            kv_tokens,
-            qps,
-            max_num_seqs,
-            prefix_cache,
-            split_pools,
-            export_events,
-            serve,
-            (step_overhead_ms, token_us, kv_token_us, table_entry_us),
+        reqs, options = prepare(
+            SimulateInputs(
+                trace=trace,
+                from_events=from_events,
+                dist=dist,
+                requests=requests,
+                seed=seed,
+                mean=mean,
+                p99=p99,
+                min_tokens=min_tokens,
+                max_tokens=max_tokens,
+                length=length,
+                alpha=alpha,
+                output_share=output_share,
+                shared_prefix=shared_prefix,
+                block_sizes=block_sizes,
+                max_model_len=max_model_len,
+                kv_tokens=kv_tokens,
+                model=model,
+                gpu=gpu,
+                serve=serve,
+                qps=qps,
+                max_num_seqs=max_num_seqs,
+                prefix_cache=prefix_cache,
+                split_pools=split_pools,
+                export_events=export_events,
+                cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
+            )
         )
-        reqs = load_requests(
-            trace,
-            from_events,
-            dist,
-            requests,
-            seed,
-            output_share,
-            mean=mean,
-            p99=p99,
-            min_tokens=min_tokens,
-            max_tokens=max_tokens,
-            length=length,
-            alpha=alpha,
-        )
-        options = SimulateOptions(
-            block_sizes=sizes,
-            shared_prefix_tokens=shared_prefix,
-            max_model_len=max_model_len,
-            kv_tokens=kv_tokens,
-            kv_tokens_text=kv_text,
-            serve=serve,
-            qps=qps,
-            seed=seed,
-            max_num_seqs=max_num_seqs,
-            prefix_cache=prefix_cache,
-            split_threshold_tokens=split_pools,
-            cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
-            export_events=export_events,
-        )
-        with _progress(enabled=serve and reqs.count * len(sizes) >= 50_000) as progress:
+        with _progress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress, keep_traces=plot is not None)
         plots = []
         if plot is not None:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from kvtool.core.errors import UsageError
 from kvtool.simulate.lengths import (
+    DEFAULT_OUTPUT_SHARE,
     DEFAULT_PARAMETRIC_REQUESTS,
     MAX_REQUEST_TOKENS,
     MAX_REQUESTS,
@@ -16,7 +18,100 @@ from kvtool.simulate.lengths import (
     parametric_requests,
     sample_requests,
 )
-from kvtool.simulate.run import MAX_KV_TOKENS, planned_pool_tokens
+from kvtool.simulate.run import (
+    DEFAULT_BLOCK_SIZES,
+    MAX_KV_TOKENS,
+    SimulateOptions,
+    parse_block_sizes,
+    planned_pool_tokens,
+)
+from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulateInputs:
+    """Everything `kvtool simulate` (or ``kvtool.api.simulate``) was asked, as given; :func:`prepare` checks it."""
+
+    trace: Path | None = None
+    from_events: Path | None = None
+    dist: str | None = None
+    requests: int | None = None  # sample this many (default: every trace row; DEFAULT_PARAMETRIC_REQUESTS for dist)
+    seed: int = 0
+    mean: float | None = None  # lognormal: mean final length, tokens
+    p99: float | None = None
+    min_tokens: float | None = None  # uniform / zipf
+    max_tokens: float | None = None
+    length: float | None = None  # fixed
+    alpha: float | None = None  # zipf
+    output_share: float = DEFAULT_OUTPUT_SHARE
+    shared_prefix: int = 0  # tokens
+    block_sizes: str = ",".join(map(str, DEFAULT_BLOCK_SIZES))  # as --block-sizes takes them
+    max_model_len: int | None = None
+    kv_tokens: int | None = None
+    model: str | None = None  # with gpu: the pool from estimate's planner
+    gpu: str | None = None
+    serve: bool = False
+    qps: float | None = None
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    prefix_cache: bool = False
+    split_pools: int | None = None  # threshold, tokens
+    export_events: Path | None = None
+    cost: CostModel = CostModel()
+
+
+def prepare(inputs: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
+    """Check the inputs, load the requests and resolve the pool: what :func:`~kvtool.simulate.run.run_simulation`
+    takes.  UsageError / InputFileError name the option or file at fault."""
+    sizes = parse_block_sizes(inputs.block_sizes)
+    kv_tokens, kv_text = resolve_pool(inputs.kv_tokens, inputs.model, inputs.gpu)
+    c = inputs.cost
+    check_options(
+        inputs.trace,
+        inputs.from_events,
+        inputs.dist,
+        inputs.requests,
+        inputs.output_share,
+        inputs.shared_prefix,
+        inputs.max_model_len,
+        kv_tokens,
+        inputs.qps,
+        inputs.max_num_seqs,
+        inputs.prefix_cache,
+        inputs.split_pools,
+        inputs.export_events,
+        inputs.serve,
+        (c.step_overhead_ms, c.token_us, c.kv_token_us, c.table_entry_us),
+    )
+    requests = load_requests(
+        inputs.trace,
+        inputs.from_events,
+        inputs.dist,
+        inputs.requests,
+        inputs.seed,
+        inputs.output_share,
+        mean=inputs.mean,
+        p99=inputs.p99,
+        min_tokens=inputs.min_tokens,
+        max_tokens=inputs.max_tokens,
+        length=inputs.length,
+        alpha=inputs.alpha,
+    )
+    options = SimulateOptions(
+        block_sizes=sizes,
+        shared_prefix_tokens=inputs.shared_prefix,
+        max_model_len=inputs.max_model_len,
+        kv_tokens=kv_tokens,
+        kv_tokens_text=kv_text,
+        serve=inputs.serve,
+        qps=inputs.qps,
+        seed=inputs.seed,
+        max_num_seqs=inputs.max_num_seqs,
+        prefix_cache=inputs.prefix_cache,
+        split_threshold_tokens=inputs.split_pools,
+        cost=inputs.cost,
+        export_events=inputs.export_events,
+    )
+    return requests, options
 
 
 def resolve_pool(kv_tokens: int | None, model: str | None, gpu: str | None) -> tuple[int | None, str | None]:
