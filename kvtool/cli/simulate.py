@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
+from kvtool.cli.options import json_option
 from kvtool.cli.output import handle_errors
+from kvtool.cli.progress import StderrProgress
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
 from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
@@ -167,9 +168,7 @@ def register(app: typer.Typer) -> None:
         table_entry_us: float = typer.Option(
             _COST_DEFAULTS.table_entry_us, "--table-entry-us", help="Time per block-table entry.", rich_help_panel=_COST
         ),
-        json_out: bool = typer.Option(
-            False, "--json", help="Print one JSON object and nothing else.", rich_help_panel=_OUT
-        ),
+        json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = typer.Option(
             None, "--plot", metavar="DIR", help="Write PNG charts into DIR.", rich_help_panel=_OUT
         ),
@@ -207,14 +206,14 @@ def register(app: typer.Typer) -> None:
                 cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
             )
         )
-        with _progress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
-            report, traces = run_simulation(reqs, options, progress, keep_traces=plot is not None)
+        with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
+            report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
         plots = []
         if plot is not None:
             from kvtool.simulate.render import write_plots
 
             plots = write_plots(report, traces, plot)
-        if json_out:
+        if json_output:
             from kvtool.cli.output import print_json
             from kvtool.simulate.render import to_json
 
@@ -229,34 +228,3 @@ def register(app: typer.Typer) -> None:
         render(report, console)
         for p in plots:
             console.print(f"Plot written: {p}")
-
-
-class _progress:
-    """A rich progress bar on stderr while the serving simulation runs, only when stderr is a terminal."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
-        self.tasks: dict[str, int] = {}
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        from rich.progress import Progress
-
-        from kvtool.cli.output import stderr_console
-
-        self.bar = Progress(console=stderr_console(), transient=True)
-        self.bar.__enter__()
-        return self.update
-
-    def update(self, label: str, done: int, total: int) -> None:
-        if self.bar is None:
-            return
-        if label not in self.tasks:
-            self.tasks[label] = self.bar.add_task(label, total=total)
-        self.bar.update(self.tasks[label], completed=done)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)

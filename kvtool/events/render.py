@@ -5,11 +5,12 @@ The JSON and the tables are built from the same dataclasses, so they never disag
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
 from kvtool.core.errors import UsageError
+from kvtool.core.format import fmt_num as _num
+from kvtool.core.format import fmt_pct
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
 from kvtool.events.tables import BOOL_COLUMNS, EXPORT_TABLES, FLOAT_COLUMNS, analysis_to_json, request_records
 
@@ -93,12 +94,6 @@ def export_tables(tables: dict, path: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------------------- tables
 
 
-def _num(value: Any, fmt: str = ",.3f", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:{fmt}}{suffix}"
-
-
 def _esc(text: str) -> str:
     """Request ids and paths are data, not rich markup ("[red]" stays literal)."""
     from rich.markup import escape
@@ -107,7 +102,7 @@ def _esc(text: str) -> str:
 
 
 def _pct(value: Any) -> str:
-    return _num(None if value is None else value * 100, ".1f", " %")
+    return fmt_pct(value, decimals=1, space=True)
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]):

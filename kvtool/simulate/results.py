@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from kvtool.core.format import fmt_pct
 from kvtool.core.jsonable import to_jsonable
 from kvtool.simulate.serving import CostModel, ServeResult
 from kvtool.simulate.static import StaticComparison
@@ -75,12 +76,7 @@ class SimulateReport:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{100 * x:.2f}%"
-
-
-def _num(x: float | None, fmt: str) -> str:
-    """A figure, or '-' when it does not exist (None or NaN: no request ran)."""
-    return "-" if x is None or x != x else format(x, fmt)
+    return fmt_pct(x, decimals=2)
 
 
 def _alt(values: dict[int, float], best: int, fmt, extra: str = "") -> str:
