@@ -13,7 +13,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 # name -> the kvtool.api attribute it is (the functions whose name is not also a subpackage's)
-_LAZY = ("AnalyzeResult", "SimulateResult", "analyze", "check_target", "load_events")
+_LAZY = ("AnalyzeResult", "FleetResult", "SimulateResult", "analyze", "check_target", "load_events")
 
 
 def __getattr__(name: str) -> Any:

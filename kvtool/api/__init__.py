@@ -6,7 +6,8 @@ Each function runs the code of the command it is named after, with the same opti
 - :func:`estimate` -> ``EstimateResult`` (``kvtool estimate``)
 - :func:`load_events` -> ``pandas.DataFrame`` of an events file's accepted rows, rejected rows in ``attrs``
 - :func:`analyze` -> :class:`AnalyzeResult`: ``requests``, ``pool_timeline``, ``free_latency``,
-  ``prefix_matches`` DataFrames and the ``--json`` sections (``kvtool analyze``)
+  ``prefix_matches`` DataFrames and the ``--json`` sections (``kvtool analyze``); several files ->
+  :class:`FleetResult` (one pool per engine)
 - :func:`simulate` -> :class:`SimulateResult`: one row per block size (``kvtool simulate``)
 - :func:`check_target` -> ``ReproReport`` (``kvtool repro --target``)
 
@@ -15,8 +16,17 @@ The reference with examples is docs/api.md (generated from these docstrings).
 """
 
 from kvtool.api._estimate import estimate
-from kvtool.api._events import AnalyzeResult, analyze, load_events
+from kvtool.api._events import AnalyzeResult, FleetResult, analyze, load_events
 from kvtool.api._repro import check_target
 from kvtool.api._simulate import SimulateResult, simulate
 
-__all__ = ["AnalyzeResult", "SimulateResult", "analyze", "check_target", "estimate", "load_events", "simulate"]
+__all__ = [
+    "AnalyzeResult",
+    "FleetResult",
+    "SimulateResult",
+    "analyze",
+    "check_target",
+    "estimate",
+    "load_events",
+    "simulate",
+]

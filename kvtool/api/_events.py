@@ -11,11 +11,11 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Union, overload
 
 from kvtool.core.errors import UsageError
 from kvtool.core.jsonable import to_jsonable
-from kvtool.events.analysis import DEFAULT_LONG_SHARE_ALERT, DEFAULT_TOP
+from kvtool.events.analysis import DEFAULT_LATE_FREE_MS, DEFAULT_LONG_SHARE_ALERT, DEFAULT_TOP
 from kvtool.events.analysis import DEFAULT_LONG_THRESHOLD_TOKENS as DEFAULT_LONG_THRESHOLD
 from kvtool.events.load import DEFAULT_BLOCK_SIZE
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
     from kvtool.events.analysis import Analysis
+    from kvtool.events.fleet import AnalyzeOptions, FleetAnalysis
     from kvtool.events.load import EventTable, RejectedRows
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -75,6 +76,8 @@ def _frame(table: EventTable) -> pd.DataFrame:
         columns["block_size"] = table.block_size
     if table.free_pool_blocks is not None:
         columns["free_pool_blocks"] = table.free_pool_blocks
+    if table.instance is not None:
+        columns["instance"] = pd.Categorical.from_codes(table.instance, categories=list(table.instance_ids))
     frame = pd.DataFrame({k: v.array if isinstance(v, pd.Series) else v for k, v in columns.items()})
     frame.attrs[ATTR_SOURCE] = table.path
     frame.attrs[ATTR_REJECTED] = {table.path: to_jsonable(table.rejected)}
@@ -197,6 +200,11 @@ class AnalyzeResult:
         """Requests that hold long and use little, worst first: ``--json``'s ``culprits``."""
         return self.report["culprits"]
 
+    @property
+    def late_frees(self) -> dict[str, Any]:
+        """Requests whose blocks came back later than ``late_free_ms``, named: ``--json``'s ``late_frees``."""
+        return self.report["late_frees"]
+
     def to_dict(self) -> dict[str, Any]:
         """The whole ``kvtool analyze --json`` object."""
         from kvtool.events.tables import request_records
@@ -239,12 +247,6 @@ def _event_table(events: PathLike | pd.DataFrame, block_size: int | None) -> Eve
             # the frame of one file: the rows its loader rejected are this analysis's rejected rows too
             table = dataclasses.replace(table, rejected=_rejected_rows(rejected[source]))
         return table
-    if not isinstance(events, (str, os.PathLike)):
-        raise UsageError(
-            "analyze takes one events file or a DataFrame; several files: analyze each, or load_events(paths) "
-            "and analyze the rows of one engine",
-            where="analyze",
-        )
     from kvtool.events.load import load_events as load_table
 
     path = Path(events)
@@ -254,9 +256,87 @@ def _event_table(events: PathLike | pd.DataFrame, block_size: int | None) -> Eve
             where=str(path),
             tip="run `kvtool analyze FILE.jsonl --json` for the vLLM event analysis",
         )
+    if path.is_dir():
+        raise UsageError(
+            "a directory holds a fleet: give it as a list", where=str(path), tip=f"analyze([{str(path)!r}])"
+        )
     return load_table(path, default_block_size=block_size or DEFAULT_BLOCK_SIZE)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class FleetResult:
+    """``kvtool analyze`` on several files (one pool per engine) for a notebook.
+
+    ``requests``: every pool's per-request table with an ``instance`` column; ``health``: one row per pool;
+    ``files``: one row per file read (or refused); ``summary``: ``--json``'s ``fleet`` figures; ``to_dict()``:
+    the whole fleet ``--json``; ``fleet``: the core :class:`kvtool.events.fleet.FleetAnalysis` (each pool's
+    analysis in ``fleet.pools``).
+    """
+
+    fleet: FleetAnalysis
+    report: dict[str, Any]  # the fleet --json object without "requests"
+    requests: pd.DataFrame
+    health: pd.DataFrame
+    files: pd.DataFrame
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Fleet figures, percentiles exact over every pool's rows: ``--json``'s ``fleet``."""
+        return self.report["fleet"]
+
+    @property
+    def worst_requests(self) -> list[dict[str, Any]]:
+        """The requests that wasted the most slot-seconds, with their pool: ``--json``'s ``worst_requests``."""
+        return self.report["worst_requests"]
+
+    @property
+    def late_freed(self) -> list[dict[str, Any]]:
+        """Requests freed later than ``late_free_ms``, with their pool: ``--json``'s ``late_freed``."""
+        return self.report["late_freed"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole fleet ``kvtool analyze --json`` object."""
+        from kvtool.events.tables import fleet_columns, records
+
+        return {**self.report, "requests": records(fleet_columns(self.fleet))}
+
+
+def _options(
+    block_size: int | None, long_threshold: int, long_share_alert: float, pool_blocks: int | None, top: int, late: float
+) -> AnalyzeOptions:
+    from kvtool.events.fleet import AnalyzeOptions
+
+    if block_size is not None and block_size <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, got {block_size}", where="--block-size")
+    return AnalyzeOptions(
+        default_block_size=block_size or DEFAULT_BLOCK_SIZE,
+        long_threshold_tokens=long_threshold,
+        long_share_alert=long_share_alert,
+        top=top,
+        pool_blocks=pool_blocks,
+        late_free_ms=late,
+    )
+
+
+def _fleet_result(paths: Sequence[PathLike], options: AnalyzeOptions, workers, scheduler) -> FleetResult:
+    import pandas as pd
+
+    from kvtool.events.fleet import analyze_fleet
+    from kvtool.events.sources import find_pool_files
+    from kvtool.events.tables import fleet_columns, fleet_to_json
+
+    fleet = analyze_fleet(find_pool_files([str(p) for p in paths]), options, workers=workers, scheduler=scheduler)
+    requests = pd.DataFrame(dict(fleet_columns(fleet)))
+    return FleetResult(
+        fleet=fleet,
+        report=fleet_to_json(fleet),
+        requests=requests,
+        health=pd.DataFrame([to_jsonable(h) for h in fleet.health]),
+        files=pd.DataFrame([to_jsonable(f) for f in fleet.files]),
+    )
+
+
+@overload
 def analyze(
     events: PathLike | pd.DataFrame,
     *,
@@ -265,18 +345,52 @@ def analyze(
     long_share_alert: float = DEFAULT_LONG_SHARE_ALERT,
     pool_blocks: int | None = None,
     top: int = DEFAULT_TOP,
-) -> AnalyzeResult:
+    late_free_ms: float = DEFAULT_LATE_FREE_MS,
+    workers: None = None,
+    scheduler: None = None,
+) -> AnalyzeResult: ...
+
+
+@overload
+def analyze(
+    events: Sequence[PathLike],
+    *,
+    block_size: int | None = None,
+    long_threshold: int = DEFAULT_LONG_THRESHOLD,
+    long_share_alert: float = DEFAULT_LONG_SHARE_ALERT,
+    pool_blocks: int | None = None,
+    top: int = DEFAULT_TOP,
+    late_free_ms: float = DEFAULT_LATE_FREE_MS,
+    workers: int | None = None,
+    scheduler: str | None = None,
+) -> FleetResult: ...
+
+
+def analyze(
+    events: PathLike | pd.DataFrame | Sequence[PathLike],
+    *,
+    block_size: int | None = None,
+    long_threshold: int = DEFAULT_LONG_THRESHOLD,
+    long_share_alert: float = DEFAULT_LONG_SHARE_ALERT,
+    pool_blocks: int | None = None,
+    top: int = DEFAULT_TOP,
+    late_free_ms: float = DEFAULT_LATE_FREE_MS,
+    workers: int | None = None,
+    scheduler: str | None = None,
+) -> AnalyzeResult | FleetResult:
     """Per-request holding time versus utilization, and the health of the block pool (``kvtool analyze``).
 
     ``events``: an events file (schema 1) or a DataFrame in that schema (from :func:`load_events`, or built by
-    hand: extra columns are ignored, rows are checked as a file's are).  The options are the CLI's (docs/analyze.md):
-    ``block_size`` tokens per block where a row has none (default: the one ``load_events`` used, else 16),
-    ``long_threshold`` tokens for a long request, ``long_share_alert``, ``pool_blocks`` (the pool's capacity),
-    ``top`` culprits.
+    hand: extra columns are ignored, rows are checked as a file's are) -> :class:`AnalyzeResult`; or a list of
+    files, directories and globs (``"logs/instance=*/**/*.parquet"``) -> :class:`FleetResult`, one pool per engine
+    as ``kvtool analyze`` reports several files (``workers``/``scheduler`` run them on Dask).  The options are the
+    CLI's (docs/analyze.md): ``block_size`` tokens per block where a row has none (default: the one
+    ``load_events`` used, else 16), ``long_threshold`` tokens for a long request, ``long_share_alert``,
+    ``pool_blocks`` (the pool's capacity), ``top`` culprits, ``late_free_ms`` (a free later than this is named).
 
-    Returns an :class:`AnalyzeResult`: ``requests``, ``pool_timeline``, ``free_latency``, ``prefix_matches`` (and
+    An :class:`AnalyzeResult` has ``requests``, ``pool_timeline``, ``free_latency``, ``prefix_matches`` (and
     ``physical_timeline``) as DataFrames; ``summary``, ``pool``, ``prefix_reuse``, ``long_requests``,
-    ``anomalies``, ``culprits`` as the sections of ``--json``; ``to_dict()`` the whole ``--json`` object.
+    ``anomalies``, ``culprits``, ``late_frees`` as the sections of ``--json``; ``to_dict()`` the whole ``--json``.
 
     Example: request ``a`` holds 2 blocks for 1 s, then 3 for 1 s, and its free comes 800 ms late:
 
@@ -296,8 +410,20 @@ def analyze(
     0          a             2.0            5.0            3
     >>> result.summary["free_latency_ms_max"], float(result.free_latency["late_block_seconds"].sum())
     (800.0, 2.4)
+    >>> [(late["request_id"], late["free_latency_ms"]) for late in result.late_frees["top"]]
+    [('a', 800.0)]
     """
-    from kvtool.events.analysis import analyze_events
+    import pandas as pd
+
+    options = _options(block_size, long_threshold, long_share_alert, pool_blocks, top, late_free_ms)
+    if not isinstance(events, (str, os.PathLike, pd.DataFrame)):
+        return _fleet_result(list(events), options, workers, scheduler)
+    if workers is not None or scheduler is not None:
+        raise UsageError("workers and scheduler apply to several files (a list)", where="analyze")
+    return _single_result(_event_table(events, block_size), options)
+
+
+def _single_result(table: EventTable, options: AnalyzeOptions) -> AnalyzeResult:
     from kvtool.events.tables import (
         analysis_to_json,
         free_latency_table,
@@ -307,16 +433,13 @@ def analyze(
         requests_table,
     )
 
-    if block_size is not None and block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, got {block_size}", where="--block-size")
-    table = _event_table(events, block_size)
-    analysis = analyze_events(
-        table,
-        long_threshold_tokens=long_threshold,
-        long_share_alert=long_share_alert,
-        top=top,
-        pool_blocks=pool_blocks,
-    )
+    if table.instance is not None and len(set(table.instance.tolist()) - {-1}) > 1:
+        raise UsageError(
+            f"the events hold {len(table.instance_ids)} instances (an instance/engine column): one pool each",
+            where=table.path,
+            tip=f"analyze([{table.path!r}]) reports each pool and the fleet, as the CLI does",
+        )
+    analysis = options.analyze(table)
     physical = physical_timeline_table(analysis)
     return AnalyzeResult(
         analysis=analysis,

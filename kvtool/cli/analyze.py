@@ -5,6 +5,7 @@ Thin layer: parse options, call ``load_events`` and ``analyze_events``, hand the
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -24,8 +25,11 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     @handle_errors
     def command(
-        events_file: Path = typer.Argument(
-            ..., help="Events file: .csv, .csv.gz or .parquet (schema 1, docs/events-schema.md).", show_default=False
+        events: list[str] = typer.Argument(
+            ...,
+            help="Events files (.csv, .csv.gz, .parquet; schema 1, docs/events-schema.md), directories, globs "
+            "(fleet/instance=*/**/*.parquet) or fsspec URLs. Several files: one pool per engine, and a fleet report.",
+            show_default=False,
         ),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per block where a row has no block_size."),
         long_threshold: int = typer.Option(
@@ -37,27 +41,64 @@ def register(app: typer.Typer) -> None:
         pool_blocks: Optional[int] = typer.Option(
             None, "--pool-blocks", help="Pool capacity in blocks (share basis for the long-request alert)."
         ),
-        top: int = typer.Option(10, "--top", help="How many culprits to list."),
+        late_free_ms: float = typer.Option(
+            100.0, "--late-free-ms", help="A free later than this (ms after the request ended) is named as late."
+        ),
+        top: int = typer.Option(10, "--top", help="How many culprits (late frees, worst pools) to list."),
         json_output: JsonOpt = False,
         export: Optional[Path] = typer.Option(
             None,
             "--export",
             help="Write every table: the per-request table to this file, the pool timeline, prefix matches and free "
-            "latencies beside it (NAME-pool_timeline.csv, ...); .csv, .csv.gz or .parquet by the name.",
+            "latencies beside it (NAME-pool_timeline.csv, ...); .csv, .csv.gz or .parquet by the name. A fleet: the "
+            "per-request table of every pool.",
         ),
-        plot: Optional[Path] = typer.Option(None, "--plot", help="Write four PNG charts into this directory."),
+        plot: Optional[Path] = typer.Option(
+            None, "--plot", help="Write four PNG charts into this directory (a fleet: one folder per worst pool)."
+        ),
+        workers: Optional[int] = typer.Option(
+            None, "--workers", help="Several files: run them on a local Dask cluster of N worker processes."
+        ),
+        scheduler: Optional[str] = typer.Option(
+            None, "--scheduler", help="Several files: run them on the Dask cluster at this address (tcp://host:8786)."
+        ),
         strict: bool = typer.Option(
             False,
             "--strict",
             help="Exit 1 if any row was rejected, a free was clamped, or a request leaked (vLLM "
-            "events: if batches were lost).",
+            "events: if batches were lost; a fleet: also if a file was refused).",
         ),
     ) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool.
 
-        EVENTS_FILE: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md), or vLLM's KV-event
-        JSON lines (.jsonl, as `kvtool capture` records them).
+        EVENTS: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md), or vLLM's KV-event
+        JSON lines (.jsonl, as `kvtool capture` records them). Several files, a directory or a glob: each
+        engine's events are one pool (an instance=NAME/ folder, an instance/engine column, or the file) and the
+        report covers each pool and the fleet; --workers/--scheduler run them on Dask (pip install 'kvtool[fleet]').
+
+        Examples: kvtool analyze events.csv --plot charts/ ;
+        kvtool analyze 'logs/instance=*/**/*.parquet' --workers 8 --json > fleet.json
         """
+        from kvtool.events.fleet import AnalyzeOptions
+        from kvtool.events.sources import is_single_file
+
+        options = AnalyzeOptions(
+            default_block_size=_positive(block_size, "--block-size"),
+            long_threshold_tokens=long_threshold,
+            long_share_alert=long_share_alert,
+            top=top,
+            pool_blocks=pool_blocks,
+            late_free_ms=late_free_ms,
+        )
+        output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
+        if not is_single_file(events):
+            return _analyze_fleet(events, options, output, workers=workers, scheduler=scheduler)
+        events_file = Path(events[0])
+        if workers is not None or scheduler is not None:
+            from kvtool.cli.output import warn
+
+            warn("one file is analysed in this process: --workers/--scheduler apply to several files")
+        _require_content(events_file)
         if _is_vllm_events_file(events_file):
             ignored = [
                 name
@@ -66,6 +107,7 @@ def register(app: typer.Typer) -> None:
                     ("--long-threshold", long_threshold, 2048),
                     ("--long-share-alert", long_share_alert, 0.6),
                     ("--pool-blocks", pool_blocks, None),
+                    ("--late-free-ms", late_free_ms, 100.0),
                     ("--top", top, 10),
                 )
                 if value != default
@@ -73,42 +115,135 @@ def register(app: typer.Typer) -> None:
             return _analyze_jsonl(
                 events_file, json_output=json_output, plot=plot, export=export, strict=strict, ignored=ignored
             )
+        _analyze_file(events_file, options, output)
 
-        from kvtool.cli.output import stdout_console
-        from kvtool.events.analysis import analyze_events
-        from kvtool.events.load import load_events
-        from kvtool.events.render import anomaly_line, export_tables, render_analysis, write_json
-        from kvtool.events.tables import analysis_tables
 
-        with _progress(events_file) as progress:
-            note = progress.stage
-            table = load_events(events_file, default_block_size=_positive(block_size, "--block-size"), progress=note)
-            analysis = analyze_events(
-                table,
-                long_threshold_tokens=long_threshold,
-                long_share_alert=long_share_alert,
-                top=top,
-                pool_blocks=pool_blocks,
-                progress=note,
-            )
-            tables = analysis_tables(analysis, table) if export is not None else None
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    json_output: bool
+    export: Optional[Path]
+    plot: Optional[Path]
+    strict: bool
+
+
+def _analyze_file(events_file: Path, options, output: _Output) -> None:
+    """One file: in this process (no Dask import); a file holding several instances becomes a fleet."""
+    from kvtool.events.fleet import pools_of_table, reduce_fleet
+    from kvtool.events.load import load_events
+    from kvtool.events.render import anomaly_line, export_tables, render_analysis, write_json
+    from kvtool.events.tables import analysis_tables
+
+    with _progress(events_file) as progress:
+        note = progress.stage
+        table = load_events(events_file, default_block_size=options.default_block_size, progress=note)
+        if table.instance is not None and len(set(table.instance.tolist())) > 1:
+            unit = pools_of_table(table, str(events_file), (str(events_file),), options)
             del table
-        written = []
-        if export is not None and tables is not None:
-            written += [str(p) for p in export_tables(tables, export)]
-        if plot is not None:
-            from kvtool.events.plots import write_plots
+            return _report_fleet(reduce_fleet([unit], options), output, where=str(events_file))
+        analysis = options.analyze(table, progress=note)
+        tables = analysis_tables(analysis, table) if output.export is not None else None
+        del table
+    written = []
+    if output.export is not None and tables is not None:
+        written += [str(p) for p in export_tables(tables, output.export)]
+    if output.plot is not None:
+        from kvtool.events.plots import write_plots
 
-            written += [str(p) for p in write_plots(analysis, plot)]
-        if json_output:
-            write_json(analysis, sys.stdout)
-        else:
-            console = stdout_console()
-            render_analysis(analysis, console)
-            for path in written:
-                console.print(f"wrote {path}", highlight=False)
-        if strict and analysis.anomalies.count:
-            raise CheckFailed(anomaly_line(analysis), where=str(events_file))
+        written += [str(p) for p in write_plots(analysis, output.plot)]
+    if output.json_output:
+        write_json(analysis, sys.stdout)
+    else:
+        from kvtool.cli.output import stdout_console
+
+        console = stdout_console()
+        render_analysis(analysis, console)
+        for path in written:
+            console.print(f"wrote {path}", highlight=False)
+    if output.strict and analysis.anomalies.count:
+        raise CheckFailed(anomaly_line(analysis), where=str(events_file))
+
+
+def _analyze_fleet(arguments: list[str], options, output: _Output, *, workers, scheduler) -> None:
+    """Several files: one pool per engine, in this process or on Dask; progress per file on stderr."""
+    from kvtool.events.fleet import analyze_fleet
+    from kvtool.events.sources import find_pool_files
+
+    units = find_pool_files(arguments)
+    total_files = sum(len(u.paths) for u in units)
+    done_files = 0
+
+    def note(done: int, total: int, result, unit) -> None:
+        nonlocal done_files
+        for f in result.files:
+            done_files += 1
+            state = f"refused ({f.refused})" if f.refused else f"{f.events:,} events, {f.rejected_rows:,} rejected"
+            sys.stderr.write(f"analyze: file {done_files}/{total_files} {f.path}: {state}\n")
+        sys.stderr.flush()
+
+    fleet = analyze_fleet(units, options, workers=workers, scheduler=scheduler, progress=note)
+    _report_fleet(fleet, output, where=", ".join(arguments))
+
+
+def _report_fleet(fleet, output: _Output, where: str) -> None:
+    from kvtool.events.render import (
+        export_fleet_tables,
+        fleet_anomalies,
+        fleet_anomaly_line,
+        render_fleet,
+        write_fleet_json,
+    )
+
+    written = []
+    if output.export is not None:
+        written += [str(p) for p in export_fleet_tables(fleet, output.export)]
+    if output.plot is not None:
+        from kvtool.events.plots import write_plots
+
+        for health in fleet.worst_instances or fleet.health[:1]:
+            pool = next(p for p in fleet.pools if p.instance == health.instance)
+            folder = output.plot / _safe_folder(pool.instance)
+            written += [str(p) for p in write_plots(pool.analysis, folder)]
+    if output.json_output:
+        write_fleet_json(fleet, sys.stdout)
+    else:
+        from kvtool.cli.output import stdout_console
+
+        console = stdout_console()
+        render_fleet(fleet, console)
+        for path in written:
+            console.print(f"wrote {path}", highlight=False)
+    if output.strict and fleet_anomalies(fleet):
+        raise CheckFailed(fleet_anomaly_line(fleet), where=where)
+
+
+def _safe_folder(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name) or "pool"
+
+
+def _require_content(path: Path) -> None:
+    """A missing or empty file (an empty capture too) says so, whatever its suffix."""
+    from kvtool.core.errors import InputFileError
+
+    if not path.exists():
+        raise InputFileError("events file not found", where=str(path))
+    if path.is_dir():
+        return
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(1 << 16)
+        if head[:2] == b"\x1f\x8b":
+            import gzip
+            import zlib
+
+            try:
+                with gzip.open(path, "rb") as fh:
+                    head = fh.read(1 << 16)
+            except (OSError, EOFError, zlib.error):
+                return  # the loader says what is wrong with it
+    except OSError:
+        return
+    if not head.strip():
+        raise InputFileError("the events file is empty: it has no events", where=str(path))
 
 
 def _positive(value: int, option: str) -> int:

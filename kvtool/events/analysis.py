@@ -21,13 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import UsageError
 from kvtool.core.threads import in_background
-from kvtool.events.blocks import physical_blocks
+from kvtool.events.blocks import PhysicalBlocks, physical_blocks
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable
-from kvtool.events.segments import clamp_at_zero, inverse_permutation, percentiles, radix_argsort, segment_cumsum
+from kvtool.events.segments import (
+    clamp_at_zero,
+    inverse_permutation,
+    nearest_rank,
+    percentiles,
+    radix_argsort,
+    segment_cumsum,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -38,6 +45,9 @@ DEFAULT_TOP = 10
 SHORT_MATCH_SHARE = 0.5  # "many" zero or very short prefix matches: at least half of the requests
 PILE_UP_SHARE = 0.5  # "piling up": at least half of the hits have the same, block-multiple match length
 FIRST_LEAKS_SHOWN = 10
+# A free later than this is late (the article: frees 800 ms late before the fix, under 5 ms after it; 100 ms is
+# twenty times the healthy figure and an eighth of the pathological one).  --late-free-ms changes it.
+DEFAULT_LATE_FREE_MS = 100.0
 
 nan = float("nan")
 
@@ -68,6 +78,7 @@ class Summary:
     trace_end_s: float
     duration_s: float
     default_block_size: int
+    late_free_requests: int  # requests with a free slower than the late-free threshold (late_frees.threshold_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +123,7 @@ class PrefixReuse:
     prompt_tokens: int
     reused_tokens: int
     reused_token_share: float  # reused tokens / prompt tokens
-    match_tokens_p50: float
+    match_tokens_p50: float  # nearest rank: a match length that occurred (no interpolation)
     match_tokens_p90: float
     short_match_requests: int  # requests matching at most one block (zero included)
     most_common_hit_tokens: int | None
@@ -134,7 +145,7 @@ class LongRequests:
     long_requests: int  # requests whose peak tokens held exceed the threshold
     basis: str  # "capacity" (share of the pool) or "blocks_in_use" (share of what is held)
     capacity_blocks: float | None
-    peak_share: float
+    peak_share: float  # the largest share that lasts (an instant at the very end of the trace is no peak)
     peak_share_at_s: float
     mean_share: float  # time-weighted over the time blocks are in use
     time_above_alert_s: float
@@ -176,6 +187,7 @@ REQUEST_COLUMNS = (
     "reused_blocks",
     "reused_tokens",
     "free_latency_ms_max",
+    "late_free_block_seconds",
     "preemptions",
     "over_frees",
     "leaked",
@@ -203,6 +215,7 @@ class RequestTable:
     reused_blocks: np.ndarray
     reused_tokens: np.ndarray
     free_latency_ms_max: np.ndarray  # NaN without a latency
+    late_free_block_seconds: np.ndarray  # sum over the request's free rows of blocks x latency_ms / 1000
     preemptions: np.ndarray
     over_frees: np.ndarray
     leaked: np.ndarray  # bool
@@ -211,6 +224,8 @@ class RequestTable:
     first_ts_s: np.ndarray
     last_ts_s: np.ndarray
     events: np.ndarray
+    token_seconds: np.ndarray  # integral of tokens held (not a report column: pool utilization from the rows)
+    slot_seconds: np.ndarray  # integral of b x block_size
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -230,6 +245,28 @@ class Culprit:
     block_seconds: float
     peak_blocks: int
     leaked: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LateFree:
+    """A request whose blocks returned to the pool late, and what that cost."""
+
+    request_id: str
+    free_latency_ms: float  # its slowest free: request finished -> blocks back in the pool
+    late_free_block_seconds: float  # blocks x latency over its free rows: pool capacity idle while waiting
+    peak_blocks: int
+    holding_time_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LateFrees:
+    """Late frees named (the article's 800 ms case): requests with a free slower than the threshold."""
+
+    threshold_ms: float
+    requests: int
+    block_seconds: float  # their late-free block-seconds
+    share_of_late_free_block_seconds: float  # of all frees' block-seconds (pool.late_free_block_seconds)
+    top: tuple[LateFree, ...]  # by late-free block-seconds, then latency (up to --top)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -259,6 +296,7 @@ class Analysis:
     timeline: Timeline
     free_latencies_ms: np.ndarray  # latency_ms of free rows, for the histogram
     match_tokens: np.ndarray  # prefix match length of each request with a prompt
+    late_frees: LateFrees
 
 
 def analyze_events(
@@ -268,11 +306,76 @@ def analyze_events(
     long_share_alert: float = DEFAULT_LONG_SHARE_ALERT,
     top: int = DEFAULT_TOP,
     pool_blocks: int | None = None,
+    late_free_ms: float = DEFAULT_LATE_FREE_MS,
     progress: Callable[[str], None] | None = None,
 ) -> Analysis:
-    """Analyse an :class:`EventTable` (see the module docstring for the definitions)."""
-    import numpy as np
+    """Analyse an :class:`EventTable` (see the module docstring for the definitions).
 
+    The story: one stable sort by (request, ts) gives each request's blocks held after each of its rows (b);
+    integrals over each request's rows give the per-request table; the changes of b in global time order give
+    the pool's blocks in use; physical block ids (a second thread) give the unique blocks in use; the rest are
+    small reductions of those (prefix reuse, long requests, late frees, anomalies).
+    """
+    _check_options(long_threshold_tokens, long_share_alert, top, pool_blocks, late_free_ms)
+    note = progress or (lambda stage: None)
+    note("sorting")
+    order = _time_order(table)
+    physical_job, held = _hold_blocks_beside_physical(table, order)
+    note("integrating")
+    integrals = _integrate(table, held, order.t_end)
+    rows = _row_figures(table, held.starts, held.q, integrals.up_pos, order.tpos_of_row)
+    requests = _request_table(table, held, integrals, rows, long_threshold_tokens)
+    note("pool")
+    curves = _pool_curves(integrals.db, held.q, requests.long[held.codes], order.t_ts, held.acc)
+    block_size_of_request = _block_size_of_request(table, held)
+    del held
+    physical = physical_job.result() if physical_job is not None else None
+    capacity = _capacity(table, pool_blocks, physical, order, curves.in_use)
+    pool = _pool_stats(table, order, curves, integrals, requests, physical, capacity)
+    note("prefix reuse")
+    has_prompt = rows.prompt_tokens > 0
+    match_tokens = rows.match_tokens[has_prompt]
+    prefix = _prefix_reuse(
+        match_tokens,
+        rows.prompt_tokens[has_prompt],
+        block_size_of_request[has_prompt],
+        bool((table.event == REUSE).any()),
+    )
+    prefix = dataclasses.replace(prefix, **_reuse_sources(table))
+    long_stats = _long_share(
+        curves,
+        capacity,
+        order.t_end,
+        long_threshold_tokens,
+        long_share_alert,
+        int(requests.long.sum()),
+    )
+    late = _late_frees(requests, late_free_ms, top, pool.late_free_block_seconds)
+    anomalies = _anomalies(table, integrals, requests)
+    return Analysis(
+        file=table.path,
+        schema_version=SCHEMA_VERSION,
+        summary=_summary(table, order, requests, pool, anomalies, late),
+        pool=pool,
+        prefix_reuse=prefix,
+        long_requests=long_stats,
+        anomalies=anomalies,
+        culprits=_culprits(requests, top),
+        requests=requests,
+        timeline=Timeline(
+            time_s=curves.time_s,
+            blocks_in_use=curves.blocks_in_use,
+            long_blocks_in_use=curves.long_blocks_in_use,
+            physical_time_s=None if physical is None else physical.curve_t,
+            physical_blocks_in_use=None if physical is None else physical.curve_b,
+        ),
+        free_latencies_ms=_latencies(table, FREE),
+        match_tokens=match_tokens,
+        late_frees=late,
+    )
+
+
+def _check_options(long_threshold_tokens, long_share_alert, top, pool_blocks, late_free_ms) -> None:
     if long_threshold_tokens < 0:
         raise UsageError(f"--long-threshold must be >= 0 tokens, got {long_threshold_tokens}")
     if not 0 < long_share_alert <= 1:
@@ -281,278 +384,94 @@ def analyze_events(
         raise UsageError(f"--top must be >= 0, got {top}")
     if pool_blocks is not None and pool_blocks <= 0:
         raise UsageError(f"--pool-blocks must be a positive number of blocks, got {pool_blocks}")
-    note = progress or (lambda stage: None)
+    if not late_free_ms >= 0:
+        raise UsageError(f"--late-free-ms must be >= 0 ms, got {late_free_ms}")
 
-    n = table.events
-    n_req = len(table.request_ids)
-    ts = table.ts
-    t_end = float(ts.max()) if n else nan
-    t_start = float(ts.min()) if n else nan
-    duration = t_end - t_start if n else 0.0
 
-    # ---- one stable sort by (request, ts): ts first (usually already sorted), then radix passes on the request
-    # (_hold_blocks).  Everything that concerns a few rows (reuse, latency, prompts) is computed on those rows
-    # in file order (_row_figures).
-    note("sorting")
-    ts_sorted_already = n < 2 or bool((ts[1:] >= ts[:-1]).all())
-    p0 = None if ts_sorted_already else np.argsort(ts, kind="stable")
-    tpos_of_row = None if p0 is None else inverse_permutation(p0)
+# ---------------------------------------------------------------------------------------------------- steps
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _TimeOrder:
+    """The stable time order of the rows (equal ts in file order)."""
+
+    p0: np.ndarray | None  # row of each time-order position (None: the file is already in time order)
+    tpos_of_row: np.ndarray | None  # the inverse: time-order position of each row
+    t_ts: np.ndarray  # ts in time order
+    t_start: float
+    t_end: float  # the end of the trace: the largest accepted ts
+    duration: float
+
+
+def _time_order(table: EventTable) -> _TimeOrder:
+    import numpy as np
+
+    n, ts = table.events, table.ts
+    sorted_already = n < 2 or bool((ts[1:] >= ts[:-1]).all())  # usually: one pass, no sort
+    p0 = None if sorted_already else np.argsort(ts, kind="stable")
     t_ts = ts if p0 is None else ts[p0]
-    # unique physical blocks (block_ids) run on a second core meanwhile (numpy releases the GIL in its sorts
-    # and loops); they need b, which this thread hands over through `later` once computed
-    physical_job = later = None
-    if n and table.block_id_rows is not None and table.block_id_rows.size:
-        from concurrent.futures import Future
+    t_start = float(t_ts[0]) if n else nan
+    t_end = float(t_ts[-1]) if n else nan
+    return _TimeOrder(
+        p0=p0,
+        tpos_of_row=None if p0 is None else inverse_permutation(p0),
+        t_ts=t_ts,
+        t_start=t_start,
+        t_end=t_end,
+        duration=t_end - t_start if n else 0.0,
+    )
 
+
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """The per-request pass: rows in (request, ts) order and the blocks held after each.
+
+    Working state, not a result: the large per-row arrays are dropped (set to None) as soon as they are used.
+    """
+
+    q: Any  # sorted position k holds time-order position q[k]
+    codes: Any  # request of each row in time order
+    starts: Any  # first sorted position of each request
+    lengths: Any  # rows per request
+    last: Any  # last sorted position of each request
+    t: Any  # ts, sorted
+    d: Any  # signed block change of each row, sorted (free rows negative)
+    tok: Any  # tokens added by each row, sorted (0 on free rows)
+    bs: Any  # block size of each row, sorted (an int when every row has the default)
+    acc: Any  # the integer dtype of running sums (int32 when the totals fit)
+    b: Any  # blocks held after each row (clamped at 0)
+    bp: Any  # blocks held before each row
+
+
+def _hold_blocks_beside_physical(table: EventTable, order: _TimeOrder) -> tuple[Any, _Held]:
+    """Run _hold_blocks here while the physical-block pass (block_ids) starts on a second core.
+
+    numpy releases the GIL in its sorts and loops; the physical pass needs b, which this thread hands over
+    through a Future once computed (or the error, so that thread never waits forever).
+    """
+    from concurrent.futures import Future
+
+    physical_job: Future[PhysicalBlocks] | None = None
+    later: Future[tuple[Any, Any, Any, Any]] | None = None
+    if table.events and table.block_id_rows is not None and table.block_id_rows.size:
         later = Future()
-        physical_job = in_background(physical_blocks, table, tpos_of_row, t_ts, t_end, later)
+        physical_job = in_background(physical_blocks, table, order.tpos_of_row, order.t_ts, order.t_end, later)
     try:
-        order, q, codes, starts, lengths, last, t, d, tok, bs, acc, b, bp = _hold_blocks(table, p0)
+        held = _hold_blocks(table, order.p0)
     except BaseException as err:
         if later is not None:
-            later.set_exception(err)  # the physical-block thread must not wait forever
+            later.set_exception(err)
         raise
     if later is not None:
-        later.set_result((q, starts, b, bp))
-    note("integrating")
-    ev = table.event
-    is_free_f = ev == FREE
-    nb_f = table.num_blocks
-    over = (d < 0) & (bp + d < 0)  # a free releasing more than is held: clamped at 0
-    over_freed = int(-(bp + d)[over].sum())
-    del d
-    episode = np.flatnonzero(bp == 0)  # a new holding interval starts where nothing was held
-    tokens = np.add.reduceat(tok, starts, dtype=np.int64) if n else np.zeros(0, np.int64)
-    held_tokens = segment_cumsum(tok, episode, inplace=True)
-    del tok
-    np.minimum(held_tokens, b * bs, out=held_tokens)
-    up = (bp == 0) & (b > 0)
-    dt = np.empty(n)
-    if n:
-        np.subtract(t[1:], t[:-1], out=dt[:-1])
-        dt[last] = t_end - t[last]
-
-    def per_request(values, ufunc=np.add):
-        return ufunc.reduceat(values, starts) if n else np.zeros(0)
-
-    block_seconds = per_request(b * dt)
-    slot_seconds = block_seconds * bs if np.isscalar(bs) else per_request(b * bs * dt)
-    token_seconds = per_request(held_tokens * dt)
-    holding = per_request(np.where(b > 0, dt, 0.0))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        utilization = np.where(slot_seconds > 0, token_seconds / slot_seconds, nan)
-    wasted = np.maximum(slot_seconds - token_seconds, 0.0)
-    peak_tokens = per_request(held_tokens, np.maximum).astype(np.int64)
-    del held_tokens, dt
-    up_pos = np.flatnonzero(up)
-    del up
-    ups = np.bincount(np.searchsorted(starts, up_pos, side="right") - 1, minlength=n_req) if n else np.zeros(0, int)
-    leaked_blocks = b[last]
-    db = b - bp  # the change each row actually made (over-frees clamped)
-    peak_blocks = per_request(b, np.maximum)
-
-    prompt_tokens, match_tokens_all, reused_blocks, reused_tokens, free_latency_max = _row_figures(
-        table, starts, q, up_pos, tpos_of_row
-    )
-    over_per_request = (
-        np.bincount(np.searchsorted(starts, np.flatnonzero(over), side="right") - 1, minlength=n_req)
-        if n
-        else np.zeros(0, int)
-    )
-    requests = RequestTable(
-        request_ids=table.request_ids,
-        holding_time_s=holding,
-        utilization=utilization,
-        block_seconds=block_seconds,
-        wasted_slot_seconds=wasted,
-        peak_blocks=peak_blocks,
-        peak_tokens=peak_tokens,
-        tokens=tokens,
-        prompt_tokens=prompt_tokens,
-        reused_blocks=reused_blocks,
-        reused_tokens=reused_tokens,
-        free_latency_ms_max=free_latency_max,
-        preemptions=np.maximum(ups - 1, 0),
-        over_frees=over_per_request,
-        leaked=leaked_blocks > 0,
-        leaked_blocks=leaked_blocks,
-        long=peak_tokens > long_threshold_tokens,
-        first_ts_s=t[starts],
-        last_ts_s=t[last],
-        events=lengths,
-    )
-
-    note("pool")
-    curve_t, curve_b, curve_long, in_use = _pool_curves(db, q, requests.long[codes], t_ts, acc)
-    del db
-    peak_i = int(np.argmax(curve_b)) if curve_b.size else 0
-    total_block_seconds = float(block_seconds.sum())
-    mean_in_use = total_block_seconds / duration if duration > 0 else nan
-
-    del b, bp
-    physical = physical_job.result() if physical_job is not None else None
-
-    capacity = float(pool_blocks) if pool_blocks is not None else None
-    free_pool_min = None
-    if table.free_pool_blocks is not None:
-        fp_rows = np.flatnonzero(~np.isnan(table.free_pool_blocks))
-        if fp_rows.size:
-            fp = table.free_pool_blocks[fp_rows]
-            free_pool_min = float(fp.min())
-            if capacity is None:
-                pos = fp_rows if tpos_of_row is None else tpos_of_row[fp_rows]
-                if physical is not None and physical["curve_t"].size:
-                    k = np.searchsorted(physical["curve_t"], t_ts[pos], side="right") - 1
-                    used_then = np.where(k >= 0, physical["curve_b"][np.maximum(k, 0)], 0)
-                else:
-                    used_then = in_use[pos]
-                capacity = float((used_then + fp).max())
-    del in_use
-
-    latency = table.latency_ms
-    free_rows_lat = latency[is_free_f] if latency is not None else np.zeros(0)
-    free_rows_lat = free_rows_lat[~np.isnan(free_rows_lat)]
-    alloc_lat = latency[ev == ALLOCATE] if latency is not None else np.zeros(0)
-    alloc_lat = alloc_lat[~np.isnan(alloc_lat)]
-    fl = percentiles(free_rows_lat)
-    al = percentiles(alloc_lat)
-    late_free = 0.0
-    if latency is not None:
-        free_lat_rows = np.flatnonzero(is_free_f & ~np.isnan(latency))
-        late_free = float((nb_f[free_lat_rows] * latency[free_lat_rows]).sum() / 1000.0)
-    blocks_allocated = int(nb_f[(ev == ALLOCATE) | (ev == APPEND)].sum())
-    blocks_reused = int(reused_blocks.sum())
-    blocks_freed = int(nb_f[is_free_f].sum()) - over_freed
-    total_token_seconds = float(token_seconds.sum())
-    total_slot_seconds = float(slot_seconds.sum())
-    pool_util = total_token_seconds / total_slot_seconds if total_slot_seconds > 0 else nan
-    pool = PoolStats(
-        peak_blocks_in_use=int(curve_b[peak_i]) if curve_b.size else 0,
-        peak_at_s=float(curve_t[peak_i]) if curve_t.size else nan,
-        mean_blocks_in_use=mean_in_use,
-        utilization=pool_util,
-        blocks_allocated=blocks_allocated,
-        blocks_reused=blocks_reused,
-        blocks_freed=blocks_freed,
-        blocks_allocated_per_s=blocks_allocated / duration if duration > 0 else nan,
-        free_latency_count=int(free_rows_lat.size),
-        free_latency_ms_p50=fl[0],
-        free_latency_ms_p95=fl[1],
-        free_latency_ms_p99=fl[2],
-        free_latency_ms_max=fl[3],
-        late_free_block_seconds=late_free,
-        allocate_latency_ms_p50=al[0],
-        allocate_latency_ms_p95=al[1],
-        allocate_latency_ms_max=al[3],
-        has_block_ids=physical is not None,
-        unique_physical_blocks=None if physical is None else physical["unique"],
-        peak_physical_blocks_in_use=None if physical is None else physical["peak"],
-        mean_physical_blocks_in_use=None if physical is None else physical["mean"],
-        reallocations=None if physical is None else physical["reallocations"],
-        turnover_time_s_p50=None if physical is None else physical["turnover"][0],
-        turnover_time_s_p95=None if physical is None else physical["turnover"][1],
-        free_pool_blocks_min=free_pool_min,
-        capacity_blocks=capacity,
-    )
-
-    note("prefix reuse")
-    has_prompt = prompt_tokens > 0
-    match_tokens = match_tokens_all[has_prompt]
-    block_size_of_request = (
-        np.full(n_req, table.default_block_size) if np.isscalar(bs) else bs[np.minimum(starts, max(n - 1, 0))]
-    )[has_prompt]
-    prefix = _prefix_reuse(match_tokens, prompt_tokens[has_prompt], block_size_of_request, bool((ev == REUSE).any()))
-    prefix = dataclasses.replace(prefix, **_reuse_sources(table))
-
-    long_stats = _long_share(
-        curve_t, curve_b, curve_long, capacity, t_end, long_threshold_tokens, long_share_alert, int(requests.long.sum())
-    )
-
-    leaked_idx = np.flatnonzero(requests.leaked)
-    anomalies = Anomalies(
-        rejected_rows=table.rejected.count,
-        rejected_by_reason=dict(table.rejected.by_reason),
-        first_rejected=table.rejected.first,
-        blank_rows=table.rejected.blank_rows,
-        over_frees=int(over.sum()),
-        over_freed_blocks=over_freed,
-        over_free_requests=int((requests.over_frees > 0).sum()),
-        leaked_requests=int(leaked_idx.size),
-        leaked_blocks=int(leaked_blocks.sum()),
-        first_leaked_request_ids=tuple(table.request_ids[i] for i in leaked_idx[:FIRST_LEAKS_SHOWN]),
-    )
-    hold_p = percentiles(holding)
-    summary = Summary(
-        requests=n_req,
-        events=n,
-        rejected_rows=anomalies.rejected_rows,
-        leaked_requests=anomalies.leaked_requests,
-        leaked_blocks=anomalies.leaked_blocks,
-        over_frees=anomalies.over_frees,
-        preemptions=int(requests.preemptions.sum()),
-        peak_blocks_in_use=pool.peak_blocks_in_use,
-        mean_blocks_in_use=mean_in_use,
-        utilization=pool_util,
-        free_latency_ms_p50=fl[0],
-        free_latency_ms_p95=fl[1],
-        free_latency_ms_p99=fl[2],
-        free_latency_ms_max=fl[3],
-        holding_time_s_p50=hold_p[0],
-        holding_time_s_p95=hold_p[1],
-        block_seconds=total_block_seconds,
-        wasted_slot_seconds=float(wasted.sum()),
-        trace_start_s=t_start,
-        trace_end_s=t_end,
-        duration_s=duration,
-        default_block_size=table.default_block_size,
-    )
-    ranked = np.argsort(-wasted, kind="stable")[:top]
-    culprits = tuple(
-        Culprit(
-            request_id=table.request_ids[i],
-            wasted_slot_seconds=float(wasted[i]),
-            holding_time_s=float(holding[i]),
-            utilization=float(utilization[i]),
-            block_seconds=float(block_seconds[i]),
-            peak_blocks=int(requests.peak_blocks[i]),
-            leaked=bool(requests.leaked[i]),
-        )
-        for i in ranked.tolist()
-        if wasted[i] > 0
-    )
-    timeline = Timeline(
-        time_s=curve_t,
-        blocks_in_use=curve_b,
-        long_blocks_in_use=curve_long,
-        physical_time_s=None if physical is None else physical["curve_t"],
-        physical_blocks_in_use=None if physical is None else physical["curve_b"],
-    )
-    return Analysis(
-        file=table.path,
-        schema_version=SCHEMA_VERSION,
-        summary=summary,
-        pool=pool,
-        prefix_reuse=prefix,
-        long_requests=long_stats,
-        anomalies=anomalies,
-        culprits=culprits,
-        requests=requests,
-        timeline=timeline,
-        free_latencies_ms=free_rows_lat,
-        match_tokens=match_tokens,
-    )
+        later.set_result((held.q, held.starts, held.b, held.bp))
+    return physical_job, held
 
 
-# ---------------------------------------------------------------------------------------------------- helpers
-
-
-def _hold_blocks(table: EventTable, p0):
+def _hold_blocks(table: EventTable, p0) -> _Held:
     """The stable sort by (request, ts) and b, the blocks each request holds after each of its rows.
 
-    ``p0`` is the stable time order (None when the file is already in time order).  Only three columns are
-    gathered into request order (signed blocks, tokens, ts).  Returns (order, q, codes, starts, lengths, last,
-    t, d, tok, bs, acc, b, bp): q maps each sorted position to its position in time order, codes are the
-    requests in time order, d the signed block change of each row, bp the blocks held before it.
+    ``p0`` is the stable time order (None when the file is already in time order).  Only four columns are
+    gathered into request order (signed blocks, tokens, ts, block size).
     """
     import numpy as np
 
@@ -563,8 +482,6 @@ def _hold_blocks(table: EventTable, p0):
     order = q if p0 is None else p0[q]
     counts = np.bincount(req_f, minlength=n_req).astype(np.int64)
     starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64) if n_req else np.zeros(0, np.int64)
-    lengths = counts
-    last = starts + counts - 1
     is_free_f = table.event == FREE
     nb_f, nt_f = table.num_blocks, table.num_tokens
     # running sums fit int32 when the totals do (halves the memory of the per-row arrays)
@@ -576,22 +493,353 @@ def _hold_blocks(table: EventTable, p0):
     tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
     t = table.ts[order]
     bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
+    del order
     s = segment_cumsum(d, starts)
-    b = clamp_at_zero(s, starts, lengths) if n and s.min() < 0 else s
+    b = clamp_at_zero(s, starts, counts) if n and s.min() < 0 else s
     del s
     bp = np.empty_like(b)  # blocks held before each row
     if n:
         bp[1:] = b[:-1]
         bp[starts] = 0
-    return order, q, codes, starts, lengths, last, t, d, tok, bs, acc, b, bp
+    return _Held(q, codes, starts, counts, starts + counts - 1, t, d, tok, bs, acc, b, bp)
 
 
-def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row):
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Integrals:
+    """Per-request integrals and counts from the per-request pass (arrays aligned with request_ids)."""
+
+    holding_s: np.ndarray
+    block_seconds: np.ndarray
+    slot_seconds: np.ndarray
+    token_seconds: np.ndarray
+    peak_tokens: np.ndarray
+    peak_blocks: np.ndarray
+    tokens: np.ndarray
+    leaked_blocks: np.ndarray
+    rises: np.ndarray  # holding intervals begun (b rising from 0)
+    over_frees: np.ndarray  # over-free rows per request
+    over_free_rows: int
+    over_freed_blocks: int
+    up_pos: np.ndarray  # sorted positions where b rises from 0
+    db: np.ndarray  # the change each row made to b, sorted (over-frees clamped)
+
+
+def _integrate(table: EventTable, held: _Held, t_end: float) -> _Integrals:
+    """Integrals over each request's rows: b and n are step functions held until the request's next row."""
+    import numpy as np
+
+    n, n_req = table.events, len(table.request_ids)
+    starts, b, bp = held.starts, held.b, held.bp
+    over = (held.d < 0) & (bp + held.d < 0)  # a free releasing more than is held: clamped at 0
+    over_freed = int(-(bp + held.d)[over].sum())
+    held.d = None
+    episode = np.flatnonzero(bp == 0)  # a new holding interval starts where nothing was held
+    tokens = np.add.reduceat(held.tok, starts, dtype=np.int64) if n else np.zeros(0, np.int64)
+    held_tokens = segment_cumsum(held.tok, episode, inplace=True)
+    held.tok = None
+    np.minimum(held_tokens, b * held.bs, out=held_tokens)
+    dt = np.empty(n)
+    if n:
+        np.subtract(held.t[1:], held.t[:-1], out=dt[:-1])
+        dt[held.last] = t_end - held.t[held.last]
+
+    def per_request(values, ufunc=np.add):
+        return ufunc.reduceat(values, starts) if n else np.zeros(0)
+
+    def count_per_request(positions):
+        if not n:
+            return np.zeros(0, np.int64)
+        return np.bincount(np.searchsorted(starts, positions, side="right") - 1, minlength=n_req)
+
+    block_seconds = per_request(b * dt)
+    slot_seconds = block_seconds * held.bs if np.isscalar(held.bs) else per_request(b * held.bs * dt)
+    token_seconds = per_request(held_tokens * dt)
+    holding = per_request(np.where(b > 0, dt, 0.0))
+    peak_tokens = per_request(held_tokens, np.maximum).astype(np.int64)
+    del held_tokens, dt
+    up_pos = np.flatnonzero((bp == 0) & (b > 0))
+    return _Integrals(
+        holding_s=holding,
+        block_seconds=block_seconds,
+        slot_seconds=slot_seconds,
+        token_seconds=token_seconds,
+        peak_tokens=peak_tokens,
+        peak_blocks=per_request(b, np.maximum),
+        tokens=tokens,
+        leaked_blocks=b[held.last],
+        rises=count_per_request(up_pos),
+        over_frees=count_per_request(np.flatnonzero(over)),
+        over_free_rows=int(over.sum()),
+        over_freed_blocks=over_freed,
+        up_pos=up_pos,
+        db=b - bp,
+    )
+
+
+def _request_table(table: EventTable, held: _Held, integ: _Integrals, rows: _RowFigures, long_threshold: int):
+    import numpy as np
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        utilization = np.where(integ.slot_seconds > 0, integ.token_seconds / integ.slot_seconds, nan)
+    return RequestTable(
+        request_ids=table.request_ids,
+        holding_time_s=integ.holding_s,
+        utilization=utilization,
+        block_seconds=integ.block_seconds,
+        wasted_slot_seconds=np.maximum(integ.slot_seconds - integ.token_seconds, 0.0),
+        peak_blocks=integ.peak_blocks,
+        peak_tokens=integ.peak_tokens,
+        tokens=integ.tokens,
+        prompt_tokens=rows.prompt_tokens,
+        reused_blocks=rows.reused_blocks,
+        reused_tokens=rows.reused_tokens,
+        free_latency_ms_max=rows.free_latency_ms_max,
+        late_free_block_seconds=rows.late_free_block_seconds,
+        preemptions=np.maximum(integ.rises - 1, 0),
+        over_frees=integ.over_frees,
+        leaked=integ.leaked_blocks > 0,
+        leaked_blocks=integ.leaked_blocks,
+        long=integ.peak_tokens > long_threshold,
+        first_ts_s=held.t[held.starts],
+        last_ts_s=held.t[held.last],
+        events=held.lengths,
+        token_seconds=integ.token_seconds,
+        slot_seconds=integ.slot_seconds,
+    )
+
+
+def _block_size_of_request(table: EventTable, held: _Held):
+    """The block size of each request's first row (the default where the file has no block_size column)."""
+    import numpy as np
+
+    n_req = len(table.request_ids)
+    if np.isscalar(held.bs):
+        return np.full(n_req, table.default_block_size)
+    return held.bs[np.minimum(held.starts, max(table.events - 1, 0))]
+
+
+def _capacity(table: EventTable, pool_blocks, physical: PhysicalBlocks | None, order: _TimeOrder, in_use):
+    """--pool-blocks, else the largest blocks in use (physical when known) plus free_pool_blocks at a row."""
+    import numpy as np
+
+    if pool_blocks is not None:
+        return float(pool_blocks)
+    if table.free_pool_blocks is None:
+        return None
+    fp_rows = np.flatnonzero(~np.isnan(table.free_pool_blocks))
+    if not fp_rows.size:
+        return None
+    fp = table.free_pool_blocks[fp_rows]
+    pos = fp_rows if order.tpos_of_row is None else order.tpos_of_row[fp_rows]
+    if physical is not None and physical.curve_t.size:
+        k = np.searchsorted(physical.curve_t, order.t_ts[pos], side="right") - 1
+        used_then = np.where(k >= 0, physical.curve_b[np.maximum(k, 0)], 0)
+    else:
+        used_then = in_use[pos]
+    return float((used_then + fp).max())
+
+
+def _latencies(table: EventTable, event: int):
+    """latency_ms of the rows of one event type that have one."""
+    import numpy as np
+
+    if table.latency_ms is None:
+        return np.zeros(0)
+    values = table.latency_ms[table.event == event]
+    return values[~np.isnan(values)]
+
+
+def _pool_stats(
+    table: EventTable,
+    order: _TimeOrder,
+    curves: _Curves,
+    integ: _Integrals,
+    requests: RequestTable,
+    physical: PhysicalBlocks | None,
+    capacity: float | None,
+) -> PoolStats:
+    import numpy as np
+
+    ev, nb = table.event, table.num_blocks
+    free_lat = _latencies(table, FREE)
+    fl = percentiles(free_lat)
+    al = percentiles(_latencies(table, ALLOCATE))
+    peak_i = _lasting_peak(curves.time_s, curves.blocks_in_use, order.t_end)
+    blocks_allocated = int(nb[(ev == ALLOCATE) | (ev == APPEND)].sum())
+    total_slot_seconds = float(requests.slot_seconds.sum())
+    duration = order.duration
+    return PoolStats(
+        peak_blocks_in_use=int(curves.blocks_in_use[peak_i]) if curves.time_s.size else 0,
+        peak_at_s=float(curves.time_s[peak_i]) if curves.time_s.size else nan,
+        mean_blocks_in_use=float(integ.block_seconds.sum()) / duration if duration > 0 else nan,
+        utilization=float(requests.token_seconds.sum()) / total_slot_seconds if total_slot_seconds > 0 else nan,
+        blocks_allocated=blocks_allocated,
+        blocks_reused=int(requests.reused_blocks.sum()),
+        blocks_freed=int(nb[ev == FREE].sum()) - integ.over_freed_blocks,
+        blocks_allocated_per_s=blocks_allocated / duration if duration > 0 else nan,
+        free_latency_count=int(free_lat.size),
+        free_latency_ms_p50=fl[0],
+        free_latency_ms_p95=fl[1],
+        free_latency_ms_p99=fl[2],
+        free_latency_ms_max=fl[3],
+        late_free_block_seconds=float(requests.late_free_block_seconds.sum()),
+        allocate_latency_ms_p50=al[0],
+        allocate_latency_ms_p95=al[1],
+        allocate_latency_ms_max=al[3],
+        has_block_ids=physical is not None,
+        unique_physical_blocks=None if physical is None else physical.unique,
+        peak_physical_blocks_in_use=None if physical is None else physical.peak,
+        mean_physical_blocks_in_use=None if physical is None else physical.mean,
+        reallocations=None if physical is None else physical.reallocations,
+        turnover_time_s_p50=None if physical is None else physical.turnover_s_p50,
+        turnover_time_s_p95=None if physical is None else physical.turnover_s_p95,
+        free_pool_blocks_min=(
+            None
+            if table.free_pool_blocks is None or np.isnan(table.free_pool_blocks).all()
+            else float(np.nanmin(table.free_pool_blocks))
+        ),
+        capacity_blocks=capacity,
+    )
+
+
+def _lasting_peak(time_s, values, t_end: float) -> int:
+    """Index of the largest value that lasts: an instant at the very end of the trace (zero duration) is no peak.
+
+    Falls back to every point when none lasts (a trace of one instant).
+    """
+    import numpy as np
+
+    if not time_s.size:
+        return 0
+    lasts = np.diff(np.r_[time_s, t_end]) > 0
+    if not lasts.any():
+        return int(np.argmax(values))
+    candidates = np.where(lasts, values, -np.inf if values.dtype.kind == "f" else np.iinfo(np.int64).min)
+    return int(np.argmax(candidates))
+
+
+def _late_frees(requests: RequestTable, threshold_ms: float, top: int, all_late_block_seconds: float) -> LateFrees:
+    """Requests whose blocks returned to the pool later than ``threshold_ms`` after they finished, by cost."""
+    import numpy as np
+
+    lat = requests.free_latency_ms_max
+    with np.errstate(invalid="ignore"):
+        late = np.flatnonzero(lat > threshold_ms)
+    cost = requests.late_free_block_seconds[late]
+    ranked = late[np.lexsort((-lat[late], -cost))][:top]
+    lost = float(cost.sum())
+    return LateFrees(
+        threshold_ms=float(threshold_ms),
+        requests=int(late.size),
+        block_seconds=lost,
+        share_of_late_free_block_seconds=lost / all_late_block_seconds if all_late_block_seconds > 0 else nan,
+        top=tuple(
+            LateFree(
+                request_id=requests.request_ids[i],
+                free_latency_ms=float(lat[i]),
+                late_free_block_seconds=float(requests.late_free_block_seconds[i]),
+                peak_blocks=int(requests.peak_blocks[i]),
+                holding_time_s=float(requests.holding_time_s[i]),
+            )
+            for i in ranked.tolist()
+        ),
+    )
+
+
+def _anomalies(table: EventTable, integ: _Integrals, requests: RequestTable) -> Anomalies:
+    import numpy as np
+
+    leaked_idx = np.flatnonzero(requests.leaked)
+    return Anomalies(
+        rejected_rows=table.rejected.count,
+        rejected_by_reason=dict(table.rejected.by_reason),
+        first_rejected=table.rejected.first,
+        blank_rows=table.rejected.blank_rows,
+        over_frees=integ.over_free_rows,
+        over_freed_blocks=integ.over_freed_blocks,
+        over_free_requests=int((requests.over_frees > 0).sum()),
+        leaked_requests=int(leaked_idx.size),
+        leaked_blocks=int(requests.leaked_blocks.sum()),
+        first_leaked_request_ids=tuple(table.request_ids[i] for i in leaked_idx[:FIRST_LEAKS_SHOWN]),
+    )
+
+
+def _summary(
+    table: EventTable,
+    order: _TimeOrder,
+    requests: RequestTable,
+    pool: PoolStats,
+    anomalies: Anomalies,
+    late: LateFrees,
+) -> Summary:
+    hold_p = percentiles(requests.holding_time_s)
+    return Summary(
+        requests=len(requests),
+        events=table.events,
+        rejected_rows=anomalies.rejected_rows,
+        leaked_requests=anomalies.leaked_requests,
+        leaked_blocks=anomalies.leaked_blocks,
+        over_frees=anomalies.over_frees,
+        preemptions=int(requests.preemptions.sum()),
+        peak_blocks_in_use=pool.peak_blocks_in_use,
+        mean_blocks_in_use=pool.mean_blocks_in_use,
+        utilization=pool.utilization,
+        free_latency_ms_p50=pool.free_latency_ms_p50,
+        free_latency_ms_p95=pool.free_latency_ms_p95,
+        free_latency_ms_p99=pool.free_latency_ms_p99,
+        free_latency_ms_max=pool.free_latency_ms_max,
+        holding_time_s_p50=hold_p[0],
+        holding_time_s_p95=hold_p[1],
+        block_seconds=float(requests.block_seconds.sum()),
+        wasted_slot_seconds=float(requests.wasted_slot_seconds.sum()),
+        trace_start_s=order.t_start,
+        trace_end_s=order.t_end,
+        duration_s=order.duration,
+        default_block_size=table.default_block_size,
+        late_free_requests=late.requests,
+    )
+
+
+def _culprits(requests: RequestTable, top: int) -> tuple[Culprit, ...]:
+    import numpy as np
+
+    wasted = requests.wasted_slot_seconds
+    ranked = np.argsort(-wasted, kind="stable")[:top]
+    return tuple(
+        Culprit(
+            request_id=requests.request_ids[i],
+            wasted_slot_seconds=float(wasted[i]),
+            holding_time_s=float(requests.holding_time_s[i]),
+            utilization=float(requests.utilization[i]),
+            block_seconds=float(requests.block_seconds[i]),
+            peak_blocks=int(requests.peak_blocks[i]),
+            leaked=bool(requests.leaked[i]),
+        )
+        for i in ranked.tolist()
+        if wasted[i] > 0
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _RowFigures:
+    """Per-request sums over the few rows that need them (arrays aligned with request_ids)."""
+
+    prompt_tokens: np.ndarray  # allocate + reuse tokens of the first holding interval
+    match_tokens: np.ndarray  # reuse tokens of the first holding interval (the prefix match)
+    reused_blocks: np.ndarray
+    reused_tokens: np.ndarray
+    free_latency_ms_max: np.ndarray  # NaN without a latency
+    late_free_block_seconds: np.ndarray  # sum over free rows of blocks x latency
+
+
+def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row) -> _RowFigures:
     """Per-request sums over the few rows that need them, in file order (no gather of whole columns).
 
     Prompt and prefix-match tokens count the allocate/reuse rows of the first holding interval: the rows before
-    the request's second rise of b from 0, in (ts, file order) order.  Returns (prompt_tokens, match_tokens,
-    reused_blocks, reused_tokens, free_latency_ms_max) per request.
+    the request's second rise of b from 0, in (ts, file order) order.
     """
     import numpy as np
 
@@ -619,18 +867,31 @@ def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row):
     reused_blocks = total(req_f[reuse_rows], nb_f[reuse_rows])
     reused_tokens = total(req_f[reuse_rows], nt_f[reuse_rows])
     free_latency_max = np.full(n_req, nan)
+    late_free = np.zeros(n_req)
     if table.latency_ms is not None:
         rows = np.flatnonzero((ev == FREE) & ~np.isnan(table.latency_ms))
         np.fmax.at(free_latency_max, req_f[rows], table.latency_ms[rows])
-    return prompt_tokens, match_tokens, reused_blocks, reused_tokens, free_latency_max
+        late_free = np.bincount(
+            req_f[rows], weights=nb_f[rows] * (table.latency_ms[rows] / 1000.0), minlength=n_req
+        ).astype(float)
+    return _RowFigures(prompt_tokens, match_tokens, reused_blocks, reused_tokens, free_latency_max, late_free)
 
 
-def _pool_curves(db, q, long_row, t_ts, acc):
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Curves:
+    """Blocks in use over time: step curves (the value holds from each time to the next) and per row."""
+
+    time_s: np.ndarray
+    blocks_in_use: np.ndarray
+    long_blocks_in_use: np.ndarray
+    in_use: np.ndarray  # blocks in use after each row, in time order
+
+
+def _pool_curves(db, q, long_row, t_ts, acc) -> _Curves:
     """Blocks in use (all, and long requests') as step curves in global time order.
 
     ``db`` is each row's change in (request, ts) order; it is scattered back to ts order and summed.  The curves
-    keep the value after the last row of each distinct time, and only where a value changes.  Returns
-    (time_s, blocks_in_use, long_blocks_in_use, in_use_per_row).
+    keep the value after the last row of each distinct time, and only where a value changes.
     """
     import numpy as np
 
@@ -663,7 +924,7 @@ def _pool_curves(db, q, long_row, t_ts, acc):
         np.not_equal(curve_b[1:], curve_b[:-1], out=changed[1:])
         changed[1:] |= curve_long[1:] != curve_long[:-1]
         curve_t, curve_b, curve_long = curve_t[changed], curve_b[changed], curve_long[changed]
-    return curve_t, curve_b, curve_long, in_use
+    return _Curves(curve_t, curve_b, curve_long, in_use)
 
 
 def _reuse_sources(table: EventTable) -> dict:
@@ -742,8 +1003,8 @@ def _prefix_reuse(match_tokens, prompt_tokens, block_size, any_reuse: bool) -> P
         prompt_tokens=prompt_total,
         reused_tokens=reused_total,
         reused_token_share=reused_total / prompt_total if prompt_total else nan,
-        match_tokens_p50=float(np.percentile(match_tokens, 50)) if n else nan,
-        match_tokens_p90=float(np.percentile(match_tokens, 90)) if n else nan,
+        match_tokens_p50=nearest_rank(match_tokens, 50),
+        match_tokens_p90=nearest_rank(match_tokens, 90),
         short_match_requests=short,
         most_common_hit_tokens=most_common,
         most_common_hit_share=most_common_share,
@@ -756,10 +1017,14 @@ def _prefix_reuse(match_tokens, prompt_tokens, block_size, any_reuse: bool) -> P
     )
 
 
-def _long_share(curve_t, curve_b, curve_long, capacity, t_end, threshold, alert, n_long) -> LongRequests:
-    """Share of blocks held by long requests, step-wise over time; how long it stays above the alert."""
+def _long_share(curves: _Curves, capacity, t_end, threshold, alert, n_long) -> LongRequests:
+    """Share of blocks held by long requests, step-wise over time; how long it stays above the alert.
+
+    The peak is the largest share that lasts: the very end of the trace (an instant) is not reported as a peak.
+    """
     import numpy as np
 
+    curve_t, curve_b, curve_long = curves.time_s, curves.blocks_in_use, curves.long_blocks_in_use
     if curve_t.size:
         dt = np.diff(np.r_[curve_t, t_end])
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -769,8 +1034,8 @@ def _long_share(curve_t, curve_b, curve_long, capacity, t_end, threshold, alert,
             else:
                 share = np.where(curve_b > 0, curve_long / np.maximum(curve_b, 1), 0.0)
                 active = curve_b > 0
-        above = active & (share > alert)
-        k = int(np.argmax(share))
+        above = active & (share > alert) & (dt > 0)
+        k = _lasting_peak(curve_t, share, t_end)
         active_time = float(dt[active].sum())
         mean = float((share * dt)[active].sum() / active_time) if active_time > 0 else nan
         first = float(curve_t[np.argmax(above)]) if above.any() else nan

@@ -1,80 +1,147 @@
-"""Unique physical KV blocks in use over time, and block turnover, from the block_ids of an events file."""
+"""Unique physical KV blocks in use over time, and block turnover, from the block_ids of an events file.
+
+A block id listed by an allocate/append/reuse row is held by that request until a later free row of the same
+request lists it, or until the request's holding interval ends (b back to 0), whichever is first; a request that
+never frees it holds it to the end of the trace.  Each id's reference count is followed in event order (rows with
+equal ts in file order; at one row a release before an attach); 0 -> 1 adds a physical block in use, 1 -> 0
+removes one.  A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap is its turnover time.
+
+Times are positions in the global (stable) time order, so every sort here is an integer radix sort.  The steps:
+
+1. ``_group_attaches``: the attach listings grouped by id, each id in time order (no need of b yet);
+2. ``_releases``: when each attach is released - where its request's holding interval closes, or at an explicit
+   free listing of the same id - once the per-request pass (running meanwhile) hands over b through ``later``;
+3. ``_union_parts``: per id, the union of its hold intervals as rises (0 -> 1) and falls (1 -> 0);
+4. ``_in_use_curve``: those transitions in time order as a step curve, and the turnover gaps.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from kvtool.events.load import FREE, EventTable
 from kvtool.events.segments import percentiles, radix_argsort
 
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
 nan = float("nan")
 
 
-def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
-    """Unique physical blocks in use over time, and block turnover, from block_ids.
+@dataclasses.dataclass(frozen=True, eq=False)
+class PhysicalBlocks:
+    """Physical blocks (distinct ids) in use over time and their turnover."""
 
-    A block id listed by an allocate/append/reuse row is held by that request until a later free row of the
-    same request lists it, or until the request's holding interval ends (b back to 0), whichever is first; a
-    request that never frees it holds it to the end of the trace.  Each id's reference count is followed in
-    event order (rows with equal ts in file order; at one row a release before an attach); 0 -> 1 adds a
-    physical block in use, 1 -> 0 removes one.  A reallocation is an id going 1 -> 0 and later 0 -> 1; the gap
-    is its turnover time.
+    unique: int  # distinct block ids listed
+    peak: int
+    mean: float  # time-weighted over the trace
+    reallocations: int  # an id returned to the pool and later attached again
+    turnover_s_p50: float
+    turnover_s_p95: float
+    curve_t: np.ndarray  # step curve: from each time on, curve_b blocks are in use
+    curve_b: np.ndarray
 
-    Times are positions in the global (stable) time order, so every sort here is an integer radix sort.
-    The grouping of listings runs first; ``later`` (a Future) then delivers (q, starts, b, bp) from the
-    per-request pass running meanwhile in the calling thread.
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Attaches:
+    """Attach listings (allocate/append/reuse rows' ids), grouped by id, each id in time order."""
+
+    ids: np.ndarray
+    req: np.ndarray
+    tpos: np.ndarray  # position of the row in the global time order
+    grouped_by_request: bool  # grouped by (id, request) (explicit releases): not yet in time order per id
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Transitions:
+    """Rises (0 -> 1 references) and falls (1 -> 0) of each id, grouped by id, in event keys (2 x position + 1
+    for an attach, 2 x position for a release: at one row a release comes first)."""
+
+    ids: np.ndarray
+    key: np.ndarray
+    up: np.ndarray
+
+
+def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end: float, later) -> PhysicalBlocks:
+    """Physical blocks in use over time and turnover from block_ids (see the module docstring).
+
+    ``later`` (a Future) delivers (q, starts, b, bp) from the per-request pass running meanwhile in the calling
+    thread; everything that does not need them is done before waiting.
     """
     import numpy as np
 
     n = t_ts.size
     rows, ids = table.block_id_rows, table.block_id_values
-    small = n < 2**30 and int(ids.max()) < 2**31
-    idx = np.int32 if small else np.int64
+    assert rows is not None and ids is not None  # the caller checks the column is there
+    idx = np.int32 if n < 2**30 and int(ids.max()) < 2**31 else np.int64
     ids = ids.astype(idx, copy=False)
     tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
     req = table.request[rows]
     attach = table.event[rows] != FREE
-    # Usually every free row that lists ids also ends its request's holding interval (b back to 0): then a
-    # listed id is released exactly where the interval closes, and only the attaches need grouping, by id
-    # alone.  That is checked once b is known; otherwise every listing is grouped by (id, request).
+    attaches = _group_attaches(ids, req, tpos, attach, tpos_of_row)
+    unique = _distinct(ids)
+    free_tpos = tpos[~attach]
+    q, starts, b, bp = later.result()
+    close = np.flatnonzero((b == 0) & (bp > 0))  # where each request's holding intervals close (b back to 0)
+    del b, bp
+    closing = np.zeros(n, dtype=bool)  # by ts position
+    closing[q[close]] = True
+    explicit_rel = None
+    if not bool(closing[free_tpos].all()):
+        # some free row lists ids without closing its request's interval: group every listing by (id, request)
+        attaches, explicit_rel = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
+    del closing, free_tpos, ids, req, attach, tpos
+    rel = _releases(attaches, q[close], np.searchsorted(starts, close, side="right") - 1, explicit_rel, n)
+    transitions = _union_parts(attaches, rel, t_ts, n)
+    return _in_use_curve(transitions, t_ts, t_end, unique)
+
+
+def _group_attaches(ids, req, tpos, attach, tpos_of_row) -> _Attaches:
+    import numpy as np
+
     att = np.flatnonzero(attach)
     a_ids, a_req, a_tpos = ids[att], req[att], tpos[att]
     del att
     g = None if tpos_of_row is None else np.argsort(a_tpos, kind="stable")  # None: listings are in time order
     g = radix_argsort(a_ids, g)
-    a_ids, a_req, a_tpos = a_ids[g], a_req[g], a_tpos[g]  # attaches by id, each id in time order
-    del g
-    # what does not need b is done before waiting for it
-    a_key, a_t = a_req.astype(np.int64) * (n + 1) + a_tpos, t_ts[a_tpos]  # (request, ts position) key; time
-    unique = _distinct(ids)
-    free_tpos = tpos[~attach]
-    # where each request's holding intervals close (b back to 0), as (request, ts position) keys
-    q, starts, b, bp = later.result()
-    close = np.flatnonzero((b == 0) & (bp > 0))
-    del b, bp
-    closing = np.zeros(n, dtype=bool)  # by ts position
-    closing[q[close]] = True
-    only_closing_frees = bool(closing[free_tpos].all())
-    del closing, free_tpos
-    if not only_closing_frees:
-        a_ids, a_req, a_tpos, explicit_rel = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
-        a_key, a_t = a_req.astype(np.int64) * (n + 1) + a_tpos, t_ts[a_tpos]
-    close_req = np.searchsorted(starts, close, side="right") - 1
-    close_key = close_req * (n + 1) + q[close]
+    return _Attaches(a_ids[g], a_req[g], a_tpos[g], grouped_by_request=False)
+
+
+def _releases(attaches: _Attaches, close_pos, close_req, explicit_rel, n: int):
+    """The ts position at which each attach is released (n: never, it runs to the end of the trace).
+
+    ``close_pos``/``close_req``: where (ts position) and for which request a holding interval closes, in
+    (request, time) order; the first close of the attach's request after it releases it.
+    """
+    import numpy as np
+
+    a_key = attaches.req.astype(np.int64) * (n + 1) + attaches.tpos
+    close_key = close_req * (n + 1) + close_pos
     j = np.searchsorted(close_key, a_key, side="right")
     del a_key
-    jj = np.minimum(j, max(close.size - 1, 0))
-    found = (j < close.size) & (close_req[jj] == a_req) if close.size else np.zeros(a_ids.size, bool)
-    rel = np.where(found, q[close[jj]] if close.size else n, n).astype(np.int64)  # n: never released
-    if not only_closing_frees:
+    if close_pos.size:
+        jj = np.minimum(j, close_pos.size - 1)
+        found = (j < close_pos.size) & (close_req[jj] == attaches.req)
+        rel = np.where(found, close_pos[jj], n).astype(np.int64)
+    else:
+        rel = np.full(attaches.ids.size, n, dtype=np.int64)
+    if explicit_rel is not None:
         np.minimum(rel, explicit_rel, out=rel)
-        del explicit_rel
-    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > a_t)  # a zero-length hold changes nothing
-    del a_t
-    a_ids, a_tpos, rel = a_ids[keep], a_tpos[keep], rel[keep]
-    # Each id is in use while any of its holds [attach, release) covers the time: the union of those intervals,
-    # in event keys (attach at 2 x position + 1, release at 2 x position, so at one row a release comes first;
-    # never released: 2n).  A hold that starts after every earlier hold of its id has ended starts a new part
-    # of the union (a rise, 0 -> 1 references); the part ends at the largest release seen so far (a fall).
-    if not only_closing_frees:  # grouped by (id, request): put each id's holds in time order
+    return rel
+
+
+def _union_parts(attaches: _Attaches, rel, t_ts, n: int) -> _Transitions:
+    """Each id is in use while any of its holds [attach, release) covers the time: the union of those intervals.
+
+    A hold that starts after every earlier hold of its id has ended starts a new part of the union (a rise); the
+    part ends at the largest release seen so far (a fall; none when it runs to the end of the trace).
+    """
+    import numpy as np
+
+    keep = (rel == n) | (t_ts[np.minimum(rel, n - 1)] > t_ts[attaches.tpos])  # a zero-length hold changes nothing
+    a_ids, a_tpos, rel = attaches.ids[keep], attaches.tpos[keep], rel[keep]
+    if attaches.grouped_by_request:  # put each id's holds in time order
         if int(a_ids.max(initial=0)) < (1 << 62) // (n + 1):
             o = np.argsort(a_ids.astype(np.int64) * (n + 1) + a_tpos, kind="stable")  # nearly sorted: timsort
         else:  # pragma: no cover - ids beyond 2**62 / n
@@ -91,9 +158,8 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     start_key = a_tpos.astype(np.int64) * 2 + 1
     rise = new_id
     rise[1:] |= start_key[1:] > reach[:-1]
-    del new_id
     part = np.flatnonzero(rise)
-    del rise
+    del rise, new_id
     end_key = reach[np.r_[part[1:] - 1, m - 1]] if m else np.zeros(0, np.int64)
     del reach
     ends = end_key < 2 * n  # released before the end of the trace
@@ -104,29 +170,34 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end, later):
     tr_up = np.zeros(tr_id.size, dtype=bool)
     tr_id[at], tr_key[at], tr_up[at] = a_ids[part], start_key[part], True
     tr_id[at[ends] + 1], tr_key[at[ends] + 1] = a_ids[part[ends]], end_key[ends]
-    del start_key, end_key, part, ends, slots, at, rel, a_ids, a_tpos
-    tr_t = t_ts[tr_key >> 1]  # key // 2: the ts position
-    gap = (tr_id[1:] == tr_id[:-1]) & ~tr_up[:-1] & tr_up[1:]
+    return _Transitions(tr_id, tr_key, tr_up)
+
+
+def _in_use_curve(tr: _Transitions, t_ts, t_end: float, unique: int) -> PhysicalBlocks:
+    import numpy as np
+
+    tr_t = t_ts[tr.key >> 1]  # key // 2: the ts position
+    gap = (tr.ids[1:] == tr.ids[:-1]) & ~tr.up[:-1] & tr.up[1:]
     turnover = (tr_t[1:] - tr_t[:-1])[gap]
-    # physical blocks in use over time
-    oo = radix_argsort(tr_key)
+    oo = radix_argsort(tr.key)
     ct = tr_t[oo]
-    cb = np.cumsum(np.where(tr_up[oo], 1, -1))
+    cb = np.cumsum(np.where(tr.up[oo], 1, -1))
     del oo
     end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
     ct, cb = ct[end_mask], cb[end_mask]
     duration = t_end - float(t_ts[0])
     integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
     tp = percentiles(turnover)
-    return {
-        "unique": unique,
-        "peak": int(cb.max()) if cb.size else 0,
-        "mean": integral / duration if duration > 0 else nan,
-        "reallocations": int(gap.sum()),
-        "turnover": (tp[0], tp[1]),
-        "curve_t": ct,
-        "curve_b": cb,
-    }
+    return PhysicalBlocks(
+        unique=unique,
+        peak=int(cb.max()) if cb.size else 0,
+        mean=integral / duration if duration > 0 else nan,
+        reallocations=int(gap.sum()),
+        turnover_s_p50=tp[0],
+        turnover_s_p95=tp[1],
+        curve_t=ct,
+        curve_b=cb,
+    )
 
 
 def _distinct(ids) -> int:
@@ -143,11 +214,11 @@ def _distinct(ids) -> int:
     return int(np.unique(ids).size)
 
 
-def _explicit_releases(ids, req, attach, tpos, tpos_of_row):
+def _explicit_releases(ids, req, attach, tpos, tpos_of_row) -> tuple[_Attaches, Any]:
     """Group every listing by (id, request), each group in time order.
 
-    Returns the attaches in that order (ids, requests, ts positions) and the explicit release of each (the ts
-    position of the next listing of its group when that is a free row, else the largest int64).
+    Returns the attaches in that order and the explicit release of each (the ts position of the next listing of
+    its group when that is a free row, else the largest int64).
     """
     import numpy as np
 
@@ -162,4 +233,4 @@ def _explicit_releases(ids, req, attach, tpos, tpos_of_row):
     explicit = (a + 1 < s_ids.size) & ~s_att[nxt] & np.r_[same, False][a]
     rel = np.full(a.size, np.iinfo(np.int64).max, dtype=np.int64)
     rel[explicit] = s_tpos[nxt[explicit]]
-    return s_ids[a], s_req[a], s_tpos[a], rel
+    return _Attaches(s_ids[a], s_req[a], s_tpos[a], grouped_by_request=True), rel

@@ -5,7 +5,12 @@ check that decides whether a row is accepted is vectorised (pyarrow compute or n
 not dropped silently: it is counted in :class:`RejectedRows` with its row number and reason.
 
 Row numbers: for CSV files, the line number in the file (the header is line 1; a value with an embedded newline is
-not supported); for Parquet, the 1-based row index.
+not supported); for Parquet, the 1-based row index.  Bad input is handled per row wherever the row structure
+survives: invalid UTF-8 bytes, a wrong number of fields, unparseable or out-of-range values each reject one row
+with its reason; a double quote that never closes (which would swallow the rest of the file into one value) makes
+the file be read again without quoting, line by line.
+
+Paths may be local or fsspec URLs (``s3://...``, ``file://...``; fsspec is imported only for those).
 
 Public API (also for ``kvtool simulate``): :func:`load_events` -> :class:`EventTable`, and :func:`write_events`.
 """
@@ -19,7 +24,7 @@ import io
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.threads import in_background
@@ -32,9 +37,13 @@ EVENT_TYPES = ("allocate", "append", "reuse", "free")
 ALLOCATE, APPEND, REUSE, FREE = 0, 1, 2, 3
 REQUIRED_COLUMNS = ("ts", "event", "request_id", "num_blocks", "num_tokens")
 OPTIONAL_COLUMNS = ("block_ids", "latency_ms", "source_request_id", "block_size", "free_pool_blocks")
+# The engine (pool) a row belongs to, for files that hold several engines' events (kvtool analyze, fleet).
+INSTANCE_COLUMNS = ("instance", "engine")
 DEFAULT_BLOCK_SIZE = 16
 MAX_COUNT = 2**31 - 1  # larger block/token counts in one row are rejected (keeps int64 sums exact)
 FIRST_REJECTED_SHOWN = 10
+MAX_ABS_TS_S = 1e12  # larger |ts| is rejected: ~31,700 years; epoch milliseconds or nanoseconds land here
+MAX_LATENCY_MS = 1e12  # larger latency_ms is rejected (keeps blocks x latency sums finite)
 
 _SNIFF_BYTES = 1 << 16
 _READ_BLOCK_BYTES = 8 << 20  # CSV parse blocks (pyarrow's default 1 MiB): fewer chunks to unify and join
@@ -47,8 +56,10 @@ _SCHEMA_TIP = (
 # Reasons a row is rejected, in the order they are checked (a row reports its first reason).
 _REASONS = (
     "wrong number of columns",
+    "invalid UTF-8",
     "missing ts",
     "unparseable ts",
+    "ts out of range",
     "missing event",
     "unknown event type",
     "missing request_id",
@@ -61,6 +72,7 @@ _REASONS = (
     "unparseable block_ids",
     "unparseable latency_ms",
     "negative latency_ms",
+    "latency_ms out of range",
     "unparseable block_size",
     "non-positive block_size",
     "unparseable free_pool_blocks",
@@ -100,6 +112,8 @@ class EventTable:
     block_id_values: np.ndarray | None  # int64 block id, parallel to block_id_rows; None without the column
     rejected: RejectedRows
     default_block_size: int
+    instance: np.ndarray | None = None  # int32 index into instance_ids, -1 where blank; None without the column
+    instance_ids: tuple[str, ...] = ()
 
     @property
     def events(self) -> int:
@@ -113,39 +127,342 @@ def load_events(
 ) -> EventTable:
     """Read an events file (.csv, .csv.gz, .parquet; detected by content) into an :class:`EventTable`.
 
-    Raises InputFileError (exit 3) for a missing, empty, binary or malformed file and for missing required
-    columns; rows with bad values are rejected and counted, not raised.
+    ``path`` is a local path or an fsspec URL.  Raises InputFileError (exit 3) for a missing, empty, binary or
+    malformed file and for missing required columns; rows with bad values are rejected and counted, not raised.
+    No message of the reading library reaches the user as is: each known failure is said in kvtool's words.
     """
     if default_block_size <= 0:
         raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
     import pyarrow as pa
 
-    path = Path(path)
-    kind, header = _sniff(path)
+    source = EventSource.of(path)
+    kind, header = _sniff(source)
     note = progress or (lambda stage: None)
     note("reading")
     try:
         if kind == "parquet":
-            table, bad_lines, blank_lines, columns_found = _read_parquet(path)
-            first_row_number = 1
+            read = _read_parquet(source)
         else:
-            table, bad_lines, blank_lines = _read_csv(path, header)
-            columns_found = tuple(header)
-            first_row_number = 2
+            read = _read_csv(source, header)
     except (pa.ArrowException, OSError, EOFError) as err:
-        raise InputFileError(f"cannot read the events file: {_first_line(err)}", where=str(path)) from None
+        if "could not skip initial" in str(err).lower():  # pyarrow's words for a header without a newline
+            raise InputFileError(_HEADER_ONLY, where=source.name) from None
+        raise InputFileError(_plain_reason("cannot read the events file", err), where=source.name) from None
     note("checking rows")
     try:
-        holder = [table]  # _convert takes the only reference, so each column is freed once converted
-        del table
-        return _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size)
+        return _convert(source.name, read, default_block_size)
     except pa.ArrowException as err:
-        raise InputFileError(f"cannot convert the events file: {_first_line(err)}", where=str(path)) from None
+        raise InputFileError(_plain_reason("cannot convert the events file", err), where=source.name) from None
     finally:
         # Arrow's default pool (mimalloc) reads fastest but keeps freed buffers resident; hand them back to the
         # OS now that every column is converted, so the analysis that follows does not stack on top of them
         # (5M-event benchmark: a quarter less peak RSS and half the page faults of the system allocator).
         pa.default_memory_pool().release_unused()
+
+
+@dataclasses.dataclass(frozen=True)
+class EventSource:
+    """Where an events file is: a local path, or an fsspec URL (``s3://bucket/key``, ``file:///abs/path``)."""
+
+    name: str  # as the user gave it (messages name it)
+    local: Path | None  # None for a remote URL
+
+    @classmethod
+    def of(cls, path: str | Path) -> EventSource:
+        text = str(path)
+        if isinstance(path, Path) or "://" not in text:
+            return cls(text, Path(path))
+        if text.startswith("file://"):
+            return cls(text, Path(text[len("file://") :]))
+        return cls(text, None)
+
+    def arrow_file(self):
+        """A pyarrow input file: native for a local path (no GIL, no copies), wrapped for a URL."""
+        import pyarrow as pa
+
+        if self.local is not None:
+            return pa.OSFile(str(self.local), "rb")
+        return pa.PythonFile(self.open(), mode="r")
+
+    def open(self):
+        """A binary file object (local, or through fsspec for a URL)."""
+        if self.local is not None:
+            return self.local.open("rb")
+        try:
+            import fsspec
+        except ImportError:  # pragma: no cover - fsspec comes with pyarrow's usual companions
+            raise InputFileError(
+                "reading a URL needs fsspec", where=self.name, tip="pip install 'kvtool[fleet]'"
+            ) from None
+        try:
+            return fsspec.open(self.name, "rb").open()
+        except (OSError, ValueError, ImportError) as err:
+            raise InputFileError(f"cannot open the URL: {_first_line(err)}", where=self.name) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+_HEADER_ONLY = "the events file has a header but no event rows: it has no events"
+
+# pyarrow's messages, said in kvtool's words (the raw text never reaches the user)
+_ARROW_MESSAGES = (
+    ("straddling", "a value spans more than one line (an unclosed double quote?)"),
+    ("empty csv", "the events file is empty: it has no events"),
+    ("parquet magic bytes not found", "not a valid Parquet file (its footer is missing: truncated?)"),
+    ("invalid utf8", "invalid UTF-8 bytes where text was expected"),
+    ("couldn't deserialize thrift", "not a valid Parquet file (corrupt metadata)"),
+    ("no such file", "the file disappeared while being read"),
+)
+
+
+def _plain_reason(what: str, err: BaseException) -> str:
+    """A pyarrow/OS error as one plain sentence: a known cause in kvtool's words, else only the error's kind."""
+    raw = str(err).lower()
+    for needle, said in _ARROW_MESSAGES:
+        if needle in raw:
+            return f"{what}: {said}"
+    if isinstance(err, OSError) and getattr(err, "strerror", None):
+        return f"{what}: {err.strerror}"
+    return f"{what}: the content is not a CSV or Parquet events file the reader can parse"
+
+
+# ---------------------------------------------------------------------------------------------------- sniffing
+
+
+def _sniff(source: EventSource) -> tuple[str, list[str]]:
+    """Return ("csv" | "parquet", normalised header names); raise InputFileError for unusable files."""
+    head = _head_bytes(source)
+    if head[:4] == b"PAR1":
+        return "parquet", []
+    if head[:2] == b"\x1f\x8b":
+        head = _gunzipped_head(source)
+    if _looks_binary(head):
+        raise InputFileError("not a CSV or Parquet events file (binary content)", where=source.name)
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")  # a bad byte rejects its row, not the file
+    if not text.strip():
+        raise InputFileError("the events file is empty: it has no events", where=source.name)
+    first = text.lstrip("\r\n").splitlines()[0]
+    try:
+        names = next(csv.reader(io.StringIO(first)))
+    except (csv.Error, StopIteration):
+        names = [first]
+    return "csv", _normalise_names(names)
+
+
+def _head_bytes(source: EventSource) -> bytes:
+    where = source.name
+    if source.local is not None:
+        if not source.local.exists():
+            raise InputFileError("events file not found", where=where)
+        if source.local.is_dir():
+            raise InputFileError("expected an events file, got a directory", where=where)
+    try:
+        with source.open() as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except FileNotFoundError:
+        raise InputFileError("events file not found", where=where) from None
+    except OSError as err:
+        raise InputFileError(f"cannot read the events file: {err.strerror or err}", where=where) from None
+    if not head:
+        raise InputFileError("the events file is empty: it has no events", where=where)
+    return head
+
+
+def _gunzipped_head(source: EventSource) -> bytes:
+    try:
+        with source.open() as raw, gzip.open(raw, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error):
+        raise InputFileError("not a valid gzip file (corrupt or truncated)", where=source.name) from None
+    if not head.strip():
+        raise InputFileError("the events file is empty (after decompression): it has no events", where=source.name)
+    return head
+
+
+def _looks_binary(head: bytes) -> bool:
+    """Binary content: an archive's magic bytes, or more than 5 % control bytes (a few stray bytes in a text file
+    only reject their rows)."""
+    if head[:4] in (b"PK\x03\x04", b"\x7fELF") or head[:3] == b"BZh" or head[:6] == b"\xfd7zXZ\x00":
+        return True
+    control = sum(head.count(bytes([c])) for c in (*range(0, 9), 11, 12, *range(14, 32)))
+    return control > max(1, len(head) // 20)
+
+
+def _normalise_names(names: list[str]) -> list[str]:
+    """Strip and lower-case the header names; make duplicates unique (``x``, ``x_2``) so pyarrow accepts them."""
+    seen: dict[str, int] = {}
+    out = []
+    for raw in names:
+        name = raw.strip().lower()
+        if name in seen:
+            seen[name] += 1
+            name = f"{name}_{seen[name]}"
+        else:
+            seen[name] = 1
+        out.append(name)
+    return out
+
+
+def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in found]
+    if missing:
+        shown = ", ".join(found[:20]) + (" ..." if len(found) > 20 else "")
+        raise InputFileError(
+            f"missing required column(s) {', '.join(missing)}; columns found: {shown or '(none)'}",
+            where=where,
+            tip=_SCHEMA_TIP,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """What a reader returns: the known columns (Arrow) and the lines it could not take as rows."""
+
+    table: Any  # pyarrow.Table
+    columns_found: tuple[str, ...]
+    bad_lines: list[int]  # line numbers of rows with a wrong number of fields
+    blank_lines: int
+    first_row_number: int  # the row number of the table's first row (2 for CSV: the header is line 1)
+    invalid_utf8_lines: tuple[int, ...] = ()  # lines whose invalid bytes were replaced before reading
+
+
+_TEXT_COLUMNS = ("event", "request_id", "source_request_id", *INSTANCE_COLUMNS)
+
+
+def _read_csv(source: EventSource, names: list[str]) -> _Read:
+    """Read the known columns, typed; fall back to strings where a value does not parse."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    _check_columns(source.name, names)
+    text = pa.dictionary(pa.int32(), pa.string())
+    typed = {
+        "ts": pa.float64(),
+        "num_blocks": pa.int32(),  # a count above 2**31 - 1 fails here and is rejected by the text path
+        "num_tokens": pa.int32(),
+        "block_ids": pa.string(),
+        "latency_ms": pa.float64(),
+        "block_size": pa.int32(),
+        "free_pool_blocks": pa.float64(),
+        **{name: text for name in _TEXT_COLUMNS},
+    }
+    include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS) if c in names]
+    with source.open() as fh:  # the content decides, not the name: pyarrow would inflate any "*.gz" path
+        gzip_content = fh.read(2) == b"\x1f\x8b"
+
+    cleaned: list[bytes] = []  # the content with invalid UTF-8 replaced, when pyarrow cannot report such a row
+
+    def read(types: dict, threads: bool, quoting: bool = True):
+        bad: list[tuple[int | None, str]] = []
+
+        def on_invalid(row) -> str:
+            bad.append((row.number, row.text))
+            return "skip"
+
+        import sys
+
+        previous_hook = sys.unraisablehook
+        # pyarrow decodes a malformed row's text for the handler; invalid UTF-8 there raises inside its callback,
+        # which Python would print to stderr as "Exception ignored": the read then fails and is retried cleaned
+        sys.unraisablehook = lambda u: None if isinstance(u.exc_value, UnicodeDecodeError) else previous_hook(u)
+        raw = pa.BufferReader(cleaned[0]) if cleaned else source.arrow_file()
+        stream = pa.CompressedInputStream(raw, "gzip") if gzip_content and not cleaned else raw
+        try:
+            table = pacsv.read_csv(
+                stream,
+                read_options=pacsv.ReadOptions(
+                    column_names=names, skip_rows=1, use_threads=threads, block_size=_READ_BLOCK_BYTES
+                ),
+                parse_options=pacsv.ParseOptions(
+                    invalid_row_handler=on_invalid, ignore_empty_lines=False, quote_char='"' if quoting else False
+                ),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={k: v for k, v in types.items() if k in include},
+                    include_columns=include,
+                    strings_can_be_null=True,
+                    null_values=[""],
+                    quoted_strings_can_be_null=True,
+                    check_utf8=False,  # invalid bytes reject their rows (_utf8_invalid), not the file
+                ),
+            )
+        finally:
+            raw.close()
+            sys.unraisablehook = previous_hook
+        return table, bad
+
+    def read_all(types: dict):
+        try:
+            table, bad = read(types, threads=True)
+        except pa.ArrowInvalid as err:
+            if "conversion error" not in str(err).lower():
+                raise
+            # a value that does not parse as a number: read the numeric columns as text and check them vectorised
+            types = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in types.items()}
+            table, bad = read(types, threads=True)
+        if bad and any(number is None for number, _ in bad):
+            table, bad = read(types, threads=False)  # pyarrow only numbers malformed rows when single-threaded
+        if any("\n" in text.rstrip("\r\n") for _, text in bad):
+            # a double quote that never closed swallowed the lines after it into one "row": read line by line
+            table, bad = read(types, threads=False, quoting=False)
+        return table, bad
+
+    invalid_lines: tuple[int, ...] = ()
+    try:
+        table, bad = read_all(typed)
+    except pa.ArrowException:
+        # A row with both a wrong field count and invalid UTF-8 stops pyarrow (it decodes the row's text for the
+        # handler).  Read a copy with the bad bytes replaced, and reject the lines that had them.
+        content, invalid_lines = _replace_invalid_utf8(source, gzip_content)
+        if not invalid_lines:
+            raise
+        cleaned.append(content)
+        table, bad = read_all(typed)
+    bad_lines = sorted(n for n, text in bad if n is not None and text.strip())
+    blank_lines = sum(1 for _, text in bad if not text.strip())
+    return _Read(table, tuple(names), bad_lines, blank_lines, 2, invalid_lines)
+
+
+def _replace_invalid_utf8(source: EventSource, gzip_content: bool) -> tuple[bytes, tuple[int, ...]]:
+    """The whole content with each line's invalid UTF-8 replaced (U+FFFD), and those lines' numbers (1-based)."""
+    with source.open() as fh:
+        data = fh.read()
+    if gzip_content:
+        data = gzip.decompress(data)
+    try:
+        data.decode("utf-8")
+        return data, ()
+    except UnicodeDecodeError:
+        pass
+    lines = data.split(b"\n")
+    invalid = []
+    for i, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            invalid.append(i + 1)
+            lines[i] = line.decode("utf-8", errors="replace").encode("utf-8")
+    return b"\n".join(lines), tuple(invalid)
+
+
+def _read_parquet(source: EventSource) -> _Read:
+    import pyarrow.parquet as pq
+
+    with source.arrow_file() as fh:
+        parquet = pq.ParquetFile(fh)
+        schema = parquet.schema_arrow
+        names = _normalise_names(list(schema.names))
+        _check_columns(source.name, names)
+        known = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
+        wanted = [raw for raw, name in zip(schema.names, names) if name in known]
+        table = parquet.read(columns=wanted)
+    table = table.rename_columns([_normalise_names([n])[0] for n in table.column_names])
+    return _Read(table, tuple(names), [], 0, first_row_number=1)
 
 
 def events_from_arrow(table, where: str = "<table>", default_block_size: int = DEFAULT_BLOCK_SIZE) -> EventTable:
@@ -160,14 +477,15 @@ def events_from_arrow(table, where: str = "<table>", default_block_size: int = D
 
     names = _normalise_names([str(n) for n in table.column_names])
     _check_columns(where, names)
-    known = [i for i, name in enumerate(names) if name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)]
+    wanted = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
+    known = [i for i, name in enumerate(names) if name in wanted]
     selected = table.select(known).rename_columns([names[i] for i in known])
     if selected.num_rows == 0:
-        raise InputFileError("the events table has no rows", where=where)
+        raise InputFileError("the events table has no rows: it has no events", where=where)
     try:
-        return _convert(where, [selected], tuple(names), [], 0, 1, default_block_size)
+        return _convert(where, _Read(selected, tuple(names), [], 0, first_row_number=1), default_block_size)
     except pa.ArrowException as err:
-        raise InputFileError(f"cannot convert the events table: {_first_line(err)}", where=where) from None
+        raise InputFileError(_plain_reason("cannot convert the events table", err), where=where) from None
 
 
 def write_events(path: str | Path, columns: dict) -> int:
@@ -229,298 +547,334 @@ def write_events(path: str | Path, columns: dict) -> int:
     return table.num_rows
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
+# ---------------------------------------------------------------------------------------------------- converting
+#
+# The Arrow table becomes numpy columns in named steps.  Each column is taken off the table once converted (so its
+# memory goes), and every check records a reason per row in _RowChecks; the rows without one are kept.
 
 
-# ---------------------------------------------------------------------------------------------------- sniffing
+class _RowChecks:
+    """The reason each row is rejected (0: accepted).
+
+    Checks run in reverse priority, so a later (higher priority) check overwrites an earlier reason and a row
+    keeps the first reason in ``_REASONS`` order; ``flag_unless_earlier`` is for a check that runs out of order.
+    """
+
+    def __init__(self, n: int):
+        import numpy as np
+
+        self.reason = np.zeros(n, dtype=np.int8)
+
+    def flag(self, mask, name: str) -> None:
+        self.reason[mask] = _REASON_CODE[name]
+
+    def flag_unless_earlier(self, rows, name: str) -> None:
+        import numpy as np
+
+        code = _REASON_CODE[name]
+        current = self.reason[rows]
+        self.reason[rows] = np.where((current == 0) | (current > code), code, current)
 
 
-def _sniff(path: Path) -> tuple[str, list[str]]:
-    """Return ("csv" | "parquet", normalised header names); raise InputFileError for unusable files."""
-    where = str(path)
-    if not path.exists():
-        raise InputFileError("events file not found", where=where)
-    if path.is_dir():
-        raise InputFileError("expected an events file, got a directory", where=where)
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
-    except OSError as err:
-        raise InputFileError(f"cannot read the events file: {err.strerror or err}", where=where) from None
-    if not head:
-        raise InputFileError("the events file is empty", where=where)
-    if head[:4] == b"PAR1":
-        return "parquet", []
-    if head[:2] == b"\x1f\x8b":
-        try:
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(_SNIFF_BYTES)
-        except (OSError, EOFError, zlib.error) as err:
-            raise InputFileError(f"not a valid gzip file: {_first_line(err)}", where=where) from None
-        if not head:
-            raise InputFileError("the events file is empty (after decompression)", where=where)
-    if b"\x00" in head:
-        raise InputFileError("not a CSV or Parquet events file (binary content)", where=where)
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.start < len(head) - 3:  # a multi-byte character cut at the end of the sample is fine
-            raise InputFileError(
-                f"not a CSV or Parquet events file (invalid UTF-8 at byte {err.start})", where=where
-            ) from None
-        text = head[: err.start].decode("utf-8")
-    text = text.lstrip("\ufeff")
-    if not text.strip():
-        raise InputFileError("the events file is empty", where=where)
-    first = text.lstrip("\r\n").splitlines()[0]
-    try:
-        names = next(csv.reader(io.StringIO(first)))
-    except (csv.Error, StopIteration):
-        names = [first]
-    return "csv", _normalise_names(names)
+class _Columns:
+    """The table being converted; ``take`` hands a column over and drops it from the table."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def has(self, name: str) -> bool:
+        return name in self.table.column_names
+
+    def take(self, name: str):
+        col = self.table.column(name)
+        self.table = self.table.drop_columns([name])
+        return col
 
 
-def _normalise_names(names: list[str]) -> list[str]:
-    """Strip and lower-case the header names; make duplicates unique (``x``, ``x_2``) so pyarrow accepts them."""
-    seen: dict[str, int] = {}
-    out = []
-    for raw in names:
-        name = raw.strip().lower()
-        if name in seen:
-            seen[name] += 1
-            name = f"{name}_{seen[name]}"
+@dataclasses.dataclass(frozen=True, eq=False)
+class _OptionalValues:
+    free_pool_blocks: np.ndarray | None
+    block_size: np.ndarray | None  # blanks hold the default block size
+    latency_ms: np.ndarray | None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _RequiredValues:
+    ts: np.ndarray
+    event: np.ndarray
+    request: np.ndarray
+    request_dict: list[str]
+    num_blocks: np.ndarray
+    num_tokens: np.ndarray
+    all_blank: np.ndarray  # every required value empty (a blank line, or a row of commas)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Codes:
+    """A text column as int32 codes into its distinct values (-1 where blank)."""
+
+    codes: np.ndarray | None
+    values: tuple[str, ...]
+
+
+def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
+    """Check every row, reject the bad ones with their reasons, and build the EventTable of the accepted rows."""
+    table = read.table
+    object.__setattr__(read, "table", None)  # the only reference is now `columns`: each column frees when taken
+    if table.num_rows == 0 and not read.bad_lines:
+        raise InputFileError(_HEADER_ONLY, where=where)
+    checks = _RowChecks(table.num_rows)
+    columns = _Columns(table.unify_dictionaries())
+    del table
+    invalid_utf8 = _invalid_utf8_rows(columns)
+    if read.invalid_utf8_lines:
+        lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
+        invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
+    block_ids_job = None
+    if columns.has("block_ids"):  # the slowest column: split on another thread (pyarrow releases the GIL)
+        block_ids_job = in_background(_block_ids, columns.take("block_ids"))
+    optional = _optional_values(columns, checks, default_block_size)
+    instance = _text_codes(columns, INSTANCE_COLUMNS)
+    source = _text_codes(columns, ("source_request_id",))
+    required = _required_values(columns, checks)
+    block_ids = None
+    if block_ids_job is not None:
+        rows, ids, bad_rows = block_ids_job.result()
+        checks.flag_unless_earlier(bad_rows, "unparseable block_ids")
+        block_ids = (rows, ids)
+    if invalid_utf8 is not None:
+        checks.flag(invalid_utf8, "invalid UTF-8")  # the highest priority after the field count
+    # blank rows: every read column empty (a blank line or a row of commas) - skipped, not rejected
+    blank = required.all_blank if invalid_utf8 is None else required.all_blank & ~invalid_utf8
+    checks.reason[blank] = 0
+    keep = ~blank & (checks.reason == 0)
+    rejected = _rejected(checks.reason, keep | blank, read.bad_lines, read.first_row_number)
+    rejected = dataclasses.replace(rejected, blank_rows=int(blank.sum()) + read.blank_lines)
+    return _assemble(where, read, keep, required, optional, source, instance, block_ids, rejected, default_block_size)
+
+
+def _rows_of_lines(lines, bad_lines, first_row_number: int, n: int):
+    """A mask of the table rows read from ``lines`` (the lines pyarrow skipped are not table rows)."""
+    import numpy as np
+
+    lines = np.asarray(lines, dtype=np.int64)
+    skipped = np.asarray(bad_lines, dtype=np.int64)
+    lines = lines[~np.isin(lines, skipped)]
+    rows = lines - first_row_number - np.searchsorted(skipped, lines)
+    mask = np.zeros(n, dtype=bool)
+    mask[rows[(rows >= 0) & (rows < n)]] = True
+    return mask
+
+
+def _invalid_utf8_rows(columns: _Columns):
+    """Rows with invalid UTF-8 in a text column (None when there are none); such cells are set to null.
+
+    The CSV is read without UTF-8 validation, so one bad byte costs its row, not the file.  Dictionary columns are
+    checked through their (few) distinct values; block_ids needs no check (a bad byte fails its integer parse).
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    bad = None
+    for name in list(columns.table.column_names):
+        if name == "block_ids":
+            continue
+        col = columns.table.column(name)
+        typ = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+            continue
+        mask = _invalid_utf8_mask(col)
+        if mask is None:
+            continue
+        bad = mask if bad is None else bad | mask
+        if not pa.types.is_dictionary(col.type):
+            import pyarrow.compute as pc
+
+            cleaned = pc.if_else(pa.array(~mask), col.cast(pa.binary()), pa.scalar(None, pa.binary()))
+            index = columns.table.column_names.index(name)
+            columns.table = columns.table.set_column(index, name, cleaned.cast(typ))
+    if bad is None or not bad.any():
+        return None
+    return np.asarray(bad, dtype=bool)
+
+
+def _invalid_utf8_mask(col):
+    """Per-row mask of invalid UTF-8 in a string or dictionary (chunked) column; None when all are valid."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    found = False
+    for ch in _chunks(col):
+        if pa.types.is_dictionary(ch.type):
+            values = _utf8_validity(ch.dictionary)
+            if values is None:
+                parts.append(np.zeros(len(ch), bool))
+                continue
+            codes = _fixed_np(ch.indices.cast(pa.int32()), np.int32)
+            rows = ~values[np.maximum(codes, 0)] & _valid_np(ch.indices)
         else:
-            seen[name] = 1
-        out.append(name)
+            values = _utf8_validity(ch)
+            rows = np.zeros(len(ch), bool) if values is None else ~values
+        found |= bool(rows.any())
+        parts.append(rows)
+    if not found:
+        return None
+    return np.concatenate(parts) if parts else None
+
+
+def _utf8_validity(arr):
+    """None when every value of a string array is valid UTF-8, else a per-value bool array (True: valid)."""
+    import numpy as np
+    import pyarrow as pa
+
+    try:
+        arr.validate(full=True)
+        return None
+    except pa.ArrowInvalid:
+        pass
+    out = np.ones(len(arr), dtype=bool)
+    for i, value in enumerate(arr.view(pa.binary()).to_pylist() if hasattr(arr, "view") else []):
+        if value is not None:
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                out[i] = False
     return out
 
 
-def _check_columns(path: str | Path, found: list[str] | tuple[str, ...]) -> None:
-    missing = [c for c in REQUIRED_COLUMNS if c not in found]
-    if missing:
-        shown = ", ".join(found[:20]) + (" ..." if len(found) > 20 else "")
-        raise InputFileError(
-            f"missing required column(s) {', '.join(missing)}; columns found: {shown or '(none)'}",
-            where=str(path),
-            tip=_SCHEMA_TIP,
-        )
-
-
-# ---------------------------------------------------------------------------------------------------- reading
-
-
-def _read_csv(path: Path, names: list[str]):
-    """Read the known columns, typed; fall back to strings where a value does not parse."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    _check_columns(path, names)
-    text = pa.dictionary(pa.int32(), pa.string())
-    typed = {
-        "ts": pa.float64(),
-        "event": text,
-        "request_id": text,
-        "num_blocks": pa.int32(),  # a count above 2**31 - 1 fails here and is rejected by the text path
-        "num_tokens": pa.int32(),
-        "block_ids": pa.string(),
-        "latency_ms": pa.float64(),
-        "source_request_id": text,
-        "block_size": pa.int32(),
-        "free_pool_blocks": pa.float64(),
-    }
-    include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in names]
-
-    # The content decides, not the name: pyarrow would inflate any "*.gz" path (and fail on plain text in one)
-    with path.open("rb") as fh:
-        gzip_content = fh.read(2) == b"\x1f\x8b"
-
-    def read(types: dict, threads: bool):
-        bad: list[tuple[int | None, str]] = []
-
-        def on_invalid(row) -> str:
-            bad.append((row.number, row.text))
-            return "skip"
-
-        source = pa.input_stream(str(path), compression="gzip" if gzip_content else None)
-        table = pacsv.read_csv(
-            source,
-            read_options=pacsv.ReadOptions(
-                column_names=names, skip_rows=1, use_threads=threads, block_size=_READ_BLOCK_BYTES
-            ),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid, ignore_empty_lines=False),
-            convert_options=pacsv.ConvertOptions(
-                column_types={k: v for k, v in types.items() if k in include},
-                include_columns=include,
-                strings_can_be_null=True,
-                null_values=[""],
-                quoted_strings_can_be_null=True,
-            ),
-        )
-        return table, bad
-
-    try:
-        table, bad = read(typed, threads=True)
-    except pa.ArrowInvalid as err:
-        if "conversion error" not in str(err).lower():
-            raise
-        # a value that does not parse as a number: read the numeric columns as text and check them vectorised
-        typed = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in typed.items()}
-        table, bad = read(typed, threads=True)
-    if bad and any(number is None for number, _ in bad):
-        table, bad = read(typed, threads=False)  # pyarrow only numbers malformed rows when single-threaded
-    bad_lines = sorted(n for n, text in bad if n is not None and text.strip())
-    blank_lines = sum(1 for _, text in bad if not text.strip())
-    return table, bad_lines, blank_lines
-
-
-def _read_parquet(path: Path):
-    import pyarrow.parquet as pq
-
-    schema = pq.read_schema(path)
-    names = _normalise_names(list(schema.names))
-    _check_columns(path, names)
-    wanted = [raw for raw, name in zip(schema.names, names) if name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)]
-    table = pq.read_table(path, columns=wanted)
-    table = table.rename_columns([_normalise_names([n])[0] for n in table.column_names])
-    return table, [], 0, tuple(names)
-
-
-# ---------------------------------------------------------------------------------------------------- converting
-
-
-def _convert(path, holder, columns_found, bad_lines, blank_lines, first_row_number, default_block_size):
+def _optional_values(columns: _Columns, checks: _RowChecks, default_block_size: int) -> _OptionalValues:
+    """free_pool_blocks, block_size and latency_ms: checked (lowest priority reasons), blanks kept as blank."""
     import numpy as np
 
-    table = holder.pop()
-    if table.num_rows == 0 and not bad_lines:
-        raise InputFileError("the events file has a header but no event rows", where=str(path))
-    n = table.num_rows
-    table = table.unify_dictionaries()
-    reason = np.zeros(n, dtype=np.int8)  # 0 = accepted
-
-    def flag(mask, name: str) -> None:
-        # checks run in reverse priority, so a row keeps the first reason in _REASONS order
-        reason[mask] = _REASON_CODE[name]
-
-    def take(name: str):
-        nonlocal table
-        col = table.column(name)
-        table = table.drop_columns([name])
-        return col
-
-    present = set(table.column_names)
-    cols: dict[str, object] = {}
-    block_ids_job = None
-    if "block_ids" in present:  # the slowest column: split on another thread (pyarrow releases the GIL)
-        block_ids_job = in_background(_block_ids, take("block_ids"))
-
-    def optional_number(name: str, integer: bool = False, positive: bool = False):
-        v, null, bad = _numbers(take(name), name, integer=integer)
+    def number(name: str, integer: bool = False, positive: bool = False):
+        v, null, bad = _numbers(columns.take(name), name, integer=integer)
         if positive:
-            flag(~null & ~bad & (v <= 0), f"non-positive {name}")
+            checks.flag(~null & ~bad & (v <= 0), f"non-positive {name}")
         else:
-            flag(~null & ~bad & (v < 0), f"negative {name}")
-        flag(bad, f"unparseable {name}")
+            checks.flag(~null & ~bad & (v < 0), f"negative {name}")
+        checks.flag(bad, f"unparseable {name}")
         return v, null
 
-    # optional columns first (lowest priority reasons), then the required ones in reverse order
-    if "free_pool_blocks" in present:
-        cols["free_pool_blocks"] = optional_number("free_pool_blocks")[0]
+    free_pool = number("free_pool_blocks")[0] if columns.has("free_pool_blocks") else None
     block_size = None
-    if "block_size" in present:
-        v, null = optional_number("block_size", integer=True, positive=True)
+    if columns.has("block_size"):
+        v, null = number("block_size", integer=True, positive=True)
         block_size = np.where(null, default_block_size, v)
-    if "latency_ms" in present:
-        cols["latency_ms"] = optional_number("latency_ms")[0]
-    event = None
-    if "event" in present:
-        event = _event_codes(take("event"))
-    num_tokens, tok_null, tok_bad = _numbers(take("num_tokens"), "num_tokens", integer=True)
-    flag(~tok_null & ~tok_bad & (num_tokens < 0), "negative num_tokens")
-    flag(tok_bad, "unparseable num_tokens")
-    flag(tok_null & (event != FREE), "missing num_tokens")
-    num_blocks, blk_null, blk_bad = _numbers(take("num_blocks"), "num_blocks", integer=True)
-    flag(~blk_null & ~blk_bad & (num_blocks < 0), "negative num_blocks")
-    flag(blk_bad, "unparseable num_blocks")
-    flag(blk_null, "missing num_blocks")
-    request, request_dict = _dictionary_codes(take("request_id"))
-    blank_id = np.array([v is None or not v.strip() for v in request_dict] + [True], dtype=bool)
-    if blank_id[:-1].any():
-        request = np.where(blank_id[request], -1, request).astype(np.int32)  # code -1 -> the last entry
-    flag(request < 0, "missing request_id")
-    flag(event == -1, "unknown event type")
-    flag(event == -2, "missing event")
-    source = None
-    source_dict: list[str] = []
-    if "source_request_id" in present:
-        source, source_dict = _dictionary_codes(take("source_request_id"))
-    ts, ts_null, ts_bad = _numbers(take("ts"), "ts")
-    flag(ts_bad, "unparseable ts")
-    flag(ts_null, "missing ts")
+    latency = None
+    if columns.has("latency_ms"):
+        v, null, bad = _numbers(columns.take("latency_ms"), "latency_ms")
+        checks.flag(~null & ~bad & (v > MAX_LATENCY_MS), "latency_ms out of range")
+        checks.flag(~null & ~bad & (v < 0), "negative latency_ms")
+        checks.flag(bad, "unparseable latency_ms")
+        latency = v
+    return _OptionalValues(free_pool, block_size, latency)
 
-    if block_ids_job is not None:
-        rows, ids, bad_rows = block_ids_job.result()
-        code = _REASON_CODE["unparseable block_ids"]
-        current = reason[bad_rows]
-        reason[bad_rows] = np.where((current == 0) | (current > code), code, current)  # keep a higher priority
-        cols["block_ids"] = (rows, ids)
-    # blank rows: every read column empty (a blank line or a row of commas) - skipped, not rejected
-    blank = ts_null & (event == -2) & (request < 0) & blk_null & tok_null
-    reason[blank] = 0
-    keep = ~blank & (reason == 0)
-    n_blank = int(blank.sum()) + blank_lines
 
-    rejected = _rejected(reason, keep | blank, bad_lines, first_row_number)
-    if keep.all():
-        sel = slice(None)
-        index_map = None
-    else:
-        sel = keep
-        index_map = np.cumsum(keep) - 1
-    ts = ts[sel]
-    event = event[sel]
-    num_blocks = num_blocks[sel].astype(np.int32, copy=False)  # rejected above MAX_COUNT, so int32 is exact
-    num_tokens = num_tokens[sel].astype(np.int32, copy=False)  # a blank (free) num_tokens is already 0
-    block_size = None if block_size is None else block_size[sel]
-    # request ids: the dictionary's order (first appearance per read block), only those of accepted rows
-    request = request[sel]
-    used = np.zeros(len(request_dict), dtype=bool)
-    used[request] = True
+def _required_values(columns: _Columns, checks: _RowChecks) -> _RequiredValues:
+    """The five required columns, checked in reverse priority (num_tokens first, ts last)."""
+    import numpy as np
+
+    event = _event_codes(columns.take("event"))
+    num_tokens, tok_null, tok_bad = _numbers(columns.take("num_tokens"), "num_tokens", integer=True)
+    checks.flag(~tok_null & ~tok_bad & (num_tokens < 0), "negative num_tokens")
+    checks.flag(tok_bad, "unparseable num_tokens")
+    checks.flag(tok_null & (event != FREE), "missing num_tokens")
+    num_blocks, blk_null, blk_bad = _numbers(columns.take("num_blocks"), "num_blocks", integer=True)
+    checks.flag(~blk_null & ~blk_bad & (num_blocks < 0), "negative num_blocks")
+    checks.flag(blk_bad, "unparseable num_blocks")
+    checks.flag(blk_null, "missing num_blocks")
+    request = _text_codes(columns, ("request_id",))
+    assert request.codes is not None  # a required column
+    checks.flag(request.codes < 0, "missing request_id")
+    checks.flag(event == -1, "unknown event type")
+    checks.flag(event == -2, "missing event")
+    ts, ts_null, ts_bad = _numbers(columns.take("ts"), "ts")
+    with np.errstate(invalid="ignore"):
+        checks.flag(~ts_null & ~ts_bad & (np.abs(ts) > MAX_ABS_TS_S), "ts out of range")
+    checks.flag(ts_bad, "unparseable ts")
+    checks.flag(ts_null, "missing ts")
+    all_blank = ts_null & (event == -2) & (request.codes < 0) & blk_null & tok_null
+    return _RequiredValues(ts, event, request.codes, list(request.values), num_blocks, num_tokens, all_blank)
+
+
+def _text_codes(columns: _Columns, names: tuple[str, ...]) -> _Codes:
+    """The first of ``names`` present, as codes (blank or whitespace-only values -> -1); empty when absent."""
+    import numpy as np
+
+    name = next((n for n in names if columns.has(n)), None)
+    if name is None:
+        return _Codes(None, ())
+    codes, values = _dictionary_codes(columns.take(name))
+    blank = np.array([v is None or not v.strip() for v in values] + [True], dtype=bool)
+    if blank[:-1].any():
+        codes = np.where(blank[codes], -1, codes).astype(np.int32)  # code -1 -> the last entry
+    return _Codes(codes, tuple(values))
+
+
+def _used_codes(codes, values: tuple[str, ...]):
+    """Renumber codes (>= 0, or -1 kept) to the values actually used, in the dictionary's order."""
+    import numpy as np
+
+    used = np.zeros(len(values) + 1, dtype=bool)
+    used[codes] = True  # -1 marks the extra last slot
+    used = used[:-1]
     if used.all():
-        request_ids = tuple(request_dict)
-    else:
-        remap = (np.cumsum(used) - 1).astype(np.int32)
-        request = remap[request]
-        request_ids = tuple(request_dict[i] for i in np.flatnonzero(used).tolist())
+        return codes, tuple(values)
+    remap = np.r_[(np.cumsum(used) - 1).astype(np.int32), np.int32(-1)]
+    return remap[codes].astype(np.int32), tuple(values[i] for i in np.flatnonzero(used).tolist())
+
+
+def _assemble(
+    where: str,
+    read: _Read,
+    keep,
+    required: _RequiredValues,
+    optional: _OptionalValues,
+    source: _Codes,
+    instance: _Codes,
+    block_ids,
+    rejected: RejectedRows,
+    default_block_size: int,
+) -> EventTable:
+    """The accepted rows as an EventTable (ids renumbered to those of accepted rows, block ids re-indexed)."""
+    import numpy as np
+
+    sel: Any = slice(None) if keep.all() else keep
+    request, request_ids = _used_codes(required.request[sel], tuple(required.request_dict))
     block_id_rows = block_id_values = None
-    if "block_ids" in cols:
-        rows, ids = cols["block_ids"]
-        if index_map is not None:
+    if block_ids is not None:
+        rows, ids = block_ids
+        if not keep.all():
+            index_map = np.cumsum(keep) - 1
             ok = keep[rows]
             rows, ids = index_map[rows[ok]], ids[ok]
         block_id_rows, block_id_values = rows, ids
-    latency = cols.get("latency_ms")
-    pool = cols.get("free_pool_blocks")
+    inst_codes, inst_ids = (None, ()) if instance.codes is None else _used_codes(instance.codes[sel], instance.values)
+
+    def rows_of(values):
+        return None if values is None else values[sel]
+
     return EventTable(
-        path=str(path),
-        columns_found=tuple(columns_found),
-        ts=ts,
-        event=event,
+        path=where,
+        columns_found=read.columns_found,
+        ts=required.ts[sel],
+        event=required.event[sel],
         request=request,
         request_ids=request_ids,
-        num_blocks=num_blocks,
-        num_tokens=num_tokens,
-        block_size=block_size,
-        latency_ms=None if latency is None else latency[sel],
-        free_pool_blocks=None if pool is None else pool[sel],
-        source_request=None if source is None else source[sel],
-        source_request_ids=tuple(source_dict),
+        num_blocks=required.num_blocks[sel].astype(np.int32, copy=False),  # above MAX_COUNT was rejected
+        num_tokens=required.num_tokens[sel].astype(np.int32, copy=False),  # a blank (free) num_tokens is 0
+        block_size=rows_of(optional.block_size),
+        latency_ms=rows_of(optional.latency_ms),
+        free_pool_blocks=rows_of(optional.free_pool_blocks),
+        source_request=rows_of(source.codes),
+        source_request_ids=source.values,
         block_id_rows=block_id_rows,
         block_id_values=block_id_values,
-        rejected=dataclasses.replace(rejected, blank_rows=n_blank),
+        rejected=rejected,
         default_block_size=default_block_size,
+        instance=inst_codes,
+        instance_ids=inst_ids,
     )
 
 
@@ -693,7 +1047,10 @@ def _dictionary_codes(col):
     valid = _valid_np(indices)
     if not valid.all():
         codes[~valid] = -1
-    return codes, dictionary.cast(pa.string()).to_pylist()
+    # decoded here (not by pyarrow) so that a value with invalid UTF-8 (its rows rejected) cannot raise
+    raw = dictionary.view(pa.large_binary() if pa.types.is_large_string(dictionary.type) else pa.binary())
+    values = [None if v is None else v.decode("utf-8", errors="replace") for v in raw.to_pylist()]
+    return codes, values
 
 
 def _event_codes(col):
@@ -702,8 +1059,8 @@ def _event_codes(col):
 
     codes, dictionary = _dictionary_codes(col)
     kinds = {name: i for i, name in enumerate(EVENT_TYPES)}
-    lut = [kinds.get(v.strip().lower(), -1) if v is not None and v.strip() else -2 for v in dictionary]
-    lut = np.array(lut + [-2], dtype=np.int8)  # code -1 (null) -> the last entry: missing
+    found = [kinds.get(v.strip().lower(), -1) if v is not None and v.strip() else -2 for v in dictionary]
+    lut = np.array(found + [-2], dtype=np.int8)  # code -1 (null) -> the last entry: missing
     return lut[codes]
 
 

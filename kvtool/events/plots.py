@@ -45,12 +45,9 @@ def write_plots(analysis: Analysis, directory: Path) -> list[Path]:
 
 def _thin(t, v):
     """Keep a step curve readable: at most MAX_STEP_POINTS buckets, each showing its maximum."""
-    import numpy as np
+    from kvtool.events.segments import thin_step_curve
 
-    if t.size <= MAX_STEP_POINTS:
-        return t, v
-    edges = np.linspace(0, t.size, MAX_STEP_POINTS + 1).astype(np.int64)
-    return t[edges[:-1]], np.maximum.reduceat(v, edges[:-1])
+    return thin_step_curve(t, v, None, MAX_STEP_POINTS)[:2]
 
 
 def _blocks_in_use(analysis: Analysis, ax) -> None:
@@ -125,16 +122,44 @@ def _match_lengths(analysis: Analysis, ax) -> None:
 
 
 def _free_latency(analysis: Analysis, ax) -> None:
+    """Free latency on linear axes; frees above the late-free threshold marked on the axis and the worst named.
+
+    A log count axis hides a single 900 ms free (a bar of height 1 is a sliver at the bottom); here every late
+    free is a red mark at its latency and the worst ones carry their request id and latency.
+    """
+    import numpy as np
+
     lat = analysis.free_latencies_ms
-    if lat.size:
-        ax.hist(lat, bins=60)
-        p95, p99 = analysis.pool.free_latency_ms_p95, analysis.pool.free_latency_ms_p99
-        ax.axvline(p95, color="orange", linestyle="--", label=f"p95 = {p95:,.1f} ms")
-        ax.axvline(p99, color="red", linestyle="--", label=f"p99 = {p99:,.1f} ms")
-        ax.legend(loc="upper right", fontsize="small")
-        ax.set_yscale("log")
-    else:
+    late = analysis.late_frees
+    if not lat.size:
         _no_data(ax, "no free latency recorded (no latency_ms on free rows)")
+    else:
+        ax.hist(lat, bins=60, color="tab:blue", label=f"{lat.size:,} frees")
+        p99 = analysis.pool.free_latency_ms_p99
+        ax.axvline(p99, color="orange", linestyle="--", label=f"p99 = {p99:,.1f} ms")
+        if lat.max() > late.threshold_ms:
+            ax.axvline(late.threshold_ms, color="red", linestyle=":", label=f"late: > {late.threshold_ms:,.0f} ms")
+            slow = lat[lat > late.threshold_ms]
+            ax.plot(
+                slow,
+                np.zeros(slow.size),
+                "v",
+                color="red",
+                markersize=9,
+                clip_on=False,
+                label=f"{slow.size:,} late frees (one mark each)",
+            )
+            top = ax.get_ylim()[1]
+            for i, r in enumerate(late.top[:3]):
+                ax.annotate(
+                    f"{r.request_id}: {r.free_latency_ms:,.0f} ms, {r.late_free_block_seconds:,.2f} block-s",
+                    xy=(r.free_latency_ms, 0),
+                    xytext=(r.free_latency_ms, top * (0.55 - 0.15 * i)),
+                    ha="right",
+                    fontsize="small",
+                    arrowprops={"arrowstyle": "->", "color": "red"},
+                )
+        ax.legend(loc="upper right", fontsize="small")
     ax.set_xlabel("free latency (ms): request finished -> blocks back in the pool")
     ax.set_ylabel("free events")
-    ax.set_title("Free latency")
+    ax.set_title("Free latency (linear axes; late frees marked)")

@@ -6,25 +6,39 @@ The JSON and the tables are built from the same dataclasses, so they never disag
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kvtool.core.errors import UsageError
 from kvtool.core.format import fmt_num as _num
 from kvtool.core.format import fmt_pct
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
-from kvtool.events.tables import BOOL_COLUMNS, EXPORT_TABLES, FLOAT_COLUMNS, analysis_to_json, request_records
+from kvtool.events.fleet import FleetAnalysis
+from kvtool.events.load import SCHEMA_VERSION
+from kvtool.events.tables import (
+    BOOL_COLUMNS,
+    EXPORT_TABLES,
+    FLOAT_COLUMNS,
+    analysis_to_json,
+    fleet_columns,
+    fleet_to_json,
+    request_records,
+)
 
 
 def _request_lines(analysis: Analysis) -> list[str]:
     """One compact JSON object per request, encoded column by column (a few C-encoder calls, not one per row)."""
+    table = analysis.requests
+    return _row_lines([(name, table.column(name)) for name in REQUEST_COLUMNS])
+
+
+def _row_lines(columns: list[tuple[str, Any]]) -> list[str]:
+    """Rows of JSON objects from columns (text columns as lists of str, the others numpy arrays)."""
     import json
 
-    table = analysis.requests
-    columns = []
-    for name in REQUEST_COLUMNS:
-        values = table.column(name)
-        if name == "request_id":
-            columns.append([json.dumps(v) for v in values])  # str: the encoder's fast path
+    encoded = []
+    for name, values in columns:
+        if isinstance(values, (list, tuple)):
+            encoded.append([json.dumps(v) for v in values])  # str: the encoder's fast path
             continue
         if name in FLOAT_COLUMNS:
             items = [None if v != v else v for v in values.astype(float).tolist()]
@@ -33,18 +47,22 @@ def _request_lines(analysis: Analysis) -> list[str]:
         else:
             items = values.astype("int64").tolist()
         text = json.dumps(items, allow_nan=False)[1:-1]  # numbers, null, true, false: no comma inside an item
-        columns.append(text.split(", ") if items else [])
-    template = "{" + ", ".join(f'"{name}": %s' for name in REQUEST_COLUMNS) + "}"
-    return [template % row for row in zip(*columns)]
+        encoded.append(text.split(", ") if items else [])
+    template = "{" + ", ".join(f'"{name}": %s' for name, _ in columns) + "}"
+    return [template % row for row in zip(*encoded)]
 
 
 def write_json(analysis: Analysis, stream) -> None:
     """Write the ``--json`` object: sections indented, then one compact line per request."""
+
+    _write_with_rows(analysis_to_json(analysis, with_requests=False), _request_lines(analysis), stream)
+
+
+def _write_with_rows(doc: dict[str, Any], lines: list[str], stream) -> None:
+    """The JSON object ``doc`` indented, then ``"requests"``: one compact line per row."""
     import json
 
-    doc = analysis_to_json(analysis, with_requests=False)
     head = json.dumps(doc, indent=2, allow_nan=False)
-    lines = _request_lines(analysis)
     if lines:
         text = head[:-2] + ',\n  "requests": [\n    ' + ",\n    ".join(lines) + "\n  ]\n}"
     else:
@@ -74,7 +92,7 @@ def export_tables(tables: dict, path: Path) -> list[Path]:
     import pyarrow.parquet as pq
 
     written = []
-    paths = export_paths(path)
+    paths = export_paths(path, tuple(tables))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         for name, table in tables.items():
@@ -89,6 +107,23 @@ def export_tables(tables: dict, path: Path) -> list[Path]:
     except (OSError, pa.ArrowException) as err:
         raise UsageError(f"cannot write the export file: {err}", where=str(path)) from None
     return written
+
+
+def _columns_table(columns: list[tuple[str, Any]]):
+    """An Arrow table of columns (text columns as lists of str, the others numpy arrays); NaN floats as null."""
+    import numpy as np
+    import pyarrow as pa
+
+    arrays = {}
+    for name, values in columns:
+        if isinstance(values, (list, tuple)):
+            arrays[name] = pa.array(list(values), pa.string())
+        elif name in FLOAT_COLUMNS:
+            values = np.asarray(values, dtype=float)
+            arrays[name] = pa.array(values, mask=np.isnan(values))
+        else:
+            arrays[name] = pa.array(np.asarray(values))
+    return pa.table(arrays)
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -117,16 +152,22 @@ def _kv_table(title: str, rows: list[tuple[str, str]]):
 
 
 def render_analysis(analysis: Analysis, console) -> None:
-    """Print the report as rich tables on ``console`` (stdout)."""
-    from rich.table import Table
+    """Print the report as rich tables on ``console`` (stdout), one section after another."""
+    for section in (
+        _summary_section,
+        _culprits_section,
+        _late_frees_section,
+        _pool_section,
+        _prefix_section,
+        _long_section,
+        _anomalies_section,
+    ):
+        section(analysis, console)
 
-    s, p, pr, lr, an = (
-        analysis.summary,
-        analysis.pool,
-        analysis.prefix_reuse,
-        analysis.long_requests,
-        analysis.anomalies,
-    )
+
+def _summary_section(analysis: Analysis, console) -> None:
+    s, p = analysis.summary, analysis.pool
+    latencies = (s.free_latency_ms_p50, s.free_latency_ms_p95, s.free_latency_ms_p99, s.free_latency_ms_max)
     console.print(
         _kv_table(
             f"kvtool analyze: {_esc(analysis.file)} (events schema {analysis.schema_version})",
@@ -139,19 +180,7 @@ def render_analysis(analysis: Analysis, console) -> None:
                 ("mean blocks in use", _num(s.mean_blocks_in_use, ",.1f")),
                 ("pool utilization (tokens / slots held)", _pct(s.utilization)),
                 ("holding time p50 / p95", f"{_num(s.holding_time_s_p50)} / {_num(s.holding_time_s_p95)} s"),
-                (
-                    "free latency p50 / p95 / p99 / max",
-                    " / ".join(
-                        _num(v, ",.1f")
-                        for v in (
-                            s.free_latency_ms_p50,
-                            s.free_latency_ms_p95,
-                            s.free_latency_ms_p99,
-                            s.free_latency_ms_max,
-                        )
-                    )
-                    + " ms",
-                ),
+                ("free latency p50 / p95 / p99 / max", " / ".join(_num(v, ",.1f") for v in latencies) + " ms"),
                 ("wasted slot-seconds", _num(s.wasted_slot_seconds, ",.1f")),
                 ("preemptions", _num(s.preemptions, ",d")),
                 ("leaked requests (blocks)", f"{_num(s.leaked_requests, ',d')} ({_num(s.leaked_blocks, ',d')})"),
@@ -159,10 +188,15 @@ def render_analysis(analysis: Analysis, console) -> None:
         )
     )
     console.print()
+
+
+def _culprits_section(analysis: Analysis, console) -> None:
+    from rich.table import Table
+
     culprits = Table(
         title="Culprits: requests that hold long and use little (by wasted slot-seconds)", title_justify="left"
     )
-    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+    for name, justify in (
         ("#", "right"),
         ("request_id", "left"),
         ("wasted slot-s", "right"),
@@ -171,9 +205,8 @@ def render_analysis(analysis: Analysis, console) -> None:
         ("block-s", "right"),
         ("peak blocks", "right"),
         ("leaked", "left"),
-    )
-    for name, justify in columns:
-        culprits.add_column(name, justify=justify)
+    ):
+        culprits.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, c in enumerate(analysis.culprits, 1):
         culprits.add_row(
             str(i),
@@ -187,23 +220,53 @@ def render_analysis(analysis: Analysis, console) -> None:
         )
     if analysis.culprits:
         console.print(culprits)
-    elif s.wasted_slot_seconds > 0:  # requests did waste slots: --top 0 asked for none to be listed
+    elif analysis.summary.wasted_slot_seconds > 0:  # requests did waste slots: --top 0 asked for none to be listed
         console.print("Culprits: not listed (--top 0)")
     else:
         console.print("Culprits: none (no request holds unused slots)")
     console.print()
+
+
+def _late_frees_section(analysis: Analysis, console) -> None:
+    """The requests freed later than the threshold, named, by the block-seconds their late frees cost."""
+    from rich.table import Table
+
+    late = analysis.late_frees
+    if not analysis.pool.free_latency_count:
+        return  # no latency_ms on free rows: nothing to say (the pool table says it)
+    head = f"Late frees: free latency above {late.threshold_ms:,.0f} ms (--late-free-ms)"
+    if not late.requests:
+        console.print(f"{head}: none")
+        console.print()
+        return
+    table = Table(
+        title=f"{head}: {late.requests:,} requests, {late.block_seconds:,.1f} block-seconds lost "
+        f"({_pct(late.share_of_late_free_block_seconds)} of all frees' waiting)",
+        title_justify="left",
+    )
+    for name in ("#", "request_id", "free latency ms", "block-s lost", "peak blocks", "holding s"):
+        table.add_column(name, justify="left" if name == "request_id" else "right")
+    for i, r in enumerate(late.top, 1):
+        table.add_row(
+            str(i),
+            _esc(r.request_id),
+            _num(r.free_latency_ms, ",.1f"),
+            _num(r.late_free_block_seconds, ",.2f"),
+            _num(r.peak_blocks, ",d"),
+            _num(r.holding_time_s),
+        )
+    console.print(table if late.top else f"{head}: {late.requests:,} requests (not listed: --top 0)")
+    console.print()
+
+
+def _pool_section(analysis: Analysis, console) -> None:
+    p = analysis.pool
+    allocate = (p.allocate_latency_ms_p50, p.allocate_latency_ms_p95, p.allocate_latency_ms_max)
     pool_rows = [
         ("blocks allocated / reused / freed", f"{p.blocks_allocated:,} / {p.blocks_reused:,} / {p.blocks_freed:,}"),
         ("blocks allocated per second", _num(p.blocks_allocated_per_s, ",.1f")),
         ("late-free block-seconds (blocks x free latency)", _num(p.late_free_block_seconds, ",.1f")),
-        (
-            "allocate latency p50 / p95 / max",
-            " / ".join(
-                _num(v, ",.2f")
-                for v in (p.allocate_latency_ms_p50, p.allocate_latency_ms_p95, p.allocate_latency_ms_max)
-            )
-            + " ms",
-        ),
+        ("allocate latency p50 / p95 / max", " / ".join(_num(v, ",.2f") for v in allocate) + " ms"),
     ]
     if p.has_block_ids:
         pool_rows += [
@@ -223,42 +286,32 @@ def render_analysis(analysis: Analysis, console) -> None:
         pool_rows.append(("pool capacity (blocks)", _num(p.capacity_blocks, ",.0f")))
     console.print(_kv_table("Pool", pool_rows))
     console.print()
+
+
+def _prefix_section(analysis: Analysis, console) -> None:
+    pr = analysis.prefix_reuse
     hist = ", ".join(f"{m:,} tok x {c:,}" for m, c in pr.histogram[:4]) or "-"
-    console.print(
-        _kv_table(
-            "Prefix reuse",
-            [
-                (
-                    "requests with a hit",
-                    f"{pr.requests_with_hit:,} of {pr.requests_with_prompt:,} ({_pct(pr.hit_share)})",
-                ),
-                (
-                    "reused / prompt tokens",
-                    f"{pr.reused_tokens:,} / {pr.prompt_tokens:,} ({_pct(pr.reused_token_share)})",
-                ),
-                (
-                    "match length p50 / p90",
-                    f"{_num(pr.match_tokens_p50, ',.0f')} / {_num(pr.match_tokens_p90, ',.0f')} tokens",
-                ),
-                ("most common match lengths", hist),
-                ("diagnosis", ", ".join(pr.diagnosis)),
-            ]
-            + (
-                [
-                    (
-                        "prefix sources (most reused blocks)",
-                        f"{pr.distinct_sources:,}: "
-                        + (", ".join(f"{_esc(r)} ({b:,})" for r, b in pr.top_sources[:3]) or "-"),
-                    )
-                ]
-                if pr.distinct_sources is not None
-                else []
-            ),
-        )
-    )
+    rows = [
+        ("requests with a hit", f"{pr.requests_with_hit:,} of {pr.requests_with_prompt:,} ({_pct(pr.hit_share)})"),
+        ("reused / prompt tokens", f"{pr.reused_tokens:,} / {pr.prompt_tokens:,} ({_pct(pr.reused_token_share)})"),
+        (
+            "match length p50 / p90 (nearest rank)",
+            f"{_num(pr.match_tokens_p50, ',.0f')} / {_num(pr.match_tokens_p90, ',.0f')} tokens",
+        ),
+        ("most common match lengths", hist),
+        ("diagnosis", ", ".join(pr.diagnosis)),
+    ]
+    if pr.distinct_sources is not None:
+        sources = ", ".join(f"{_esc(r)} ({b:,})" for r, b in pr.top_sources[:3]) or "-"
+        rows.append(("prefix sources (most reused blocks)", f"{pr.distinct_sources:,}: {sources}"))
+    console.print(_kv_table("Prefix reuse", rows))
     for line in pr.advice:
         console.print(f"  - {line}", highlight=False)
     console.print()
+
+
+def _long_section(analysis: Analysis, console) -> None:
+    lr = analysis.long_requests
     basis = "of the pool capacity" if lr.basis == "capacity" else "of the blocks in use"
     console.print(
         _kv_table(
@@ -278,6 +331,10 @@ def render_analysis(analysis: Analysis, console) -> None:
             "give long requests their own quota or a lower priority"
         )
     console.print()
+
+
+def _anomalies_section(analysis: Analysis, console) -> None:
+    an = analysis.anomalies
     anomaly_rows = [
         ("rejected rows", _num(an.rejected_rows, ",d")),
         (
@@ -310,9 +367,168 @@ def anomaly_line(analysis: Analysis) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------------- fleet
+
+MAX_HEALTH_ROWS = 50  # pools shown in the health table (all are in --json)
+
+
+def write_fleet_json(fleet: FleetAnalysis, stream) -> None:
+    """The fleet ``--json``: sections indented, then one compact line per request (with its instance)."""
+    _write_with_rows(fleet_to_json(fleet), _row_lines(fleet_columns(fleet)), stream)
+
+
+def export_fleet_tables(fleet: FleetAnalysis, path: Path) -> list[Path]:
+    """The per-request table of every pool, with an ``instance`` column first (CSV, CSV.gz or Parquet by PATH)."""
+    return export_tables({"requests": _columns_table(fleet_columns(fleet))}, path)
+
+
+def render_fleet(fleet: FleetAnalysis, console) -> None:
+    """Print the fleet report: fleet figures, pool health per instance, worst requests, late frees, files."""
+    for section in (_fleet_summary_section, _health_section, _worst_requests_section, _late_freed_section):
+        section(fleet, console)
+    _files_section(fleet, console)
+
+
+def _fleet_summary_section(fleet: FleetAnalysis, console) -> None:
+    f = fleet.summary
+    hold = (f.holding_time_s_p50, f.holding_time_s_p95, f.holding_time_s_p99, f.holding_time_s_max)
+    free = (f.free_latency_ms_p50, f.free_latency_ms_p95, f.free_latency_ms_p99, f.free_latency_ms_max)
+    console.print(
+        _kv_table(
+            f"kvtool analyze: fleet of {f.instances:,} pools from {f.files:,} files (events schema {SCHEMA_VERSION})",
+            [
+                ("events (accepted rows)", _num(f.events, ",d")),
+                ("requests", _num(f.requests, ",d")),
+                ("rejected rows (blank rows skipped)", f"{f.rejected_rows:,} ({f.blank_rows:,})"),
+                ("files refused", _num(f.files_refused, ",d")),
+                ("utilization (tokens / slots held, all requests)", _pct(f.utilization)),
+                ("holding time p50 / p95 / p99 / max", " / ".join(_num(v) for v in hold) + " s"),
+                ("free latency p50 / p95 / p99 / max", " / ".join(_num(v, ",.1f") for v in free) + " ms"),
+                (
+                    f"late frees (> {f.late_free_threshold_ms:,.0f} ms)",
+                    f"{f.late_free_requests:,} requests, {f.late_free_block_seconds:,.1f} block-s waiting in all",
+                ),
+                (
+                    "peak blocks per request p50 / p99 (nearest rank)",
+                    f"{_num(f.peak_blocks_p50, ',.0f')} / {_num(f.peak_blocks_p99, ',.0f')}",
+                ),
+                (
+                    "prefix match p50 / p90 (nearest rank)",
+                    f"{_num(f.match_tokens_p50, ',.0f')} / {_num(f.match_tokens_p90, ',.0f')} tokens",
+                ),
+                ("wasted slot-seconds", _num(f.wasted_slot_seconds, ",.1f")),
+                ("leaked requests (blocks)", f"{f.leaked_requests:,} ({f.leaked_blocks:,})"),
+                ("over-frees / preemptions", f"{f.over_frees:,} / {f.preemptions:,}"),
+            ],
+        )
+    )
+    console.print()
+
+
+def _health_section(fleet: FleetAnalysis, console) -> None:
+    """Pool health per instance, the worst first (lost slot-seconds); the worst --top marked."""
+    from rich.table import Table
+
+    worst = {h.instance for h in fleet.worst_instances}
+    rows = sorted(fleet.health, key=lambda h: -h.lost_slot_seconds)
+    table = Table(
+        title="Pool health per instance, worst first (* the worst --top). lost slot-s: wasted slot-seconds + "
+        "late-free block-seconds x block size; late: requests freed late; long pk: peak share of long requests "
+        "(! alert); hits: requests with a prefix hit",
+        title_justify="left",
+    )
+    columns = ("instance", "requests", "rejected", "peak blk", "util", "lost slot-s", "late", "leaked", "long pk",
+               "hits")  # fmt: skip
+    for name in columns:
+        table.add_column(name, justify="left" if name == "instance" else "right")
+    for h in rows[:MAX_HEALTH_ROWS]:
+        table.add_row(
+            ("* " if h.instance in worst else "") + _esc(h.instance),
+            _num(h.requests, ",d"),
+            _num(h.rejected_rows, ",d"),
+            _num(h.peak_blocks_in_use, ",d"),
+            _pct(h.utilization),
+            _num(h.lost_slot_seconds, ",.0f"),
+            _num(h.late_free_requests, ",d"),
+            _num(h.leaked_requests, ",d"),
+            _pct(h.long_peak_share) + ("!" if h.long_alert else ""),
+            _pct(h.prefix_hit_share),
+        )
+    console.print(table)
+    if len(rows) > MAX_HEALTH_ROWS:
+        console.print(f"  ({len(rows) - MAX_HEALTH_ROWS:,} more pools in --json)", highlight=False)
+    console.print()
+
+
+def _request_rows_table(title: str, requests, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for name in ("#", "instance", "request_id", "wasted slot-s", "holding s", "utilization", "free ms", "late block-s"):
+        table.add_column(name, justify="left" if name in ("instance", "request_id") else "right")
+    for i, r in enumerate(requests, 1):
+        table.add_row(
+            str(i),
+            _esc(r.instance),
+            _esc(r.request_id) + (" (leaked)" if r.leaked else ""),
+            _num(r.wasted_slot_seconds, ",.1f"),
+            _num(r.holding_time_s),
+            _pct(r.utilization),
+            _num(r.free_latency_ms_max, ",.1f"),
+            _num(r.late_free_block_seconds, ",.2f"),
+        )
+    console.print(table)
+    console.print()
+
+
+def _worst_requests_section(fleet: FleetAnalysis, console) -> None:
+    if fleet.worst_requests:
+        title = "Worst requests in the fleet: hold long and use little (by wasted slot-seconds)"
+        _request_rows_table(title, fleet.worst_requests, console)
+
+
+def _late_freed_section(fleet: FleetAnalysis, console) -> None:
+    threshold = fleet.summary.late_free_threshold_ms
+    if fleet.late_freed:
+        title = f"Late-freed requests: free latency above {threshold:,.0f} ms, by late-free block-seconds"
+        _request_rows_table(title, fleet.late_freed, console)
+    elif fleet.free_latencies_ms.size:
+        console.print(f"Late-freed requests (free latency above {threshold:,.0f} ms): none")
+        console.print()
+
+
+def _files_section(fleet: FleetAnalysis, console) -> None:
+    """Files refused as a whole, and files with rejected rows (the reasons)."""
+    for f in fleet.files:
+        if f.refused:
+            console.print(f"  - refused: {_esc(f.refused)}", highlight=False)
+        elif f.rejected_rows:
+            reasons = ", ".join(f"{c:,} {r}" for r, c in f.rejected_by_reason.items())
+            console.print(f"  - {_esc(f.path)}: {f.rejected_rows:,} rejected rows ({reasons})", highlight=False)
+
+
+def fleet_anomaly_line(fleet: FleetAnalysis) -> str:
+    f = fleet.summary
+    return (
+        f"fleet anomalies: {f.files_refused:,} files refused, {f.rejected_rows:,} rejected rows, "
+        f"{f.over_frees:,} over-frees, {f.leaked_requests:,} leaked requests"
+    )
+
+
+def fleet_anomalies(fleet: FleetAnalysis) -> int:
+    f = fleet.summary
+    return f.files_refused + f.rejected_rows + f.over_frees + f.leaked_requests
+
+
 __all__ = [
     "analysis_to_json",
+    "fleet_anomalies",
+    "fleet_anomaly_line",
+    "fleet_to_json",
+    "render_fleet",
+    "write_fleet_json",
     "anomaly_line",
+    "export_fleet_tables",
     "export_paths",
     "export_tables",
     "render_analysis",

@@ -1,10 +1,13 @@
 """Vectorised helpers over rows grouped in contiguous segments (one per request, or per block id).
 
 numpy only, no Python loop over rows: a stable radix argsort, a segmented cumulative sum, a running sum clamped
-at zero per segment, and linearly interpolated percentiles.
+at zero per segment, linearly interpolated percentiles (continuous quantities) and nearest-rank ones
+(discrete quantities).
 """
 
 from __future__ import annotations
+
+import math
 
 PERCENTILES = (50, 95, 99)
 nan = float("nan")
@@ -92,3 +95,31 @@ def percentiles(values) -> tuple[float, float, float, float]:
         return nan, nan, nan, nan
     p = np.percentile(values, PERCENTILES)
     return float(p[0]), float(p[1]), float(p[2]), float(values.max())
+
+
+def nearest_rank(values, q: float) -> float:
+    """The q-th percentile by nearest rank: the smallest value with at least q % of the sample at or below it.
+
+    For discrete quantities (token counts, block counts) this is a value that occurred, never an interpolation
+    between two: for [0, 0, 16, 512] p50 = 0 and p90 = 512.  NaN for an empty sample.
+    """
+    import numpy as np
+
+    n = int(values.size)
+    if not n:
+        return nan
+    rank = min(n, max(1, math.ceil(q * n / 100.0 - 1e-9)))  # the guard: 90 x 10 / 100 is 9, not 9.000...01
+    return float(np.partition(values, rank - 1)[rank - 1])
+
+
+def thin_step_curve(t, v, w, max_points: int):
+    """A step curve kept to at most ``max_points`` buckets, each showing its maximum (so peaks stay visible).
+
+    ``w`` is a second curve on the same times (or None).  Thinning a thinned curve changes nothing.
+    """
+    import numpy as np
+
+    if t.size <= max_points:
+        return t, v, w
+    starts = np.linspace(0, t.size, max_points + 1).astype(np.int64)[:-1]
+    return t[starts], np.maximum.reduceat(v, starts), None if w is None else np.maximum.reduceat(w, starts)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvtool.core.jsonable import to_jsonable
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
-from kvtool.events.load import FREE, EventTable
+from kvtool.events.fleet import FleetAnalysis
+from kvtool.events.load import FREE, SCHEMA_VERSION, EventTable
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -32,6 +33,7 @@ FLOAT_COLUMNS = frozenset(
         "block_seconds",
         "wasted_slot_seconds",
         "free_latency_ms_max",
+        "late_free_block_seconds",
         "first_ts_s",
         "last_ts_s",
     }
@@ -41,21 +43,25 @@ BOOL_COLUMNS = frozenset({"leaked", "long"})
 EXPORT_TABLES = ("requests", "pool_timeline", "prefix_matches", "free_latency", "physical_timeline")
 
 
-def request_records(analysis: Analysis) -> list[dict[str, Any]]:
-    """The per-request table as JSON-ready dicts (NaN -> None), built column-wise."""
-    table = analysis.requests
-    columns = []
-    for name in REQUEST_COLUMNS:
-        values = table.column(name)
-        if name == "request_id":
-            columns.append(list(values))
+def records(columns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as JSON-ready dicts (NaN -> None), built column-wise; text columns are lists, the others numpy."""
+    values = []
+    for name, column in columns:
+        if isinstance(column, (list, tuple)):
+            values.append(list(column))
         elif name in FLOAT_COLUMNS:
-            columns.append([None if v != v else v for v in values.astype(float).tolist()])
+            values.append([None if v != v else v for v in column.astype(float).tolist()])
         elif name in BOOL_COLUMNS:
-            columns.append(values.astype(bool).tolist())
+            values.append(column.astype(bool).tolist())
         else:
-            columns.append(values.astype("int64").tolist())
-    return [dict(zip(REQUEST_COLUMNS, row)) for row in zip(*columns)]
+            values.append(column.astype("int64").tolist())
+    names = [name for name, _ in columns]
+    return [dict(zip(names, row)) for row in zip(*values)]
+
+
+def request_records(analysis: Analysis) -> list[dict[str, Any]]:
+    """The per-request table as JSON-ready dicts (the ``--json`` ``requests``)."""
+    return records([(name, analysis.requests.column(name)) for name in REQUEST_COLUMNS])
 
 
 def analysis_to_json(analysis: Analysis, with_requests: bool = True) -> dict[str, Any]:
@@ -74,7 +80,35 @@ def analysis_to_json(analysis: Analysis, with_requests: bool = True) -> dict[str
         "long_requests": to_jsonable(analysis.long_requests),
         "anomalies": anomalies,
         "culprits": to_jsonable(list(analysis.culprits)),
+        "late_frees": to_jsonable(analysis.late_frees),
         **({"requests": request_records(analysis)} if with_requests else {}),
+    }
+
+
+def fleet_columns(fleet: FleetAnalysis) -> list[tuple[str, Any]]:
+    """The fleet's per-request table: ``instance`` then the per-request columns (text as lists, numbers numpy)."""
+    columns = fleet.requests.columns()
+    return [(name, columns[name]) for name in ("instance", *REQUEST_COLUMNS)]
+
+
+def fleet_to_json(fleet: FleetAnalysis) -> dict[str, Any]:
+    """The fleet ``--json`` object (without ``requests``, which the CLI adds one line per request)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fleet": to_jsonable(fleet.summary),
+        "worst_instances": [h.instance for h in fleet.worst_instances],
+        "worst_requests": to_jsonable(list(fleet.worst_requests)),
+        "late_freed": to_jsonable(list(fleet.late_freed)),
+        "files": to_jsonable(list(fleet.files)),
+        "instances": [
+            {
+                "instance": pool.instance,
+                "paths": list(pool.paths),
+                "health": to_jsonable(health),
+                **analysis_to_json(pool.analysis, with_requests=False),
+            }
+            for pool, health in zip(fleet.pools, fleet.health)
+        ],
     }
 
 

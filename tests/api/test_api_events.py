@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvtool.api import AnalyzeResult, analyze, load_events
+from kvtool.api import AnalyzeResult, FleetResult, analyze, load_events
 from kvtool.core.errors import InputFileError, UsageError
 from tests.support import DATA
 
@@ -51,7 +51,10 @@ def test_a_loaded_dataframe_analyses_like_its_file(run_cli, name):
 def test_requests_dataframe_is_the_json_requests(run_cli):
     expected = _cli_json(run_cli, D / "basic.csv")
     frame = analyze(D / "basic.csv").requests
-    as_records = json.loads(frame.to_json(orient="records"))  # NaN -> null as in the JSON
+    as_records = [
+        {k: None if v != v else (v.item() if hasattr(v, "item") else v) for k, v in row.items()}  # NaN -> null
+        for row in frame.to_dict(orient="records")
+    ]
     assert as_records == expected["requests"]
     assert frame["leaked"].dtype == bool and frame["peak_blocks"].dtype == np.int64
 
@@ -130,8 +133,24 @@ def test_errors_are_the_clis():
         load_events(D / "nope.csv")
     with pytest.raises(UsageError, match="--long-share-alert must be a fraction"):
         analyze(D / "basic.csv", long_share_alert=2)
-    with pytest.raises(UsageError, match="one events file or a DataFrame"):
-        analyze([D / "basic.csv", D / "reuse.csv"])  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="workers and scheduler apply to several files"):
+        analyze(D / "basic.csv", workers=2)  # type: ignore[call-overload]
+
+
+def test_several_files_are_a_fleet_like_the_clis(run_cli):
+    files = [D / "basic.csv", D / "leak_preempt.csv", D / "reuse.csv"]
+    expected = _cli_json(run_cli, *files, "--top", "2")
+    result = analyze(files, top=2)
+    assert isinstance(result, FleetResult)
+    assert result.to_dict() == expected
+    assert result.summary == expected["fleet"]
+    assert result.late_freed == expected["late_freed"]
+    # one pool per file (named after it): the rows carry their pool; a pool's table is its file's alone
+    alone = analyze(D / "reuse.csv").requests
+    pool = result.requests[result.requests.instance == "reuse"].drop(columns="instance").reset_index(drop=True)
+    assert pool.request_id.tolist() == alone.request_id.tolist()
+    assert pool.holding_time_s.tolist() == alone.holding_time_s.tolist()
+    assert sorted(result.health.instance) == sorted(result.requests.instance.unique())
 
 
 def test_load_events_schema_and_several_files(tmp_path):

@@ -250,9 +250,12 @@ def test_trace_with_every_row_rejected_still_reports(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        (b"", "the events file is empty"),
-        (b"\n\n  \n", "the events file is empty"),
-        (b"ts,event,request_id,num_blocks,num_tokens\n", "the events file has a header but no event rows"),
+        (b"", "the events file is empty: it has no events"),
+        (b"\n\n  \n", "the events file is empty: it has no events"),
+        (
+            b"ts,event,request_id,num_blocks,num_tokens\n",
+            "the events file has a header but no event rows: it has no events",
+        ),
         (b"PK\x03\x04\x00\x00binary\x00stuff", "not a CSV or Parquet events file (binary content)"),
         (
             b"ts,event,id\n1,allocate,a\n",
@@ -293,16 +296,9 @@ def test_header_names_are_case_and_space_insensitive(tmp_path):
             gzip.compress(b"ts,event,request_id,num_blocks,num_tokens\n0,allocate,a,1,1\n")[:30],
             "not a valid gzip file",
         ),
-        ("e.csv", b"ts,event,request_id,num_blocks,num_tokens\n\xff\xfe,allocate,a,1,1\n", "invalid UTF-8 at byte 42"),
-        # invalid UTF-8 beyond the 64 KiB the sniffer reads: pyarrow's error, still one InputFileError
-        (
-            "late.csv",
-            b"ts,event,request_id,num_blocks,num_tokens\n" + b"0,allocate,a,1,1\n" * 5000 + b"1,free,\xff\xfe,1,\n",
-            "cannot read the events file",
-        ),
     ],
 )
-def test_corrupt_parquet_gzip_and_utf8_are_input_errors(tmp_path, name, content, message):
+def test_corrupt_parquet_and_gzip_are_input_errors(tmp_path, name, content, message):
     f = tmp_path / name
     f.write_bytes(content)
     with pytest.raises(InputFileError, match=message):
@@ -367,3 +363,26 @@ def test_capacity_from_free_pool_blocks_and_long_share(tmp_path):
     assert lr.peak_share == pytest.approx(0.7)
     assert lr.time_above_alert_s == pytest.approx(2.0)
     assert lr.first_alert_at_s == 0.0 and lr.alert
+
+
+def test_an_end_of_trace_instant_is_not_a_peak(tmp_path):
+    # L (60 tokens > --long-threshold 50) and S hold 4 blocks each on [0, 2); S frees at 2 s, the end of the trace.
+    # The long share is 4/8 = 0.5 for 2 s; at the instant 2 s it is 4/4 = 1.0 but lasts no time: the peak is 0.5
+    # at 0 s, and 0.5 never passes the 0.6 alert.  Blocks in use: 8 on [0, 2), then 4 at the end -> peak 8 at 0 s.
+    f = tmp_path / "e.csv"
+    f.write_text("ts,event,request_id,num_blocks,num_tokens\n0,allocate,L,4,60\n0,allocate,S,4,10\n2,free,S,4,\n")
+    a = run(f, long_threshold_tokens=50)
+    assert (a.long_requests.peak_share, a.long_requests.peak_share_at_s) == (0.5, 0.0)
+    assert a.long_requests.alert is False and a.long_requests.time_above_alert_s == 0.0
+    assert (a.pool.peak_blocks_in_use, a.pool.peak_at_s) == (8, 0.0)
+
+
+def test_late_frees_are_named_with_their_cost():
+    # basic.csv: A frees 3 blocks 800 ms late (3 x 0.8 = 2.4 block-seconds), B 1 block 10 ms late (0.01).
+    # Threshold 100 ms: only A is late; its share of all frees' waiting is 2.4 / 2.41.
+    late = run(D / "basic.csv").late_frees
+    assert (late.threshold_ms, late.requests) == (100.0, 1)
+    assert late.top[0].request_id == "A" and late.top[0].free_latency_ms == 800.0
+    assert late.top[0].late_free_block_seconds == pytest.approx(2.4)
+    assert late.share_of_late_free_block_seconds == pytest.approx(2.4 / 2.41)
+    assert run(D / "basic.csv", late_free_ms=5).late_frees.requests == 2  # 10 ms is late against 5 ms

@@ -17,11 +17,14 @@ def test_help(run_cli):
     result = run_cli("analyze", "--help")
     assert result.exit_code == 0
     assert "holding time versus utilization" in result.stdout
-    for option in ("--json", "--export", "--plot", "--strict", "--long-threshold", "--long-share-alert"):
+    for option in (
+        "--json", "--export", "--plot", "--strict", "--long-threshold", "--long-share-alert", "--late-free-ms",
+        "--workers", "--scheduler",
+    ):  # fmt: skip
         assert option in result.stdout
     # typer 0.19 under click 8.5 drops an argument's help= text, so the accepted formats are in the docstring
     text = " ".join(result.stdout.split())
-    assert "EVENTS_FILE: .csv, .csv.gz or .parquet in the events schema 1" in text
+    assert "EVENTS: .csv, .csv.gz or .parquet in the events schema 1" in text
 
 
 def test_tables(run_cli):
@@ -249,7 +252,13 @@ def test_empty_charts_say_why(tmp_path):
         "no prefix-cache hits in the file (no reuse rows, or none with tokens)"
     ]
     assert texts(D / "reuse.csv", event_plots._match_lengths) == []
-    assert texts(D / "basic.csv", event_plots._free_latency) == []  # basic.csv has a free latency
+    # basic.csv: frees of 10 ms and 800 ms.  The 800 ms one (request A, 3 blocks x 0.8 s = 2.4 block-seconds) is
+    # above the 100 ms threshold: named on the chart, whose axes are linear (a log count axis hid a single bar)
+    assert texts(D / "basic.csv", event_plots._free_latency) == ["A: 800 ms, 2.40 block-s"]
+    fig, ax = plt.subplots()
+    event_plots._free_latency(analyze_events(load_events(D / "basic.csv")), ax)
+    assert ax.get_yscale() == "linear" and ax.get_xscale() == "linear"
+    plt.close(fig)
 
 
 def test_top_zero_does_not_claim_there_are_no_culprits(run_cli):

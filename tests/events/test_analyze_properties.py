@@ -340,3 +340,13 @@ def test_percentiles_interpolate_linearly():
     # [10, 800]: p50 = 10 + 0.5 * 790 = 405, p95 = 760.5, p99 = 792.1, max 800
     assert percentiles(np.array([800.0, 10.0])) == pytest.approx((405.0, 760.5, 792.1, 800.0))
     assert all(math.isnan(v) for v in percentiles(np.array([])))
+
+
+def test_nearest_rank_percentiles_are_values_that_occurred():
+    from kvtool.events.segments import nearest_rank
+
+    # nearest rank: the smallest value with at least q % of the sample at or below it (rank ceil(q/100 x n))
+    assert nearest_rank(np.array([512, 0, 16, 0]), 50) == 0  # rank 2 of [0, 0, 16, 512]
+    assert nearest_rank(np.array([512, 0, 16, 0]), 90) == 512  # rank ceil(3.6) = 4
+    assert nearest_rank(np.arange(1, 11), 90) == 9  # rank 9 exactly (0.9 x 10 is not rounded up to 10)
+    assert nearest_rank(np.array([7]), 1) == 7 and math.isnan(nearest_rank(np.array([]), 50))

@@ -1,0 +1,204 @@
+"""`kvtool analyze` on a fleet: several files, one pool per engine, in-process and on a local Dask cluster.
+
+The reference for every pool is the single-file analysis of the same rows (`analyze_events(load_events(file))`,
+which the other tests check against hand computations); fleet percentiles are recomputed here with numpy from the
+concatenated single-file per-request tables, by their definition (linear interpolation; nearest rank for counts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kvtool.core.errors import UsageError
+from kvtool.core.jsonable import to_jsonable
+from kvtool.events.analysis import REQUEST_COLUMNS, analyze_events
+from kvtool.events.fleet import AnalyzeOptions, analyze_fleet
+from kvtool.events.load import load_events, write_events
+from kvtool.events.sources import find_pool_files
+from tests.support import heavy_modules_loaded_by
+
+SECTIONS = ("summary", "pool", "prefix_reuse", "long_requests", "anomalies", "late_frees")
+
+
+def trace(seed: int, n_req: int = 40) -> dict:
+    """A small engine trace: allocate (some via a reused prefix), decode appends, a free with a latency."""
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {k: [] for k in ("ts", "event", "request_id", "num_blocks", "num_tokens", "latency_ms")}
+    cols["block_ids"] = []
+
+    def row(ts, ev, rid, nb, nt, lat=None, ids=""):
+        for k, v in zip(cols, (ts, ev, rid, nb, nt, lat, ids)):
+            cols[k].append(v)
+
+    next_id = 0
+    for r in range(n_req):
+        t0 = float(rng.uniform(0, 10))
+        prompt = int(rng.integers(1, 200))
+        blocks = -(-prompt // 16)
+        rid = f"req-{r}"
+        if rng.random() < 0.3:
+            row(t0, "reuse", rid, 1, 16)
+        row(t0, "allocate", rid, blocks, prompt, 0.2, " ".join(str(next_id + i) for i in range(blocks)))
+        next_id += blocks
+        for k in range(int(rng.integers(0, 5))):
+            row(t0 + 0.05 * (k + 1), "append", rid, 1, 16, None, str(next_id))
+            next_id += 1
+        if rng.random() < 0.95:  # a few leak
+            late = 900.0 if rng.random() < 0.1 else float(rng.exponential(5))
+            row(t0 + float(rng.uniform(0.5, 3)), "free", rid, 1000, None, late)
+    return cols
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fleet")
+    for i in range(6):
+        write_events(root / f"engine-{i}.csv", trace(i))
+    return root
+
+
+def _single(path):
+    return analyze_events(load_events(path))
+
+
+def _same_analysis(a, b) -> None:
+    for name in SECTIONS:
+        assert to_jsonable(getattr(a, name)) == to_jsonable(getattr(b, name)), name
+    for name in REQUEST_COLUMNS:
+        x, y = a.requests.column(name), b.requests.column(name)
+        if name == "request_id":
+            assert x == y
+        else:
+            assert np.array_equal(np.asarray(x), np.asarray(y), equal_nan=np.asarray(x).dtype.kind == "f"), name
+
+
+def test_fleet_equals_the_single_file_runs(fleet_dir):
+    fleet = analyze_fleet(find_pool_files([str(fleet_dir)]), AnalyzeOptions())
+    files = sorted(fleet_dir.glob("*.csv"))
+    assert [p.instance for p in fleet.pools] == [f.stem for f in files]
+    singles = [_single(f) for f in files]
+    for pool, single in zip(fleet.pools, singles):
+        _same_analysis(pool.analysis, single)
+    # the fleet per-request table is the concatenation, and its percentiles are those of the concatenation
+    holding = np.concatenate([s.requests.holding_time_s for s in singles])
+    assert np.array_equal(fleet.requests.values["holding_time_s"], holding)
+    assert fleet.requests.request_ids == tuple(r for s in singles for r in s.requests.request_ids)
+    p50, p95, p99 = np.percentile(holding, [50, 95, 99])
+    f = fleet.summary
+    assert (f.holding_time_s_p50, f.holding_time_s_p95, f.holding_time_s_p99) == (p50, p95, p99)
+    lat = np.concatenate([s.free_latencies_ms for s in singles])
+    assert f.free_latency_ms_p99 == np.percentile(lat, 99) and f.free_latency_ms_max == lat.max()
+    peaks = np.sort(np.concatenate([s.requests.peak_blocks for s in singles]))
+    assert f.peak_blocks_p99 == peaks[math.ceil(0.99 * peaks.size) - 1]  # nearest rank: a count that occurred
+    assert f.events == sum(s.summary.events for s in singles)
+    assert f.late_free_requests == sum(s.late_frees.requests for s in singles)
+    token_s = sum(float(s.requests.token_seconds.sum()) for s in singles)
+    slot_s = sum(float(s.requests.slot_seconds.sum()) for s in singles)
+    assert f.utilization == pytest.approx(token_s / slot_s, rel=1e-12)
+    # the worst requests are the top of the concatenated table by wasted slot-seconds
+    wasted = np.concatenate([s.requests.wasted_slot_seconds for s in singles])
+    assert fleet.worst_requests[0].wasted_slot_seconds == wasted.max()
+
+
+def test_fleet_on_a_local_dask_cluster_equals_in_process(fleet_dir, tmp_path):
+    pytest.importorskip("dask.distributed")
+    from kvtool.events.render import fleet_to_json
+
+    units = find_pool_files([str(fleet_dir / "*.csv")])
+    local = analyze_fleet(units, AnalyzeOptions())
+    seen = []
+    dask = analyze_fleet(units, AnalyzeOptions(), workers=2, progress=lambda d, t, r, u: seen.append(u.name))
+    assert sorted(seen) == [u.name for u in units]  # progress once per unit (one file each here)
+    assert json.dumps(fleet_to_json(dask)) == json.dumps(fleet_to_json(local))
+    for name, values in local.requests.columns().items():
+        other = dask.requests.columns()[name]
+        assert list(other) == list(values) if isinstance(values, list) else np.array_equal(other, values, True)
+
+
+def test_hive_partitions_make_one_pool_per_instance(tmp_path):
+    day1, day2 = trace(1, 10), trace(2, 10)
+    day2["ts"] = [t + 100 for t in day2["ts"]]  # the next day's file
+    day2["request_id"] = [f"{r}-b" for r in day2["request_id"]]
+    for day, cols in (("2026-11-29", day1), ("2026-11-30", day2)):
+        folder = tmp_path / "instance=a" / f"date={day}"
+        folder.mkdir(parents=True)
+        write_events(folder / "part-0.parquet", cols)
+    (tmp_path / "instance=b" / "date=2026-11-30").mkdir(parents=True)
+    write_events(tmp_path / "instance=b" / "date=2026-11-30" / "part-0.parquet", trace(3, 10))
+    units = find_pool_files([str(tmp_path / "instance=*" / "*" / "*.parquet")])
+    assert [(u.name, len(u.paths)) for u in units] == [("a", 2), ("b", 1)]
+    fleet = analyze_fleet(units, AnalyzeOptions())
+    # reference for pool a: both days in one file
+    both = {k: day1[k] + day2[k] for k in day1}
+    write_events(tmp_path / "a.csv", both)
+    _same_analysis(fleet.pools[0].analysis, _single(tmp_path / "a.csv"))
+
+
+def test_an_instance_column_splits_one_file_into_pools(tmp_path, run_cli):
+    a, b = trace(4, 12), trace(5, 12)
+    write_events(tmp_path / "a.csv", a)
+    write_events(tmp_path / "b.csv", b)
+    mixed = tmp_path / "mixed.csv"
+    header = "ts,event,request_id,num_blocks,num_tokens,latency_ms,instance\n"
+    lines = [
+        ",".join("" if v is None else str(v) for v in (*row, name)) + "\n"
+        for name, cols in (("a", a), ("b", b))
+        for row in zip(*(cols[k] for k in ("ts", "event", "request_id", "num_blocks", "num_tokens", "latency_ms")))
+    ]
+    mixed.write_text(header + "".join(lines))
+    for path in ("a.csv", "b.csv"):  # the references without block_ids, as in the mixed file
+        cols = a if path == "a.csv" else b
+        write_events(tmp_path / path, {k: v for k, v in cols.items() if k != "block_ids"})
+    fleet = analyze_fleet(find_pool_files([str(mixed)]), AnalyzeOptions())
+    assert [p.instance for p in fleet.pools] == ["a", "b"]
+    _same_analysis(fleet.pools[0].analysis, _single(tmp_path / "a.csv"))
+    _same_analysis(fleet.pools[1].analysis, _single(tmp_path / "b.csv"))
+    result = run_cli("analyze", mixed, "--json")  # one file with two instances: a fleet report
+    doc = json.loads(result.stdout)
+    assert [i["instance"] for i in doc["instances"]] == ["a", "b"] and doc["fleet"]["instances"] == 2
+
+
+def test_same_instance_in_two_engines_files_is_refused(tmp_path):
+    for name in ("x.csv", "y.csv"):
+        (tmp_path / name).write_text("ts,event,request_id,num_blocks,num_tokens,instance\n0,allocate,r,1,1,a\n")
+    with pytest.raises(UsageError, match="instance 'a' has rows in files of different engines"):
+        analyze_fleet(find_pool_files([str(tmp_path)]), AnalyzeOptions())
+
+
+def test_fsspec_urls(fleet_dir):
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for path in sorted(fleet_dir.glob("*.csv"))[:2]:
+        memory.pipe(f"/fleet/{path.name}", path.read_bytes())
+    fleet = analyze_fleet(find_pool_files(["memory://fleet/"]), AnalyzeOptions())
+    assert [p.instance for p in fleet.pools] == ["engine-0", "engine-1"]
+    _same_analysis(fleet.pools[0].analysis, _single(fleet_dir / "engine-0.csv"))
+    url = analyze_fleet(find_pool_files([f"file://{fleet_dir}/engine-1.csv", str(fleet_dir / "engine-0.csv")]),
+                        AnalyzeOptions())  # fmt: skip
+    assert len(url.pools) == 2
+
+
+def test_cli_fleet_report_progress_export_and_refused_file(fleet_dir, tmp_path, run_cli):
+    (tmp_path / "empty.csv").write_bytes(b"")
+    out = tmp_path / "requests.csv"
+    result = run_cli("analyze", fleet_dir / "engine-0.csv", fleet_dir / "engine-1.csv", tmp_path / "empty.csv",
+                     "--export", out, "--strict")  # fmt: skip
+    assert result.exit_code == 1  # --strict: a refused file (and any leak) is an anomaly
+    assert "analyze: file 3/3" in result.stderr and "empty.csv: refused (the events file is empty" in result.stderr
+    assert "fleet of 2 pools from 3 files" in result.stdout and "Pool health per instance" in result.stdout
+    import csv
+
+    rows = list(csv.reader(out.read_text().splitlines()))
+    assert rows[0] == ["instance", *REQUEST_COLUMNS]
+    assert {r[0] for r in rows[1:]} == {"fleet0/engine-0", "fleet0/engine-1"}  # below the common folder
+
+
+def test_one_file_never_imports_dask(fleet_dir):
+    codes, _, heavy = heavy_modules_loaded_by(
+        ["analyze", str(fleet_dir / "engine-0.csv"), "--json"], modules=("dask", "distributed")
+    )
+    assert codes == [0] and heavy == []
