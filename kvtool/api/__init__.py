@@ -15,10 +15,28 @@ Importing this package loads no numpy, pandas, torch or matplotlib; each functio
 The reference with examples is docs/api.md (generated from these docstrings).
 """
 
-from kvtool.api._estimate import estimate
-from kvtool.api._events import AnalyzeResult, FleetResult, analyze, load_events
-from kvtool.api._repro import check_target
-from kvtool.api._simulate import SimulateResult, simulate
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvtool.api._estimate import estimate
+    from kvtool.api._events import AnalyzeResult, FleetResult, analyze, load_events
+    from kvtool.api._repro import check_target
+    from kvtool.api._simulate import SimulateResult, simulate
+
+# name -> the module defining it, imported on first use (``from kvtool.api import analyze`` loads the events
+# layer only; ``import kvtool.api`` loads nothing)
+_WHERE = {
+    "estimate": "kvtool.api._estimate",
+    "AnalyzeResult": "kvtool.api._events",
+    "FleetResult": "kvtool.api._events",
+    "analyze": "kvtool.api._events",
+    "load_events": "kvtool.api._events",
+    "check_target": "kvtool.api._repro",
+    "SimulateResult": "kvtool.api._simulate",
+    "simulate": "kvtool.api._simulate",
+}
 
 __all__ = [
     "AnalyzeResult",
@@ -30,3 +48,17 @@ __all__ = [
     "load_events",
     "simulate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvtool.api' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
