@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DTYPES, TOLERANCES, run_scenario
-from kvtool.repro.results import ReproReport, ScenarioResult
+from kvtool.repro.results import ReproReport
 from kvtool.repro.scenarios import SCENARIO_NAMES
-from kvtool.repro.target import check_target, target_label
+from kvtool.repro.target import check_target
 
 MAX_SEED = 2**62  # torch.Generator takes a signed 64-bit seed; the workloads add small offsets to it
 THREADS = 1  # tiny tensors: a second thread only adds synchronisation (measured: 7 s vs 125 s on a busy 2-core box)
@@ -40,13 +39,11 @@ def run_repro(
     dtype: str = "float32",
     seed: int = 0,
     interleavings: int = 200,
-    target: str | torch.nn.Module | Callable[[], Any] | None = None,
+    target: str | None = None,
     d_model: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ReproReport:
     """Run the named scenarios (all when empty), or with ``target`` only the target's checks.
-
-    ``target`` is ``package.module:factory`` (the CLI's ``--target``) or, from Python, the module or its factory.
 
     ``progress`` is called with a short description before each scenario (for a status line on stderr).
     """
@@ -74,12 +71,11 @@ def run_repro(
     try:
         if target is not None:
             if progress is not None:
-                progress(f"checking {target_label(target)}")
+                progress(f"checking {target}")
             result = check_target(
                 target, d_model=d_model, device=dev, dtype=dtype, seed=seed, interleavings=interleavings
             )
-            scenarios: tuple[ScenarioResult, ...] = ()
-            passed = result.passed
+            scenarios, passed = (), result.passed
         else:
             result = None
             chosen = list(dict.fromkeys(names)) if names else list(SCENARIO_NAMES)

@@ -44,24 +44,8 @@ class TargetFailure(Exception):
     """The target misbehaved during a check (raised, or returned something unusable)."""
 
 
-def target_label(target: str | torch.nn.Module | Callable[[], Any]) -> str:
-    """How a target is named in the results: the spec as given, else ``module.qualname`` of the factory or class."""
-    if isinstance(target, str):
-        return target
-    named = target if not isinstance(target, torch.nn.Module) else type(target)
-    return f"{getattr(named, '__module__', '?')}:{getattr(named, '__qualname__', type(named).__name__)}"
-
-
-def load_target(spec: str | torch.nn.Module | Callable[[], Any]) -> tuple[torch.nn.Module, Callable[[], Any] | None]:
-    """Import ``package.module:factory`` and call it; returns (module, factory).  UsageError names the target.
-
-    From Python (``kvtool.api.check_target``) the target may also be the module itself (factory None: fresh copies
-    are deep copies) or the factory.
-    """
-    if isinstance(spec, torch.nn.Module):
-        return spec, None
-    if not isinstance(spec, str):
-        return _call_factory(spec, target_label(spec)), spec
+def load_target(spec: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
+    """Import ``package.module:factory`` and call it; returns (module, factory).  UsageError names the target."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"--target must look like package.module:factory, got '{spec}'", where="--target")
@@ -77,15 +61,11 @@ def load_target(spec: str | torch.nn.Module | Callable[[], Any]) -> tuple[torch.
         if not hasattr(obj, part):
             raise UsageError(f"target '{spec}': '{module_name}' has no attribute '{attr}'", where="--target")
         obj = getattr(obj, part)
-    return _call_factory(obj, spec), obj
-
-
-def _call_factory(factory: Any, spec: str) -> torch.nn.Module:
-    if not callable(factory):
+    if not callable(obj):
         raise UsageError(
-            f"target '{spec}' is not callable (it is of type {type(factory).__name__}); name a factory",
-            where="--target",
+            f"target '{spec}' is not callable (it is of type {type(obj).__name__}); name a factory", where="--target"
         )
+    factory = obj
     try:
         module = factory()
     except _USER_ERRORS as err:  # noqa: BLE001
@@ -95,7 +75,7 @@ def _call_factory(factory: Any, spec: str) -> torch.nn.Module:
             f"factory of target '{spec}' returned {type(module).__name__}, expected a torch.nn.Module",
             where="--target",
         )
-    return module
+    return module, factory
 
 
 def _leaves(cache: Any, path: str = "cache", _seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
@@ -198,7 +178,7 @@ def _check(name: str, fn) -> TargetCheck:
 
 
 def check_target(
-    spec: str | torch.nn.Module | Callable[[], Any],
+    spec: str,
     *,
     d_model: int | None = None,
     device: str = "cpu",
@@ -216,16 +196,9 @@ def check_target(
 
 
 def _check_target(
-    target: str | torch.nn.Module | Callable[[], Any],
-    *,
-    d_model: int | None,
-    device: str,
-    dtype: str,
-    seed: int,
-    interleavings: int,
+    spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, interleavings: int
 ) -> TargetResult:
-    module, factory = load_target(target)
-    spec = target_label(target)
+    module, factory = load_target(spec)
     if d_model is None:
         d_model = getattr(module, "d_model", None)
         if not isinstance(d_model, int) or isinstance(d_model, bool) or d_model <= 0:
@@ -251,8 +224,6 @@ def _check_target(
         try:
             if pristine is not None:
                 return copy.deepcopy(pristine)
-            if factory is None:
-                raise TargetFailure("could not make a fresh copy of the module: it cannot be deep-copied")
             other = factory().to(device=dev, dtype=DTYPES[dtype]).eval()
             other.load_state_dict(state)
             return other

@@ -164,7 +164,21 @@ def test_check_target_equals_the_cli_json(run_cli, targets):
     by_module = kvtool.api.check_target(targets.correct(), interleavings=20).to_dict()
     assert by_factory["target"]["checks"] == expected["target"]["checks"]
     assert by_module["target"]["checks"] == expected["target"]["checks"]
-    assert by_factory["target"]["target"].startswith("repro_targets:")  # module:qualname of the factory
+    # repro_targets.correct is a decorated closure (not importable by its qualname): registered under its name
+    assert by_factory["target"]["target"] == "kvtool_api_targets:factory"
+    assert by_module["target"]["target"].startswith("kvtool_api_targets:")
+
+
+def test_target_spec_names_objects_as_the_cli_would():
+    from kvtool.api._repro import target_spec
+
+    assert target_spec("pkg.mod:make") == "pkg.mod:make"
+    assert target_spec(json.dumps) == "json:dumps"  # importable by module:qualname: named so
+    assert target_spec(lambda: None).startswith("kvtool_api_targets:")
+    import kvtool_api_targets  # the registry is importable, so the CLI's loader finds what it names
+
+    name = target_spec(lambda: None).split(":")[1]
+    assert callable(getattr(kvtool_api_targets, name))
 
 
 def test_check_target_finds_the_clis_bugs(run_cli, targets):
