@@ -106,6 +106,37 @@ def test_simulate_equals_the_cli_json(run_cli, tmp_path):
     assert result.recommendations.objective.tolist() == [r["objective"] for r in expected["recommendations"]]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "argv"),
+    [
+        ({"block_sizes": [16, 32, 64], "kv_tokens": 500_000}, ["--block-sizes", "16,32,64", "--kv-tokens", "500000"]),
+        (
+            {"block_sizes": [16], "requests": 1500, "seed": 3, "serve": True, "qps": 20.0, "kv_tokens": 200_000},
+            [
+                "--block-sizes",
+                "16",
+                "--requests",
+                "1500",
+                "--seed",
+                "3",
+                "--serve",
+                "--qps",
+                "20",
+                "--kv-tokens",
+                "200000",
+            ],
+        ),
+    ],
+)
+def test_simulate_on_the_real_azure_trace_equals_the_cli(run_cli, kwargs, argv):
+    # the Azure LLM inference trace 2023, conversation, 19,366 requests (tests/data/simulate/README.md)
+    trace = DATA / "simulate" / "azure-2023-conv.csv"
+    expected = _json(run_cli, "simulate", "--trace", trace, *argv)
+    result = kvtool.api.simulate(trace, **kwargs)
+    assert result.to_dict() == {k: v for k, v in expected.items() if k != "plots"}
+    assert result.table.index.tolist() == kwargs["block_sizes"]
+
+
 def test_simulate_dataframe_trace_and_events(run_cli, tmp_path):
     """A DataFrame trace reads like its CSV; events(b) analyse like the --export-events file."""
     trace = DATA / "simulate" / "generic-head20.csv"
