@@ -12,6 +12,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtool.api import AnalyzeResult, FleetResult, analyze, load_events
 from kvtool.core.errors import InputFileError, UsageError
@@ -185,3 +187,34 @@ def test_nan_is_null_in_summary():
     result = analyze(events)
     assert result.summary["utilization"] is None
     assert math.isnan(result.requests.utilization.iloc[0])
+
+
+_ROWS = st.lists(
+    st.tuples(
+        st.floats(0, 100, allow_nan=False).map(lambda t: round(t, 3)),
+        st.sampled_from(["allocate", "append", "reuse", "free"]),
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.integers(0, 5),
+        st.integers(0, 80),
+        st.one_of(st.none(), st.floats(0, 1000, allow_nan=False).map(lambda x: round(x, 1))),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=_ROWS)
+def test_a_dataframe_analyses_like_the_same_rows_in_a_file(tmp_path, rows):
+    """Invariant: the DataFrame path and the file path are one analysis (same rows -> same --json but 'file')."""
+    ts, event, rid, blocks, tokens, latency = (list(c) for c in zip(*rows))
+    frame = pd.DataFrame(
+        {"ts": ts, "event": event, "request_id": rid, "num_blocks": blocks, "num_tokens": tokens, "latency_ms": latency}
+    )
+    path = tmp_path / "events.csv"
+    frame.to_csv(path, index=False)
+    from_file = analyze(path, long_threshold=40).to_dict()
+    from_frame = analyze(frame, long_threshold=40).to_dict()
+    assert from_frame.pop("file") == "<DataFrame>"
+    from_file.pop("file")
+    assert from_frame == from_file
