@@ -93,8 +93,10 @@ def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFA
     ``num_tokens`` and the optional ones the file has); ``event``, ``request_id`` and ``source_request_id`` are
     categorical, ``block_ids`` a list of integers per row (Arrow-backed).  Rejected rows are beside it in
     ``frame.attrs["rejected_rows"]``: ``{file: {"count", "by_reason", "first", "blank_rows"}}`` (how many, how
-    many per reason, ``[row number, reason]`` of the first ten, blank lines skipped), as ``--json`` reports them.  With several files the frames are concatenated and a categorical ``file``
-    column says where each row came from.
+    many per reason, ``[row number, reason]`` of the first ten, blank lines skipped), as ``--json`` reports them.
+    Several files, directories, globs or URLs (as ``kvtool analyze`` takes them): the frames are concatenated and
+    a categorical ``file`` column says where each row came from (an ``instance`` column, when the files have one,
+    names the engine).
 
     ``block_size`` is the tokens per block of rows without a ``block_size`` (``--block-size``); it is kept in
     ``frame.attrs["block_size"]`` so :func:`analyze` uses it again.  Raises ``InputFileError`` for a missing,
@@ -122,12 +124,15 @@ def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFA
     {'negative num_tokens': 1}
     """
     from kvtool.events.load import load_events as load_table
+    from kvtool.events.sources import find_pool_files, is_single_file
 
     paths = _paths(source)
-    frames = [_frame(load_table(p, default_block_size=block_size)) for p in paths]
-    if len(frames) == 1:
-        return frames[0]
-    return _concat(frames, [str(p) for p in paths], block_size)
+    if len(paths) == 1 and is_single_file([str(paths[0])]):
+        return _frame(load_table(paths[0], default_block_size=block_size))
+    units = find_pool_files([str(p) for p in paths])  # directories, globs and URLs as `kvtool analyze` takes them
+    files = [path for unit in units for path in unit.paths]
+    frames = [_frame(load_table(path, default_block_size=block_size)) for path in files]
+    return _concat(frames, files, block_size)
 
 
 def _concat(frames: list[pd.DataFrame], names: list[str], block_size: int) -> pd.DataFrame:

@@ -218,3 +218,11 @@ def test_a_dataframe_analyses_like_the_same_rows_in_a_file(tmp_path, rows):
     assert from_frame.pop("file") == "<DataFrame>"
     from_file.pop("file")
     assert from_frame == from_file
+
+
+def test_load_events_takes_a_glob_like_the_cli():
+    frame = load_events(str(D / "*.csv"))
+    # every hand-written file of tests/data/analyze, each row with its file
+    assert sorted(frame.file.cat.categories) == sorted(str(p) for p in D.glob("*.csv"))
+    assert len(frame) == sum(len(load_events(p)) for p in D.glob("*.csv"))
+    assert set(frame.attrs["rejected_rows"]) == {str(p) for p in D.glob("*.csv")}
