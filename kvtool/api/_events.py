@@ -137,25 +137,40 @@ def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFA
 
 def _concat(frames: list[pd.DataFrame], names: list[str], block_size: int) -> pd.DataFrame:
     """One DataFrame of several files' rows: categoricals unioned, a ``file`` column, the rejected rows per file."""
+    import numpy as np
     import pandas as pd
     from pandas.api.types import union_categoricals
 
     columns = list(dict.fromkeys(c for f in frames for c in f.columns))
     out: dict[str, Any] = {}
     for name in columns:
-        parts = [f[name] if name in f else pd.Series([None] * len(f)) for f in frames]
-        if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
+        like = next(f[name] for f in frames if name in f)
+        parts = [f[name] if name in f else _blank_like(like, len(f)) for f in frames]
+        if isinstance(like.dtype, pd.CategoricalDtype):
             out[name] = union_categoricals([p.array for p in parts])
         else:
             out[name] = pd.concat(parts, ignore_index=True).array
-    out["file"] = pd.Categorical.from_codes(
-        [i for i, f in enumerate(frames) for _ in range(len(f))], categories=list(dict.fromkeys(names))
-    )
+    codes = np.repeat(np.arange(len(frames)), [len(f) for f in frames])
+    out["file"] = pd.Categorical.from_codes(codes, categories=list(dict.fromkeys(names)))
     frame = pd.DataFrame(out)
     frame.attrs[ATTR_SOURCE] = names
     frame.attrs[ATTR_REJECTED] = {k: v for f in frames for k, v in f.attrs[ATTR_REJECTED].items()}
     frame.attrs[ATTR_BLOCK_SIZE] = block_size
     return frame
+
+
+def _blank_like(like: pd.Series, n: int) -> pd.Series:
+    """``n`` blank values of ``like``'s kind: a file without an optional column (NaN, an empty category, null)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(like.dtype, pd.CategoricalDtype):
+        none = pd.CategoricalDtype(like.cat.categories[:0])  # no category, the same kind of values
+        return pd.Series(pd.Categorical.from_codes(np.full(n, -1), dtype=none))
+    if isinstance(like.dtype, pd.ArrowDtype):
+        return pd.Series(pa.nulls(n, like.dtype.pyarrow_dtype), dtype=like.dtype)
+    return pd.Series(np.full(n, np.nan))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -226,3 +226,12 @@ def test_load_events_takes_a_glob_like_the_cli():
     assert sorted(frame.file.cat.categories) == sorted(str(p) for p in D.glob("*.csv"))
     assert len(frame) == sum(len(load_events(p)) for p in D.glob("*.csv"))
     assert set(frame.attrs["rejected_rows"]) == {str(p) for p in D.glob("*.csv")}
+
+
+def test_files_with_different_optional_columns_concatenate():
+    # reuse.csv has block_ids, block_size and source_request_id; basic.csv has none of them but latency_ms
+    frame = load_events([D / "reuse.csv", D / "basic.csv"])
+    basic = frame.file == str(D / "basic.csv")
+    assert frame.loc[basic, "source_request_id"].isna().all() and frame.loc[basic, "block_ids"].isna().all()
+    assert frame.loc[~basic, "latency_ms"].isna().all() and frame.loc[basic, "latency_ms"].notna().any()
+    assert isinstance(frame.source_request_id.dtype, pd.CategoricalDtype)
