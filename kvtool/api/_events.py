@@ -55,7 +55,7 @@ def _frame(table: EventTable) -> pd.DataFrame:
     columns: dict[str, Any] = {
         "ts": table.ts,
         "event": pd.Categorical.from_codes(table.event, categories=list(EVENT_TYPES)),
-        "request_id": pd.Categorical.from_codes(table.request, categories=list(table.request_ids)),
+        "request_id": _categorical(table.request, table.request_ids),
         "num_blocks": table.num_blocks,
         "num_tokens": table.num_tokens,
     }
@@ -69,20 +69,32 @@ def _frame(table: EventTable) -> pd.DataFrame:
     if table.latency_ms is not None:
         columns["latency_ms"] = table.latency_ms
     if table.source_request is not None:
-        columns["source_request_id"] = pd.Categorical.from_codes(
-            table.source_request, categories=list(dict.fromkeys(table.source_request_ids))
-        )
+        columns["source_request_id"] = _categorical(table.source_request, table.source_request_ids)
     if table.block_size is not None:
         columns["block_size"] = table.block_size
     if table.free_pool_blocks is not None:
         columns["free_pool_blocks"] = table.free_pool_blocks
     if table.instance is not None:
-        columns["instance"] = pd.Categorical.from_codes(table.instance, categories=list(table.instance_ids))
+        columns["instance"] = _categorical(table.instance, table.instance_ids)
     frame = pd.DataFrame({k: v.array if isinstance(v, pd.Series) else v for k, v in columns.items()})
     frame.attrs[ATTR_SOURCE] = table.path
     frame.attrs[ATTR_REJECTED] = {table.path: to_jsonable(table.rejected)}
     frame.attrs[ATTR_BLOCK_SIZE] = table.default_block_size
     return frame
+
+
+def _categorical(codes, values: Sequence[str]):
+    """Codes into ``values`` (-1: blank) as a pandas Categorical; equal values (two spellings decoded alike) merge."""
+    import numpy as np
+    import pandas as pd
+
+    position: dict[str, int] = {}
+    for value in values:
+        position.setdefault(value, len(position))
+    if len(position) != len(values):
+        remap = np.array([position[v] for v in values] + [-1], dtype=np.int64)
+        codes = remap[codes]  # -1 indexes the appended -1
+    return pd.Categorical.from_codes(codes, categories=list(position))
 
 
 def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
