@@ -1,7 +1,14 @@
 """Benchmark `kvtool analyze --json` on a synthetic 5-million-event trace against pyarrow's plain CSV read.
 
     python benchmarks/bench_analyze.py [--events 5000000] [--keep FILE.csv] [--repeat 3]
+    python benchmarks/bench_analyze.py --keep FILE.parquet          # the same trace as Parquet, against pq.read_table
     python benchmarks/bench_analyze.py --generate FILE.csv [--events N]   # only write a trace
+    python benchmarks/bench_analyze.py --fleet DIR [--files 50] [--events 50000000] [--workers 2]
+
+``--fleet`` writes (or reuses) DIR/engine-NN.csv, ``--files`` engines of events/files events each (different
+seeds), and measures ``kvtool analyze DIR --json`` in this process and on a local Dask cluster against one
+interpreter reading every file with pyarrow; it prints the per-worker throughput used for the sizing in
+docs/analyze.md ("Sizing a fleet").
 
 The trace is generated with numpy (seeded): ~20,000 requests arriving as a Poisson stream (about 2,000 of them
 holding blocks at any moment), a log-normal prompt length, one decode `append` row per generated token (1 block
@@ -155,7 +162,17 @@ def generate(path: Path, n_events: int = 5_000_000, seed: int = 0) -> dict:
     arrays["latency_ms"] = pa.array(cols["latency_ms"], mask=np.isnan(cols["latency_ms"]))  # blank, not "nan"
     arrays["num_tokens"] = pa.array(cols["num_tokens"], mask=cols["num_tokens"] < 0)  # free: empty
     table = pa.table(arrays)
-    pacsv.write_csv(table, str(path), pacsv.WriteOptions(quoting_style="none"))
+    if str(path).endswith(".parquet"):
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        # Parquet has lists: block ids as list<int64> (what a recorder writing Parquet stores), not text
+        ids = pc.split_pattern(table.column("block_ids"), " ")
+        ids = pc.if_else(pc.equal(table.column("block_ids"), ""), pa.scalar([], pa.list_(pa.string())), ids)
+        table = table.set_column(table.schema.get_field_index("block_ids"), "block_ids", ids.cast(pa.list_(pa.int64())))
+        pq.write_table(table, str(path))
+    else:
+        pacsv.write_csv(table, str(path), pacsv.WriteOptions(quoting_style="none"))
     return {"events": int(table.num_rows), "requests": int(n_req), "bytes": path.stat().st_size}
 
 
@@ -182,7 +199,12 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write (or reuse) the trace at this path")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--generate", type=Path, help="only write a synthetic trace to this path and exit")
+    parser.add_argument("--fleet", type=Path, help="benchmark a fleet: engine files in this folder")
+    parser.add_argument("--files", type=int, default=50, help="--fleet: how many engine files")
+    parser.add_argument("--workers", type=int, default=2, help="--fleet: Dask worker processes")
     args = parser.parse_args()
+    if args.fleet:
+        return fleet_benchmark(args)
     if args.generate:
         shape = generate(args.generate, args.events)
         print(f"wrote {args.generate}: {shape['events']:,} events, {shape['requests']:,} requests")
@@ -203,18 +225,21 @@ def main() -> None:
             file=sys.stderr,
         )
     env_py = [sys.executable]
-    read = [*env_py, "-c", f"import pyarrow.csv as c; c.read_csv({str(path)!r})"]
+    if str(path).endswith(".parquet"):
+        read = [*env_py, "-c", f"import pyarrow.parquet as q; q.read_table({str(path)!r})"]
+    else:
+        read = [*env_py, "-c", f"import pyarrow.csv as c; c.read_csv({str(path)!r})"]
     os.environ["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     analyze = [*env_py, "-m", "kvtool", "analyze", str(path), "--json"]
     results = {}
-    for name, argv in (("pyarrow_read_csv", read), ("kvtool_analyze_json", analyze)):
+    for name, argv in (("pyarrow_read", read), ("kvtool_analyze_json", analyze)):
         runs = [_measure(argv) for _ in range(args.repeat)]
         results[name] = {
             "wall_s": min(r[0] for r in runs),
             "peak_rss_mb": min(r[1] for r in runs) / 2**20,
             "cpu_s": min(r[2] for r in runs),
         }
-    a, r = results["kvtool_analyze_json"], results["pyarrow_read_csv"]
+    a, r = results["kvtool_analyze_json"], results["pyarrow_read"]
     results["time_ratio"] = a["wall_s"] / r["wall_s"]
     results["memory_ratio"] = a["peak_rss_mb"] / r["peak_rss_mb"]
     results["cpu_ratio"] = a["cpu_s"] / r["cpu_s"]
@@ -223,6 +248,41 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     if tmp is not None:
         tmp.cleanup()
+
+
+def fleet_benchmark(args) -> None:
+    """Many engines' files: pyarrow reading them all, kvtool in one process, kvtool on a local Dask cluster."""
+    folder: Path = args.fleet
+    folder.mkdir(parents=True, exist_ok=True)
+    per_file = args.events // args.files
+    for i in range(args.files):
+        path = folder / f"engine-{i:02d}.csv"
+        if not path.exists():
+            shape = generate(path, per_file, seed=i)
+            print(f"wrote {path}: {shape['events']:,} events", file=sys.stderr)
+    files = sorted(str(p) for p in folder.glob("engine-*.csv"))[: args.files]
+    os.environ["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    read = [sys.executable, "-c", f"import pyarrow.csv as c\nfor f in {files!r}: c.read_csv(f)"]
+    kvtool = [sys.executable, "-m", "kvtool", "analyze", *files, "--json"]
+    runs = {
+        "pyarrow_read_all": read,
+        "kvtool_in_process": kvtool,
+        f"kvtool_dask_{args.workers}_workers": [*kvtool, "--workers", str(args.workers)],
+    }
+    results: dict[str, object] = {"files": len(files), "file_mb": sum(Path(f).stat().st_size for f in files) / 1e6}
+    events = 0
+    for f in files:  # rows = lines - 1 (the generator writes no blank line and no quoted newline)
+        with open(f, "rb") as fh:
+            events += sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 24), b"")) - 1
+    results["events"] = events
+    for name, argv in runs.items():
+        wall, rss, cpu = min((_measure(argv) for _ in range(args.repeat)), key=lambda r: r[0])
+        results[name] = {"wall_s": wall, "peak_rss_mb": rss / 2**20, "cpu_s": cpu, "events_per_s": events / wall}
+    process = results["kvtool_in_process"]
+    assert isinstance(process, dict)
+    results["per_worker_events_per_cpu_s"] = events / process["cpu_s"]
+    results["machine"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
+    print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

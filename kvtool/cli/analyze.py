@@ -71,12 +71,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool.
 
-        EVENTS: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md), or vLLM's KV-event
-        JSON lines (.jsonl, as `kvtool capture` records them). Several files, a directory or a glob: each
-        engine's events are one pool (an instance=NAME/ folder, an instance/engine column, or the file) and the
-        report covers each pool and the fleet; --workers/--scheduler run them on Dask (pip install 'kvtool[fleet]').
+        EVENTS: .csv, .csv.gz or .parquet in the events schema 1 (docs/events-schema.md),
+        or vLLM's KV-event JSON lines (.jsonl, as `kvtool capture` records them).
 
-        Examples: kvtool analyze events.csv --plot charts/ ;
+        Several files, a directory or a glob: each engine's events are one pool (an
+        instance=NAME/ folder, an instance or engine column, or the file), reported per pool
+        and for the fleet. --workers and --scheduler run them on Dask (the fleet extra).
+
+        Examples: kvtool analyze events.csv --plot charts/
         kvtool analyze 'logs/instance=*/**/*.parquet' --workers 8 --json > fleet.json
         """
         from kvtool.events.fleet import AnalyzeOptions
@@ -150,15 +152,9 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
         from kvtool.events.plots import write_plots
 
         written += [str(p) for p in write_plots(analysis, output.plot)]
-    if output.json_output:
-        write_json(analysis, sys.stdout)
-    else:
-        from kvtool.cli.output import stdout_console
-
-        console = stdout_console()
-        render_analysis(analysis, console)
-        for path in written:
-            console.print(f"wrote {path}", highlight=False)
+    _print(
+        output, lambda: write_json(analysis, sys.stdout), lambda console: render_analysis(analysis, console), written
+    )
     if output.strict and analysis.anomalies.count:
         raise CheckFailed(anomaly_line(analysis), where=str(events_file))
 
@@ -171,16 +167,20 @@ def _analyze_fleet(arguments: list[str], options, output: _Output, *, workers, s
     units = find_pool_files(arguments)
     total_files = sum(len(u.paths) for u in units)
     done_files = 0
+    with StderrProgress(label="analyze") as progress:
 
-    def note(done: int, total: int, result, unit) -> None:
-        nonlocal done_files
-        for f in result.files:
-            done_files += 1
-            state = f"refused ({f.refused})" if f.refused else f"{f.events:,} events, {f.rejected_rows:,} rejected"
-            sys.stderr.write(f"analyze: file {done_files}/{total_files} {f.path}: {state}\n")
-        sys.stderr.flush()
+        def note(done: int, total: int, result, unit) -> None:
+            nonlocal done_files
+            for f in result.files:
+                done_files += 1
+                state = f"refused ({f.refused})" if f.refused else f"{f.events:,} events, {f.rejected_rows:,} rejected"
+                if progress.task is not None:  # a terminal: one bar over the files
+                    progress.task("analyze: files", done_files, total_files)
+                else:  # a log: one line per file
+                    sys.stderr.write(f"analyze: file {done_files}/{total_files} {f.path}: {state}\n")
+                    sys.stderr.flush()
 
-    fleet = analyze_fleet(units, options, workers=workers, scheduler=scheduler, progress=note)
+        fleet = analyze_fleet(units, options, workers=workers, scheduler=scheduler, progress=note)
     _report_fleet(fleet, output, where=", ".join(arguments))
 
 
@@ -203,17 +203,22 @@ def _report_fleet(fleet, output: _Output, where: str) -> None:
             pool = next(p for p in fleet.pools if p.instance == health.instance)
             folder = output.plot / _safe_folder(pool.instance)
             written += [str(p) for p in write_plots(pool.analysis, folder)]
-    if output.json_output:
-        write_fleet_json(fleet, sys.stdout)
-    else:
-        from kvtool.cli.output import stdout_console
-
-        console = stdout_console()
-        render_fleet(fleet, console)
-        for path in written:
-            console.print(f"wrote {path}", highlight=False)
+    _print(output, lambda: write_fleet_json(fleet, sys.stdout), lambda console: render_fleet(fleet, console), written)
     if output.strict and fleet_anomalies(fleet):
         raise CheckFailed(fleet_anomaly_line(fleet), where=where)
+
+
+def _print(output: _Output, as_json, as_tables, written: list[str]) -> None:
+    """The answer on stdout: JSON only, or the tables and the files written."""
+    if output.json_output:
+        as_json()
+        return
+    from kvtool.cli.output import stdout_console
+
+    console = stdout_console()
+    as_tables(console)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
 
 
 def _safe_folder(name: str) -> str:

@@ -338,94 +338,109 @@ _TEXT_COLUMNS = ("event", "request_id", "source_request_id", *INSTANCE_COLUMNS)
 def _read_csv(source: EventSource, names: list[str]) -> _Read:
     """Read the known columns, typed; fall back to strings where a value does not parse."""
     import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     _check_columns(source.name, names)
-    text = pa.dictionary(pa.int32(), pa.string())
-    typed = {
-        "ts": pa.float64(),
-        "num_blocks": pa.int32(),  # a count above 2**31 - 1 fails here and is rejected by the text path
-        "num_tokens": pa.int32(),
-        "block_ids": pa.string(),
-        "latency_ms": pa.float64(),
-        "block_size": pa.int32(),
-        "free_pool_blocks": pa.float64(),
-        **{name: text for name in _TEXT_COLUMNS},
-    }
-    include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS) if c in names]
-    with source.open() as fh:  # the content decides, not the name: pyarrow would inflate any "*.gz" path
-        gzip_content = fh.read(2) == b"\x1f\x8b"
+    reader = _CsvReader(source, names)
+    invalid_lines: tuple[int, ...] = ()
+    try:
+        table, bad = reader.read_all()
+    except pa.ArrowException:
+        # A row with both a wrong field count and invalid UTF-8 stops pyarrow (it decodes the row's text for the
+        # handler).  Read a copy with the bad bytes replaced, and reject the lines that had them.
+        content, invalid_lines = _replace_invalid_utf8(source, reader.gzip_content)
+        if not invalid_lines:
+            raise
+        reader.cleaned = content
+        table, bad = reader.read_all()
+    bad_lines = sorted(n for n, text in bad if n is not None and text.strip())
+    blank_lines = sum(1 for _, text in bad if not text.strip())
+    return _Read(table, tuple(names), bad_lines, blank_lines, 2, invalid_lines)
 
-    cleaned: list[bytes] = []  # the content with invalid UTF-8 replaced, when pyarrow cannot report such a row
 
-    def read(types: dict, threads: bool, quoting: bool = True):
+class _CsvReader:
+    """pyarrow's CSV reader with kvtool's options: known columns typed, malformed rows collected, not fatal."""
+
+    def __init__(self, source: EventSource, names: list[str]):
+        import pyarrow as pa
+
+        self.source = source
+        self.names = names
+        self.include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS) if c in names]
+        text = pa.dictionary(pa.int32(), pa.string())
+        self.types = {
+            "ts": pa.float64(),
+            "num_blocks": pa.int32(),  # a count above 2**31 - 1 fails here and is rejected by the text path
+            "num_tokens": pa.int32(),
+            "block_ids": pa.string(),
+            "latency_ms": pa.float64(),
+            "block_size": pa.int32(),
+            "free_pool_blocks": pa.float64(),
+            **{name: text for name in _TEXT_COLUMNS},
+        }
+        with source.open() as fh:  # the content decides, not the name: pyarrow would inflate any "*.gz" path
+            self.gzip_content = fh.read(2) == b"\x1f\x8b"
+        self.cleaned: bytes | None = None  # the content with invalid UTF-8 replaced (see _read_csv)
+
+    def read_all(self):
+        """(table, malformed rows as (line number, text)), after the fallbacks each failure needs."""
+        import pyarrow as pa
+
+        types = self.types
+        try:
+            table, bad = self.read(types, threads=True)
+        except pa.ArrowInvalid as err:
+            if "conversion error" not in str(err).lower():
+                raise
+            # a value that does not parse as a number: read the numeric columns as text and check them vectorised
+            types = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in types.items()}
+            table, bad = self.read(types, threads=True)
+        if bad and any(number is None for number, _ in bad):
+            table, bad = self.read(types, threads=False)  # pyarrow only numbers malformed rows single-threaded
+        if any("\n" in text.rstrip("\r\n") for _, text in bad):
+            # a double quote that never closed swallowed the lines after it into one "row": read line by line
+            table, bad = self.read(types, threads=False, quoting=False)
+        return table, bad
+
+    def read(self, types: dict, threads: bool, quoting: bool = True):
+        import sys
+
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
         bad: list[tuple[int | None, str]] = []
 
         def on_invalid(row) -> str:
             bad.append((row.number, row.text))
             return "skip"
 
-        import sys
-
         previous_hook = sys.unraisablehook
         # pyarrow decodes a malformed row's text for the handler; invalid UTF-8 there raises inside its callback,
         # which Python would print to stderr as "Exception ignored": the read then fails and is retried cleaned
         sys.unraisablehook = lambda u: None if isinstance(u.exc_value, UnicodeDecodeError) else previous_hook(u)
-        raw = pa.BufferReader(cleaned[0]) if cleaned else source.arrow_file()
-        stream = pa.CompressedInputStream(raw, "gzip") if gzip_content and not cleaned else raw
+        raw = pa.BufferReader(self.cleaned) if self.cleaned is not None else self.source.arrow_file()
+        stream = pa.CompressedInputStream(raw, "gzip") if self.gzip_content and self.cleaned is None else raw
         try:
             table = pacsv.read_csv(
                 stream,
                 read_options=pacsv.ReadOptions(
-                    column_names=names, skip_rows=1, use_threads=threads, block_size=_READ_BLOCK_BYTES
+                    column_names=self.names, skip_rows=1, use_threads=threads, block_size=_READ_BLOCK_BYTES
                 ),
                 parse_options=pacsv.ParseOptions(
                     invalid_row_handler=on_invalid, ignore_empty_lines=False, quote_char='"' if quoting else False
                 ),
                 convert_options=pacsv.ConvertOptions(
-                    column_types={k: v for k, v in types.items() if k in include},
-                    include_columns=include,
+                    column_types={k: v for k, v in types.items() if k in self.include},
+                    include_columns=self.include,
                     strings_can_be_null=True,
                     null_values=[""],
                     quoted_strings_can_be_null=True,
-                    check_utf8=False,  # invalid bytes reject their rows (_utf8_invalid), not the file
+                    check_utf8=False,  # invalid bytes reject their rows (_invalid_utf8_rows), not the file
                 ),
             )
         finally:
             raw.close()
             sys.unraisablehook = previous_hook
         return table, bad
-
-    def read_all(types: dict):
-        try:
-            table, bad = read(types, threads=True)
-        except pa.ArrowInvalid as err:
-            if "conversion error" not in str(err).lower():
-                raise
-            # a value that does not parse as a number: read the numeric columns as text and check them vectorised
-            types = {k: (pa.string() if v in (pa.float64(), pa.int32()) else v) for k, v in types.items()}
-            table, bad = read(types, threads=True)
-        if bad and any(number is None for number, _ in bad):
-            table, bad = read(types, threads=False)  # pyarrow only numbers malformed rows when single-threaded
-        if any("\n" in text.rstrip("\r\n") for _, text in bad):
-            # a double quote that never closed swallowed the lines after it into one "row": read line by line
-            table, bad = read(types, threads=False, quoting=False)
-        return table, bad
-
-    invalid_lines: tuple[int, ...] = ()
-    try:
-        table, bad = read_all(typed)
-    except pa.ArrowException:
-        # A row with both a wrong field count and invalid UTF-8 stops pyarrow (it decodes the row's text for the
-        # handler).  Read a copy with the bad bytes replaced, and reject the lines that had them.
-        content, invalid_lines = _replace_invalid_utf8(source, gzip_content)
-        if not invalid_lines:
-            raise
-        cleaned.append(content)
-        table, bad = read_all(typed)
-    bad_lines = sorted(n for n, text in bad if n is not None and text.strip())
-    blank_lines = sum(1 for _, text in bad if not text.strip())
-    return _Read(table, tuple(names), bad_lines, blank_lines, 2, invalid_lines)
 
 
 def _replace_invalid_utf8(source: EventSource, gzip_content: bool) -> tuple[bytes, tuple[int, ...]]:
@@ -460,7 +475,9 @@ def _read_parquet(source: EventSource) -> _Read:
         _check_columns(source.name, names)
         known = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
         wanted = [raw for raw, name in zip(schema.names, names) if name in known]
-        table = parquet.read(columns=wanted)
+        # text columns decoded straight to dictionaries (Parquet stores them so): no re-encoding of 5M strings
+        text = [raw for raw, name in zip(schema.names, names) if name in _TEXT_COLUMNS]
+        table = pq.read_table(source.local if source.local is not None else fh, columns=wanted, read_dictionary=text)
     table = table.rename_columns([_normalise_names([n])[0] for n in table.column_names])
     return _Read(table, tuple(names), [], 0, first_row_number=1)
 

@@ -55,19 +55,29 @@ def _row_lines(columns: list[tuple[str, Any]]) -> list[str]:
 def write_json(analysis: Analysis, stream) -> None:
     """Write the ``--json`` object: sections indented, then one compact line per request."""
 
-    _write_with_rows(analysis_to_json(analysis, with_requests=False), _request_lines(analysis), stream)
+    table = analysis.requests
+    columns = [(name, table.column(name)) for name in REQUEST_COLUMNS]
+    _write_with_rows(analysis_to_json(analysis, with_requests=False), columns, stream)
 
 
-def _write_with_rows(doc: dict[str, Any], lines: list[str], stream) -> None:
-    """The JSON object ``doc`` indented, then ``"requests"``: one compact line per row."""
+ROWS_PER_CHUNK = 20_000  # request rows encoded at a time (a fleet's 200,000 rows would hold ~4 M Python objects)
+
+
+def _write_with_rows(doc: dict[str, Any], columns: list[tuple[str, Any]], stream) -> None:
+    """The JSON object ``doc`` indented, then ``"requests"``: one compact line per row, written chunk by chunk."""
     import json
 
-    head = json.dumps(doc, indent=2, allow_nan=False)
-    if lines:
-        text = head[:-2] + ',\n  "requests": [\n    ' + ",\n    ".join(lines) + "\n  ]\n}"
-    else:
-        text = head[:-2] + ',\n  "requests": []\n}'
-    stream.write(text + "\n")
+    head = json.dumps(doc, indent=2, allow_nan=False)[:-2]
+    n = len(columns[0][1]) if columns else 0
+    if not n:
+        stream.write(head + ',\n  "requests": []\n}\n')
+        stream.flush()
+        return
+    stream.write(head + ',\n  "requests": [\n    ')
+    for start in range(0, n, ROWS_PER_CHUNK):
+        part = [(name, values[start : start + ROWS_PER_CHUNK]) for name, values in columns]
+        stream.write((",\n    " if start else "") + ",\n    ".join(_row_lines(part)))
+    stream.write("\n  ]\n}\n")
     stream.flush()
 
 
@@ -138,6 +148,10 @@ def _esc(text: str) -> str:
 
 def _pct(value: Any) -> str:
     return fmt_pct(value, decimals=1, space=True)
+
+
+def _pct0(value: Any) -> str:
+    return fmt_pct(value, decimals=0)
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]):
@@ -374,7 +388,7 @@ MAX_HEALTH_ROWS = 50  # pools shown in the health table (all are in --json)
 
 def write_fleet_json(fleet: FleetAnalysis, stream) -> None:
     """The fleet ``--json``: sections indented, then one compact line per request (with its instance)."""
-    _write_with_rows(fleet_to_json(fleet), _row_lines(fleet_columns(fleet)), stream)
+    _write_with_rows(fleet_to_json(fleet), fleet_columns(fleet), stream)
 
 
 def export_fleet_tables(fleet: FleetAnalysis, path: Path) -> list[Path]:
@@ -431,28 +445,35 @@ def _health_section(fleet: FleetAnalysis, console) -> None:
 
     worst = {h.instance for h in fleet.worst_instances}
     rows = sorted(fleet.health, key=lambda h: -h.lost_slot_seconds)
+    from rich import box
+
     table = Table(
-        title="Pool health per instance, worst first (* the worst --top). lost slot-s: wasted slot-seconds + "
-        "late-free block-seconds x block size; late: requests freed late; long pk: peak share of long requests "
-        "(! alert); hits: requests with a prefix hit",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        title="Pool health per instance, worst first (* the worst --top). reqs: requests; rej: rejected rows; "
+        "peak: peak blocks in use; util: tokens / slots held; lost: slot-seconds lost = wasted slot-seconds + "
+        "late-free block-seconds x block size; late: requests freed late; leak: leaked requests; long: peak "
+        "share of long requests (! alert); hits: requests with a prefix hit",
         title_justify="left",
     )
-    columns = ("instance", "requests", "rejected", "peak blk", "util", "lost slot-s", "late", "leaked", "long pk",
-               "hits")  # fmt: skip
+    columns = ("instance", "reqs", "rej", "peak", "util", "lost", "late", "leak", "long", "hits")
     for name in columns:
-        table.add_column(name, justify="left" if name == "instance" else "right")
+        if name == "instance":
+            table.add_column(name, justify="left", no_wrap=True, max_width=16, overflow="ellipsis")
+        else:
+            table.add_column(name, justify="right", min_width=len(name))
     for h in rows[:MAX_HEALTH_ROWS]:
         table.add_row(
             ("* " if h.instance in worst else "") + _esc(h.instance),
             _num(h.requests, ",d"),
             _num(h.rejected_rows, ",d"),
             _num(h.peak_blocks_in_use, ",d"),
-            _pct(h.utilization),
+            _pct0(h.utilization),
             _num(h.lost_slot_seconds, ",.0f"),
             _num(h.late_free_requests, ",d"),
             _num(h.leaked_requests, ",d"),
-            _pct(h.long_peak_share) + ("!" if h.long_alert else ""),
-            _pct(h.prefix_hit_share),
+            _pct0(h.long_peak_share) + ("!" if h.long_alert else ""),
+            _pct0(h.prefix_hit_share),
         )
     console.print(table)
     if len(rows) > MAX_HEALTH_ROWS:

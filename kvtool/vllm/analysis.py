@@ -43,6 +43,15 @@ NOTE_NO_REQUESTS = (
     "time) cannot be derived from them. Block lifetimes here are how long a block's content stayed in "
     "the prefix cache; BlockRemoved fires when a cached block is evicted for reuse, not when a request ends."
 )
+NOTE_VLLM_LIFETIME = (
+    "vLLM's own vllm:kv_block_lifetime_seconds (--kv-cache-metrics) is a different clock: it follows a 1 % "
+    "sample of blocks (--kv-cache-metrics-sample) from the moment the block pool hands a block out to the moment "
+    "it hands the same block out again (evicting its cached content), so it includes the time the block waited "
+    "free in the queue, and it records nothing while prefix caching is off (vllm/v1/core/kv_cache_metrics.py, "
+    "block_pool.py). The lifetimes here run from BlockStored (block full and cached) to BlockRemoved. kvtool "
+    "analyze on an events file with block_ids measures residency (a request attaching a block until it frees "
+    "it) and turnover (free until the id is reallocated): vLLM's lifetime is about residency plus turnover."
+)
 NOTE_INCREMENTAL = (
     "No BlockStored re-sent a cached block, so the file looks like vLLM's default incremental report mode, "
     "which does not report prefix-cache hits; run requests with SamplingParams(extra_args="
@@ -329,7 +338,7 @@ def analyze_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAnaly
     max_depth = max(known_depths) if known_depths else 0
     full_mode = hits > 0
 
-    notes = [NOTE_NO_REQUESTS, NOTE_FULL if full_mode else NOTE_INCREMENTAL]
+    notes = [NOTE_NO_REQUESTS, NOTE_FULL if full_mode else NOTE_INCREMENTAL, NOTE_VLLM_LIFETIME]
     missing = _missing_seqs(events)
     if missing:
         notes.append(f"{missing:,} batch sequence numbers are missing: those events were lost, so counts are low.")

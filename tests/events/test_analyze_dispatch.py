@@ -86,3 +86,12 @@ def test_strict_fails_on_lost_vllm_batches(run_cli, tmp_path):
         f"Error: 2 batch sequence numbers are missing: those events were lost ({gappy})"
     )
     assert run_cli("analyze", INCREMENTAL, "--strict").exit_code == 0
+
+
+def test_vllm_lifetime_metric_is_told_apart_from_residency(run_cli):
+    # vLLM's kv_block_lifetime_seconds runs from get_new_blocks to the next get_new_blocks of the same block
+    # (vllm/v1/core/block_pool.py calls on_block_allocated / on_block_evicted there, sampled at 1 %): the note
+    # says so, and how it relates to kvtool's residency and turnover
+    result = run_cli("analyze", INCREMENTAL, "--json")
+    notes = " ".join(json.loads(result.stdout)["notes"])
+    assert "kv_block_lifetime_seconds" in notes and "residency plus turnover" in notes

@@ -202,3 +202,12 @@ def test_one_file_never_imports_dask(fleet_dir):
         ["analyze", str(fleet_dir / "engine-0.csv"), "--json"], modules=("dask", "distributed")
     )
     assert codes == [0] and heavy == []
+
+
+def test_fleet_json_written_in_chunks_is_one_valid_object(fleet_dir, monkeypatch, run_cli):
+    from kvtool.events import render
+
+    monkeypatch.setattr(render, "ROWS_PER_CHUNK", 7)  # many chunk boundaries on a small fleet
+    doc = json.loads(run_cli("analyze", fleet_dir, "--json").stdout)
+    assert len(doc["requests"]) == doc["fleet"]["requests"] == sum(i["summary"]["requests"] for i in doc["instances"])
+    assert doc["requests"][0]["instance"] == "engine-0"
