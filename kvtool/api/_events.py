@@ -299,15 +299,18 @@ def _event_table(events: PathLike | pd.DataFrame, block_size: int | None) -> Eve
 class FleetResult:
     """``kvtool analyze`` on several files (one pool per engine) for a notebook.
 
-    ``requests``: every pool's per-request table with an ``instance`` column; ``health``: one row per pool;
-    ``files``: one row per file read (or refused); ``summary``: ``--json``'s ``fleet`` figures; ``to_dict()``:
-    the whole fleet ``--json``; ``fleet``: the core :class:`kvtool.events.fleet.FleetAnalysis` (each pool's
-    analysis in ``fleet.pools``).
+    ``requests``: every pool's per-request table with an ``instance`` column; ``prefix_matches`` likewise;
+    ``pool_timeline``: each pool's blocks in use (thinned to per-bucket maxima beyond 20,000 steps a pool, as the
+    fleet keeps them); ``health``: one row per pool; ``files``: one row per file read (or refused); ``summary``:
+    ``--json``'s ``fleet`` figures; ``to_dict()``: the whole fleet ``--json``; ``fleet``: the core
+    :class:`kvtool.events.fleet.FleetAnalysis` (each pool's analysis in ``fleet.pools``).
     """
 
     fleet: FleetAnalysis
     report: dict[str, Any]  # the fleet --json object without "requests"
     requests: pd.DataFrame
+    prefix_matches: pd.DataFrame  # instance, request_id, prompt_tokens, match_tokens
+    pool_timeline: pd.DataFrame  # instance, time_s, duration_s, blocks_in_use, long_blocks_in_use
     health: pd.DataFrame
     files: pd.DataFrame
 
@@ -355,7 +358,7 @@ def _fleet_result(paths: Sequence[PathLike], options: AnalyzeOptions, workers, s
 
     from kvtool.events.fleet import analyze_fleet
     from kvtool.events.sources import find_pool_files
-    from kvtool.events.tables import fleet_columns, fleet_to_json
+    from kvtool.events.tables import fleet_columns, fleet_to_json, pool_timeline_table, prefix_matches_table
 
     fleet = analyze_fleet(find_pool_files([str(p) for p in paths]), options, workers=workers, scheduler=scheduler)
     requests = pd.DataFrame(dict(fleet_columns(fleet)))
@@ -363,9 +366,23 @@ def _fleet_result(paths: Sequence[PathLike], options: AnalyzeOptions, workers, s
         fleet=fleet,
         report=fleet_to_json(fleet),
         requests=requests,
+        prefix_matches=_per_pool(fleet, prefix_matches_table),
+        pool_timeline=_per_pool(fleet, pool_timeline_table),
         health=pd.DataFrame([to_jsonable(h) for h in fleet.health]),
         files=pd.DataFrame([to_jsonable(f) for f in fleet.files]),
     )
+
+
+def _per_pool(fleet: FleetAnalysis, table_of) -> pd.DataFrame:
+    """One table of every pool's analysis, an ``instance`` column first (the tables of kvtool.events.tables)."""
+    import pandas as pd
+
+    frames = []
+    for pool in fleet.pools:
+        frame = _arrow_frame(table_of(pool.analysis))
+        frame.insert(0, "instance", pool.instance)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 @overload
