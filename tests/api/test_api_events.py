@@ -153,6 +153,12 @@ def test_several_files_are_a_fleet_like_the_clis(run_cli):
     assert pool.request_id.tolist() == alone.request_id.tolist()
     assert pool.holding_time_s.tolist() == alone.holding_time_s.tolist()
     assert sorted(result.health.instance) == sorted(result.requests.instance.unique())
+    # each pool's prefix matches and timeline are its file's own
+    alone_reuse = analyze(D / "reuse.csv")
+    matches = result.prefix_matches[result.prefix_matches.instance == "reuse"].drop(columns="instance")
+    assert matches.reset_index(drop=True).equals(alone_reuse.prefix_matches)
+    timeline = result.pool_timeline[result.pool_timeline.instance == "reuse"].drop(columns="instance")
+    assert timeline.reset_index(drop=True).equals(alone_reuse.pool_timeline)  # 6 steps: nothing thinned
 
 
 def test_load_events_schema_and_several_files(tmp_path):
