@@ -415,19 +415,19 @@ def _fleet_summary_section(fleet: FleetAnalysis, console) -> None:
                 ("requests", _num(f.requests, ",d")),
                 ("rejected rows (blank rows skipped)", f"{f.rejected_rows:,} ({f.blank_rows:,})"),
                 ("files refused", _num(f.files_refused, ",d")),
-                ("utilization (tokens / slots held, all requests)", _pct(f.utilization)),
+                ("utilization (tokens / slots held)", _pct(f.utilization)),
                 ("holding time p50 / p95 / p99 / max", " / ".join(_num(v) for v in hold) + " s"),
                 ("free latency p50 / p95 / p99 / max", " / ".join(_num(v, ",.1f") for v in free) + " ms"),
                 (
                     f"late frees (> {f.late_free_threshold_ms:,.0f} ms)",
-                    f"{f.late_free_requests:,} requests, {f.late_free_block_seconds:,.1f} block-s waiting in all",
+                    f"{f.late_free_requests:,} requests, {f.late_free_block_seconds:,.1f} block-s",
                 ),
                 (
-                    "peak blocks per request p50 / p99 (nearest rank)",
+                    "peak blocks per request p50 / p99",
                     f"{_num(f.peak_blocks_p50, ',.0f')} / {_num(f.peak_blocks_p99, ',.0f')}",
                 ),
                 (
-                    "prefix match p50 / p90 (nearest rank)",
+                    "prefix match p50 / p90",
                     f"{_num(f.match_tokens_p50, ',.0f')} / {_num(f.match_tokens_p90, ',.0f')} tokens",
                 ),
                 ("wasted slot-seconds", _num(f.wasted_slot_seconds, ",.1f")),

@@ -211,3 +211,14 @@ def test_fleet_json_written_in_chunks_is_one_valid_object(fleet_dir, monkeypatch
     doc = json.loads(run_cli("analyze", fleet_dir, "--json").stdout)
     assert len(doc["requests"]) == doc["fleet"]["requests"] == sum(i["summary"]["requests"] for i in doc["instances"])
     assert doc["requests"][0]["instance"] == "engine-0"
+
+
+def test_workers_with_one_file_runs_in_process_and_says_so(fleet_dir, run_cli):
+    result = run_cli("analyze", fleet_dir / "engine-0.csv", "--workers", "2", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["file"].endswith("engine-0.csv")
+    assert "one file is analysed in this process" in result.stderr
+
+
+def test_no_files_matching_a_glob_is_a_usage_error(tmp_path, run_cli):
+    result = run_cli("analyze", str(tmp_path / "*.csv"), str(tmp_path / "x.csv"))
+    assert result.exit_code == 2 and result.stderr.startswith("Error: no events files found")
