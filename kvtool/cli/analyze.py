@@ -46,7 +46,13 @@ def register(app: typer.Typer) -> None:
         ),
         top: int = typer.Option(10, "--top", help="How many culprits (late frees, worst pools) to list."),
         json_output: JsonOpt = False,
-        export: Optional[Path] = typer.Option(None, "--export", help="Write the per-request table to this CSV file."),
+        export: Optional[Path] = typer.Option(
+            None,
+            "--export",
+            help="Write every table: the per-request table to this file, the pool timeline, prefix matches and free "
+            "latencies beside it (NAME-pool_timeline.csv, ...); .csv, .csv.gz or .parquet by the name. A fleet: the "
+            "per-request table of every pool.",
+        ),
         plot: Optional[Path] = typer.Option(
             None, "--plot", help="Write four PNG charts into this directory (a fleet: one folder per worst pool)."
         ),
@@ -126,7 +132,8 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
     """One file: in this process (no Dask import); a file holding several instances becomes a fleet."""
     from kvtool.events.fleet import pools_of_table, reduce_fleet
     from kvtool.events.load import load_events
-    from kvtool.events.render import anomaly_line, export_requests_csv, render_analysis, write_json
+    from kvtool.events.render import anomaly_line, export_tables, render_analysis, write_json
+    from kvtool.events.tables import analysis_tables
 
     with _progress(events_file) as progress:
         note = progress.stage
@@ -136,11 +143,11 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
             del table
             return _report_fleet(reduce_fleet([unit], options), output, where=str(events_file))
         analysis = options.analyze(table, progress=note)
+        tables = analysis_tables(analysis, table) if output.export is not None else None
         del table
     written = []
-    if output.export is not None:
-        export_requests_csv(analysis, output.export)
-        written.append(str(output.export))
+    if output.export is not None and tables is not None:
+        written += [str(p) for p in export_tables(tables, output.export)]
     if output.plot is not None:
         from kvtool.events.plots import write_plots
 
@@ -179,7 +186,7 @@ def _analyze_fleet(arguments: list[str], options, output: _Output, *, workers, s
 
 def _report_fleet(fleet, output: _Output, where: str) -> None:
     from kvtool.events.render import (
-        export_fleet_requests_csv,
+        export_fleet_tables,
         fleet_anomalies,
         fleet_anomaly_line,
         render_fleet,
@@ -188,8 +195,7 @@ def _report_fleet(fleet, output: _Output, where: str) -> None:
 
     written = []
     if output.export is not None:
-        export_fleet_requests_csv(fleet, output.export)
-        written.append(str(output.export))
+        written += [str(p) for p in export_fleet_tables(fleet, output.export)]
     if output.plot is not None:
         from kvtool.events.plots import write_plots
 

@@ -10,7 +10,6 @@ import typer
 from kvtool.cli.options import json_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
-from kvtool.core.errors import UsageError
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
 from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
@@ -175,77 +174,39 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Compare KV-cache block sizes against a real or sampled request-length distribution."""
-        from kvtool.simulate.lengths import load_event_lengths, load_trace, parametric_requests, sample_requests
-        from kvtool.simulate.run import SimulateOptions, parse_block_sizes, planned_pool_tokens, run_simulation
+        from kvtool.simulate.inputs import SimulateInputs, prepare
+        from kvtool.simulate.run import run_simulation
 
-        sizes = parse_block_sizes(block_sizes)
-        kv_text = "--kv-tokens" if kv_tokens is not None else None
-        if model is not None or gpu is not None:
-            if model is None or gpu is None:
-                raise UsageError(
-                    "--model and --gpu go together (the pool of that model on that GPU)", where="--model/--gpu"
-                )
-            if kv_tokens is not None:
-                raise UsageError("give either --kv-tokens or --model/--gpu, not both", where="--kv-tokens")
-            kv_tokens, kv_text = planned_pool_tokens(model, gpu)
-            kv_text = f"kvtool estimate's plan for {kv_text}"
-        _check_options(
-            trace,
-            from_events,
-            dist,
-            requests,
-            output_share,
-            shared_prefix,
-            max_model_len,
-            kv_tokens,
-            qps,
-            max_num_seqs,
-            prefix_cache,
-            split_pools,
-            export_events,
-            serve,
-            (step_overhead_ms, token_us, kv_token_us, table_entry_us),
+        reqs, options = prepare(
+            SimulateInputs(
+                trace=trace,
+                from_events=from_events,
+                dist=dist,
+                requests=requests,
+                seed=seed,
+                mean=mean,
+                p99=p99,
+                min_tokens=min_tokens,
+                max_tokens=max_tokens,
+                length=length,
+                alpha=alpha,
+                output_share=output_share,
+                shared_prefix=shared_prefix,
+                block_sizes=block_sizes,
+                max_model_len=max_model_len,
+                kv_tokens=kv_tokens,
+                model=model,
+                gpu=gpu,
+                serve=serve,
+                qps=qps,
+                max_num_seqs=max_num_seqs,
+                prefix_cache=prefix_cache,
+                split_pools=split_pools,
+                export_events=export_events,
+                cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
+            )
         )
-        try:
-            if trace is not None or from_events is not None:
-                reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
-                if requests is not None:
-                    reqs = sample_requests(reqs, requests, seed)
-            else:
-                reqs = parametric_requests(
-                    dist,
-                    requests or DEFAULT_PARAMETRIC_REQUESTS,
-                    seed,
-                    output_share,
-                    mean=mean,
-                    p99=p99,
-                    min_tokens=min_tokens,
-                    max_tokens=max_tokens,
-                    length=length,
-                    alpha=alpha,
-                )
-        except MemoryError:
-            raise UsageError(
-                f"not enough memory for {requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
-                where="--requests",
-                tip="ask for fewer --requests",
-            ) from None
-        options = SimulateOptions(
-            block_sizes=sizes,
-            shared_prefix_tokens=shared_prefix,
-            max_model_len=max_model_len,
-            kv_tokens=kv_tokens,
-            kv_tokens_text=kv_text,
-            serve=serve,
-            qps=qps,
-            seed=seed,
-            max_num_seqs=max_num_seqs,
-            prefix_cache=prefix_cache,
-            split_threshold_tokens=split_pools,
-            cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
-            export_events=export_events,
-        )
-        with StderrProgress(enabled=serve and reqs.count * len(sizes) >= 50_000) as progress:
+        with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
         plots = []
         if plot is not None:
@@ -267,73 +228,3 @@ def register(app: typer.Typer) -> None:
         render(report, console)
         for p in plots:
             console.print(f"Plot written: {p}")
-
-
-def _check_options(
-    trace,
-    from_events,
-    dist,
-    requests,
-    output_share,
-    shared_prefix,
-    max_model_len,
-    kv_tokens,
-    qps,
-    max_num_seqs,
-    prefix_cache,
-    split_pools,
-    export_events,
-    serve,
-    cost,
-) -> None:
-    if sum(x is not None for x in (trace, from_events, dist)) != 1:
-        raise UsageError(
-            "give exactly one source of lengths: --trace FILE, --from-events FILE or --dist NAME",
-            where="--trace/--from-events/--dist",
-        )
-    from kvtool.simulate.lengths import MAX_REQUEST_TOKENS, MAX_REQUESTS
-    from kvtool.simulate.run import MAX_KV_TOKENS
-
-    for value, name, most in (
-        (requests, "--requests", MAX_REQUESTS),
-        (max_model_len, "--max-model-len", None),
-        (kv_tokens, "--kv-tokens", MAX_KV_TOKENS),
-        (split_pools, "--split-pools", MAX_REQUEST_TOKENS),
-        (max_num_seqs, "--max-num-seqs", None),
-    ):
-        if value is not None and value <= 0:
-            raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
-        if value is not None and most is not None and value > most:
-            raise UsageError(f"{name} is too large: {value:,} (at most {most:,})", where=name)
-    if shared_prefix < 0:
-        raise UsageError(f"--shared-prefix must be 0 or more tokens, got {shared_prefix}", where="--shared-prefix")
-    if shared_prefix > MAX_REQUEST_TOKENS:
-        raise UsageError(
-            f"--shared-prefix is too large: {shared_prefix:,} tokens (at most {MAX_REQUEST_TOKENS:,})",
-            where="--shared-prefix",
-        )
-    if not 0 <= output_share < 1:
-        raise UsageError(f"--output-share must be in [0, 1), got {output_share:g}", where="--output-share")
-    if qps is not None and not qps > 0:
-        raise UsageError(f"--qps must be a positive number, got {qps:g}", where="--qps")
-    if prefix_cache and not shared_prefix:
-        raise UsageError(
-            "--prefix-cache needs --shared-prefix P (the tokens every prompt shares)", where="--prefix-cache"
-        )
-    for flag, value in (
-        ("--qps", qps),
-        ("--prefix-cache", prefix_cache or None),
-        ("--split-pools", split_pools),
-        ("--export-events", export_events),
-    ):
-        if value is not None and not serve:
-            raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
-    if export_events is not None and export_events.is_dir():
-        raise UsageError(
-            "--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events {export_events}"
-        )
-    if export_events is not None and not export_events.parent.is_dir():
-        raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
-    for value, name in zip(cost, ("--step-overhead-ms", "--token-us", "--kv-token-us", "--table-entry-us")):
-        if not value >= 0:
-            raise UsageError(f"{name} must be 0 or more, got {value:g}", where=name)

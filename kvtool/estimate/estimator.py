@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 from kvtool.core.errors import KvtoolError, UsageError
+from kvtool.core.jsonable import to_jsonable
 from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.capacity import (
     DEFAULT_BLOCK_SIZE,
@@ -168,6 +170,10 @@ class EstimateResult:
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
     suggestions: tuple[str, ...]  # when it does not fit: changes that would make it fit, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``kvtool estimate --json`` object."""
+        return to_jsonable(self)
 
 
 def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None]:

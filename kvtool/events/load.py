@@ -482,6 +482,29 @@ def _read_parquet(source: EventSource) -> _Read:
     return _Read(table, tuple(names), [], 0, first_row_number=1)
 
 
+def events_from_arrow(table, where: str = "<table>", default_block_size: int = DEFAULT_BLOCK_SIZE) -> EventTable:
+    """Check an in-memory Arrow table in schema 1 (a pandas DataFrame through ``pyarrow.Table.from_pandas``) with
+    the same rules as a file, into an :class:`EventTable`; ``where`` names it in errors and as its ``path``.
+
+    Row numbers of rejected rows are 1-based row indices (as for Parquet).
+    """
+    if default_block_size <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
+    import pyarrow as pa
+
+    names = _normalise_names([str(n) for n in table.column_names])
+    _check_columns(where, names)
+    wanted = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
+    known = [i for i, name in enumerate(names) if name in wanted]
+    selected = table.select(known).rename_columns([names[i] for i in known])
+    if selected.num_rows == 0:
+        raise InputFileError("the events table has no rows: it has no events", where=where)
+    try:
+        return _convert(where, _Read(selected, tuple(names), [], 0, first_row_number=1), default_block_size)
+    except pa.ArrowException as err:
+        raise InputFileError(_plain_reason("cannot convert the events table", err), where=where) from None
+
+
 def write_events(path: str | Path, columns: dict) -> int:
     """Write events in schema 1 (CSV, ``.csv.gz`` or ``.parquet`` by the file name); return the row count.
 
@@ -1042,9 +1065,8 @@ def _dictionary_codes(col):
     if not valid.all():
         codes[~valid] = -1
     # decoded here (not by pyarrow) so that a value with invalid UTF-8 (its rows rejected) cannot raise
-    values = [
-        None if v is None else v.decode("utf-8", errors="replace") for v in dictionary.view(pa.binary()).to_pylist()
-    ]
+    raw = dictionary.view(pa.large_binary() if pa.types.is_large_string(dictionary.type) else pa.binary())
+    values = [None if v is None else v.decode("utf-8", errors="replace") for v in raw.to_pylist()]
     return codes, values
 
 

@@ -11,60 +11,18 @@ from typing import Any
 from kvtool.core.errors import UsageError
 from kvtool.core.format import fmt_num as _num
 from kvtool.core.format import fmt_pct
-from kvtool.core.jsonable import to_jsonable
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
 from kvtool.events.fleet import FleetAnalysis
 from kvtool.events.load import SCHEMA_VERSION
-
-_FLOAT_COLUMNS = {
-    "holding_time_s",
-    "utilization",
-    "block_seconds",
-    "wasted_slot_seconds",
-    "free_latency_ms_max",
-    "late_free_block_seconds",
-    "first_ts_s",
-    "last_ts_s",
-}
-_BOOL_COLUMNS = {"leaked", "long"}
-
-
-def request_records(analysis: Analysis) -> list[dict[str, Any]]:
-    """The per-request table as JSON-ready dicts (NaN -> None), built column-wise."""
-    table = analysis.requests
-    columns = []
-    for name in REQUEST_COLUMNS:
-        values = table.column(name)
-        if name == "request_id":
-            columns.append(list(values))
-        elif name in _FLOAT_COLUMNS:
-            columns.append([None if v != v else v for v in values.astype(float).tolist()])
-        elif name in _BOOL_COLUMNS:
-            columns.append(values.astype(bool).tolist())
-        else:
-            columns.append(values.astype("int64").tolist())
-    return [dict(zip(REQUEST_COLUMNS, row)) for row in zip(*columns)]
-
-
-def analysis_to_json(analysis: Analysis, with_requests: bool = True) -> dict[str, Any]:
-    """The ``--json`` object: ``summary`` and ``requests`` plus the other sections."""
-    anomalies = to_jsonable(analysis.anomalies)
-    anomalies["first_rejected"] = [{"row": row, "reason": reason} for row, reason in analysis.anomalies.first_rejected]
-    prefix = to_jsonable(analysis.prefix_reuse)
-    prefix["histogram"] = [{"match_tokens": m, "requests": c} for m, c in analysis.prefix_reuse.histogram]
-    prefix["top_sources"] = [{"source_request_id": r, "reused_blocks": b} for r, b in analysis.prefix_reuse.top_sources]
-    return {
-        "schema_version": analysis.schema_version,
-        "file": analysis.file,
-        "summary": to_jsonable(analysis.summary),
-        "pool": to_jsonable(analysis.pool),
-        "prefix_reuse": prefix,
-        "long_requests": to_jsonable(analysis.long_requests),
-        "anomalies": anomalies,
-        "culprits": to_jsonable(list(analysis.culprits)),
-        "late_frees": to_jsonable(analysis.late_frees),
-        **({"requests": request_records(analysis)} if with_requests else {}),
-    }
+from kvtool.events.tables import (
+    BOOL_COLUMNS,
+    EXPORT_TABLES,
+    FLOAT_COLUMNS,
+    analysis_to_json,
+    fleet_columns,
+    fleet_to_json,
+    request_records,
+)
 
 
 def _request_lines(analysis: Analysis) -> list[str]:
@@ -82,9 +40,9 @@ def _row_lines(columns: list[tuple[str, Any]]) -> list[str]:
         if isinstance(values, (list, tuple)):
             encoded.append([json.dumps(v) for v in values])  # str: the encoder's fast path
             continue
-        if name in _FLOAT_COLUMNS:
+        if name in FLOAT_COLUMNS:
             items = [None if v != v else v for v in values.astype(float).tolist()]
-        elif name in _BOOL_COLUMNS:
+        elif name in BOOL_COLUMNS:
             items = values.astype(bool).tolist()
         else:
             items = values.astype("int64").tolist()
@@ -123,31 +81,59 @@ def _write_with_rows(doc: dict[str, Any], columns: list[tuple[str, Any]], stream
     stream.flush()
 
 
-def export_requests_csv(analysis: Analysis, path: Path) -> None:
-    """Write the per-request table (the JSON ``requests`` columns) as CSV; blank where a value is null."""
-    table = analysis.requests
-    _write_csv([(name, table.column(name)) for name in REQUEST_COLUMNS], path)
+def export_paths(path: Path, names: tuple[str, ...] = EXPORT_TABLES) -> dict[str, Path]:
+    """Where ``--export PATH`` writes each table: the per-request table at PATH, each other one beside it with the
+    table's name added to the stem (``out.csv`` -> ``out-pool_timeline.csv``; ``.csv.gz`` and ``.parquet`` alike)."""
+    name = path.name
+    lower = name.lower()
+    suffix = next((s for s in (".csv.gz", ".parquet", ".csv") if lower.endswith(s)), "")
+    stem = name[: len(name) - len(suffix)] if suffix else name
+    return {
+        table: path if table == names[0] else path.with_name(f"{stem}-{table}{suffix or '.csv'}") for table in names
+    }
 
 
-def _write_csv(columns: list[tuple[str, Any]], path: Path) -> None:
-    import numpy as np
+def export_tables(tables: dict, path: Path) -> list[Path]:
+    """Write every table (``kvtool.events.tables.analysis_tables``): CSV, gzip-compressed CSV or Parquet by PATH's
+    extension (``.csv``, ``.csv.gz``, ``.parquet``; anything else is CSV).  Null values are empty CSV cells.
+    Returns the paths written, the per-request table first."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    written = []
+    paths = export_paths(path, tuple(tables))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
+            target = paths[name]
+            lower = target.name.lower()
+            if lower.endswith(".parquet"):
+                pq.write_table(table, str(target))
+            else:
+                with pa.output_stream(str(target), compression="gzip" if lower.endswith(".gz") else None) as sink:
+                    pacsv.write_csv(table, sink, pacsv.WriteOptions(quoting_style="needed"))
+            written.append(target)
+    except (OSError, pa.ArrowException) as err:
+        raise UsageError(f"cannot write the export file: {err}", where=str(path)) from None
+    return written
+
+
+def _columns_table(columns: list[tuple[str, Any]]):
+    """An Arrow table of columns (text columns as lists of str, the others numpy arrays); NaN floats as null."""
+    import numpy as np
+    import pyarrow as pa
 
     arrays = {}
     for name, values in columns:
         if isinstance(values, (list, tuple)):
             arrays[name] = pa.array(list(values), pa.string())
-        elif name in _FLOAT_COLUMNS:
+        elif name in FLOAT_COLUMNS:
             values = np.asarray(values, dtype=float)
             arrays[name] = pa.array(values, mask=np.isnan(values))
         else:
             arrays[name] = pa.array(np.asarray(values))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pacsv.write_csv(pa.table(arrays), str(path), pacsv.WriteOptions(quoting_style="needed"))
-    except (OSError, pa.ArrowException) as err:
-        raise UsageError(f"cannot write the export file: {err}", where=str(path)) from None
+    return pa.table(arrays)
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -400,40 +386,14 @@ def anomaly_line(analysis: Analysis) -> str:
 MAX_HEALTH_ROWS = 50  # pools shown in the health table (all are in --json)
 
 
-def fleet_to_json(fleet: FleetAnalysis) -> dict[str, Any]:
-    """The fleet ``--json`` object (without ``requests``, which write_fleet_json adds one line per request)."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "fleet": to_jsonable(fleet.summary),
-        "worst_instances": [h.instance for h in fleet.worst_instances],
-        "worst_requests": to_jsonable(list(fleet.worst_requests)),
-        "late_freed": to_jsonable(list(fleet.late_freed)),
-        "files": to_jsonable(list(fleet.files)),
-        "instances": [
-            {
-                "instance": pool.instance,
-                "paths": list(pool.paths),
-                "health": to_jsonable(health),
-                **analysis_to_json(pool.analysis, with_requests=False),
-            }
-            for pool, health in zip(fleet.pools, fleet.health)
-        ],
-    }
-
-
-def _fleet_columns(fleet: FleetAnalysis) -> list[tuple[str, Any]]:
-    columns = fleet.requests.columns()
-    return [(name, columns[name]) for name in ("instance", *REQUEST_COLUMNS)]
-
-
 def write_fleet_json(fleet: FleetAnalysis, stream) -> None:
     """The fleet ``--json``: sections indented, then one compact line per request (with its instance)."""
-    _write_with_rows(fleet_to_json(fleet), _fleet_columns(fleet), stream)
+    _write_with_rows(fleet_to_json(fleet), fleet_columns(fleet), stream)
 
 
-def export_fleet_requests_csv(fleet: FleetAnalysis, path: Path) -> None:
-    """The per-request table of every pool as CSV, with an ``instance`` column first."""
-    _write_csv(_fleet_columns(fleet), path)
+def export_fleet_tables(fleet: FleetAnalysis, path: Path) -> list[Path]:
+    """The per-request table of every pool, with an ``instance`` column first (CSV, CSV.gz or Parquet by PATH)."""
+    return export_tables({"requests": _columns_table(fleet_columns(fleet))}, path)
 
 
 def render_fleet(fleet: FleetAnalysis, console) -> None:
@@ -583,14 +543,15 @@ def fleet_anomalies(fleet: FleetAnalysis) -> int:
 
 __all__ = [
     "analysis_to_json",
-    "export_fleet_requests_csv",
     "fleet_anomalies",
     "fleet_anomaly_line",
     "fleet_to_json",
     "render_fleet",
     "write_fleet_json",
     "anomaly_line",
-    "export_requests_csv",
+    "export_fleet_tables",
+    "export_paths",
+    "export_tables",
     "render_analysis",
     "request_records",
     "write_json",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from kvtool.core.jsonable import to_jsonable
 
 
 @dataclass(frozen=True)
@@ -97,3 +100,7 @@ class ReproReport:
     target: TargetResult | None
     passed: bool  # exit 0 when True
     elapsed_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``kvtool repro --json`` object."""
+        return to_jsonable(self)

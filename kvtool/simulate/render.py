@@ -10,32 +10,8 @@ from kvtool.simulate.results import SimulateReport, _n, _pct, _s
 
 
 def to_json(report: SimulateReport) -> dict[str, Any]:
-    """The --json object: one entry per block size in `results`, static and serving figures side by side."""
-    from kvtool.core.jsonable import to_jsonable
-
-    serve = {r.block_size: r for r in report.serve} if report.serve else {}
-    results = []
-    for st in report.static.results:
-        row = to_jsonable(st)
-        if st.block_size in serve:
-            row.update({k: v for k, v in to_jsonable(serve[st.block_size]).items() if k != "block_size"})
-            row["exported_events"] = report.exported_events.get(st.block_size)
-        results.append(row)
-    return {
-        "source": report.source,
-        "requests": report.requests,
-        "block_sizes": report.block_sizes,
-        "kv_tokens": report.static.kv_tokens,
-        "kv_tokens_text": report.kv_tokens_text,
-        "mean_length_tokens": report.static.mean_length_tokens,
-        "p99_length_tokens": report.static.p99_length_tokens,
-        "max_length_tokens": report.static.max_length_tokens,
-        "min_length_tokens": report.static.min_length_tokens,
-        "contiguous": to_jsonable(report.static.contiguous),
-        "serve_setup": to_jsonable(report.serve_setup),
-        "results": results,
-        "recommendations": to_jsonable(report.recommendations),
-    }
+    """The --json object (:meth:`SimulateReport.to_dict`)."""
+    return report.to_dict()
 
 
 def render(report: SimulateReport, console) -> None:

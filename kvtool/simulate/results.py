@@ -6,8 +6,10 @@ No rendering here: ``kvtool.simulate.render`` turns a :class:`SimulateReport` in
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from kvtool.core.format import fmt_pct
+from kvtool.core.jsonable import to_jsonable
 from kvtool.simulate.serving import CostModel, ServeResult
 from kvtool.simulate.static import StaticComparison
 
@@ -44,6 +46,33 @@ class SimulateReport:
     recommendations: list[Recommendation]
     exported_events: dict[int, str]  # block size -> events file written
     kv_tokens_text: str | None = None  # where the KV budget came from ("--kv-tokens", estimate's plan for ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object (without ``plots``): one entry per block size in ``results``, static and serving
+        figures side by side."""
+        serve = {r.block_size: r for r in self.serve} if self.serve else {}
+        results = []
+        for st in self.static.results:
+            row = to_jsonable(st)
+            if st.block_size in serve:
+                row.update({k: v for k, v in to_jsonable(serve[st.block_size]).items() if k != "block_size"})
+                row["exported_events"] = self.exported_events.get(st.block_size)
+            results.append(row)
+        return {
+            "source": self.source,
+            "requests": self.requests,
+            "block_sizes": self.block_sizes,
+            "kv_tokens": self.static.kv_tokens,
+            "kv_tokens_text": self.kv_tokens_text,
+            "mean_length_tokens": self.static.mean_length_tokens,
+            "p99_length_tokens": self.static.p99_length_tokens,
+            "max_length_tokens": self.static.max_length_tokens,
+            "min_length_tokens": self.static.min_length_tokens,
+            "contiguous": to_jsonable(self.static.contiguous),
+            "serve_setup": to_jsonable(self.serve_setup),
+            "results": results,
+            "recommendations": to_jsonable(self.recommendations),
+        }
 
 
 def _pct(x: float | None) -> str:

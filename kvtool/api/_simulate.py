@@ -1,0 +1,170 @@
+"""``kvtool.api.simulate``: the block-size comparison of ``kvtool simulate``, per block size as a DataFrame."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE
+from kvtool.simulate.run import DEFAULT_BLOCK_SIZES
+from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from kvtool.simulate.results import SimulateReport
+    from kvtool.simulate.serving import CostModel
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SimulateResult:
+    """``kvtool simulate``'s result for a notebook.
+
+    ``table``: one row per block size (index ``block_size``), the columns of ``--json``'s ``results`` (static
+    figures, and with ``serve`` the serving figures); ``recommendations``: objective, block size and reason;
+    ``report``: the core :class:`~kvtool.simulate.results.SimulateReport`; ``to_dict()``: the ``--json`` object
+    (without ``plots``).
+    """
+
+    report: SimulateReport
+    table: pd.DataFrame
+    recommendations: pd.DataFrame
+    traces: dict[int, Any]  # block size -> the serving trace (with serve), for events()
+
+    def to_dict(self) -> dict[str, Any]:
+        """``kvtool simulate --json``'s object, less its ``plots`` list."""
+        return self.report.to_dict()
+
+    def events(self, block_size: int) -> pd.DataFrame:
+        """The serving simulation's events at ``block_size`` in the events schema (what ``--export-events``
+        writes), read back through :func:`kvtool.api.load_events`'s checks: ready for :func:`kvtool.api.analyze`."""
+        from kvtool.api._events import _frame
+        from kvtool.core.errors import UsageError
+        from kvtool.events.load import events_from_arrow
+        from kvtool.simulate.export import events_table
+
+        if block_size not in self.traces:
+            raise UsageError(
+                f"no serving simulation at block size {block_size} (simulated: "
+                f"{', '.join(map(str, self.traces)) or 'none; pass serve=True'})",
+                where="block_size",
+            )
+        where = f"simulate (block size {block_size})"
+        return _frame(events_from_arrow(events_table(self.traces[block_size]), where, default_block_size=block_size))
+
+
+@contextmanager
+def _trace_file(trace: PathLike | pd.DataFrame | None) -> Iterator[Path | None]:
+    """A DataFrame trace goes through the CLI's trace reader as a temporary CSV (one code path for checks)."""
+    import pandas as pd
+
+    if not isinstance(trace, pd.DataFrame):
+        yield None if trace is None else Path(trace)
+        return
+    with tempfile.TemporaryDirectory(prefix="kvtool-trace-") as folder:
+        path = Path(folder) / "trace.csv"
+        trace.to_csv(path, index=False)
+        yield path
+
+
+def simulate(
+    trace: PathLike | pd.DataFrame | None = None,
+    *,
+    from_events: PathLike | None = None,
+    dist: str | None = None,
+    requests: int | None = None,
+    seed: int = 0,
+    mean: float | None = None,
+    p99: float | None = None,
+    min_tokens: float | None = None,
+    max_tokens: float | None = None,
+    length: float | None = None,
+    alpha: float | None = None,
+    output_share: float = DEFAULT_OUTPUT_SHARE,
+    shared_prefix: int = 0,
+    block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+    max_model_len: int | None = None,
+    kv_tokens: int | None = None,
+    model: str | None = None,
+    gpu: str | None = None,
+    serve: bool = False,
+    qps: float | None = None,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    prefix_cache: bool = False,
+    split_pools: int | None = None,
+    export_events: PathLike | None = None,
+    cost: CostModel | None = None,
+) -> SimulateResult:
+    """Compare KV-cache block sizes against real or sampled request lengths (``kvtool simulate``).
+
+    One source of lengths: ``trace`` (a trace file, or a DataFrame with ``prompt_tokens``, ``output_tokens`` and
+    optionally ``arrival_s``, read by the same reader), ``from_events`` (an events file), or ``dist``
+    (``lognormal`` with ``mean``/``p99``, ``uniform`` with ``min_tokens``/``max_tokens``, ``fixed`` with
+    ``length``, ``zipf`` with ``alpha``).  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
+    continuous-batching simulation, ``cost`` its step-time model
+    (:class:`~kvtool.simulate.serving.CostModel`), ``export_events`` writes its events like ``--export-events``.
+
+    Returns a :class:`SimulateResult`: ``table`` (one row per block size), ``recommendations``, ``to_dict()``,
+    and with ``serve`` the simulated events of each block size through ``events(block_size)``.
+
+    Example (every request 100 tokens: block 16 leaves 12 of 112 slots empty, block 32 28 of 128):
+
+    >>> from kvtool.api import simulate
+    >>> result = simulate(dist="fixed", length=100, requests=10, block_sizes=[16, 32])
+    >>> result.table[["allocated_slots", "internal_fragmentation"]]  # doctest: +NORMALIZE_WHITESPACE
+                allocated_slots  internal_fragmentation
+    block_size
+    16                     1120                0.107143
+    32                     1280                0.218750
+    """
+    import pandas as pd
+
+    from kvtool.simulate.inputs import SimulateInputs, prepare
+    from kvtool.simulate.run import run_simulation
+    from kvtool.simulate.serving import CostModel
+
+    with _trace_file(trace) as trace_path:
+        reqs, options = prepare(
+            SimulateInputs(
+                trace=trace_path,
+                from_events=None if from_events is None else Path(from_events),
+                dist=dist,
+                requests=requests,
+                seed=seed,
+                mean=mean,
+                p99=p99,
+                min_tokens=min_tokens,
+                max_tokens=max_tokens,
+                length=length,
+                alpha=alpha,
+                output_share=output_share,
+                shared_prefix=shared_prefix,
+                block_sizes=",".join(str(b) for b in block_sizes),
+                max_model_len=max_model_len,
+                kv_tokens=kv_tokens,
+                model=model,
+                gpu=gpu,
+                serve=serve,
+                qps=qps,
+                max_num_seqs=max_num_seqs,
+                prefix_cache=prefix_cache,
+                split_pools=split_pools,
+                export_events=None if export_events is None else Path(export_events),
+                cost=cost or CostModel(),
+            )
+        )
+    report, traces = run_simulation(reqs, options, keep_traces=serve)
+    doc = report.to_dict()
+    return SimulateResult(
+        report=report,
+        table=pd.DataFrame(doc["results"]).set_index("block_size"),
+        recommendations=pd.DataFrame(doc["recommendations"], columns=["objective", "block_size", "reason"]),
+        traces=traces,
+    )
