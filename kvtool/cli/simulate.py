@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -10,16 +11,15 @@ import typer
 
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
+from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
-from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
-
-_COST_DEFAULTS = CostModel()
+from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 _LENGTHS = "Request lengths"
 _STATIC = "Static comparison"
 _SERVE = "Serving simulation (--serve)"
-_COST = "Step-time cost model (--serve)"
+_COST = "Model, GPU and step time (--serve)"
 _OUT = "Output"
 
 
@@ -100,22 +100,48 @@ def register(app: typer.Typer) -> None:
         kv_tokens: Optional[int] = typer.Option(
             None,
             "--kv-tokens",
-            help="KV-cache budget in tokens (the pool; default: none "
-            "for the static comparison, and for --serve kvtool estimate's plan for "
-            f"{DEFAULT_POOL_MODEL} on {DEFAULT_POOL_GPU}).",
+            help="KV-cache budget in tokens (the pool; default: none for the static comparison, and for --serve "
+            "the KV budget of --model on --gpu as `kvtool estimate` plans it).",
             rich_help_panel=_STATIC,
         ),
         model: Optional[str] = typer.Option(
             None,
             "--model",
-            help="With --gpu: the pool from `kvtool estimate`'s capacity planner (a profile name, as estimate takes).",
-            rich_help_panel=_STATIC,
+            help=f"Model profile, as estimate takes it: sets the pool and the step times (default {DEFAULT_POOL_MODEL}).",
+            rich_help_panel=_COST,
+        ),
+        config: Optional[str] = typer.Option(
+            None, "--config", help="A config.json (or its folder) instead of --model.", rich_help_panel=_COST
         ),
         gpu: Optional[str] = typer.Option(
-            None, "--gpu", help="With --model: the GPU profile (e.g. h100-80gb).", rich_help_panel=_STATIC
+            None,
+            "--gpu",
+            help=f"GPU profile, as estimate takes it (default {DEFAULT_POOL_GPU}).",
+            rich_help_panel=_COST,
+        ),
+        tp: int = typer.Option(
+            1, "--tp", help="Tensor-parallel size (weights and KV heads split across GPUs).", rich_help_panel=_COST
+        ),
+        kv_dtype: str = typer.Option(
+            "auto", "--kv-dtype", help="KV-cache dtype, as estimate takes it.", rich_help_panel=_COST
+        ),
+        bandwidth_gb_s: Optional[float] = typer.Option(
+            None, "--bandwidth-gb-s", help="Memory bandwidth (decimal GB/s; default: the GPU's).", rich_help_panel=_COST
+        ),
+        peak_tflops: Optional[float] = typer.Option(
+            None, "--peak-tflops", help="Dense peak (TFLOP/s; default: the GPU's, 16-bit).", rich_help_panel=_COST
+        ),
+        step_overhead_ms: float = typer.Option(
+            DEFAULT_STEP_OVERHEAD_MS, "--step-overhead-ms", help="Fixed time per engine step.", rich_help_panel=_COST
+        ),
+        table_entry_us: float = typer.Option(
+            DEFAULT_TABLE_ENTRY_US,
+            "--table-entry-us",
+            help="Attention-kernel time per block-table entry (docs/simulate.md).",
+            rich_help_panel=_COST,
         ),
         serve: bool = typer.Option(
-            False, "--serve", help="Also run the event-driven continuous-batching simulation.", rich_help_panel=_SERVE
+            False, "--serve", help="Also run vLLM V1's scheduler (0.32) over the requests.", rich_help_panel=_SERVE
         ),
         qps: Optional[float] = typer.Option(
             None,
@@ -129,18 +155,39 @@ def register(app: typer.Typer) -> None:
             help="Most requests running at once (vLLM's default).",
             rich_help_panel=_SERVE,
         ),
+        max_num_batched_tokens: Optional[int] = typer.Option(
+            None,
+            "--max-num-batched-tokens",
+            help="Token budget per step, decodes and prefill chunks together (default: vllm serve's for the GPU).",
+            rich_help_panel=_SERVE,
+        ),
+        long_prefill_token_threshold: int = typer.Option(
+            0,
+            "--long-prefill-token-threshold",
+            help="Cap on one request's prefill chunk (0: off).",
+            rich_help_panel=_SERVE,
+        ),
         prefix_cache: bool = typer.Option(
-            False,
-            "--prefix-cache",
-            help="Share the --shared-prefix's full blocks between running requests.",
+            True,
+            "--prefix-cache/--no-prefix-cache",
+            help="vLLM's automatic prefix caching (on by default).",
+            rich_help_panel=_SERVE,
+        ),
+        prefix_variant_share: float = typer.Option(
+            0.0,
+            "--prefix-variant-share",
+            help="With --shared-prefix: this share of requests carry a variant system prompt (last token differs).",
             rich_help_panel=_SERVE,
         ),
         split_pools: Optional[int] = typer.Option(
             None,
             "--split-pools",
             metavar="THRESHOLD",
-            help="Separate pools for requests longer than THRESHOLD tokens and the rest.",
+            help="Separate engines for requests longer than THRESHOLD tokens and the rest.",
             rich_help_panel=_SERVE,
+        ),
+        slo_ttft_ms: Optional[float] = typer.Option(
+            None, "--slo-ttft-ms", help="TTFT p99 target of the recommendation.", rich_help_panel=_SERVE
         ),
         export_events: Optional[Path] = typer.Option(
             None,
@@ -150,24 +197,6 @@ def register(app: typer.Typer) -> None:
             "several; .csv.gz or .parquet by the name).",
             rich_help_panel=_SERVE,
         ),
-        step_overhead_ms: float = typer.Option(
-            _COST_DEFAULTS.step_overhead_ms, "--step-overhead-ms", help="Fixed time per step.", rich_help_panel=_COST
-        ),
-        token_us: float = typer.Option(
-            _COST_DEFAULTS.token_us,
-            "--token-us",
-            help="Time per token computed (prefill or decode).",
-            rich_help_panel=_COST,
-        ),
-        kv_token_us: float = typer.Option(
-            _COST_DEFAULTS.kv_token_us,
-            "--kv-token-us",
-            help="Time to read one KV slot (whole blocks are read).",
-            rich_help_panel=_COST,
-        ),
-        table_entry_us: float = typer.Option(
-            _COST_DEFAULTS.table_entry_us, "--table-entry-us", help="Time per block-table entry.", rich_help_panel=_COST
-        ),
         json_out: bool = typer.Option(
             False, "--json", help="Print one JSON object and nothing else.", rich_help_panel=_OUT
         ),
@@ -175,119 +204,155 @@ def register(app: typer.Typer) -> None:
             None, "--plot", metavar="DIR", help="Write PNG charts into DIR.", rich_help_panel=_OUT
         ),
     ) -> None:
-        """Compare KV-cache block sizes against a real or sampled request-length distribution."""
-        from kvtool.simulate.lengths import load_event_lengths, load_trace, parametric_requests, sample_requests
-        from kvtool.simulate.run import SimulateOptions, parse_block_sizes, planned_pool_tokens, run_simulation
+        """Compare KV-cache block sizes against a real or sampled request-length distribution.
 
-        sizes = parse_block_sizes(block_sizes)
-        kv_text = "--kv-tokens" if kv_tokens is not None else None
-        if model is not None or gpu is not None:
-            if model is None or gpu is None:
-                raise UsageError(
-                    "--model and --gpu go together (the pool of that model on that GPU)", where="--model/--gpu"
-                )
-            if kv_tokens is not None:
-                raise UsageError("give either --kv-tokens or --model/--gpu, not both", where="--kv-tokens")
-            kv_tokens, kv_text = planned_pool_tokens(model, gpu)
-            kv_text = f"kvtool estimate's plan for {kv_text}"
-        _check_options(
-            trace,
-            from_events,
-            dist,
-            requests,
-            output_share,
-            shared_prefix,
-            max_model_len,
-            kv_tokens,
-            qps,
-            max_num_seqs,
-            prefix_cache,
-            split_pools,
-            export_events,
-            serve,
-            (step_overhead_ms, token_us, kv_token_us, table_entry_us),
+        Examples: `kvtool simulate --trace azure.csv --serve --model llama-3.1-8b --gpu h100 --slo-ttft-ms 500`;
+        `kvtool simulate --dist lognormal --mean 1000 --p99 6000 --serve --shared-prefix 1500 --qps 20`.
+        """
+        from kvtool.simulate.costs import CostOverrides
+        from kvtool.simulate.run import SimulateOptions, parse_block_sizes, run_simulation
+
+        source = _LengthSource(
+            trace, from_events, dist, requests, seed, output_share, mean, p99, min_tokens, max_tokens, length, alpha
         )
-        try:
-            if trace is not None or from_events is not None:
-                reqs = load_trace(trace, output_share=output_share) if trace else load_event_lengths(from_events)
-                if requests is not None:
-                    reqs = sample_requests(reqs, requests, seed)
-            else:
-                reqs = parametric_requests(
-                    dist,
-                    requests or DEFAULT_PARAMETRIC_REQUESTS,
-                    seed,
-                    output_share,
-                    mean=mean,
-                    p99=p99,
-                    min_tokens=min_tokens,
-                    max_tokens=max_tokens,
-                    length=length,
-                    alpha=alpha,
-                )
-        except MemoryError:
-            raise UsageError(
-                f"not enough memory for {requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
-                where="--requests",
-                tip="ask for fewer --requests",
-            ) from None
+        serve_only = {
+            "--qps": qps,
+            "--split-pools": split_pools,
+            "--export-events": export_events,
+            "--slo-ttft-ms": slo_ttft_ms,
+            "--max-num-batched-tokens": max_num_batched_tokens,
+            "--prefix-variant-share": prefix_variant_share or None,
+            "--long-prefill-token-threshold": long_prefill_token_threshold or None,
+        }
+        _check_options(source, shared_prefix, max_model_len, kv_tokens, max_num_seqs, serve, serve_only)
+        _check_serving(model, config, gpu, kv_tokens, tp, prefix_variant_share, shared_prefix, export_events)
+        for value, name in ((step_overhead_ms, "--step-overhead-ms"), (table_entry_us, "--table-entry-us")):
+            if not value >= 0:
+                raise UsageError(f"{name} must be 0 or more, got {value:g}", where=name)
+        for value, name in (
+            (bandwidth_gb_s, "--bandwidth-gb-s"),
+            (peak_tflops, "--peak-tflops"),
+            (slo_ttft_ms, "--slo-ttft-ms"),
+        ):
+            if value is not None and not value > 0:
+                raise UsageError(f"{name} must be a positive number, got {value:g}", where=name)
+        reqs = _load_requests(source)
         options = SimulateOptions(
-            block_sizes=sizes,
+            block_sizes=parse_block_sizes(block_sizes),
             shared_prefix_tokens=shared_prefix,
             max_model_len=max_model_len,
             kv_tokens=kv_tokens,
-            kv_tokens_text=kv_text,
+            kv_tokens_text="--kv-tokens" if kv_tokens is not None else None,
             serve=serve,
             qps=qps,
             seed=seed,
             max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
             prefix_cache=prefix_cache,
+            prefix_variant_share=prefix_variant_share,
             split_threshold_tokens=split_pools,
-            cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
+            model=model,
+            config=config,
+            gpu=gpu,
+            tp=tp,
+            kv_dtype=kv_dtype,
+            cost=CostOverrides(bandwidth_gb_s, peak_tflops, step_overhead_ms, table_entry_us),
+            slo_ttft_ms=slo_ttft_ms,
             export_events=export_events,
         )
-        with _progress(enabled=serve and reqs.count * len(sizes) >= 50_000) as progress:
+        with _progress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress, keep_traces=plot is not None)
-        plots = []
-        if plot is not None:
-            from kvtool.simulate.render import write_plots
+        _show(report, traces, plot, json_out)
 
-            plots = write_plots(report, traces, plot)
-        if json_out:
-            from kvtool.cli.output import print_json
-            from kvtool.simulate.render import to_json
 
-            obj = to_json(report)
-            obj["plots"] = [str(p) for p in plots]
-            print_json(obj)
-            return
-        from kvtool.cli.output import stdout_console
-        from kvtool.simulate.render import render
+@dataclasses.dataclass(frozen=True)
+class _LengthSource:
+    """Where request lengths come from: a trace, an events file or a parametric distribution, with its options."""
 
-        console = stdout_console()
-        render(report, console)
-        for p in plots:
-            console.print(f"Plot written: {p}")
+    trace: Optional[Path]
+    from_events: Optional[Path]
+    dist: Optional[str]
+    requests: Optional[int]
+    seed: int
+    output_share: float
+    mean: Optional[float]
+    p99: Optional[float]
+    min_tokens: Optional[float]
+    max_tokens: Optional[float]
+    length: Optional[float]
+    alpha: Optional[float]
+
+
+def _load_requests(src: _LengthSource):
+    from kvtool.simulate.lengths import (
+        DEFAULT_PARAMETRIC_REQUESTS,
+        load_event_lengths,
+        load_trace,
+        parametric_requests,
+        sample_requests,
+    )
+
+    try:
+        if src.trace is not None or src.from_events is not None:
+            if src.trace is not None:
+                reqs = load_trace(src.trace, output_share=src.output_share)
+            else:
+                reqs = load_event_lengths(src.from_events)  # type: ignore[arg-type]
+            return sample_requests(reqs, src.requests, src.seed) if src.requests is not None else reqs
+        return parametric_requests(
+            src.dist,  # type: ignore[arg-type]
+            src.requests or DEFAULT_PARAMETRIC_REQUESTS,
+            src.seed,
+            src.output_share,
+            mean=src.mean,
+            p99=src.p99,
+            min_tokens=src.min_tokens,
+            max_tokens=src.max_tokens,
+            length=src.length,
+            alpha=src.alpha,
+        )
+    except MemoryError:
+        raise UsageError(
+            f"not enough memory for {src.requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
+            where="--requests",
+            tip="ask for fewer --requests",
+        ) from None
+
+
+def _show(report, traces, plot: Optional[Path], json_out: bool) -> None:
+    plots = []
+    if plot is not None:
+        from kvtool.simulate.render import write_plots
+
+        plots = write_plots(report, traces, plot)
+    if json_out:
+        from kvtool.cli.output import print_json
+        from kvtool.simulate.render import to_json
+
+        obj = to_json(report)
+        obj["plots"] = [str(p) for p in plots]
+        print_json(obj)
+        return
+    from kvtool.cli.output import stdout_console
+    from kvtool.simulate.render import render
+
+    console = stdout_console()
+    render(report, console)
+    for p in plots:
+        console.print(f"Plot written: {p}")
 
 
 def _check_options(
-    trace,
-    from_events,
-    dist,
-    requests,
-    output_share,
-    shared_prefix,
-    max_model_len,
-    kv_tokens,
-    qps,
-    max_num_seqs,
-    prefix_cache,
-    split_pools,
-    export_events,
-    serve,
-    cost,
+    src: _LengthSource,
+    shared_prefix: int,
+    max_model_len: Optional[int],
+    kv_tokens: Optional[int],
+    max_num_seqs: int,
+    serve: bool,
+    serve_only: dict,
 ) -> None:
-    if sum(x is not None for x in (trace, from_events, dist)) != 1:
+    if sum(x is not None for x in (src.trace, src.from_events, src.dist)) != 1:
         raise UsageError(
             "give exactly one source of lengths: --trace FILE, --from-events FILE or --dist NAME",
             where="--trace/--from-events/--dist",
@@ -296,11 +361,12 @@ def _check_options(
     from kvtool.simulate.run import MAX_KV_TOKENS
 
     for value, name, most in (
-        (requests, "--requests", MAX_REQUESTS),
+        (src.requests, "--requests", MAX_REQUESTS),
         (max_model_len, "--max-model-len", None),
         (kv_tokens, "--kv-tokens", MAX_KV_TOKENS),
-        (split_pools, "--split-pools", MAX_REQUEST_TOKENS),
+        (serve_only["--split-pools"], "--split-pools", MAX_REQUEST_TOKENS),
         (max_num_seqs, "--max-num-seqs", None),
+        (serve_only["--max-num-batched-tokens"], "--max-num-batched-tokens", None),
     ):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
@@ -313,31 +379,33 @@ def _check_options(
             f"--shared-prefix is too large: {shared_prefix:,} tokens (at most {MAX_REQUEST_TOKENS:,})",
             where="--shared-prefix",
         )
-    if not 0 <= output_share < 1:
-        raise UsageError(f"--output-share must be in [0, 1), got {output_share:g}", where="--output-share")
+    if not 0 <= src.output_share < 1:
+        raise UsageError(f"--output-share must be in [0, 1), got {src.output_share:g}", where="--output-share")
+    qps = serve_only["--qps"]
     if qps is not None and not qps > 0:
         raise UsageError(f"--qps must be a positive number, got {qps:g}", where="--qps")
-    if prefix_cache and not shared_prefix:
-        raise UsageError(
-            "--prefix-cache needs --shared-prefix P (the tokens every prompt shares)", where="--prefix-cache"
-        )
-    for flag, value in (
-        ("--qps", qps),
-        ("--prefix-cache", prefix_cache or None),
-        ("--split-pools", split_pools),
-        ("--export-events", export_events),
-    ):
+    for flag, value in serve_only.items():
         if value is not None and not serve:
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
+
+
+def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_prefix, export_events) -> None:
+    if model is not None and config is not None:
+        raise UsageError("give either --model or --config, not both", where="--model/--config")
+    if tp <= 0:
+        raise UsageError(f"--tp must be a positive integer, got {tp}", where="--tp")
+    if not 0 <= variant_share <= 1:
+        raise UsageError(
+            f"--prefix-variant-share must be in [0, 1], got {variant_share:g}", where="--prefix-variant-share"
+        )
+    if variant_share and not shared_prefix:
+        raise UsageError("--prefix-variant-share needs --shared-prefix P", where="--prefix-variant-share")
     if export_events is not None and export_events.is_dir():
         raise UsageError(
             "--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events {export_events}"
         )
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
-    for value, name in zip(cost, ("--step-overhead-ms", "--token-us", "--kv-token-us", "--table-entry-us")):
-        if not value >= 0:
-            raise UsageError(f"{name} must be 0 or more, got {value:g}", where=name)
 
 
 class _progress:

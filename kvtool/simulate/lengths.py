@@ -76,6 +76,9 @@ class RequestSet:
     output_tokens: Any  # numpy int64 array, >= 0; prompt + output >= 1
     arrival_s: Any | None  # numpy float64 array, seconds from the first request, sorted; None when unknown
     source: str  # human-readable description: "azure trace x.csv (19,366 rows)", "lognormal mean=..."
+    # Per request, what the prefix cache may share: ("tokens", ids) or ("pieces", [(piece id, tokens), ...]);
+    # None: lengths only (kvtool.simulate.workloads).
+    shared: list[tuple[str, Any]] | None = None
 
     @property
     def count(self) -> int:
@@ -289,6 +292,11 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         header, cols = _read_json_lines(path) if json_lines else _read_csv_columns(path)
     except OSError as err:
         raise InputFileError(f"cannot read the trace: {err}", where=str(path)) from None
+    if json_lines:
+        from kvtool.simulate.workloads import is_prefix_trace, prefix_trace_requests
+
+        if is_prefix_trace(cols):
+            return prefix_trace_requests(cols, path)
     fmt = _match_format(header)
     if fmt is None:
         raise _unrecognised(str(path), header)
@@ -466,6 +474,7 @@ def sample_requests(requests: RequestSet, count: int, seed: int) -> RequestSet:
         requests.output_tokens[idx],
         arrival,
         f"{count:,} requests sampled with replacement from {requests.source} (seed {seed})",
+        shared=None if requests.shared is None else [requests.shared[i] for i in idx.tolist()],
     )
 
 
