@@ -75,21 +75,35 @@ class CostOverrides:
     table_entry_us: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
 class RooflineCost:
-    """The step-time model (implements ``kvtool.simulate.scheduler.StepCost``) for one block size."""
+    """The step-time model (``kvtool.simulate.scheduler.StepCost``) for one block size; coefficients precomputed."""
 
-    hw: Hardware
-    block_size: int
+    __slots__ = ("hw", "block_size", "_fixed_s", "_weights_s", "_entry_read_s", "_token_flop_s", "_pair_flop_s")
+
+    def __init__(self, hw: Hardware, block_size: int):
+        self.hw = hw
+        self.block_size = block_size
+        self._fixed_s = hw.step_overhead_ms * 1e-3
+        self._weights_s = hw.weights_bytes_per_gpu / hw.bandwidth_bytes_per_s
+        # one block-table entry: its KV bytes read, plus the kernel's per-entry cost
+        self._entry_read_s = hw.kv_bytes_per_token_per_gpu * block_size / hw.bandwidth_bytes_per_s
+        self._token_flop_s = 2.0 * hw.params_per_gpu / hw.peak_flops_per_s
+        self._pair_flop_s = 4.0 * hw.num_layers * hw.attention_heads_per_gpu * hw.head_dim / hw.peak_flops_per_s
 
     def time_s(self, tokens: int, requests: int, entries: int, pairs: float) -> float:
-        hw = self.hw
-        read = hw.weights_bytes_per_gpu + hw.kv_bytes_per_token_per_gpu * self.block_size * entries
-        flops = (
-            2.0 * hw.params_per_gpu * tokens + 4.0 * hw.num_layers * hw.attention_heads_per_gpu * hw.head_dim * pairs
+        memory = self._weights_s + self._entry_read_s * entries
+        compute = self._token_flop_s * tokens + self._pair_flop_s * pairs
+        return self._fixed_s + (memory if memory > compute else compute) + self.hw.table_entry_us * 1e-6 * entries
+
+    def decode_coefficients(self, requests: int) -> tuple[float, float, float, float, float, float]:
+        return (
+            self._fixed_s,
+            self._weights_s,
+            self._entry_read_s,
+            self.hw.table_entry_us * 1e-6,
+            self._token_flop_s * requests,
+            self._pair_flop_s,
         )
-        t = max(read / hw.bandwidth_bytes_per_s, flops / hw.peak_flops_per_s)
-        return hw.step_overhead_ms * 1e-3 + t + hw.table_entry_us * 1e-6 * entries
 
 
 def resolve_hardware(

@@ -43,7 +43,6 @@ from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
 # budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-_UNIQUE = 1 << 40  # unique block keys: -(request x _UNIQUE + block index + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +105,16 @@ class EngineRun:
     first_token_step: list[int]  # 1-based engine step whose output was the first token
     finish_step: list[int]  # 1-based engine step whose output finished the request
     admit_step: list[int]  # first admission
-    step_start_s: list[float]  # start time of every step (1-based step s starts at step_start_s[s - 1])
-    step_end_s: list[float]  # end time of every step
-    step_tokens: list[int]  # tokens scheduled per step
-    timeline_step: list[int]  # steps at which the blocks in use were sampled (each exact step and jump start)
+    admit_s: list[float]  # start of the first admission's step (nan if never)
+    first_token_s: list[float]  # end of the step that produced the first token
+    finish_s: list[float]  # end of the finishing step
+    steps: int  # engine steps run
+    busy_s: float  # time spent in steps
+    # Start and end time of every step (1-based step s is [step_start_s[s - 1], step_end_s[s - 1]]): only with
+    # record_events (the export needs them), else empty.
+    step_start_s: list[float]
+    step_end_s: list[float]
+    timeline_s: list[float]  # times at which the blocks in use were sampled (each exact step and jump start)
     timeline_blocks: list[int]  # blocks held by requests at those steps (shared blocks once)
     block_seconds: float  # integral of blocks in use over time (shared blocks once)
     entry_seconds: float  # integral of block-table entries over time (shared blocks once per request)
@@ -134,6 +139,12 @@ class StepCost(Protocol):
 
     def time_s(self, tokens: int, requests: int, entries: int, pairs: float) -> float: ...
 
+    def decode_coefficients(self, requests: int) -> tuple[float, float, float, float, float, float]:
+        """A step of ``requests`` decodes as fixed + max(memory + read x entries, compute + per_pair x pairs) +
+        kernel x entries: (fixed, memory, read, kernel, compute, per_pair), in seconds (the decode jumps' fast path;
+        it must agree with time_s)."""
+        ...
+
 
 class Engine:
     """One vLLM engine: the scheduler's queues, the requests' state and the block pool."""
@@ -149,6 +160,7 @@ class Engine:
         record_events: bool = False,
     ):
         n = len(prompts)
+        nan = float("nan")
         self.cfg = config
         self.b = config.block_size
         self.prompts = prompts
@@ -160,8 +172,9 @@ class Engine:
         self.pool = BlockPool(config.num_blocks)
         self.c = [0] * n  # num_computed_tokens
         self.g = [0] * n  # output tokens so far
-        self.blocks: list[list[int]] = [[] for _ in range(n)]
-        self.ncached = [0] * n  # blocks of the request that carry their hash
+        self.blocks: list[list[int]] = [[] for _ in range(n)]  # shareable blocks' ids (the first indices)
+        self.npriv = [0] * n  # private blocks after them (counted only; prefix_cache.py)
+        self.ncached = [0] * n  # blocks of the request that carry their hash (the first indices)
         self.skeys: list[list[int] | None] = [None] * n  # keys of the shareable full prompt blocks
         self.running: list[int] = []
         self.waiting: collections.deque[int] = collections.deque()
@@ -175,10 +188,14 @@ class Engine:
             first_token_step=[-1] * n,
             finish_step=[-1] * n,
             admit_step=[-1] * n,
+            admit_s=[nan] * n,
+            first_token_s=[nan] * n,
+            finish_s=[nan] * n,
+            steps=0,
+            busy_s=0.0,
             step_start_s=[],
             step_end_s=[],
-            step_tokens=[],
-            timeline_step=[],
+            timeline_s=[],
             timeline_blocks=[],
             block_seconds=0.0,
             entry_seconds=0.0,
@@ -195,16 +212,39 @@ class Engine:
         self.rows = self.run.event_rows
         self._seg_start: dict[int, tuple[int, int]] = {}  # running request -> (admit step, hit blocks)
         self.finished = 0
+        self.first_now: list[int] = []
+        self._cnt: list[int] = []  # requests whose first token comes out of the step being run
         self.used = 0  # blocks referenced by running requests (shared ones once)
         self.entries = 0  # block-table entries of running requests (shared blocks once per request)
         self.tokens_held = 0  # computed tokens of running requests
 
     # ----------------------------------------------------------------- keys and blocks
-    def key(self, r: int, i: int) -> int:
+    def shared_keys(self, r: int) -> list[int]:
+        """Keys of the request's shareable full prompt blocks (computed once per request)."""
         sk = self.skeys[r]
         if sk is None:
-            sk = self.skeys[r] = self.keys.chain(shared_block_contents(self.prompts[r], self.b))
-        return sk[i] if i < len(sk) else -(r * _UNIQUE + i + 1)
+            if self.cfg.enable_prefix_caching:
+                sk = self.keys.chain(shared_block_contents(self.prompts[r], self.b))
+            else:
+                sk = []
+            self.skeys[r] = sk
+        return sk
+
+    def nblocks(self, r: int) -> int:
+        return len(self.blocks[r]) + self.npriv[r]
+
+    def _allocate(self, r: int, m: int) -> None:
+        """m new blocks at the request's next indices: ids for shareable ones, a count for private ones."""
+        have = len(self.blocks[r])
+        shareable = min(m, len(self.shared_keys(r)) - have) if not self.npriv[r] else 0
+        before = self.pool.evictions
+        if shareable > 0:
+            self.pool.new_ids(shareable, self.blocks[r])
+            m -= shareable
+        if m:
+            self.pool.consume(m)
+            self.npriv[r] += m
+        self.run.evictions += self.pool.evictions - before
 
     def _cache_full(self, r: int, tokens: int) -> None:
         """cache_full_blocks: the request's blocks full up to ``tokens`` get their keys."""
@@ -214,33 +254,42 @@ class Engine:
         done = self.ncached[r]
         if full > done:
             blocks = self.blocks[r]
-            for i in range(done, full):
-                self.pool.set_key(blocks[i], self.key(r, i))
+            top = min(full, len(blocks))
+            if done < top:
+                sk = self.shared_keys(r)
+                for i in range(done, top):
+                    self.pool.set_key(blocks[i], sk[i])
             self.ncached[r] = full
 
-    def _lookup(self, r: int, num_tokens: int) -> list[int]:
-        """get_computed_blocks: the longest run of cached blocks, at most num_tokens - 1 tokens."""
+    def _lookup(self, r: int, num_tokens: int) -> tuple[list[int], list]:
+        """get_computed_blocks: the longest run of cached blocks, at most num_tokens - 1 tokens (shareable ids, then
+        the request's own cached private blocks)."""
         if not self.cfg.enable_prefix_caching:
-            return []
+            return [], []
+        limit = (num_tokens - 1) // self.b
+        sk = self.shared_keys(r)
         hits = []
         lookup = self.pool.lookup
-        for i in range((num_tokens - 1) // self.b):
-            blk = lookup(self.key(r, i))
+        for i in range(min(limit, len(sk))):
+            blk = lookup(sk[i])
             if blk < 0:
-                break
+                return hits, []
             hits.append(blk)
-        return hits
+        if len(hits) < len(sk) or limit <= len(sk):
+            return hits, []
+        return hits, self.pool.private_hits(r, len(sk), limit)
 
     def _release(self, r: int) -> None:
         blocks = self.blocks[r]
-        pool = self.pool
-        ref = pool.ref
-        freed = sum(1 for x in blocks if ref[x] == 1)
-        pool.free(blocks)
+        p0 = len(blocks)
+        total = p0 + self.npriv[r]
+        hashed_end = max(p0, min(self.ncached[r], total))
+        freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end)
         self.used -= freed
-        self.entries -= len(blocks)
+        self.entries -= total
         self.tokens_held -= self.c[r]
         self.blocks[r] = []
+        self.npriv[r] = 0
         self.ncached[r] = 0
         self.head_blocked = False
 
@@ -250,7 +299,7 @@ class Engine:
 
     def _preempt(self, r: int) -> None:
         if self.rows is not None:
-            self.rows.append((self.step, FREE, r, len(self.blocks[r]), 0, 0))
+            self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 0))
         self._end_segment(r, True)
         self._release(r)
         self.prefilling.discard(r)
@@ -281,7 +330,7 @@ class Engine:
             if n <= 0:
                 i += 1
                 continue
-            need = -(-(c[r] + n) // b) - len(self.blocks[r])
+            need = -(-(c[r] + n) // b) - self.nblocks(r)
             if need < 0:
                 need = 0
             fits = True
@@ -295,9 +344,7 @@ class Engine:
             if not fits:
                 break
             if need:
-                before = pool.evictions
-                pool.take(need, self.blocks[r])
-                self.run.evictions += pool.evictions - before
+                self._allocate(r, need)
                 self.used += need
                 self.entries += need
             self._cache_full(r, min(c[r] + n, P[r] + g[r]))
@@ -319,8 +366,9 @@ class Engine:
                 break
             r = waiting[0]
             total = self.P[r] + self.g[r]
-            hits = self._lookup(r, total)
-            h = len(hits)
+            hits, private = self._lookup(r, total)
+            npriv = sum(j - i for _, i, j in private)
+            h = len(hits) + npriv
             computed = h * b
             if run.num_preemptions[r] == 0:
                 run.num_cached_tokens[r] = computed  # prefill_stats.set: the hit of the lookup that admits it
@@ -329,7 +377,7 @@ class Engine:
                 n = lpt
             if n > budget:
                 n = budget
-            evictable = sum(1 for x in hits if ref[x] == 0)
+            evictable = sum(1 for x in hits if ref[x] == 0) + npriv
             free = pool.num_free()
             need_full = max(-(-min(total, max_len) // b) - h, 0) + evictable
             need = max(-(-(computed + n) // b) - h, 0) + evictable
@@ -338,15 +386,14 @@ class Engine:
                 break
             waiting.popleft()
             in_use_hits = h - evictable
-            pool.touch(hits)
-            blocks = self.blocks[r] = list(hits)
+            pool.touch(hits, private)
+            self.blocks[r] = list(hits)
+            self.npriv[r] = npriv
             new = -(-(computed + n) // b) - h
-            before = pool.evictions
             if new > 0:
-                pool.take(new, blocks)
-            run.evictions += pool.evictions - before
-            self.used += len(blocks) - in_use_hits
-            self.entries += len(blocks)
+                self._allocate(r, new)
+            self.used += self.nblocks(r) - in_use_hits
+            self.entries += self.nblocks(r)
             self.ncached[r] = h
             self.c[r] = computed
             self.tokens_held += computed
@@ -356,6 +403,7 @@ class Engine:
             run.queried_tokens += total
             if run.admit_step[r] < 0:
                 run.admit_step[r] = self.step
+                run.admit_s[r] = self.now
             self._seg_start[r] = (self.step, h)
             if self.rows is not None:
                 if h:
@@ -377,6 +425,7 @@ class Engine:
                 self.prefilling.discard(r)
                 if run.first_token_step[r] < 0:
                     run.first_token_step[r] = self.step
+                    self.first_now.append(r)
                 if g[r] >= out[r] or P[r] + g[r] >= self.cfg.max_model_len:
                     finished.append(r)
             else:
@@ -389,8 +438,9 @@ class Engine:
         run = self.run
         for r in finished:
             run.finish_step[r] = self.step
+            run.finish_s[r] = self.now
             if self.rows is not None:
-                self.rows.append((self.step, FREE, r, len(self.blocks[r]), 0, 1))
+                self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
             self._end_segment(r, False)
             self._release(r)
         self.finished += len(finished)
@@ -412,22 +462,27 @@ class Engine:
         total = sum(n for _, n in scheduled)
         dt = self.cost.time_s(total, len(scheduled), self.entries, pairs) if self.cost else 0.0
         tokens_now = self.tokens_held + total  # the step's tokens are held from its start (analyze's definition)
-        entries_now = self.entries
+        self._advance(dt, blocks_now, self.entries, tokens_now)
         self._update_from_output(scheduled)
-        self._advance(dt, blocks_now, entries_now, tokens_now, total)
+        for r in self.first_now:
+            self.run.first_token_s[r] = self.now
+        self.first_now.clear()
 
-    def _advance(self, dt: float, blocks: int, entries: int, tokens: int, scheduled_tokens: int) -> None:
-        self.run.entry_seconds += entries * dt
+    def _advance(self, dt: float, blocks: int, entries: int, tokens: int) -> None:
+        """The step's time: the clock moves to its end; integrals and the timeline are updated."""
         run = self.run
-        run.step_start_s.append(self.now)
+        run.entry_seconds += entries * dt
+        run.timeline_s.append(self.now)
+        if run.event_rows is not None:
+            run.step_start_s.append(self.now)
+            run.step_end_s.append(self.now + dt)
         self.now += dt
-        run.step_end_s.append(self.now)
-        run.step_tokens.append(scheduled_tokens)
+        run.steps += 1
+        run.busy_s += dt
         run.block_seconds += blocks * dt
         run.token_seconds += tokens * dt
         if blocks > run.peak_blocks:
             run.peak_blocks = blocks
-        run.timeline_step.append(self.step)
         run.timeline_blocks.append(blocks)
 
     # ----------------------------------------------------------------- decode jumps
@@ -457,6 +512,7 @@ class Engine:
             if k < K:
                 K = k
             cnt[c[r] % b] += 1
+        self._cnt = cnt  # reused by jump()
         # Step k (0-based) allocates one block for each request with (c + k) % b == 0.
         free = self.pool.num_free()
         n = len(self.running)
@@ -478,49 +534,68 @@ class Engine:
         pool = self.pool
         run = self.run
         n = len(self.running)
-        cnt = [0] * b
-        for r in self.running:
-            cnt[c[r] % b] += 1
+        cnt = self._cnt  # phases of the running requests' computed tokens (from _jump_length)
         # Times and integrals, step by step (blocks grow with the crossings; tokens by n per step).
         blocks = self.used
         entries = self.entries
         tokens = self.tokens_held
         attended = tokens + n
         first = self.step
-        cost = self.cost
+        run.timeline_s.append(self.now)
+        run.timeline_blocks.append(self.used)
+        if self.cost is not None:
+            fixed, memory0, read_entry, kernel_entry, compute0, per_pair = self.cost.decode_coefficients(n)
+        else:
+            fixed = memory0 = read_entry = kernel_entry = compute0 = per_pair = 0.0
+        keep_steps = run.event_rows is not None
+        now = self.now
+        block_s = entry_s = token_s = 0.0
+        start = now
         for k in range(K):
             grow = cnt[(-k) % b]
             blocks += grow
             entries += grow
-            dt = cost.time_s(n, n, entries, attended) if cost else 0.0
+            memory = memory0 + read_entry * entries
+            compute = compute0 + per_pair * attended
+            dt = fixed + (memory if memory > compute else compute) + kernel_entry * entries
             tokens += n
-            run.step_start_s.append(self.now)
-            self.now += dt
-            run.step_end_s.append(self.now)
-            run.step_tokens.append(n)
-            run.block_seconds += blocks * dt
-            run.entry_seconds += entries * dt
-            run.token_seconds += tokens * dt
+            if keep_steps:
+                run.step_start_s.append(now)
+                run.step_end_s.append(now + dt)
+            now += dt
+            block_s += blocks * dt
+            entry_s += entries * dt
+            token_s += tokens * dt
             attended += n
-            if self.now >= until_s:
+            if now >= until_s:
                 K = k + 1
                 break
+        self.now = now
+        run.block_seconds += block_s
+        run.entry_seconds += entry_s
+        run.token_seconds += token_s
+        run.busy_s += now - start
+        run.steps += K
         if blocks > run.peak_blocks:
             run.peak_blocks = blocks
-        run.timeline_step.append(first + 1)
-        run.timeline_blocks.append(self.used)
         # Blocks crossed, allocated per request in running order; full blocks get their keys.
         if self.run.event_jumps is not None:
             self.run.event_jumps.append((first + 1, K, list(self.running), [c[r] for r in self.running]))
+        # Decodes only ever add private blocks (past the full prompt blocks): counts, all at once.
         before = pool.evictions
+        npriv, ncached = self.npriv, self.ncached
+        total = 0
+        caching = self.cfg.enable_prefix_caching
         for r in self.running:
             c0 = c[r]
             crossings = (c0 + K - 1) // b - (c0 - 1) // b  # multiples of b in [c0, c0 + K - 1]
-            if crossings:
-                pool.take(crossings, self.blocks[r])
+            npriv[r] += crossings
+            total += crossings
             c[r] = c0 + K
             g[r] += K
-            self._cache_full(r, c0 + K)
+            if caching:
+                ncached[r] = (c0 + K) // b
+        pool.consume(total)
         run.evictions += pool.evictions - before
         self.used = blocks
         self.entries = entries

@@ -184,16 +184,9 @@ def _gather(plans: list[_PoolPlan], runs: list[EngineRun], n: int) -> _PerReques
     pre = np.zeros(n, dtype=np.int64)
     for plan, run in zip(plans, runs):
         idx = plan.requests
-        start = np.asarray(run.step_start_s)
-        end = np.asarray(run.step_end_s)
-        for steps, times, target in (
-            (run.admit_step, start, admit),
-            (run.first_token_step, end, first),
-            (run.finish_step, end, finish),
-        ):
-            s = np.asarray(steps, dtype=np.int64)
-            ok = s > 0
-            target[idx[ok]] = times[s[ok] - 1]
+        admit[idx] = run.admit_s
+        first[idx] = run.first_token_s
+        finish[idx] = run.finish_s
         cached[idx] = np.maximum(np.asarray(run.num_cached_tokens, dtype=np.int64), 0)
         pre[idx] = run.num_preemptions
     return _PerRequest(admit, first, finish, cached, pre)
@@ -227,7 +220,7 @@ def _summarise(b, total_blocks, plans, runs, prompt_len, out, arrival) -> tuple[
     block_s = sum(r.block_seconds for r in runs)
     entry_s = sum(r.entry_seconds for r in runs)
     token_s = sum(r.token_seconds for r in runs)
-    busy = sum(float(np.sum(np.asarray(r.step_end_s) - np.asarray(r.step_start_s))) for r in runs)
+    busy = sum(r.busy_s for r in runs)
     pools = []
     for plan, run in zip(plans, runs):
         pt50, pt99 = _percentiles(ttft[plan.requests], [50, 99])
@@ -266,7 +259,7 @@ def _summarise(b, total_blocks, plans, runs, prompt_len, out, arrival) -> tuple[
         tpot_p50_s=p50,
         tpot_p99_s=p99,
         span_s=span,
-        steps=sum(len(r.step_end_s) for r in runs),
+        steps=sum(r.steps for r in runs),
         busy_s=busy,
         throughput_tokens_per_s=float(out[finished].sum()) / span if span > 0 else float("nan"),
         requests_per_s=float(finished.sum()) / span if span > 0 else float("nan"),
@@ -285,19 +278,13 @@ def _peak(runs: list[EngineRun]) -> int:
 def _trace(b: int, plans: list[_PoolPlan], runs: list[EngineRun]) -> ServeTrace:
     import numpy as np
 
-    ts = []
-    blocks = []
-    for run in runs:
-        start = np.asarray(run.step_start_s)
-        steps = np.asarray(run.timeline_step, dtype=np.int64)
-        ts.append(start[steps - 1] if len(steps) else np.zeros(0))
-        blocks.append(np.asarray(run.timeline_blocks, dtype=np.int64))
-    t = np.concatenate(ts) if ts else np.zeros(0)
+    t = np.concatenate([np.asarray(r.timeline_s) for r in runs])
+    blocks = np.concatenate([np.asarray(r.timeline_blocks, dtype=np.int64) for r in runs])
     order = np.argsort(t, kind="stable")
     return ServeTrace(
         block_size=b,
         runs=runs,
         request_index=[p.requests for p in plans],
         timeline_s=t[order],
-        timeline_blocks=np.concatenate(blocks)[order] if blocks else np.zeros(0, dtype=np.int64),
+        timeline_blocks=blocks[order],
     )
