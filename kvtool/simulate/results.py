@@ -85,12 +85,16 @@ def _recommend_serving(ran: list[ServeResult], slo_ttft_ms: float | None) -> lis
     meets = [r for r in ran if slo_s is None or (r.ttft_p99_s is not None and r.ttft_p99_s <= slo_s)]
     if meets:
         top = max(r.throughput_tokens_per_s for r in meets)
+        tied = [r for r in meets if r.throughput_tokens_per_s >= top * (1 - TIE_FRACTION)]
+        fastest = min(r.tpot_p50_s if r.tpot_p50_s is not None else float("inf") for r in tied)
         best = min(
-            (r for r in meets if r.throughput_tokens_per_s >= top * (1 - TIE_FRACTION)), key=lambda r: r.block_size
+            (r for r in tied if r.tpot_p50_s is None or r.tpot_p50_s <= fastest * (1 + TIE_FRACTION)),
+            key=lambda r: r.block_size,
         )
         target = f"TTFT p99 <= {slo_ttft_ms:g} ms" if slo_s is not None else "no TTFT target (--slo-ttft-ms)"
         rule = (
-            f"highest output throughput with {target}; within {TIE_FRACTION:.0%} counts as a tie, to the smaller block"
+            f"highest output throughput with {target}; within {TIE_FRACTION:.0%}, the lowest TPOT p50; within "
+            f"{TIE_FRACTION:.0%} again, the smaller block"
         )
     else:
         best = min(ran, key=lambda r: (r.ttft_p99_s or 0.0, r.block_size))

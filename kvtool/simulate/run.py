@@ -128,10 +128,17 @@ def _arrivals(requests, options: SimulateOptions) -> _Arrivals:
 def _pool_text(options: SimulateOptions, hw: Hardware) -> str:
     if options.kv_tokens is not None:
         return f"{options.kv_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
-    return (
-        f"{hw.kv_budget_bytes_per_gpu / 2**30:,.2f} GiB of KV per GPU ({hw.model} on {hw.gpu}, tp {hw.tp}, "
-        "kvtool estimate's plan)"
+    text = (
+        f"{hw.kv_budget_bytes_per_gpu / 2**30:,.2f} GiB of KV per GPU (kvtool estimate's plan for "
+        f"{_model_name(options)} on {options.gpu or DEFAULT_POOL_GPU}, tp {hw.tp})"
     )
+    if options.gpu is None and options.model is None and options.config is None:
+        text += "; the default: set --kv-tokens or --model/--gpu"
+    return text
+
+
+def _model_name(options: SimulateOptions) -> str:
+    return options.model or options.config or DEFAULT_POOL_MODEL
 
 
 def _extras(options: SimulateOptions, requests) -> str:
@@ -228,7 +235,9 @@ def run_simulation(
     if kv_tokens is None and options.gpu is not None:
         hw = resolve_serving_hardware(options)
         kv_tokens = hw.kv_budget_bytes_per_gpu // hw.kv_bytes_per_token_per_gpu
-        options = dataclasses.replace(options, kv_tokens_text=f"kvtool estimate's plan for {hw.model} on {hw.gpu}")
+        options = dataclasses.replace(
+            options, kv_tokens_text=f"kvtool estimate's plan for {_model_name(options)} on {options.gpu}"
+        )
     static = compare_block_sizes(
         requests.prompt_tokens,
         requests.output_tokens,

@@ -187,9 +187,7 @@ def test_roofline_step_time_by_hand():
 
 
 def test_overrides_replace_every_constant():
-    hw = resolve_hardware(
-        model="llama-2-7b", config=None, gpu="h100", overrides=CostOverrides(1000.0, 100.0, 0.0, 0.0)
-    )
+    hw = resolve_hardware(model="llama-2-7b", config=None, gpu="h100", overrides=CostOverrides(1000.0, 100.0, 0.0, 0.0))
     assert hw.bandwidth_bytes_per_s == 1e12 and hw.peak_flops_per_s == 1e14
     assert RooflineCost(hw, 16).time_s(1, 1, 0, 1) == pytest.approx(13_476_831_232 / 1e12)
     assert any("--bandwidth-gb-s" in s for s in hw.sources)
@@ -234,7 +232,9 @@ def test_mooncake_and_token_prompts_are_read(tmp_path):
     run = run_engine(engine(40, 256, max_num_seqs=1), prompts, [5, 9])
     assert run.num_cached_tokens == [0, 512]
     tok = tmp_path / "tok.jsonl"
-    tok.write_text('{"prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 3}\n{"prompt_token_ids": [1, 2, 3, 4, 6], "max_tokens": 2}\n')
+    tok.write_text(
+        '{"prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 3}\n{"prompt_token_ids": [1, 2, 3, 4, 6], "max_tokens": 2}\n'
+    )
     reqs = load_trace(tok)
     run = run_engine(engine(40, 2, max_num_seqs=1), build_prompts(reqs), reqs.output_tokens.tolist())
     assert run.num_cached_tokens == [0, 4]
