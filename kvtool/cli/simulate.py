@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -226,9 +226,9 @@ def register(app: typer.Typer) -> None:
         }
         _check_options(source, shared_prefix, max_model_len, kv_tokens, max_num_seqs, serve, serve_only)
         _check_serving(model, config, gpu, kv_tokens, tp, prefix_variant_share, shared_prefix, export_events)
-        for value, name in ((step_overhead_ms, "--step-overhead-ms"), (table_entry_us, "--table-entry-us")):
-            if not value >= 0:
-                raise UsageError(f"{name} must be 0 or more, got {value:g}", where=name)
+        for fixed, name in ((step_overhead_ms, "--step-overhead-ms"), (table_entry_us, "--table-entry-us")):
+            if not fixed >= 0:
+                raise UsageError(f"{name} must be 0 or more, got {fixed:g}", where=name)
         for value, name in (
             (bandwidth_gb_s, "--bandwidth-gb-s"),
             (peak_tflops, "--peak-tflops"),
@@ -413,8 +413,8 @@ class _progress:
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
-        self.tasks: dict[str, int] = {}
+        self.bar: Any = None  # a rich Progress while running
+        self.tasks: dict[str, Any] = {}
 
     def __enter__(self):
         if not self.enabled:

@@ -160,7 +160,7 @@ def resolve_hardware(
     overhead = DEFAULT_STEP_OVERHEAD_MS if overrides.step_overhead_ms is None else overrides.step_overhead_ms
     entry = DEFAULT_TABLE_ENTRY_US if overrides.table_entry_us is None else overrides.table_entry_us
     params = float(result.weights_params or 0) / tp
-    sources.append(f"weights {result.weights_bytes_per_gpu / 1e9:,.2f} GB per GPU ({result.weights_method})")
+    sources.append(f"weights {(result.weights_bytes_per_gpu or 0) / 1e9:,.2f} GB per GPU ({result.weights_method})")
     sources.append(f"KV {result.bytes_per_token_per_gpu:,} B per token per GPU ({kv_dtype_used})")
     sources.append(f"memory bandwidth {bw:,.0f} GB/s ({why})")
     sources.append(f"peak {peak:,.0f} TFLOP/s ({pwhy})")

@@ -184,7 +184,7 @@ def _match_format(columns: list[str]) -> TraceFormat | None:
     names = {c.strip().lower() for c in columns}
     for fmt in TRACE_FORMATS:
         wanted = [c for c in (fmt.prompt_column, fmt.output_column, fmt.length_column) if c]
-        if fmt.arrival_required:
+        if fmt.arrival_required and fmt.arrival_column is not None:
             wanted.append(fmt.arrival_column)
         if all(c in names for c in wanted):
             return fmt
@@ -310,7 +310,7 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
 
     if json_lines:
         for c in (fmt.prompt_column, fmt.output_column, fmt.length_column, fmt.arrival_column):
-            if c in cols:
+            if c is not None and c in cols:
                 _check_json_scalars(cols[c], c, str(path), where_rows)
     for c in (fmt.prompt_column, fmt.output_column, fmt.length_column):
         if c is not None:
@@ -327,11 +327,12 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
             )
         prompt, output = split_lengths(lengths, output_share)
     else:
+        assert fmt.prompt_column is not None and fmt.output_column is not None  # every format names both or length
         prompt = _to_int_tokens(cols[fmt.prompt_column], fmt.prompt_column, str(path), where_rows)
         output = _to_int_tokens(cols[fmt.output_column], fmt.output_column, str(path), where_rows)
         _check_lengths(prompt, output, where_rows, str(path))
     arrival = None
-    if fmt.arrival_column in cols:
+    if fmt.arrival_column is not None and fmt.arrival_column in cols:
         values = cols[fmt.arrival_column]
         if all(v is not None and v != "" for v in values):
             arrival = _arrivals(values, fmt.arrival_unit, fmt.arrival_column, str(path), where_rows)

@@ -136,7 +136,7 @@ class BlockPool:
                         self.runs[entry.request].remove(entry)
             else:
                 del lru[entry]
-                self._forget(entry)
+                self._forget(entry)  # type: ignore[arg-type]  # a shareable block id
                 n -= 1
 
     def _forget(self, block: int) -> None:

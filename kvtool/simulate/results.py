@@ -129,8 +129,9 @@ def _trade_off(r: ServeResult, best: ServeResult, slo_s: float | None) -> str:
 
 def _recommend_static(static: StaticComparison) -> list[Recommendation]:
     res = {r.block_size: r for r in static.results}
+    score: dict[int, tuple[float, ...]]
     if static.kv_tokens is not None:
-        score = {b: (r.fit_at_once_p1, -r.internal_fragmentation, b) for b, r in res.items()}
+        score = {b: (r.fit_at_once_p1 or 0.0, -r.internal_fragmentation, b) for b, r in res.items()}
         rule = f"most requests fit at once 99 % of the time in {static.kv_tokens:,} KV tokens, ties to the larger block"
     else:
         score = {b: (-r.internal_fragmentation, b) for b, r in res.items()}

@@ -268,7 +268,7 @@ class Engine:
             return [], []
         limit = (num_tokens - 1) // self.b
         sk = self.shared_keys(r)
-        hits = []
+        hits: list[int] = []
         lookup = self.pool.lookup
         for i in range(min(limit, len(sk))):
             blk = lookup(sk[i])
