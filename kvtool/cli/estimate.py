@@ -31,7 +31,10 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def estimate_command(
         model: Optional[str] = typer.Option(
-            None, "--model", "-m", help="Built-in or user profile name (see 'kvtool models')."
+            None,
+            "--model",
+            "-m",
+            help="Profile name (see 'kvtool models'), or a Hugging Face id org/name read from the local cache.",
         ),
         config: Optional[str] = typer.Option(
             None,
@@ -67,6 +70,9 @@ def register(app: typer.Typer) -> None:
         tp: int = typer.Option(
             1, "--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp))."
         ),
+        pp: int = typer.Option(
+            1, "--pp", help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage)."
+        ),
         gpu: Optional[str] = typer.Option(
             None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."
         ),
@@ -80,7 +86,31 @@ def register(app: typer.Typer) -> None:
             help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9.",
         ),
         reserve: Optional[str] = typer.Option(
-            None, "--reserve", help="Per-GPU memory held for activations, CUDA graphs and non-torch use. Default 2GiB."
+            None,
+            "--reserve",
+            help="Per-GPU memory held besides weights, all terms at once. Default: modelled as vLLM 0.32 profiles it.",
+        ),
+        activation_memory: Optional[str] = typer.Option(
+            None, "--activation-memory", help="Override the modelled activation peak of vLLM's profiling run."
+        ),
+        non_torch_memory: Optional[str] = typer.Option(
+            None, "--non-torch-memory", help="Override the modelled non-torch memory (NCCL, cuBLAS)."
+        ),
+        cudagraph_memory: Optional[str] = typer.Option(
+            None, "--cudagraph-memory", help="Override the modelled CUDA-graph memory vLLM 0.32 subtracts."
+        ),
+        max_num_seqs: Optional[int] = typer.Option(
+            None,
+            "--max-num-seqs",
+            help="vLLM's max_num_seqs (sizes the sampler's profiling peak). Default: vllm serve's.",
+        ),
+        enforce_eager: bool = typer.Option(False, "--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved."),
+        quantization: Optional[str] = typer.Option(
+            None,
+            "--quantization",
+            "-q",
+            help="vLLM's online quantization of an unquantized checkpoint: fp8 or bitsandbytes (quantized checkpoints "
+            "are read from their quantization_config).",
         ),
         block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
         max_num_batched_tokens: Optional[int] = typer.Option(
@@ -116,6 +146,7 @@ def register(app: typer.Typer) -> None:
             batches=_int_list(batch, "--batch"),
             kv_dtype=kv_dtype,
             tp=tp,
+            pp=pp,
             gpu=gpu,
             gpu_memory=gpu_memory,
             kv_memory=kv_memory,
@@ -123,6 +154,12 @@ def register(app: typer.Typer) -> None:
             reserve=reserve,
             block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            quantization=quantization,
+            enforce_eager=enforce_eager,
+            activation_memory=activation_memory,
+            non_torch_memory=non_torch_memory,
+            cudagraph_memory=cudagraph_memory,
             compare=compare,
             profile_dirs=tuple(profiles),
         )

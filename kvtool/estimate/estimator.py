@@ -6,13 +6,12 @@ import dataclasses
 import math
 from pathlib import Path
 
-from kvtool.core.errors import UsageError
+from kvtool.core.errors import KvtoolError, UsageError
 from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.capacity import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_RESERVE_BYTES,
     Budget,
     Capacity,
     gpu_budget,
@@ -21,6 +20,14 @@ from kvtool.estimate.capacity import (
 )
 from kvtool.estimate.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
+from kvtool.estimate.pipeline import Stage, stage_spec, stages
+from kvtool.estimate.reserve import (
+    DEFAULT_MAX_NUM_SEQS,
+    Reserve,
+    ReserveOverrides,
+    model_reserve,
+    serve_max_num_seqs,
+)
 from kvtool.estimate.weights import WeightEstimate, estimate_weights
 
 DEFAULT_MANUAL_SEQ_LEN = 2048
@@ -42,6 +49,7 @@ class EstimateRequest:
     batches: tuple[int, ...] = ()
     kv_dtype: str = "auto"
     tp: int = 1
+    pp: int = 1  # pipeline stages
     gpu: str | None = None
     gpu_memory: str | None = None
     kv_memory: str | None = None
@@ -49,8 +57,15 @@ class EstimateRequest:
     reserve: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_batched_tokens)
+    max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (serve_max_num_seqs)
+    quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
+    enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
+    activation_memory: str | None = None  # override the modelled terms of the reserve
+    non_torch_memory: str | None = None
+    cudagraph_memory: str | None = None
     compare: bool = False
     profile_dirs: tuple[str, ...] = ()
+    suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +118,8 @@ class EstimateResult:
     model_dtype: str
     kv_dtype: str
     tp: int
+    pp: int
+    stages: tuple[Stage, ...]  # per pipeline stage: layers, weights and KV budget per GPU, blocks (empty at pp 1)
     seq_len: int
     batch: int
     bytes_per_token: int  # one sequence, all layers, all GPUs (whole bytes; exact for every dtype but odd int4)
@@ -124,6 +141,11 @@ class EstimateResult:
     requested_memory_bytes: int | None
     weights_bytes_per_gpu: int | None
     reserve_bytes: int | None
+    activation_bytes: int | None  # the reserve's terms, per GPU (None without a GPU budget or with --reserve)
+    non_torch_bytes: int | None
+    cudagraph_bytes: int | None
+    reserve_method: str | None
+    max_num_seqs: int | None
     kv_budget_bytes: int | None  # per GPU
     block_size: int
     max_num_batched_tokens: int
@@ -144,6 +166,7 @@ class EstimateResult:
     warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
+    suggestions: tuple[str, ...]  # when it does not fit: changes that would make it fit, in words
 
 
 def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None]:
@@ -159,48 +182,105 @@ def resolve_model(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate |
             tip="'kvtool models' lists the built-in model names",
         )
     if request.model:
-        from kvtool.estimate.profiles import find_model, model_spec
+        spec, weights = _model_from_name(request, request.model)
+    elif request.config:
+        spec, weights = _model_from_config(request, request.config)
+    else:
+        return _model_from_options(request), None
+    return _with_quantization(spec, weights, request.quantization)
 
-        profile = find_model(request.model, request.profile_dirs)
-        spec = model_spec(profile)
-        spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
-        spec = _with_dtype(spec, request.dtype)
-        return spec, estimate_weights(spec)
-    if request.config:
-        data, file = load_config_path(request.config)
-        parsed = parse_config(data, where=str(file), name=Path(request.config).resolve().name)
-        parsed_dtype = parsed.dtype
-        spec = _with_dtype(parsed, request.dtype)
-        weights = None
-        if file.parent.is_dir():
-            from kvtool.estimate.safetensors import weights_from_dir
 
-            found = weights_from_dir(file.parent)
-            if found is not None:
-                weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
-                if found.num_params and spec.dtype != parsed_dtype:
-                    # vLLM loads the checkpoint in the run dtype, whatever the files store
-                    from kvtool.estimate.dtypes import model_dtype_bytes
+def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, WeightEstimate | None]:
+    """A built-in or user profile, else a Hugging Face repository id found in the local cache (offline)."""
+    from kvtool.estimate.hf_cache import find_snapshot
+    from kvtool.estimate.profiles import find_model, find_model_by_repo, model_spec
 
-                    weights = WeightEstimate(
-                        found.num_params,
-                        found.num_params * model_dtype_bytes(spec.dtype),
-                        f"{found.method} (parameters) at {spec.dtype}",
-                    )
-        return spec, weights or estimate_weights(spec)
-    if not all(manual):
+    if "/" in name:
+        snapshot = find_snapshot(name)
+        if snapshot is not None:
+            return _model_from_config(request, str(snapshot))
+        profile = find_model_by_repo(name, request.profile_dirs)
+        if profile is None:
+            from kvtool.estimate.hf_cache import cache_dir
+
+            raise UsageError(
+                f"{name} is neither in the local Hugging Face cache ({cache_dir()}) nor a built-in profile; kvtool "
+                "reads only local files",
+                where="--model",
+                tip=f"fetch its config first (huggingface-cli download {name} config.json), or pass --config DIR",
+            )
+    else:
+        profile = find_model(name, request.profile_dirs)
+    spec = model_spec(profile)
+    spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
+    spec = _with_dtype(spec, request.dtype)
+    return spec, estimate_weights(spec)
+
+
+def _model_from_config(request: EstimateRequest, path: str) -> tuple[ModelSpec, WeightEstimate | None]:
+    """A config.json (or a directory holding one), with exact weights from safetensors headers beside it."""
+    data, file = load_config_path(path)
+    parsed = parse_config(data, where=str(file), name=Path(path).resolve().name)
+    spec = _with_dtype(parsed, request.dtype)
+    weights = None
+    if file.parent.is_dir() and request.quantization is None:
+        from kvtool.estimate.safetensors import weights_from_dir
+
+        found = weights_from_dir(file.parent)
+        if found is not None:
+            weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
+            quant = spec.weight_quant
+            if quant is not None and quant.pad_intermediate_to > 1:
+                weights = None  # vLLM pads the experts on the GPU (kvtool.estimate.quant): the config estimate does
+            elif quant is None and found.num_params and spec.dtype != parsed.dtype:
+                # vLLM loads an unquantized checkpoint in the run dtype, whatever the files store
+                from kvtool.estimate.dtypes import model_dtype_bytes
+
+                weights = WeightEstimate(
+                    found.num_params,
+                    found.num_params * model_dtype_bytes(spec.dtype),
+                    f"{found.method} (parameters) at {spec.dtype}",
+                )
+    return spec, weights or estimate_weights(spec)
+
+
+def _with_quantization(
+    spec: ModelSpec, weights: WeightEstimate | None, method: str | None
+) -> tuple[ModelSpec, WeightEstimate | None]:
+    """vLLM's ``--quantization``: online for an unquantized checkpoint; a quantized one must name its own method."""
+    if method is None:
+        return spec, weights
+    from kvtool.estimate.quant import online
+
+    if spec.weight_quant is not None:
+        own = spec.weight_quant.method.split()[0].lower()
+        if not own.startswith(method.lower()):
+            raise UsageError(
+                f"{spec.name} is already quantized ({spec.weight_quant.method}); vLLM refuses --quantization {method} "
+                "for it",
+                where="--quantization",
+                tip="drop --quantization: the checkpoint's quantization_config is read as is",
+            )
+        return spec, weights
+    spec = dataclasses.replace(spec, weight_quant=online(method))
+    return spec, estimate_weights(spec)
+
+
+def _model_from_options(request: EstimateRequest) -> ModelSpec:
+    layers, kv_heads, head_dim = request.layers, request.kv_heads, request.head_dim
+    if layers is None or kv_heads is None or head_dim is None:
         raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
-    if request.heads is not None and request.kv_heads > request.heads:
-        raise UsageError(f"--kv-heads {request.kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
+    if request.heads is not None and kv_heads > request.heads:
+        raise UsageError(f"--kv-heads {kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
     spec = manual_spec(
-        layers=request.layers,
-        kv_heads=request.kv_heads,
-        head_dim=request.head_dim,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         heads=request.heads,
         hidden=request.hidden,
         dtype=request.dtype or "float16",
     )
-    return spec, None
+    return spec
 
 
 def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
@@ -229,8 +309,28 @@ def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
     return dataclasses.replace(spec, dtype=dtype, notes=(*spec.notes, f"model dtype set to {dtype} by --dtype"))
 
 
-def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> Budget | None:
-    """The per-GPU KV budget from --kv-memory, --gpu or --gpu-memory; None when none was asked."""
+@dataclasses.dataclass(frozen=True)
+class AskedGpu:
+    """The GPU asked with --gpu or --gpu-memory: what the driver reports, and its profile name."""
+
+    memory_bytes: int
+    name: str | None
+
+
+def _implausible_size(text: str, size: int, option: str, floor: int) -> None:
+    """``--gpu-memory 80`` is 80 bytes: say so, with the likely intent."""
+    if size < floor:
+        bare = str(text).strip()
+        guess = f"{bare}GiB" if bare.replace(".", "", 1).isdigit() else "a size such as 80GiB"
+        raise UsageError(
+            f"{option} {bare} is {size:,} bytes, too small for {'a GPU' if option == '--gpu-memory' else 'a KV cache'}",
+            where=option,
+            tip=f"did you mean {guess}? (plain numbers are bytes; units: GiB, GB, MiB)",
+        )
+
+
+def asked_gpu(request: EstimateRequest) -> AskedGpu | None:
+    """The GPU of --gpu / --gpu-memory, after refusing option combinations vLLM would ignore."""
     given = (("--reserve", request.reserve), ("--gpu-memory-utilization", request.gpu_memory_utilization))
     gpu_only = [option for option, value in given if value is not None]  # options that size a GPU budget only
     if request.kv_memory is not None:
@@ -242,7 +342,7 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
                 where=gpu_only[0],
                 tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
             )
-        return Budget(parse_size(request.kv_memory, option="--kv-memory"), "--kv-memory")
+        return None
     if request.gpu and request.gpu_memory:
         raise UsageError("give --gpu or --gpu-memory, not both", where="--gpu")
     if not (request.gpu or request.gpu_memory):
@@ -257,31 +357,110 @@ def resolve_budget(request: EstimateRequest, weights: WeightEstimate | None) -> 
         from kvtool.estimate.profiles import find_gpu
 
         profile = find_gpu(request.gpu, request.profile_dirs)
-        memory, name = profile.memory_bytes, profile.name
-    else:
-        memory, name = parse_size(request.gpu_memory, option="--gpu-memory"), None
+        return AskedGpu(profile.memory_bytes, profile.name)
+    text = str(request.gpu_memory)
+    memory = parse_size(text, option="--gpu-memory")
+    _implausible_size(text, memory, "--gpu-memory", GIB // 4)
+    return AskedGpu(memory, None)
+
+
+def check_block_size(block_size: int, gpu: AskedGpu | None) -> None:
+    """Refuse a block size vLLM's GPU attention backends refuse.
+
+    vLLM 0.32's CUDA backends declare their kernel block sizes: FlashAttention ``MultipleOf(16)``, FlashInfer 16, 32
+    or 64 (vllm/v1/attention/backends, ``get_supported_kernel_block_sizes``); no backend takes other sizes.
+    """
+    if gpu is not None and block_size % 16:
+        raise UsageError(
+            f"--block-size {block_size} is refused by vLLM's GPU attention backends (FlashAttention needs a multiple "
+            "of 16)",
+            where="--block-size",
+            tip="use 16 (vLLM's default), 32, 64 or 128",
+        )
+
+
+def scheduler_defaults(request: EstimateRequest, gpu: AskedGpu | None) -> tuple[EstimateRequest, list[str]]:
+    """max_num_batched_tokens and max_num_seqs as ``vllm serve`` picks them for the GPU, unless given."""
+    said: list[str] = []
+    memory, name = (gpu.memory_bytes, gpu.name) if gpu else (None, None)
+    if request.max_num_batched_tokens is None:
+        mnbt, why = serve_max_num_batched_tokens(memory, name)
+        request = dataclasses.replace(request, max_num_batched_tokens=mnbt)
+        said.append(f"max-num-batched-tokens {mnbt} ({why})")
+    if request.max_num_seqs is None:
+        seqs = serve_max_num_seqs(memory, name)
+        request = dataclasses.replace(request, max_num_seqs=seqs)
+        said.append(f"max-num-seqs {seqs} (vllm serve's default for this GPU)")
+    return request, said
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBudget:
+    budget: Budget | None
+    reserve: Reserve | None  # None with --kv-memory or without a GPU
+
+
+def _size_or_none(text: str | None, option: str) -> int | None:
+    return None if text is None else _parse_reserve(text, option)
+
+
+def resolve_budget(
+    request: EstimateRequest,
+    spec: ModelSpec,
+    weights: WeightEstimate | None,
+    gpu: AskedGpu | None,
+    stage: Stage | None = None,
+) -> PlannedBudget:
+    """The per-GPU KV budget from --kv-memory, or the GPU's memory less weights and the modelled reserve.
+
+    With a pipeline ``stage``, its weights per GPU replace the whole model's, and only the last stage samples.
+    """
+    if request.kv_memory is not None:
+        text = str(request.kv_memory)
+        size = parse_size(text, option="--kv-memory")
+        _implausible_size(text, size, "--kv-memory", 1024)
+        return PlannedBudget(Budget(size, "--kv-memory"), None)
+    if gpu is None:
+        return PlannedBudget(None, None)
     if weights is None:
         raise UsageError(
             "GPU planning needs the weights: use --model or --config, or give --kv-memory in manual mode",
             where="--gpu" if request.gpu else "--gpu-memory",
         )
-    reserve = DEFAULT_RESERVE_BYTES if request.reserve is None else _parse_reserve(request.reserve)
-    return gpu_budget(
-        gpu_memory_bytes=memory,
+    overrides = ReserveOverrides(
+        total_bytes=_size_or_none(request.reserve, "--reserve"),
+        activation_bytes=_size_or_none(request.activation_memory, "--activation-memory"),
+        non_torch_bytes=_size_or_none(request.non_torch_memory, "--non-torch-memory"),
+        cudagraph_bytes=_size_or_none(request.cudagraph_memory, "--cudagraph-memory"),
+    )
+    reserve = model_reserve(
+        spec,
+        tp=request.tp,
+        max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=request.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        enforce_eager=request.enforce_eager,
+        overrides=overrides,
+        pp=request.pp,
+        last_stage=stage is None or stage.index == request.pp - 1,
+    )
+    weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
+    budget = gpu_budget(
+        gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=(
             DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
         ),
-        weights_bytes=weights.weights_bytes,
+        weights_bytes=weights_bytes,
         tp=request.tp,
-        reserve_bytes=reserve,
-        gpu_name=name,
+        reserve_bytes=reserve.total_bytes,
+        gpu_name=gpu.name,
     )
+    return PlannedBudget(budget, reserve)
 
 
-def _parse_reserve(text: str) -> int:
+def _parse_reserve(text: str, option: str = "--reserve") -> int:
     if str(text).strip() in ("0", "0B", "0GiB", "0GB"):
         return 0
-    return parse_size(text, option="--reserve")
+    return parse_size(text, option=option)
 
 
 def _check_positive(request: EstimateRequest) -> None:
@@ -289,7 +468,7 @@ def _check_positive(request: EstimateRequest) -> None:
         for v in values:
             if v <= 0:
                 raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
-    for option, v in (
+    optional: tuple[tuple[str, int | None], ...] = (
         ("--tp", request.tp),
         ("--block-size", request.block_size),
         ("--layers", request.layers),
@@ -298,9 +477,13 @@ def _check_positive(request: EstimateRequest) -> None:
         ("--heads", request.heads),
         ("--hidden", request.hidden),
         ("--max-num-batched-tokens", request.max_num_batched_tokens),
-    ):
-        if v is not None and v <= 0:
-            raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
+        ("--max-num-seqs", request.max_num_seqs),
+    )
+    if request.pp <= 0:
+        raise UsageError(f"--pp must be greater than zero, not {request.pp}", where="--pp")
+    for option, given in optional:
+        if given is not None and given <= 0:
+            raise UsageError(f"{option} must be greater than zero, not {given}", where=option)
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
@@ -329,27 +512,18 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
         )
 
 
-def estimate(request: EstimateRequest) -> EstimateResult:
-    """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way)."""
-    _check_positive(request)
-    spec, weights = resolve_model(request)
-    check_tp(spec, request.tp)
-    layout = kv_layout(spec, request.kv_dtype, request.tp)
-    budget = resolve_budget(request, weights)
-    mnbt_default = None
-    if request.max_num_batched_tokens is None:
-        mnbt, why = serve_max_num_batched_tokens(
-            budget.gpu_memory_bytes if budget else None, budget.gpu_name if budget else None
-        )
-        request = dataclasses.replace(request, max_num_batched_tokens=mnbt)
-        mnbt_default = f"max-num-batched-tokens {mnbt} ({why})"
+@dataclasses.dataclass(frozen=True)
+class _Lengths:
+    seq_lens: tuple[int, ...]
+    batches: tuple[int, ...]
+    defaults: tuple[str, ...]  # the defaults used for them, in words
 
-    defaults: list[str] = []
-    if spec.model_type == "manual" and request.dtype is None:
-        defaults.append("dtype float16 (kvtool's default in manual mode; --dtype to change)")
-    if request.seq_lens:
-        seq_lens = request.seq_lens
-    else:
+
+def _lengths(request: EstimateRequest, spec: ModelSpec) -> _Lengths:
+    """The sequence lengths and batches asked, or the model's context and batch 1."""
+    said: list[str] = []
+    seq_lens = request.seq_lens
+    if not seq_lens:
         default_len = spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN
         seq_lens = (default_len,)
         why = (
@@ -357,51 +531,64 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             if spec.max_position_embeddings
             else "kvtool's default"
         )
-        defaults.append(f"seq-len {default_len:,} ({why})")
-    batches = request.batches or (1,)
+        said.append(f"seq-len {default_len:,} ({why})")
     if not request.batches:
-        defaults.append("batch 1")
+        said.append("batch 1")
+    return _Lengths(seq_lens, request.batches or (1,), tuple(said))
+
+
+def _defaults(
+    request: EstimateRequest,
+    spec: ModelSpec,
+    layout: KvLayout,
+    planned: PlannedBudget,
+    scheduler: list[str],
+    lengths: _Lengths,
+) -> list[str]:
+    """Every default the figures rest on, in words (shown under the table and in the JSON)."""
+    said: list[str] = []
+    if spec.model_type == "manual" and request.dtype is None:
+        said.append("dtype float16 (kvtool's default in manual mode; --dtype to change)")
+    said.extend(lengths.defaults)
     if request.kv_dtype == "auto":
-        defaults.append(f"kv-dtype auto = model dtype {spec.dtype} -> {layout.kv_dtype}")
+        said.append(f"kv-dtype auto = model dtype {spec.dtype} -> {layout.kv_dtype}")
     if request.tp == 1:
-        defaults.append("tp 1")
-    if budget is not None:
-        if request.block_size == DEFAULT_BLOCK_SIZE:
-            defaults.append(f"block-size {DEFAULT_BLOCK_SIZE} (vLLM's default)")
-        if budget.method == "gpu":
-            if request.gpu_memory_utilization is None:
-                defaults.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
-            if request.reserve is None:
-                defaults.append(
-                    f"reserve {DEFAULT_RESERVE_BYTES / GIB:g} GiB per GPU for activations, CUDA graphs and non-torch memory"
-                )
-        if any(g.window_tokens for g in layout.groups) and mnbt_default:
-            defaults.append(mnbt_default)
+        said.append("tp 1")
+    budget = planned.budget
+    if budget is None:
+        return said
+    if request.block_size == DEFAULT_BLOCK_SIZE:
+        said.append(f"block-size {DEFAULT_BLOCK_SIZE} (vLLM's default)")
+    if budget.method == "gpu":
+        if request.gpu_memory_utilization is None:
+            said.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
+        if planned.reserve is not None and request.reserve is None:
+            said.append(f"reserve modelled as vLLM 0.32 profiles it: {planned.reserve.method}")
+        said.extend(scheduler)
+    elif any(g.window_tokens for g in layout.groups):
+        said.extend(x for x in scheduler if x.startswith("max-num-batched-tokens"))
+    return said
 
-    seq_len, batch = seq_lens[0], batches[0]
-    capacity = _capacity(spec, layout, budget, request, seq_len, batch)
-    sweep: tuple[SweepPoint, ...] = ()
-    if len(seq_lens) > 1 or len(batches) > 1:
-        points = []
-        for s in seq_lens:
-            for b in batches:
-                cap = _capacity(spec, layout, budget, request, s, b)
-                per_gpu = layout.kv_bytes_per_gpu(s, b)
-                points.append(
-                    SweepPoint(
-                        s,
-                        b,
-                        per_gpu * request.tp,
-                        per_gpu,
-                        cap.fits if cap else None,
-                        cap.max_concurrency if cap else None,
-                    )
-                )
-        sweep = tuple(points)
 
-    per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
-    per_token_gpu = _ceil(layout.bytes_per_token_per_gpu)
-    groups = tuple(
+def _sweep(spec, layout: KvLayout, planned: PlannedBudget, request: EstimateRequest, lengths: _Lengths):
+    """Every (seq_len, batch) asked when a list was given; empty otherwise."""
+    if len(lengths.seq_lens) == 1 and len(lengths.batches) == 1:
+        return ()
+    points = []
+    for s in lengths.seq_lens:
+        for b in lengths.batches:
+            cap = _capacity(spec, layout, planned.budget, request, s, b)
+            per_gpu = layout.kv_bytes_per_gpu(s, b)
+            points.append(
+                SweepPoint(
+                    s, b, per_gpu * request.tp, per_gpu, cap.fits if cap else None, cap.max_concurrency if cap else None
+                )
+            )
+    return tuple(points)
+
+
+def _layer_groups(layout: KvLayout, seq_len: int, batch: int) -> tuple[LayerGroupResult, ...]:
+    return tuple(
         LayerGroupResult(
             kind=g.kind,
             num_layers=g.num_layers,
@@ -414,6 +601,99 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         )
         for g in layout.groups
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinePlan:
+    """What sets capacity: the whole model (pp 1) or the pipeline stage with the fewest blocks."""
+
+    spec: ModelSpec  # the binding stage's layers (the whole model at pp 1)
+    layout: KvLayout
+    planned: PlannedBudget
+    stages: tuple[Stage, ...]  # empty at pp 1
+
+
+def plan_pipeline(
+    request: EstimateRequest, spec: ModelSpec, layout: KvLayout, weights: WeightEstimate | None, gpu: AskedGpu | None
+) -> PipelinePlan:
+    """Budget every pipeline stage on its own and keep the one with the fewest blocks, as vLLM's shared pool does."""
+    if request.pp == 1:
+        return PipelinePlan(spec, layout, resolve_budget(request, spec, weights, gpu), ())
+    options: list[tuple[int, Stage, ModelSpec, KvLayout, PlannedBudget]] = []
+    for stage in stages(spec, weights.weights_bytes if weights else 0, request.pp, request.tp):
+        part = stage_spec(spec, stage.first_layer, stage.num_layers)
+        part_layout = kv_layout(part, request.kv_dtype, request.tp)
+        planned = resolve_budget(request, part, weights, gpu, stage)
+        blocks = -1
+        if planned.budget is not None:
+            blocks = plan_capacity(
+                part,
+                part_layout,
+                planned.budget.kv_budget_bytes,
+                block_size=request.block_size,
+                max_model_len=spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN,
+                max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            ).num_blocks
+        budget_bytes = planned.budget.kv_budget_bytes if planned.budget else None
+        stage = dataclasses.replace(stage, kv_budget_bytes=budget_bytes, num_blocks=blocks if blocks >= 0 else None)
+        options.append((blocks, stage, part, part_layout, planned))
+    _, _, part, part_layout, planned = min(options, key=lambda o: (o[0], -o[1].num_layers))
+    return PipelinePlan(part, part_layout, planned, tuple(o[1] for o in options))
+
+
+def estimate(request: EstimateRequest) -> EstimateResult:
+    """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way).
+
+    Steps: read the model and its weights; lay out its KV cache per GPU; find the GPU and vLLM's scheduler
+    defaults for it; size the reserve and the KV budget; count blocks and requests for every length asked.
+    """
+    _check_positive(request)
+    spec, weights = resolve_model(request)
+    check_tp(spec, request.tp)
+    layout = kv_layout(spec, request.kv_dtype, request.tp)
+    gpu = asked_gpu(request)
+    check_block_size(request.block_size, gpu)
+    request, scheduler = scheduler_defaults(request, gpu)
+    pipeline = plan_pipeline(request, spec, layout, weights, gpu)
+    planned = pipeline.planned
+    lengths = _lengths(request, spec)
+    defaults = _defaults(request, spec, layout, planned, scheduler, lengths)
+    seq_len, batch = lengths.seq_lens[0], lengths.batches[0]
+    capacity = _capacity(pipeline.spec, pipeline.layout, planned.budget, request, seq_len, batch)
+    return _result(
+        request=request,
+        spec=spec,
+        weights=weights,
+        layout=layout,
+        planned=planned,
+        capacity=capacity,
+        lengths=lengths,
+        defaults=tuple(defaults),
+        sweep=_sweep(pipeline.spec, pipeline.layout, planned, request, lengths),
+        stages=pipeline.stages,
+    )
+
+
+def _result(
+    *,
+    request: EstimateRequest,
+    spec: ModelSpec,
+    weights: WeightEstimate | None,
+    layout: KvLayout,
+    planned: PlannedBudget,
+    capacity: Capacity | None,
+    lengths: _Lengths,
+    defaults: tuple[str, ...],
+    sweep: tuple[SweepPoint, ...],
+    stages: tuple[Stage, ...] = (),
+) -> EstimateResult:
+    """The flat result record both renderers read."""
+    budget, reserve = planned.budget, planned.reserve
+    seq_len, batch = lengths.seq_lens[0], lengths.batches[0]
+    per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
+    per_token_gpu = _ceil(layout.bytes_per_token_per_gpu)
+    groups = _layer_groups(layout, seq_len, batch)
+    modelled = reserve is not None and request.reserve is None
     return EstimateResult(
         model=spec.name,
         source=spec.source,
@@ -426,6 +706,8 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         model_dtype=spec.dtype,
         kv_dtype=layout.kv_dtype,
         tp=request.tp,
+        pp=request.pp,
+        stages=stages,
         seq_len=seq_len,
         batch=batch,
         bytes_per_token=per_token_gpu * request.tp,
@@ -446,9 +728,14 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         requested_memory_bytes=budget.requested_memory_bytes if budget else None,
         weights_bytes_per_gpu=budget.weights_bytes_per_gpu if budget else None,
         reserve_bytes=budget.reserve_bytes if budget else None,
+        activation_bytes=reserve.activation_bytes if reserve and modelled else None,
+        non_torch_bytes=reserve.non_torch_bytes if reserve and modelled else None,
+        cudagraph_bytes=reserve.cudagraph_bytes if reserve and modelled else None,
+        reserve_method=reserve.method if reserve else None,
+        max_num_seqs=request.max_num_seqs,
         kv_budget_bytes=budget.kv_budget_bytes if budget else None,
         block_size=request.block_size,
-        max_num_batched_tokens=request.max_num_batched_tokens,
+        max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         num_blocks=capacity.num_blocks if capacity else None,
         kv_cache_tokens=capacity.kv_cache_tokens if capacity else None,
         blocks_per_request=capacity.blocks_per_request if capacity else None,
@@ -460,13 +747,41 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         max_batch=capacity.max_batch if capacity else None,
         max_seq_len_at_batch=capacity.max_seq_len_at_batch if capacity else None,
         capacity_method=capacity.method if capacity else None,
-        defaults=tuple(defaults),
+        defaults=defaults,
         notes=(*spec.notes, *layout.notes, *_weights_notes(request, weights), *_budget_notes(budget)),
         max_position_embeddings=spec.max_position_embeddings,
-        warnings=_context_warnings(spec, seq_lens),
+        warnings=_context_warnings(spec, lengths.seq_lens),
         sweep=sweep,
         compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
+        suggestions=suggest_fits(request, spec, capacity, seq_len, batch),
     )
+
+
+def suggest_fits(
+    request: EstimateRequest, spec: ModelSpec, capacity: Capacity | None, seq_len: int, batch: int
+) -> tuple[str, ...]:
+    """What would fit when the asked batch does not: the smallest larger --tp, an fp8 KV cache, a shorter context."""
+    if not request.suggest or capacity is None or capacity.fits:
+        return ()
+    said: list[str] = []
+    one = dataclasses.replace(request, seq_lens=(seq_len,), batches=(batch,), suggest=False, compare=False)
+    for tp in (2, 4, 8, 16):
+        if tp <= request.tp or spec.num_attention_heads % tp:
+            continue
+        try:
+            tried = estimate(dataclasses.replace(one, tp=tp))
+        except KvtoolError:
+            continue
+        if tried.fits:
+            said.append(f"--tp {tp} fits (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+            break
+    if not request.kv_dtype.startswith("fp8") and request.kv_dtype not in ("int4", "nvfp4"):
+        tried = estimate(dataclasses.replace(one, kv_dtype="fp8"))
+        verdict = "fits" if tried.fits else "is not enough"
+        said.append(f"--kv-dtype fp8 {verdict} (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+    if capacity.max_seq_len_at_batch:
+        said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {batch:,} requests")
+    return tuple(said)
 
 
 def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, ...]:
@@ -520,7 +835,7 @@ def _capacity(
         block_size=request.block_size,
         max_model_len=seq_len,
         batch=batch,
-        max_num_batched_tokens=request.max_num_batched_tokens,
+        max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
     )
 
 
@@ -602,7 +917,9 @@ def kv_budget_tokens(
     spec, weights = resolve_model(request)
     check_tp(spec, tp)
     layout = kv_layout(spec, kv_dtype, tp)
-    budget = resolve_budget(request, weights)
+    asked = asked_gpu(request)
+    request, _ = scheduler_defaults(request, asked)
+    budget = resolve_budget(request, spec, weights, asked).budget
     if budget is None:
         raise UsageError("give --gpu, --gpu-memory or --kv-memory for a KV budget")
     length = max_model_len or spec.max_position_embeddings or 4096

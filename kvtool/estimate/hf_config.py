@@ -24,6 +24,7 @@ from typing import Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+from kvtool.estimate.quant import WeightQuant, from_quantization_config
 
 FULL = "full"
 SLIDING = "sliding"
@@ -61,9 +62,8 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     num_nextn_predict_layers: int = 0
-    # quantization_config.quant_method "fp8": linear weights are 1 byte with one float32 scale per block of
-    # (rows, cols) ((0, 0): one scale per matrix); None: every weight at `dtype`
-    fp8_weight_block: tuple[int, int] | None = None
+    # how quantized linear weights are stored (quantization_config or --quantization); None: all at `dtype`
+    weight_quant: WeightQuant | None = None
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -159,6 +159,12 @@ class _Reader:
                 return key, value
         return None, None
 
+    def need(self, *keys: str) -> int:
+        """A required positive integer (the error names the file and the first key)."""
+        value = self.positive(*keys, required=True)
+        assert value is not None  # positive(required=True) raises instead of returning None
+        return value
+
     def positive(self, *keys: str, required: bool = True) -> int | None:
         key, value = self.first(*keys)
         if value is None:
@@ -167,7 +173,85 @@ class _Reader:
             return None
         if value <= 0:
             raise InputFileError(f"{key} must be positive, not {value}", where=f"{self.where}: field {key}")
+        if value > MAX_CONFIG_INT:
+            raise InputFileError(
+                f"{key} {value:.3g} is not a plausible model dimension (over {MAX_CONFIG_INT:,})",
+                where=f"{self.where}: field {key}",
+            )
         return value
+
+
+# No published model comes near this in any dimension (vocabularies reach ~262k, hidden sizes ~30k, layers ~200);
+# a larger value is a typo or a hostile file, refused in one line instead of an overflow deep in the arithmetic.
+MAX_CONFIG_INT = 10_000_000
+
+# model_type values of encoder-only models: vLLM serves them as pooling models, without a KV cache.
+ENCODER_ONLY = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "albert", "modernbert"}
+)
+# Models that mix attention with linear-attention or Mamba-style layers (per-request recurrent state, sized by
+# vLLM's MambaSpec / hybrid KV groups).  kvtool does not model them yet and refuses them rather than count every
+# layer as full attention.
+HYBRID_MODEL_TYPES = frozenset(
+    {
+        "jamba",
+        "falcon_h1",
+        "granitemoehybrid",
+        "nemotron_h",
+        "mamba",
+        "mamba2",
+        "zamba",
+        "zamba2",
+        "bamba",
+        "qwen3_next",
+        "minimax",
+        "minimax_m1",
+        "minimax_text_01",
+        "plamo2",
+        "lfm2",
+        "kimi_linear",
+        "rwkv",
+    }
+)
+HYBRID_KEYS = (
+    "attn_type_list",
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "mamba_d_state",
+    "linear_num_key_heads",
+)
+
+
+def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
+    """Encoder-only and hybrid (linear-attention / Mamba) configs: a clear refusal, never a wrong number."""
+    nested = data.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else data
+    model_type = str(text.get("model_type") or data.get("model_type") or "")
+    architectures = " ".join(str(a) for a in data.get("architectures") or [])
+    if model_type in ENCODER_ONLY or "ForMaskedLM" in architectures:
+        raise InputFileError(
+            f"{model_type or architectures} is an encoder-only model: vLLM serves it as a pooling model with no KV "
+            "cache to size",
+            where=f"{where}: field model_type",
+        )
+    listed = text.get("layer_types")
+    layer_types: list[Any] = listed if isinstance(listed, list) else []
+    odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
+    hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
+    if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
+        why = (
+            f"layer_types holds {', '.join(odd)}"
+            if odd
+            else f"{hybrid_key} marks linear-attention or Mamba layers"
+            if hybrid_key
+            else f"model_type {model_type} mixes attention with linear-attention or Mamba layers"
+        )
+        raise InputFileError(
+            f"hybrid model not modelled: {why}; vLLM keeps per-request recurrent state for those layers "
+            "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention",
+            where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
+            tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
+        )
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
@@ -205,6 +289,7 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
 
 def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -> ModelSpec:
     """Turn a config.json mapping into a ModelSpec (see the module docstring for the rules)."""
+    refuse_unmodelled(data, where)
     top = _Reader(data, where)
     text_config = top.get("text_config")
     cfg = _Reader({**text_config}, f"{where}: text_config") if isinstance(text_config, dict) else top
@@ -213,8 +298,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         notes.append("read the language model from text_config")
 
     model_type = cfg.get("model_type") or top.get("model_type") or "unknown"
-    num_layers = cfg.positive("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-    num_heads = cfg.positive("num_attention_heads", "n_head", "num_heads")
+    num_layers = cfg.need("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    num_heads = cfg.need("num_attention_heads", "n_head", "num_heads")
     hidden = cfg.positive("hidden_size", "n_embd", "d_model", required=False)
 
     dtype_key, dtype = cfg.first("dtype", "torch_dtype")
@@ -232,8 +317,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     kv_lora_rank = cfg.positive("kv_lora_rank", required=False)
     is_mla = kv_lora_rank is not None
     qk_rope = None
-    if is_mla:
-        qk_rope = cfg.positive("qk_rope_head_dim")
+    if kv_lora_rank is not None:
+        qk_rope = cfg.need("qk_rope_head_dim")
         head_dim = kv_lora_rank + qk_rope
         num_kv_heads = 1
         notes.append(f"MLA: one latent of kv_lora_rank {kv_lora_rank} + qk_rope_head_dim {qk_rope} per layer")
@@ -286,7 +371,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
-        fp8_weight_block=_fp8_weight_block(top, notes),
+        weight_quant=_weight_quant(top, dtype, notes),
         notes=tuple(notes),
     )
 
@@ -317,27 +402,18 @@ def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
     return found[key]
 
 
-def _fp8_weight_block(top: _Reader, notes: list[str]) -> tuple[int, int] | None:
-    """FP8 weight blocks from ``quantization_config`` (DeepSeek-V3: quant_method fp8, weight_block_size [128, 128])."""
-    quant = top.get("quantization_config")
+def _weight_quant(top: _Reader, dtype: str, notes: list[str]) -> WeightQuant | None:
+    """Quantized weights from ``quantization_config`` (kvtool.estimate.quant); a method not modelled is said."""
+    config = top.get("quantization_config")
+    if config is None:
+        return None
+    quant = from_quantization_config(config, top.where, MODEL_DTYPE_BYTES.get(dtype, 2))
     if quant is None:
-        return None
-    method = quant.get("quant_method")
-    if method != "fp8":
         notes.append(
-            f"quantization_config quant_method {method!r} is not modelled: weights estimated at the config dtype "
-            f"(safetensors headers beside the config give exact bytes)"
+            f"quantization_config quant_method {config.get('quant_method')!r} is not modelled: weights estimated at "
+            f"the config dtype (safetensors headers beside the config give exact bytes)"
         )
-        return None
-    block = quant.get("weight_block_size")
-    if block is None:
-        return (0, 0)
-    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-        raise InputFileError(
-            f"weight_block_size must be two positive integers, not {block!r}",
-            where=f"{top.where}: field quantization_config.weight_block_size",
-        )
-    return (block[0], block[1])
+    return quant
 
 
 def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:

@@ -74,8 +74,8 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
             per_layer = kv_vector_bytes(dtype, spec.head_dim)
         if tp > 1:
             notes.append(f"MLA latents are replicated on each of the {tp} GPUs")
-        groups = (LayerGroup(MLA, spec.num_layers, 1, spec.head_dim, 1, None, per_layer),)
-        return KvLayout(dtype, tp, groups, tuple(notes))
+        latent = (LayerGroup(MLA, spec.num_layers, 1, spec.head_dim, 1, None, per_layer),)
+        return KvLayout(dtype, tp, latent, tuple(notes))
 
     heads = max(1, spec.num_kv_heads // tp)
     if tp > spec.num_kv_heads:
@@ -83,7 +83,7 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
     elif spec.num_kv_heads % tp:
         notes.append(f"{spec.num_kv_heads} KV heads do not divide evenly over tp {tp}; {heads} per GPU assumed")
     per_layer = 2 * heads * kv_vector_bytes(dtype, spec.head_dim)
-    groups = []
+    groups: list[LayerGroup] = []
     for kind in (FULL, SLIDING):
         n = spec.layer_kinds.count(kind)
         if n:

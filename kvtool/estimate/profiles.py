@@ -32,15 +32,44 @@ class ModelProfile:
     published_params: int | None = None  # parameter count published on the model card / safetensors metadata
 
 
+TFLOPS_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseTflops:
+    """Peak dense (not 2:4 sparse) tensor throughput per dtype, in TFLOPS (int8: TOPS); None where the GPU has none."""
+
+    fp32: float | None = None
+    tf32: float | None = None
+    fp16: float | None = None
+    bf16: float | None = None
+    fp8: float | None = None
+    int8: float | None = None
+
+    def for_dtype(self, dtype: str) -> float | None:
+        """The peak for a dtype in kvtool's spelling (``bfloat16``, ``fp8``, ``float32`` ...)."""
+        key = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(
+            dtype, dtype
+        )
+        if key.startswith("fp8"):
+            key = "fp8"
+        return getattr(self, key, None) if key in TFLOPS_DTYPES else None
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuProfile:
     name: str
-    memory_bytes: int  # total device memory, as the profile states it
-    memory_text: str  # the size as written in the profile, e.g. "80GiB"
+    memory_bytes: int  # what the driver reports to CUDA/HIP (vLLM's total_gpu_memory); the budget starts from it
+    memory_text: str  # the size as written in the profile, e.g. "79.22GiB"
     file: str
     vendor: str = ""
     aliases: tuple[str, ...] = ()
     source: str = ""
+    nominal_memory_text: str = ""  # the datasheet size, e.g. "80GB" (for display only)
+    nvidia_smi_mib: int | None = None  # nvidia-smi's total, where known
+    memory_bandwidth_gb_s: float | None = None  # peak memory bandwidth, decimal GB/s
+    peak_dense_tflops: DenseTflops = DenseTflops()
+    evidence: tuple[str, ...] = ()  # public sources for the figures, one line each
 
 
 _MODEL_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
@@ -54,10 +83,15 @@ _MODEL_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 _GPU_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "name": ((str,), True),
-    "memory": ((str,), True),
+    "memory": ((str, int), True),  # what the driver reports (vLLM's total_gpu_memory), not the datasheet size
+    "nominal_memory": ((str,), False),
+    "nvidia_smi_mib": ((int,), False),
     "vendor": ((str,), False),
     "aliases": ((list,), False),
     "source": ((str,), False),
+    "memory_bandwidth_gb_s": ((int, float), False),
+    "peak_dense_tflops": ((dict,), False),
+    "evidence": ((list,), False),
 }
 
 
@@ -166,23 +200,49 @@ def read_model_profile(file: Path) -> ModelProfile:
     )
 
 
+def _dense_tflops(value: dict, file: Path) -> DenseTflops:
+    for key, number in value.items():
+        where = f"{file}: field peak_dense_tflops.{key}"
+        if key not in TFLOPS_DTYPES:
+            raise InputFileError(f"unknown dtype {key!r}; allowed: {', '.join(TFLOPS_DTYPES)}", where=where)
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number < 1e6:
+            raise InputFileError(f"{key} must be a positive number of TFLOPS, not {number!r}", where=where)
+    return DenseTflops(**{key: float(number) for key, number in value.items()})
+
+
+def _positive(data: dict, key: str, file: Path) -> None:
+    value = data.get(key)
+    if value is not None and not 0 < value < 1e9:
+        raise InputFileError(f"{key} must be positive, not {value!r}", where=f"{file}: field {key}")
+
+
 def read_gpu_profile(file: Path) -> GpuProfile:
     from kvtool.core.units import parse_size
 
     data = _read_yaml(file)
     _validate(data, _GPU_SCHEMA, file)
     try:
-        memory = parse_size(data["memory"], option="memory")
+        memory = parse_size(str(data["memory"]), option="memory")
     except UsageError as err:
         raise InputFileError(err.message, where=f"{file}: field memory") from None
+    for key in ("memory_bandwidth_gb_s", "nvidia_smi_mib"):
+        _positive(data, key, file)
+    if not all(isinstance(line, str) for line in data.get("evidence", [])):
+        raise InputFileError("evidence must be a list of strings", where=f"{file}: field evidence")
+    bandwidth = data.get("memory_bandwidth_gb_s")
     return GpuProfile(
         name=data["name"],
         memory_bytes=memory,
-        memory_text=data["memory"],
+        memory_text=str(data["memory"]),
         file=str(file),
         vendor=data.get("vendor", ""),
         aliases=tuple(data.get("aliases", ())),
         source=data.get("source", ""),
+        nominal_memory_text=data.get("nominal_memory", ""),
+        nvidia_smi_mib=data.get("nvidia_smi_mib"),
+        memory_bandwidth_gb_s=float(bandwidth) if bandwidth is not None else None,
+        peak_dense_tflops=_dense_tflops(data.get("peak_dense_tflops", {}), file),
+        evidence=tuple(data.get("evidence", ())),
     )
 
 
@@ -238,7 +298,21 @@ def find_model(name: str, extra: Iterable[str | Path] = ()) -> ModelProfile:
     return _find(name, _kind_dirs(search_dirs(extra), "models"), read_model_profile, "model", "--model")
 
 
+def find_model_by_repo(repo_id: str, extra: Iterable[str | Path] = ()) -> ModelProfile | None:
+    """The profile whose ``hf_repo`` is ``org/name`` (case-insensitive); None when no profile names it."""
+    key = repo_id.strip().strip("/").lower()
+    for profile in list_models(extra):
+        if profile.hf_repo.lower() == key:
+            return profile
+    return None
+
+
 def find_gpu(name: str, extra: Iterable[str | Path] = ()) -> GpuProfile:
+    """A GPU profile by name or alias: driver-reported memory, bandwidth, dense peak TFLOPS per dtype, evidence.
+
+    This is the accessor other commands use (the simulator's cost model reads ``memory_bandwidth_gb_s`` and
+    ``peak_dense_tflops.for_dtype(...)``).
+    """
     return _find(name, _kind_dirs(search_dirs(extra), "gpus"), read_gpu_profile, "GPU", "--gpu")
 
 

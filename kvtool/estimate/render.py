@@ -10,6 +10,15 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n)
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GIB:,.2f} GiB"
+
+
+def _n(x: int | None) -> int:
+    """A capacity figure, set whenever a budget is (the JSON keeps None where there is none)."""
+    return 0 if x is None else x
+
+
 def render_estimate(result: EstimateResult, console) -> None:
     from rich.table import Table
 
@@ -19,6 +28,8 @@ def render_estimate(result: EstimateResult, console) -> None:
         f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {heads}, "
         f"model {r.model_dtype} -> KV {r.kv_dtype}"
     )
+    if r.fits is not None:
+        console.print(headline(r))
     table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", overflow="fold")
@@ -41,15 +52,30 @@ def render_estimate(result: EstimateResult, console) -> None:
             gpu = r.gpu or "GPU"
             table.add_row(
                 "KV budget per GPU",
-                f"{gpu} {r.gpu_memory_bytes / GIB:,.2f} GiB x {r.gpu_memory_utilization:g} "
-                f"- weights {r.weights_bytes_per_gpu / GIB:,.2f} GiB - reserve {r.reserve_bytes / GIB:,.2f} GiB "
-                f"= {r.kv_budget_bytes:,} B ({r.kv_budget_bytes / GIB:,.2f} GiB)",
+                f"{gpu} {_gib(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} "
+                f"- weights {_gib(r.weights_bytes_per_gpu)} - reserve {_gib(r.reserve_bytes)} "
+                f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
             )
+            if r.activation_bytes is not None:
+                table.add_row(
+                    "reserve per GPU (vLLM 0.32 profiling)",
+                    f"activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
+                    f"+ CUDA graphs {_gib(r.cudagraph_bytes)} (each overridable: --activation-memory, "
+                    f"--non-torch-memory, --cudagraph-memory)",
+                )
         else:
             table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
+        for st in r.stages:
+            binding = " (sets capacity)" if st.num_blocks == r.num_blocks else ""
+            table.add_row(
+                f"pipeline stage {st.index} (per GPU){binding}",
+                f"layers {st.first_layer}-{st.first_layer + st.num_layers - 1}, weights "
+                f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
+                f"{_n(st.num_blocks):,} blocks",
+            )
         table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
         table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
-        if r.max_batch >= 1:
+        if _n(r.max_batch) >= 1:
             table.add_row(
                 "vLLM would log",
                 f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
@@ -85,7 +111,7 @@ def render_estimate(result: EstimateResult, console) -> None:
             )
         elif r.max_seq_len == 0:
             console.print(
-                f"[red]Does not fit[/red]: {max(r.num_blocks, 0):,} blocks leave no room for even one request "
+                f"[red]Does not fit[/red]: {max(_n(r.num_blocks), 0):,} blocks leave no room for even one request "
                 f"(vLLM would refuse to start)."
             )
         else:
@@ -96,9 +122,12 @@ def render_estimate(result: EstimateResult, console) -> None:
                 fitting.append(f"no length at which {r.batch:,} requests fit")
             console.print(
                 f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
-                f"{r.batch * r.blocks_per_request:,} blocks; {max(r.num_blocks - 1, 0):,} are usable. Largest that fit: "
+                f"{r.batch * _n(r.blocks_per_request):,} blocks; {max(_n(r.num_blocks) - 1, 0):,} are usable. "
+                "Largest that fit: "
                 f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
             )
+    if r.suggestions:
+        console.print("Would fit: " + "; ".join(r.suggestions) + ".")
     if r.sweep:
         render_sweep(result, console)
     if r.compare:
@@ -107,6 +136,21 @@ def render_estimate(result: EstimateResult, console) -> None:
     for note in r.notes:
         console.print(f"Note: {note}", style="dim")
     console.print(f"Source: {r.source}", style="dim")
+
+
+def headline(r: EstimateResult) -> str:
+    """The user's question answered first: "4 requests of 8,192 tokens fit: yes, up to 37"."""
+    where = f" on {r.gpu}" if r.gpu else ""
+    if r.tp * r.pp > 1:
+        where += (
+            f" x {r.tp * r.pp} ("
+            + ", ".join(part for part in (f"tp {r.tp}" if r.tp > 1 else "", f"pp {r.pp}" if r.pp > 1 else "") if part)
+            + ")"
+        )
+    asked = f"{r.batch:,} request{'s' if r.batch != 1 else ''} of {r.seq_len:,} tokens{where} fit"
+    if r.fits:
+        return f"[bold]{asked}: [green]yes[/green], up to {r.max_batch:,}[/bold]"
+    return f"[bold]{asked}: [red]no[/red], {r.max_batch:,} do[/bold]"
 
 
 def _beyond_context(r: EstimateResult) -> bool:
@@ -202,8 +246,16 @@ def render_models(models: list, gpus: list, console) -> None:
         box=None,
         pad_edge=False,
     )
-    for col in ("name", "memory", "bytes", "vendor"):
+    for col in ("name", "datasheet", "driver reports", "GB/s", "bf16 TFLOPS", "vendor"):
         gt.add_column(col, no_wrap=True)
     for g in gpus:
-        gt.add_row(g.name, g.memory_text, f"{g.memory_bytes:,}", g.vendor)
+        bf16 = g.peak_dense_tflops.bf16
+        gt.add_row(
+            g.name,
+            g.nominal_memory_text,
+            f"{g.memory_bytes / GIB:,.2f} GiB",
+            f"{g.memory_bandwidth_gb_s:,.0f}" if g.memory_bandwidth_gb_s else "",
+            f"{bf16:,.0f}" if bf16 else "",
+            g.vendor,
+        )
     console.print(gt)

@@ -16,7 +16,6 @@ quantizes linear layers only).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
@@ -33,10 +32,14 @@ class WeightEstimate:
 class _Parts:
     linear: tuple[tuple[int, int, int], ...]  # (rows, cols, count) of the decoder's linear weight matrices
     other: int  # embeddings, LM head, norms, router, biases: parameters never quantized
+    experts: int = 0  # routed experts over all layers, each gate + up (inter x hidden) and down (hidden x inter)
+    expert_inter: int = 0
+    hidden: int = 0
 
     @property
     def params(self) -> int:
-        return sum(r * c * n for r, c, n in self.linear) + self.other
+        expert = 3 * self.expert_inter * self.hidden * self.experts
+        return sum(r * c * n for r, c, n in self.linear) + expert + self.other
 
 
 def _parts(spec: ModelSpec) -> _Parts | None:
@@ -47,6 +50,7 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     other = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2) + h  # embeddings (+ head), final norm
 
     if spec.is_mla:
+        lora = spec.kv_lora_rank or 0
         nope = spec.qk_nope_head_dim or 0
         rope = spec.qk_rope_head_dim or 0
         v = spec.v_head_dim or nope
@@ -56,8 +60,8 @@ def _parts(spec: ModelSpec) -> _Parts | None:
             attn_other = spec.q_lora_rank  # q_a_layernorm
         else:
             attn, attn_other = [(q_dim, h)], 0
-        attn += [(spec.kv_lora_rank + rope, h), (heads * (nope + v), spec.kv_lora_rank), (h, heads * v)]
-        attn_other += spec.kv_lora_rank  # kv_a_layernorm
+        attn += [(lora + rope, h), (heads * (nope + v), lora), (h, heads * v)]
+        attn_other += lora  # kv_a_layernorm
     else:
         attn = [(heads * d, h), (kv * d, h), (kv * d, h), (h, heads * d)]
         attn_other = (heads + 2 * kv) * d if spec.model_type == "qwen2" else 0  # q/k/v biases
@@ -71,20 +75,20 @@ def _parts(spec: ModelSpec) -> _Parts | None:
         dense_mlp = [(spec.intermediate_size, h)] * 2 + [(h, spec.intermediate_size)]  # gate, up, down
 
     counts: dict[tuple[int, int], int] = {}
+    experts = 0
+    inter = spec.moe_intermediate_size or spec.intermediate_size or 0
     for layer in range(spec.num_layers):
         if spec.num_experts and layer >= spec.first_k_dense_replace:
-            inter = spec.moe_intermediate_size or spec.intermediate_size or 0
             shared = (spec.n_shared_experts or 0) * inter
-            mlp = [(inter, h)] * (2 * spec.num_experts) + [(h, inter)] * spec.num_experts
-            if shared:
-                mlp += [(shared, h), (shared, h), (h, shared)]
+            mlp = [(shared, h), (shared, h), (h, shared)] if shared else []
+            experts += spec.num_experts
             other += h * spec.num_experts  # router
         else:
             mlp = dense_mlp
         for shape in attn + mlp:
             counts[shape] = counts.get(shape, 0) + 1
         other += attn_other + norms
-    return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other)
+    return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other, experts, inter, h)
 
 
 def estimate_params(spec: ModelSpec) -> int | None:
@@ -98,16 +102,17 @@ def estimate_weights(spec: ModelSpec) -> WeightEstimate | None:
     if parts is None:
         return None
     dtype_bytes = model_dtype_bytes(spec.dtype)
-    if spec.fp8_weight_block is None:
+    quant = spec.weight_quant
+    if quant is None:
         return WeightEstimate(parts.params, parts.params * dtype_bytes, "config estimate")
-    rows_per_scale, cols_per_scale = spec.fp8_weight_block
-    linear = sum(r * c * n for r, c, n in parts.linear)
-    scales = sum(
-        math.ceil(r / (rows_per_scale or r)) * math.ceil(c / (cols_per_scale or c)) * n for r, c, n in parts.linear
-    )
-    block = f"{rows_per_scale}x{cols_per_scale} blocks" if rows_per_scale else "one scale per matrix"
+    if quant.experts_only:
+        linear = sum(r * c * n for r, c, n in parts.linear) * dtype_bytes
+    else:
+        linear = sum(quant.matrix_bytes(r, c) * n for r, c, n in parts.linear)
+    inter = -(-parts.expert_inter // quant.pad_intermediate_to) * quant.pad_intermediate_to
+    per_expert = 2 * quant.matrix_bytes(inter, parts.hidden) + quant.matrix_bytes(parts.hidden, inter)
     return WeightEstimate(
         parts.params,
-        linear + 4 * scales + parts.other * dtype_bytes,
-        f"config estimate; FP8 linear weights ({block}), the rest {spec.dtype}",
+        linear + per_expert * parts.experts + parts.other * dtype_bytes,
+        f"config estimate; {quant.method}, the rest {spec.dtype}",
     )

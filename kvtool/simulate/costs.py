@@ -26,20 +26,6 @@ import dataclasses
 
 from kvtool.core.errors import UsageError
 
-# Memory bandwidth (decimal GB/s) and dense peak (TFLOP/s, 16-bit) from the vendors' datasheets, used while the
-# GPU profile has no `memory_bandwidth_gb_s` / `peak_dense_tflops` (the issue-11 profile fields).
-_DATASHEET = {
-    "H100-80GB": (3350.0, 989.0),  # H100 SXM5: 3.35 TB/s HBM3, 989 TFLOPS BF16 dense
-    "H200": (4800.0, 989.0),
-    "A100-80GB": (2039.0, 312.0),
-    "A100-40GB": (1555.0, 312.0),
-    "L40S": (864.0, 362.0),
-    "L4": (300.0, 121.0),
-    "A10G": (600.0, 70.0),
-    "B200": (8000.0, 2250.0),
-    "MI300X": (5300.0, 1307.0),
-    "RTX-4090": (1008.0, 165.0),
-}
 DEFAULT_STEP_OVERHEAD_MS = 1.0  # scheduler, input preparation and kernel launches per step (eager CUDA graphs off)
 DEFAULT_TABLE_ENTRY_US = 0.13  # see the module docstring
 
@@ -131,32 +117,34 @@ def resolve_hardware(
             f"{result.gpu or gpu} ({(result.gpu_memory_bytes or 0) / 2**30:,.0f} GiB, vLLM's gpu_memory_utilization "
             f"{result.gpu_memory_utilization or 0.9:g})",
             where="--model/--gpu/--tp",
-            tip=f"raise --tp (e.g. --tp {2 * tp}) or pick a larger GPU; `kvtool estimate --model {name} --gpu {gpu}` "
-            "shows the memory plan",
+            tip="; ".join(s for s in result.suggestions if s.startswith("--tp"))
+            or "raise --tp or pick a larger GPU"
+            + f"; `kvtool estimate --model {name} --gpu {gpu}` shows the memory plan",
         )
     profile = find_gpu(gpu)
-    bw_profile = getattr(profile, "memory_bandwidth_gb_s", None)
-    peak_profile = getattr(profile, "peak_dense_tflops", None)
-    sheet = _DATASHEET.get(profile.name.upper())
     sources = []
     if overrides.bandwidth_gb_s is not None:
         bw, why = overrides.bandwidth_gb_s, "--bandwidth-gb-s"
-    elif bw_profile:
-        bw, why = float(bw_profile), f"{profile.file}"
-    elif sheet:
-        bw, why = sheet[0], f"{profile.name} datasheet (kvtool's table)"
+    elif profile.memory_bandwidth_gb_s:
+        bw, why = float(profile.memory_bandwidth_gb_s), f"GPU profile {profile.name}"
     else:
-        raise UsageError(f"no memory bandwidth known for {profile.name}", where="--gpu", tip="give --bandwidth-gb-s")
+        raise UsageError(
+            f"the GPU profile {profile.name} gives no memory_bandwidth_gb_s",
+            where=profile.file,
+            tip="give --bandwidth-gb-s",
+        )
     kv_dtype_used = result.kv_dtype
+    profile_peak = profile.peak_dense_tflops.for_dtype(result.model_dtype)
     if overrides.peak_tflops is not None:
         peak, pwhy = overrides.peak_tflops, "--peak-tflops"
-    elif isinstance(peak_profile, dict) and peak_profile:
-        key = result.model_dtype if result.model_dtype in peak_profile else next(iter(peak_profile))
-        peak, pwhy = float(peak_profile[key]), f"{profile.file} ({key})"
-    elif sheet:
-        peak, pwhy = sheet[1], f"{profile.name} datasheet, 16-bit dense (kvtool's table)"
+    elif profile_peak:
+        peak, pwhy = float(profile_peak), f"GPU profile {profile.name}, dense {result.model_dtype}"
     else:
-        raise UsageError(f"no peak FLOP/s known for {profile.name}", where="--gpu", tip="give --peak-tflops")
+        raise UsageError(
+            f"the GPU profile {profile.name} gives no dense peak for {result.model_dtype}",
+            where=profile.file,
+            tip="give --peak-tflops",
+        )
     overhead = DEFAULT_STEP_OVERHEAD_MS if overrides.step_overhead_ms is None else overrides.step_overhead_ms
     entry = DEFAULT_TABLE_ENTRY_US if overrides.table_entry_us is None else overrides.table_entry_us
     params = float(result.weights_params or 0) / tp

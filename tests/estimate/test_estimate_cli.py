@@ -165,7 +165,8 @@ def test_gpu_verdict_table(run_cli):
     r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--seq-len", "4096", "--batch", "64")
     assert r.exit_code == 0
     out = " ".join(r.stdout.split())
-    assert "Does not fit" in out and "vLLM would log" in out and "reserve 2 GiB" in out
+    assert "Does not fit" in out and "vLLM would log" in out and "reserve per GPU (vLLM 0.32 profiling)" in out
+    assert out.startswith("64 requests of 4,096 tokens on A10G fit: no, ")  # the question answered first
 
 
 def test_list_and_models(run_cli):
@@ -228,8 +229,9 @@ def test_gpu_budget_options_are_never_ignored_silently(run_cli, args):
 
 
 def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
-    # Llama-2-7B on an 80 GiB H100 at 0.95, no reserve: ceil(85,899,345,920 x 0.95) = 81,604,378,624;
-    # minus 6,738,415,616 params x 2 B = 13,476,831,232 -> 68,127,547,392 B.
+    # Llama-2-7B on an H100 at 0.95, no reserve. The driver reports 79.22 GiB = 85,061,827,297 B
+    # (vLLM's total_gpu_memory, github.com/vllm-project/vllm/pull/12126): ceil(x 0.95) = 80,808,735,933;
+    # minus 6,738,415,616 params x 2 B = 13,476,831,232 -> 67,331,904,701 B.
     out = json.loads(
         run_cli(
             "estimate",
@@ -244,7 +246,7 @@ def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
             "--json",
         ).stdout
     )
-    assert out["kv_budget_bytes"] == 68_127_547_392
+    assert out["kv_budget_bytes"] == 67_331_904_701
     assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
 
 
@@ -430,15 +432,12 @@ def test_seq_len_beyond_the_models_context_is_sized_and_warned(run_cli):
 
 
 def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli):
-    # Llama-2-7B on an 80 GiB A100: ceil(80 GiB x 0.9) - 13,476,831,232 B weights - 2 GiB = 61,685,096,448 B;
-    # / (16 x 524,288 B) = 7,353 blocks: memory would hold (7,353 - 1) x 16 = 117,632 tokens, but the model's
-    # context is 4,096, so the verdict offers 4,096.
-    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB")
-    out = " ".join(r.stdout.split())
-    assert "or one request of up to 4,096 tokens, the model's context (memory would hold 117,632)" in out
+    # Llama-2-7B on an A100 80GB (79.15 GiB as the driver reports it): ceil(84,986,665,369 x 0.9)
+    # - 13,476,831,232 B weights - 2 GiB = 60,863,683,953 B; / (16 x 524,288 B) = 7,255 blocks: memory would hold
+    # (7,255 - 1) x 16 = 116,064 tokens, but the model's context is 4,096, so the verdict offers 4,096.
+    args = ("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB", "--reserve", "2GiB")
+    out = " ".join(run_cli(*args).stdout.split())
+    assert "or one request of up to 4,096 tokens, the model's context (memory would hold 116,064)" in out
     assert (
-        json.loads(
-            run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024", "--gpu", "A100-80GB", "--json").stdout
-        )["max_seq_len"]
-        == 117_632
-    )  # the JSON keeps vLLM's memory figure
+        json.loads(run_cli(*args, "--json").stdout)["max_seq_len"] == 116_064
+    )  # the JSON keeps vLLM's figure  # the JSON keeps vLLM's memory figure

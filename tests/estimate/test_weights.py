@@ -119,11 +119,18 @@ def test_fp8_block_quantized_weights_by_hand(tmp_path, run_cli):
     out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
     assert out["weights_params"] == 655_360 + 512_768
     assert out["weights_bytes"] == 655_520 + 1_025_536
-    # a quantization method kvtool does not model is said, not silently sized at the config dtype
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    # AWQ (AutoAWQ's layout: qweight int32 (in, out/8) = 4 bits a weight; per group of 128 inputs and per output a
+    # float16 scale and a 4-bit zero in qzeros (in/128, out/8)): q, k, v, o 32,768 B + 256 x 2 groups x 2.5 B =
+    # 34,048 B each; gate, up 65,536 + 512 x 2 x 2.5 = 68,096 B each; down 65,536 + 256 x 4 x 2.5 = 68,096 B.
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
     (tmp_path / "config.json").write_text(json.dumps(config))
     out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
-    assert out["weights_bytes"] == (655_360 + 512_768) * 2 and any("'awq' is not modelled" in n for n in out["notes"])
+    assert out["weights_bytes"] == 4 * 34_048 + 3 * 68_096 + 1_025_536
+    # a quantization method kvtool does not model is said, not silently sized at the config dtype
+    config["quantization_config"] = {"quant_method": "hqq", "bits": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = json.loads(run_cli("estimate", "--config", str(tmp_path / "config.json"), "--json").stdout)
+    assert out["weights_bytes"] == (655_360 + 512_768) * 2 and any("'hqq' is not modelled" in n for n in out["notes"])
 
 
 def test_deepseek_v3_fp8_checkpoint_fits_eight_h200s(run_cli):

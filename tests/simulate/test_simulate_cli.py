@@ -317,7 +317,7 @@ def test_a_model_too_big_for_one_gpu_says_so(run_cli):
     assert res.exit_code == 2
     err = _err(res)
     assert "weights" in err and "leave no room for a KV cache" in err
-    assert res.stderr.splitlines()[1].startswith("Tip: raise --tp (e.g. --tp 2)")
+    assert res.stderr.splitlines()[1].startswith("Tip: --tp 4 fits")
 
 
 def test_simulate_does_not_import_pandas_or_torch():

@@ -1,0 +1,78 @@
+"""`kvtool estimate` against real vLLM start-up logs from real GPUs (tests/data/gpu-logs, sources in each case).
+
+From scratch (model config + GPU memory + engine arguments): the KV budget per GPU within 0.5 GiB of the logged
+"Available KV cache memory".  Given the logged budget (printed to two decimals of GiB, so known to +-0.005 GiB):
+kvtool's token count at the low and high ends of that interval brackets the logged "GPU KV cache size".
+The logged figures are read from case.yaml, copied from the public logs, never from kvtool's output.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import yaml
+
+from tests.support import DATA
+
+LOGS = DATA / "gpu-logs"
+CASES = sorted(p.name for p in LOGS.iterdir() if (p / "case.yaml").is_file())
+GIB = 1024**3
+
+
+def _case(name: str) -> dict:
+    return yaml.safe_load((LOGS / name / "case.yaml").read_text(encoding="utf-8"))
+
+
+def _estimate(run_cli, name: str, *args: str) -> dict:
+    case = _case(name)
+    base = ["estimate", "--config", str(LOGS / name), "--seq-len", str(case["seq_len"])]
+    base += ["--block-size", str(case.get("block_size", 16)), "--tp", str(case.get("tp", 1)), "--json"]
+    if case.get("kv_dtype"):
+        base += ["--kv-dtype", case["kv_dtype"]]
+    result = run_cli(*base, *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _from_scratch(run_cli, name: str) -> float:
+    case = _case(name)
+    args = ["--gpu-memory", f"{case['gpu_memory_gib']}GiB"]
+    args += ["--gpu-memory-utilization", str(case.get("gpu_memory_utilization", 0.9))]
+    if not case.get("cudagraph_subtracted", True):
+        args += ["--cudagraph-memory", "0"]  # vLLM before 0.21 did not subtract it
+    out = _estimate(run_cli, name, *args)
+    return out["kv_budget_bytes"] / GIB - case["logged"]["kv_gib"]
+
+
+SCRATCH = [c for c in CASES if _case(c).get("from_scratch", True)]
+WEIGHTS = [c for c in SCRATCH if "weights_gib" in _case(c)["logged"]]
+
+
+@pytest.mark.parametrize("name", WEIGHTS)
+def test_weights_per_gpu_within_a_quarter_gib_of_model_loading_took(run_cli, name):
+    # bf16, and MXFP4 experts for gpt-oss (kvtool.estimate.quant): the logged "Model loading took" per GPU
+    case = _case(name)
+    out = _estimate(run_cli, name, "--gpu-memory", f"{case['gpu_memory_gib']}GiB")
+    assert abs(out["weights_bytes_per_gpu"] / GIB - case["logged"]["weights_gib"]) <= 0.25
+
+
+@pytest.mark.parametrize("name", SCRATCH)
+def test_budget_from_scratch_within_half_a_gib(run_cli, name):
+    assert abs(_from_scratch(run_cli, name)) <= 0.5
+
+
+def test_budget_from_scratch_median_error_is_small(run_cli):
+    errors = [abs(_from_scratch(run_cli, name)) for name in SCRATCH]
+    assert len(errors) >= 4 and statistics.median(errors) <= 0.15
+
+
+@pytest.mark.parametrize("name", [c for c in CASES if "tokens" in _case(c)["logged"]])
+def test_given_the_logged_budget_the_logged_token_count(run_cli, name):
+    logged = _case(name)["logged"]
+    low = _estimate(run_cli, name, "--kv-memory", f"{logged['kv_gib'] - 0.005:.3f}GiB")
+    high = _estimate(run_cli, name, "--kv-memory", f"{logged['kv_gib'] + 0.005:.3f}GiB")
+    assert low["kv_cache_tokens"] <= logged["tokens"] <= high["kv_cache_tokens"]
+    if "concurrency" in logged:
+        assert f"{low['max_concurrency']:.2f}" <= logged["concurrency"] <= f"{high['max_concurrency']:.2f}"
