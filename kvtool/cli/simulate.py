@@ -131,13 +131,16 @@ def register(app: typer.Typer) -> None:
         peak_tflops: Optional[float] = typer.Option(
             None, "--peak-tflops", help="Dense peak (TFLOP/s; default: the GPU's, 16-bit).", rich_help_panel=_COST
         ),
-        step_overhead_ms: float = typer.Option(
-            DEFAULT_STEP_OVERHEAD_MS, "--step-overhead-ms", help="Fixed time per engine step.", rich_help_panel=_COST
+        step_overhead_ms: Optional[float] = typer.Option(
+            None,
+            "--step-overhead-ms",
+            help=f"Fixed time per engine step (default {DEFAULT_STEP_OVERHEAD_MS:g}).",
+            rich_help_panel=_COST,
         ),
-        table_entry_us: float = typer.Option(
-            DEFAULT_TABLE_ENTRY_US,
+        table_entry_us: Optional[float] = typer.Option(
+            None,
             "--table-entry-us",
-            help="Attention-kernel time per block-table entry (docs/simulate.md).",
+            help=f"Attention-kernel time per block-table entry (default {DEFAULT_TABLE_ENTRY_US:g}; docs/simulate.md).",
             rich_help_panel=_COST,
         ),
         serve: bool = typer.Option(
@@ -227,7 +230,7 @@ def register(app: typer.Typer) -> None:
         _check_options(source, shared_prefix, max_model_len, kv_tokens, max_num_seqs, serve, serve_only)
         _check_serving(model, config, gpu, kv_tokens, tp, prefix_variant_share, shared_prefix, export_events)
         for fixed, name in ((step_overhead_ms, "--step-overhead-ms"), (table_entry_us, "--table-entry-us")):
-            if not fixed >= 0:
+            if fixed is not None and not fixed >= 0:
                 raise UsageError(f"{name} must be 0 or more, got {fixed:g}", where=name)
         for value, name in (
             (bandwidth_gb_s, "--bandwidth-gb-s"),

@@ -27,7 +27,7 @@ import dataclasses
 from kvtool.core.errors import UsageError
 
 DEFAULT_STEP_OVERHEAD_MS = 1.0  # scheduler, input preparation and kernel launches per step (eager CUDA graphs off)
-DEFAULT_TABLE_ENTRY_US = 0.13  # see the module docstring
+DEFAULT_TABLE_ENTRY_US = 0.17  # see the module docstring
 
 
 @dataclasses.dataclass(frozen=True)

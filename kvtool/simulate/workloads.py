@@ -9,8 +9,8 @@ tokens may be shared with other requests):
   id per 512-token block of the prompt (equal ids = equal 512 tokens; the last id may cover a partial block);
 - any length-only source with ``--shared-prefix S``: every prompt starts with the same S-token system prompt (or its
   whole length when shorter), the rest private; ``--prefix-variant-share F`` gives a fraction F of the requests a
-  variant whose last system-prompt token differs (a trailing whitespace tokenised differently), which breaks the
-  match from the block holding that token on.
+  variant whose last system-prompt token differs (a trailing whitespace tokenised differently), each variant
+  different from every other (the worst case), which breaks the match from the block holding that token on.
 """
 
 from __future__ import annotations
@@ -112,10 +112,10 @@ def build_prompts(requests, shared_prefix_tokens: int = 0, variant_share: float 
     variant = rng.random(len(P)) < variant_share
     S = shared_prefix_tokens
     out = []
-    for p, v in zip(P, variant.tolist()):
+    for i, (p, v) in enumerate(zip(P, variant.tolist())):
         s = min(p, S)
         if v and s == S:
-            pieces: list[tuple[object, int]] = [("system", S - 1), ("system-variant", 1)]
+            pieces: list[tuple[object, int]] = [("system", S - 1), (("system-variant", i), 1)]
         else:
             pieces = [("system", s)]
         out.append(Prompt(p, [x for x in pieces if x[1] > 0]))

@@ -175,15 +175,15 @@ def test_roofline_step_time_by_hand():
     # weight bytes (2 bytes each), 524,288 KV bytes per token (2 x 32 layers x 32 heads x 128 x 2 B).  H100 SXM
     # datasheet: 3,350 GB/s, 989.4 TFLOP/s dense FP16 (profiles/gpus/h100-80gb.yaml).  One decode with 100 tokens of context at block 16 (7 entries):
     # memory (13,476,831,232 + 524,288 x 16 x 7) / 3.35e12 s; compute 2 x 6.738e9 / 989e12 (smaller);
-    # plus 1 ms overhead and 7 x 0.13 us.
+    # plus 1 ms overhead and 7 x 0.17 us.
     hw = resolve_hardware(model="llama-2-7b", config=None, gpu="h100")
     assert hw.weights_bytes_per_gpu == 13_476_831_232 and hw.kv_bytes_per_token_per_gpu == 524_288
     cost = RooflineCost(hw, 16)
-    want = 1e-3 + (13_476_831_232 + 524_288 * 16 * 7) / 3.35e12 + 7 * 0.13e-6
+    want = 1e-3 + (13_476_831_232 + 524_288 * 16 * 7) / 3.35e12 + 7 * 0.17e-6
     assert cost.time_s(1, 1, 7, 100.5) == pytest.approx(want, rel=1e-12)
     # a big prefill is compute-bound: 8,192 tokens
     flops = 2 * 6_738_415_616 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 / 2)
-    assert cost.time_s(8192, 1, 512, 8192 * 8193 / 2) == pytest.approx(1e-3 + flops / 989.4e12 + 512 * 0.13e-6)
+    assert cost.time_s(8192, 1, 512, 8192 * 8193 / 2) == pytest.approx(1e-3 + flops / 989.4e12 + 512 * 0.17e-6)
 
 
 def test_overrides_replace_every_constant():
@@ -248,5 +248,5 @@ def test_synthetic_system_prompt_and_variants():
     prompts = build_prompts(reqs, shared_prefix_tokens=100)
     assert [p.shared for p in prompts] == [[("system", 100)], [("system", 50)], [("system", 100)]]
     prompts = build_prompts(reqs, shared_prefix_tokens=100, variant_share=1.0)
-    assert prompts[0].shared == [("system", 99), ("system-variant", 1)]
+    assert prompts[0].shared == [("system", 99), (("system-variant", 0), 1)]
     assert prompts[1].shared == [("system", 50)]  # shorter than the system prompt: no variant token
