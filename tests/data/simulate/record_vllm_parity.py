@@ -55,6 +55,14 @@ def make_batch(spec: dict) -> list[dict]:
     return reqs
 
 
+def compact_json(fx: dict) -> str:
+    """The settings one per line, then one line per request and per step (readable, diffable)."""
+    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in fx.items() if k not in ("steps", "requests")]
+    lines += [' "requests": [', ",\n".join("  " + json.dumps(r, separators=(",", ":")) for r in fx["requests"]), " ],"]
+    lines += [' "steps": [', ",\n".join("  " + json.dumps(s, separators=(",", ":")) for s in fx["steps"]), " ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
 def max_model_len(spec: dict) -> int:
     """vLLM refuses a max_model_len that one request cannot reach: (blocks - 1) x block (the null block)."""
     return min(2048, (spec["blocks"] - 1) * spec["block"])
@@ -198,5 +206,5 @@ if __name__ == "__main__":
     for name in names:
         result = run(name, SCENARIOS[name], model_dir)
         with open(os.path.join(out_dir, f"vllm-parity-{name}.json"), "w") as f:
-            json.dump(result, f, indent=1)
+            f.write(compact_json(result))
         print(name, result["engine_steps"], "steps", sum(r["num_preemptions"] for r in result["requests"]), "preemptions")
