@@ -5,14 +5,15 @@ Thin layer: parse options, call ``load_events`` and ``analyze_events``, hand the
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors
+from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
@@ -37,7 +38,7 @@ def register(app: typer.Typer) -> None:
             None, "--pool-blocks", help="Pool capacity in blocks (share basis for the long-request alert)."
         ),
         top: int = typer.Option(10, "--top", help="How many culprits to list."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else."),
+        json_output: JsonOpt = False,
         export: Optional[Path] = typer.Option(None, "--export", help="Write the per-request table to this CSV file."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write four PNG charts into this directory."),
         strict: bool = typer.Option(
@@ -65,7 +66,7 @@ def register(app: typer.Typer) -> None:
                 if value != default
             ]
             return _analyze_jsonl(
-                events_file, json_out=json_out, plot=plot, export=export, strict=strict, ignored=ignored
+                events_file, json_output=json_output, plot=plot, export=export, strict=strict, ignored=ignored
             )
 
         from kvtool.cli.output import stdout_console
@@ -73,7 +74,8 @@ def register(app: typer.Typer) -> None:
         from kvtool.events.load import load_events
         from kvtool.events.render import anomaly_line, export_requests_csv, render_analysis, write_json
 
-        with _progress(events_file) as note:
+        with _progress(events_file) as progress:
+            note = progress.stage
             table = load_events(events_file, default_block_size=_positive(block_size, "--block-size"), progress=note)
             analysis = analyze_events(
                 table,
@@ -92,7 +94,7 @@ def register(app: typer.Typer) -> None:
             from kvtool.events.plots import write_plots
 
             written += [str(p) for p in write_plots(analysis, plot)]
-        if json_out:
+        if json_output:
             write_json(analysis, sys.stdout)
         else:
             console = stdout_console()
@@ -128,7 +130,7 @@ def _is_vllm_events_file(path: Path) -> bool:
 
 
 def _analyze_jsonl(
-    path: Path, *, json_out: bool, plot: Optional[Path], export: Optional[Path], strict: bool, ignored: list[str]
+    path: Path, *, json_output: bool, plot: Optional[Path], export: Optional[Path], strict: bool, ignored: list[str]
 ) -> None:
     """vLLM's JSON-lines KV-cache events (as recorded or captured by `kvtool capture`): issue 6, section 3.
 
@@ -151,37 +153,16 @@ def _analyze_jsonl(
             f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to vLLM's KV events "
             "(no request ids, no per-request table): ignored"
         )
-    analysis = run_vllm_analysis(path, json_output=json_out, plot_dir=plot)
+    analysis = run_vllm_analysis(path, json_output=json_output, plot_dir=plot)
     missing = analysis.counts.missing_seqs
     if strict and missing:
         raise CheckFailed(f"{missing:,} batch sequence numbers are missing: those events were lost", where=str(path))
 
 
-@contextlib.contextmanager
-def _progress(path: Path):
+def _progress(path: Path) -> StderrProgress:
     """A stage progress bar on stderr, only when stderr is a terminal and the file is large."""
     try:
         big = path.stat().st_size >= PROGRESS_MIN_BYTES
     except OSError:
         big = False
-    if not (big and sys.stderr.isatty()):
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kvtool.cli.output import stderr_console
-
-    with Progress(
-        TextColumn("analyze: {task.description:<14}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=stderr_console(),
-        transient=True,
-    ) as bar:
-        task = bar.add_task("starting", total=len(_STAGES))
-
-        def note(stage: str) -> None:
-            done = _STAGES.index(stage) if stage in _STAGES else 0
-            bar.update(task, completed=done, description=stage)
-
-        yield note
+    return StderrProgress(enabled=big, label="analyze", stages=_STAGES)

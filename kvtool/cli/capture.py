@@ -3,43 +3,25 @@
 from __future__ import annotations
 
 import signal
-import sys
 import threading
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors
+from kvtool.cli.progress import StderrProgress
 
-NON_TTY_PROGRESS_S = 10.0  # how often the live count is printed when stderr is not a terminal
 
-
-def _progress_printer():
-    tty = sys.stderr.isatty()
-    state = {"next": time.monotonic() + NON_TTY_PROGRESS_S, "last": None}
-
-    def show(events: int, batches: int, unrecovered: int, malformed: int) -> None:
-        text = f"captured {events:,} events in {batches:,} batches"
-        if unrecovered:
-            text += f", {unrecovered:,} batches missed"
-        if malformed:
-            text += f", {malformed:,} malformed frames"
-        if tty:
-            if text != state["last"]:
-                sys.stderr.write("\r" + text.ljust(len(state["last"] or "")))  # pad over a longer line
-                sys.stderr.flush()
-                state["last"] = text
-        elif time.monotonic() >= state["next"]:
-            sys.stderr.write(text + "\n")
-            state["next"] = time.monotonic() + NON_TTY_PROGRESS_S
-
-    def finish() -> None:
-        if tty and state["last"] is not None:
-            sys.stderr.write("\n")
-
-    return show, finish
+def capture_line(events: int, batches: int, unrecovered: int, malformed: int) -> str:
+    """The live count of a capture: 'captured 1,234 events in 56 batches, 2 batches missed'."""
+    text = f"captured {events:,} events in {batches:,} batches"
+    if unrecovered:
+        text += f", {unrecovered:,} batches missed"
+    if malformed:
+        text += f", {malformed:,} malformed frames"
+    return text
 
 
 def _install_stop_handlers(stop: threading.Event) -> dict:
@@ -77,7 +59,7 @@ def register(app: typer.Typer) -> None:
         max_events: Optional[int] = typer.Option(
             None, "--max-events", help="Stop after the batch that brings the count to this many events."
         ),
-        json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+        json_output: JsonOpt = False,
     ) -> None:
         """Capture a running vLLM's KV-cache events (ZMQ publisher) into a JSON-lines file."""
         from kvtool.cli.output import print_json, stdout_console
@@ -95,13 +77,13 @@ def register(app: typer.Typer) -> None:
         )
         stop = threading.Event()
         previous = _install_stop_handlers(stop)
-        show, finish = _progress_printer()
         try:
-            result = run_capture(options, stop=stop, on_progress=None if json_output else show)
+            with StderrProgress() as progress:
+                show = None if json_output else (lambda *counts: progress.line(capture_line(*counts)))
+                result = run_capture(options, stop=stop, on_progress=show)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            finish()
         if json_output:
             print_json(result)
             return

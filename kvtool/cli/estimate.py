@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt, ProfilesOpt
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
 
@@ -119,17 +120,13 @@ def register(app: typer.Typer) -> None:
             help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
         ),
         compare: bool = typer.Option(False, "--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        json_output: JsonOpt = False,
         list_models: bool = typer.Option(False, "--list", help="List the model and GPU profiles and exit."),
-        profiles: list[str] = typer.Option(
-            [],
-            "--profiles",
-            help="Extra profile directory (models/*.yaml, gpus/*.yaml); repeatable. Also KVTOOL_PROFILES.",
-        ),
+        profiles: ProfilesOpt = None,
     ) -> None:
         """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it."""
         if list_models:
-            _print_models(tuple(profiles), json_out)
+            _print_models(tuple(profiles or ()), json_output)
             return
         from kvtool.estimate.estimator import EstimateRequest, estimate
 
@@ -161,10 +158,10 @@ def register(app: typer.Typer) -> None:
             non_torch_memory=non_torch_memory,
             cudagraph_memory=cudagraph_memory,
             compare=compare,
-            profile_dirs=tuple(profiles),
+            profile_dirs=tuple(profiles or ()),
         )
         result = estimate(request)
-        if json_out:
+        if json_output:
             from kvtool.cli.output import print_json
 
             print_json(result)
@@ -183,20 +180,18 @@ def register(app: typer.Typer) -> None:
     @app.command("models")
     @handle_errors
     def models_command(
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-        profiles: list[str] = typer.Option(
-            [], "--profiles", help="Extra profile directory; repeatable. Also KVTOOL_PROFILES."
-        ),
+        json_output: JsonOpt = False,
+        profiles: ProfilesOpt = None,
     ) -> None:
         """List the model and GPU profiles that 'kvtool estimate' knows."""
-        _print_models(tuple(profiles), json_out)
+        _print_models(tuple(profiles or ()), json_output)
 
 
-def _print_models(dirs: tuple[str, ...], json_out: bool) -> None:
+def _print_models(dirs: tuple[str, ...], json_output: bool) -> None:
     from kvtool.estimate.profiles import list_gpus, model_catalog
 
     models, gpus = model_catalog(dirs), list_gpus(dirs)
-    if json_out:
+    if json_output:
         from kvtool.cli.output import print_json
 
         print_json({"models": models, "gpus": gpus})

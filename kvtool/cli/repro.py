@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors, print_json, stdout_console
 from kvtool.core.errors import EXIT_CHECK_FAILED
 
@@ -40,14 +41,14 @@ def register(app: typer.Typer) -> None:
         interleavings: int = typer.Option(
             200, "--interleavings", metavar="N", help="Seeded random interleavings per implementation."
         ),
-        json_: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        json_output: JsonOpt = False,
     ) -> None:
         """Replay KV-cache isolation bugs in PyTorch (buggy vs fixed), or check your own attention module."""
         if list_:
             from kvtool.repro.render import render_list
             from kvtool.repro.scenarios import SCENARIOS
 
-            if json_:
+            if json_output:
                 print_json({"scenarios": list(SCENARIOS)})
             else:
                 render_list(stdout_console())
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
         from kvtool.repro.run import run_repro
 
         # A transient status line on stderr while the tables are coming; none with --json.
-        status = nullcontext() if json_ else stderr_console().status("kvtool repro: loading torch")
+        status = nullcontext() if json_output else stderr_console().status("kvtool repro: loading torch")
         with status as line:
             report = run_repro(
                 names or None,
@@ -70,7 +71,7 @@ def register(app: typer.Typer) -> None:
                 d_model=d_model,
                 progress=None if line is None else (lambda text: line.update(f"kvtool repro: {text}")),
             )
-        if json_:
+        if json_output:
             print_json(report)
         else:
             from kvtool.repro.render import render_report

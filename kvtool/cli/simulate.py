@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
+from kvtool.cli.options import json_option
 from kvtool.cli.output import handle_errors
+from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import UsageError
 from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
@@ -200,9 +201,7 @@ def register(app: typer.Typer) -> None:
             "several; .csv.gz or .parquet by the name).",
             rich_help_panel=_SERVE,
         ),
-        json_out: bool = typer.Option(
-            False, "--json", help="Print one JSON object and nothing else.", rich_help_panel=_OUT
-        ),
+        json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = typer.Option(
             None, "--plot", metavar="DIR", help="Write PNG charts into DIR.", rich_help_panel=_OUT
         ),
@@ -264,9 +263,9 @@ def register(app: typer.Typer) -> None:
             slo_ttft_ms=slo_ttft_ms,
             export_events=export_events,
         )
-        with _progress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
-            report, traces = run_simulation(reqs, options, progress, keep_traces=plot is not None)
-        _show(report, traces, plot, json_out)
+        with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
+            report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
+        _show(report, traces, plot, json_output)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,32 +408,3 @@ def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_pref
         )
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
-
-
-class _progress:
-    """A rich progress bar on stderr while the serving simulation runs, only when stderr is a terminal."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar: Any = None  # a rich Progress while running
-        self.tasks: dict[str, Any] = {}
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        from rich.progress import Progress
-
-        from kvtool.cli.output import stderr_console
-
-        self.bar = Progress(console=stderr_console(), transient=True)
-        self.bar.__enter__()
-        return self.update
-
-    def update(self, label: str, done: int, total: int) -> None:
-        if label not in self.tasks:
-            self.tasks[label] = self.bar.add_task(label, total=total)
-        self.bar.update(self.tasks[label], completed=done)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)

@@ -1,4 +1,4 @@
-"""Byte sizes in and out: parse ``10GiB`` / ``10GB`` / ``10737418240`` and label GiB and GB correctly."""
+"""Byte sizes in: parse ``10GiB`` / ``10GB`` / ``10737418240`` exactly (kvtool.core.format prints them)."""
 
 from __future__ import annotations
 
@@ -46,25 +46,3 @@ def parse_size(text: str, *, option: str) -> int:
     if size <= 0:
         raise UsageError(f"{option} must be greater than zero, not {text!r}", where=option)
     return size
-
-
-def format_bytes(n: int) -> str:
-    """``1,073,741,824 B (1.00 GiB, 1.07 GB)``: exact bytes, then binary and decimal units, labelled."""
-    if abs(n) < 1000**2:
-        return f"{n:,} B ({n / 1024:,.2f} KiB, {n / 1000:,.2f} KB)"
-    if abs(n) < 1000**3:
-        return f"{n:,} B ({n / 1024**2:,.2f} MiB, {n / 1000**2:,.2f} MB)"
-    return f"{n:,} B ({n / GIB:,.2f} GiB, {n / GB:,.2f} GB)"
-
-
-def format_gib(n: int) -> str:
-    return f"{n / GIB:,.2f} GiB"
-
-
-def format_count(n: int) -> str:
-    """``6.74 billion`` / ``2.74 million``: a parameter count for people."""
-    if n >= 10**9:
-        return f"{n / 1e9:,.2f} billion"
-    if n >= 10**6:
-        return f"{n / 1e6:,.2f} million"
-    return f"{n:,}"

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from kvtool.core.units import GB, GIB, format_bytes, format_count
+from kvtool.core.format import fmt_bytes as _bytes
+from kvtool.core.format import fmt_count
+from kvtool.core.units import GB, GIB
 from kvtool.estimate.estimator import EstimateResult
-
-
-def _bytes(n: int | None) -> str:
-    return "-" if n is None else format_bytes(n)
 
 
 def _gib(n: int | None) -> str:
@@ -45,7 +43,7 @@ def render_estimate(result: EstimateResult, console) -> None:
     if r.tp > 1:
         table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
     if r.weights_bytes is not None:
-        params = f"{format_count(r.weights_params)} parameters, " if r.weights_params else ""
+        params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
         table.add_row("weights", f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
     if r.kv_budget_bytes is not None:
         if r.budget_method == "gpu":

@@ -5,11 +5,12 @@ The JSON and the tables are built from the same dataclasses, so they never disag
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.core.format import fmt_num as _num
+from kvtool.core.format import fmt_pct
 from kvtool.core.jsonable import to_jsonable
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
 
@@ -127,12 +128,6 @@ def export_requests_csv(analysis: Analysis, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------- tables
 
 
-def _num(value: Any, fmt: str = ",.3f", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:{fmt}}{suffix}"
-
-
 def _esc(text: str) -> str:
     """Request ids and paths are data, not rich markup ("[red]" stays literal)."""
     from rich.markup import escape
@@ -141,7 +136,7 @@ def _esc(text: str) -> str:
 
 
 def _pct(value: Any) -> str:
-    return _num(None if value is None else value * 100, ".1f", " %")
+    return fmt_pct(value, decimals=1, space=True)
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]):

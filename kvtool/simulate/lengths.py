@@ -296,7 +296,8 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         from kvtool.simulate.workloads import is_prefix_trace, prefix_trace_requests
 
         if is_prefix_trace(cols):
-            return prefix_trace_requests(cols, path)
+            t = prefix_trace_requests(cols, path)
+            return RequestSet(t.prompt_tokens, t.output_tokens, t.arrival_s, t.source, shared=t.shared)
     fmt = _match_format(header)
     if fmt is None:
         raise _unrecognised(str(path), header)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvtool.simulate.results import ServeSetup, SimulateReport, _n, _num, _pct, _s
+from kvtool.core.format import fmt_num as _num
+from kvtool.simulate.results import ServeSetup, SimulateReport, _n, _pct, _s
 from kvtool.simulate.serving import ServeResult
 
 

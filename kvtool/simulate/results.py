@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvtool.core.format import fmt_pct
 from kvtool.simulate.costs import Hardware
 from kvtool.simulate.serving import ServeResult
 from kvtool.simulate.static import StaticComparison
@@ -50,12 +51,7 @@ class SimulateReport:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{100 * x:.2f}%"
-
-
-def _num(x: float | None, fmt: str) -> str:
-    """A figure, or '-' when it does not exist (None or NaN: no request ran)."""
-    return "-" if x is None or x != x else format(x, fmt)
+    return fmt_pct(x, decimals=2)
 
 
 # Throughputs within this fraction of the best count as a tie (the smaller block wins: less waste, finer prefix

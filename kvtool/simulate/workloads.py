@@ -15,6 +15,7 @@ tokens may be shared with other requests):
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,20 @@ def is_prefix_trace(columns: dict[str, list[Any]]) -> bool:
     return "prompt_token_ids" in columns or "hash_ids" in columns
 
 
-def prefix_trace_requests(columns: dict[str, list[Any]], path: Path):
-    """A RequestSet (with ``shared``) from JSON-lines columns holding token ids or Mooncake hash ids."""
-    import numpy as np
+@dataclasses.dataclass(frozen=True)
+class PrefixTrace:
+    """Requests read from a prefix-structured trace (the fields of ``lengths.RequestSet``)."""
 
-    from kvtool.simulate.lengths import RequestSet
+    prompt_tokens: Any  # numpy int64
+    output_tokens: Any
+    arrival_s: Any | None  # seconds from the first request, sorted
+    source: str
+    shared: list[tuple[str, Any]]
+
+
+def prefix_trace_requests(columns: dict[str, list[Any]], path: Path) -> PrefixTrace:
+    """The requests of JSON-lines columns holding token ids or Mooncake hash ids."""
+    import numpy as np
 
     n = len(next(iter(columns.values())))
     shared: list[tuple[str, Any]] = []
@@ -88,7 +98,7 @@ def prefix_trace_requests(columns: dict[str, list[Any]], path: Path):
         arrival = arrival[order] - arrival[order][0]
         prompt, output = prompt[order], output[order]
         shared = [shared[i] for i in order]
-    return RequestSet(prompt, output, arrival, f"{kind} {path.name} ({n:,} rows)", shared=shared)
+    return PrefixTrace(prompt, output, arrival, f"{kind} {path.name} ({n:,} rows)", shared)
 
 
 def _count(value: Any, name: str, path: Path, i: int, number: bool = False):

@@ -9,22 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtool.core.errors import UsageError
+from kvtool.core.format import fmt_num as _num
+from kvtool.core.format import fmt_pct as _pct
 from kvtool.vllm.analysis import Stats, VllmAnalysis
 from kvtool.vllm.capture import CaptureResult
 
 TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every point)
-
-
-def _num(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.3f}"
-    return f"{value:,}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
 
 
 def capture_table(result: CaptureResult):

@@ -588,23 +588,3 @@ def test_ipv6_endpoint(tmp_path):
     without that option on our side libzmq's connect to [::1] silently never happens."""
     result = _one_batch_from_a_binding_publisher(f"tcp://[::1]:{free_port()}", tmp_path / "e.jsonl", ipv6=True)
     assert (result.role, result.events_written) == ("connect", 1)
-
-
-def test_live_count_on_a_terminal(monkeypatch):
-    import io
-
-    from kvtool.cli import capture as capture_command
-
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
-
-    fake = Tty()
-    monkeypatch.setattr(sys, "stderr", fake)
-    show, finish = capture_command._progress_printer()
-    show(0, 0, 0, 0)
-    show(1234, 56, 2, 1)
-    finish()
-    assert fake.getvalue() == (
-        "\rcaptured 0 events in 0 batches\rcaptured 1,234 events in 56 batches, 2 batches missed, 1 malformed frames\n"
-    )
