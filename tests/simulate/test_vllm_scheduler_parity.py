@@ -18,8 +18,9 @@ from tests.support import DATA
 FIXTURES = sorted((DATA / "simulate").glob("vllm-parity-*.json"))
 
 
-def _simulate(fx: dict):
-    config = EngineConfig(
+def _config(fx: dict) -> EngineConfig:
+    """The engine settings the recording ran with."""
+    return EngineConfig(
         num_blocks=fx["num_gpu_blocks"],
         block_size=fx["block_size"],
         max_num_seqs=fx["max_num_seqs"],
@@ -27,9 +28,14 @@ def _simulate(fx: dict):
         long_prefill_token_threshold=fx["long_prefill_token_threshold"],
         max_model_len=fx["max_model_len"],
     )
-    reqs = fx["requests"]
-    prompts = [Prompt(len(r["prompt_token_ids"]), r["prompt_token_ids"], "tokens") for r in reqs]
-    return run_engine(config, prompts, [r["max_tokens"] for r in reqs])
+
+
+def _prompts(fx: dict) -> list[Prompt]:
+    return [Prompt(len(r["prompt_token_ids"]), r["prompt_token_ids"], "tokens") for r in fx["requests"]]
+
+
+def _simulate(fx: dict):
+    return run_engine(_config(fx), _prompts(fx), [r["max_tokens"] for r in fx["requests"]])
 
 
 def test_fixtures_are_present():
@@ -65,16 +71,7 @@ def test_every_step_matches(path):
 
     fx = json.loads(path.read_text())
     reqs = fx["requests"]
-    config = EngineConfig(
-        num_blocks=fx["num_gpu_blocks"],
-        block_size=fx["block_size"],
-        max_num_seqs=fx["max_num_seqs"],
-        max_num_batched_tokens=fx["max_num_batched_tokens"],
-        long_prefill_token_threshold=fx["long_prefill_token_threshold"],
-        max_model_len=fx["max_model_len"],
-    )
-    prompts = [Prompt(len(r["prompt_token_ids"]), r["prompt_token_ids"], "tokens") for r in reqs]
-    engine = Engine(config, prompts, [r["max_tokens"] for r in reqs], [0.0] * len(reqs))
+    engine = Engine(_config(fx), _prompts(fx), [r["max_tokens"] for r in reqs], [0.0] * len(reqs))
     engine.waiting.extend(range(len(reqs)))
     got = []
     while engine.running or engine.waiting:
