@@ -212,8 +212,7 @@ class Engine:
         self.rows = self.run.event_rows
         self._seg_start: dict[int, tuple[int, int]] = {}  # running request -> (admit step, hit blocks)
         self.finished = 0
-        self.first_now: list[int] = []
-        self._cnt: list[int] = []  # requests whose first token comes out of the step being run
+        self.first_now: list[int] = []  # requests whose first token comes out of the step being run
         self.used = 0  # blocks referenced by running requests (shared ones once)
         self.entries = 0  # block-table entries of running requests (shared blocks once per request)
         self.tokens_held = 0  # computed tokens of running requests
@@ -315,6 +314,8 @@ class Engine:
         pool = self.pool
         b = self.b
         P, g, c = self.P, self.g, self.c
+        if not self.prefilling and len(running) <= budget and self._all_decodes_fit(scheduled):
+            return budget - len(running), False
         max_len = self.cfg.max_model_len
         preempted = False
         i = 0
@@ -354,6 +355,35 @@ class Engine:
             budget -= n
             i += 1
         return budget, preempted
+
+    def _all_decodes_fit(self, scheduled: list[tuple[int, int]]) -> bool:
+        """Phase 1 when every running request decodes within the budget: if the blocks they cross fit the free
+        queue, all of them are scheduled for one token (the loop would do the same, one by one)."""
+        b = self.b
+        c = self.c
+        running = self.running
+        crossing = [r for r in running if c[r] % b == 0]  # token c + 1 opens a new block
+        if len(crossing) > self.pool.num_free():
+            return False
+        if crossing:
+            before = self.pool.evictions
+            self.pool.consume(len(crossing))
+            self.run.evictions += self.pool.evictions - before
+            npriv = self.npriv
+            for r in crossing:
+                npriv[r] += 1
+            self.used += len(crossing)
+            self.entries += len(crossing)
+        if self.cfg.enable_prefix_caching:
+            ncached = self.ncached
+            for r in running:
+                if (c[r] + 1) % b == 0:
+                    ncached[r] = (c[r] + 1) // b
+        if self.rows is not None:
+            step = self.step
+            self.rows.extend((step, APPEND, r, int(c[r] % b == 0), 1, 0) for r in running)
+        scheduled.extend((r, 1) for r in running)
+        return True
 
     def _schedule_waiting(self, budget: int, lpt: int, scheduled: list[tuple[int, int]]) -> None:
         """Phase 2 of schedule(): admissions, FCFS, until one does not fit."""
@@ -502,7 +532,6 @@ class Engine:
         b = self.b
         P, g, c, out = self.P, self.g, self.c, self.out
         K = limit
-        cnt = [0] * b
         max_len = self.cfg.max_model_len
         for r in self.running:
             k = out[r] - g[r]
@@ -511,20 +540,20 @@ class Engine:
             k = max_len - P[r] - g[r]
             if k < K:
                 K = k
-            cnt[c[r] % b] += 1
-        self._cnt = cnt  # reused by jump()
-        # Step k (0-based) allocates one block for each request with (c + k) % b == 0.
+        # Step k (0-based) allocates one block for each request with (c + k) % b == 0: in K steps a request crosses
+        # the multiples of b in [c, c + K - 1].
         free = self.pool.num_free()
-        n = len(self.running)
-        full, rest = divmod(K, b)
-        if full * n + sum(cnt[(-k) % b] for k in range(rest)) <= free:
+        cs = [c[r] for r in self.running]
+        if sum((x + K - 1) // b - (x - 1) // b for x in cs) <= free:
             return K
-        total = 0
-        for k in range(K):
-            total += cnt[(-k) % b]
-            if total > free:
-                return k
-        return K  # pragma: no cover - excluded by the check above
+        lo, hi = 0, K  # the most steps whose crossings fit: in [lo, hi)
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if sum((x + mid - 1) // b - (x - 1) // b for x in cs) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def jump(self, K: int, until_s: float = float("inf")) -> None:
         """Run K pure-decode steps at once (each running request gains K tokens); stop after the step that reaches
@@ -534,7 +563,11 @@ class Engine:
         pool = self.pool
         run = self.run
         n = len(self.running)
-        cnt = self._cnt  # phases of the running requests' computed tokens (from _jump_length)
+        # Blocks allocated at each step of the jump: step k for each request with (c + k) % b == 0.
+        grow_at = [0] * K
+        for r in self.running:
+            for k in range((-c[r]) % b, K, b):
+                grow_at[k] += 1
         # Times and integrals, step by step (blocks grow with the crossings; tokens by n per step).
         blocks = self.used
         entries = self.entries
@@ -552,7 +585,7 @@ class Engine:
         block_s = entry_s = token_s = 0.0
         start = now
         for k in range(K):
-            grow = cnt[(-k) % b]
+            grow = grow_at[k]
             blocks += grow
             entries += grow
             memory = memory0 + read_entry * entries
