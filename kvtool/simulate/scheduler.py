@@ -212,7 +212,8 @@ class Engine:
         self.rows = self.run.event_rows
         self._seg_start: dict[int, tuple[int, int]] = {}  # running request -> (admit step, hit blocks)
         self.finished = 0
-        self.first_now: list[int] = []  # requests whose first token comes out of the step being run
+        self.first_now: list[int] = []
+        self._piece_keys: dict[tuple, list[int]] = {}  # requests whose first token comes out of the step being run
         self.used = 0  # blocks referenced by running requests (shared ones once)
         self.entries = 0  # block-table entries of running requests (shared blocks once per request)
         self.tokens_held = 0  # computed tokens of running requests
@@ -222,10 +223,17 @@ class Engine:
         """Keys of the request's shareable full prompt blocks (computed once per request)."""
         sk = self.skeys[r]
         if sk is None:
-            if self.cfg.enable_prefix_caching:
-                sk = self.keys.chain(shared_block_contents(self.prompts[r], self.b))
-            else:
+            prompt = self.prompts[r]
+            if not self.cfg.enable_prefix_caching:
                 sk = []
+            elif prompt.kind == "pieces":
+                # Prompts built from the same pieces (a system prompt) share one key list.
+                memo = tuple(prompt.shared)
+                sk = self._piece_keys.get(memo)
+                if sk is None:
+                    sk = self._piece_keys[memo] = self.keys.chain(shared_block_contents(prompt, self.b))
+            else:
+                sk = self.keys.chain(shared_block_contents(prompt, self.b))
             self.skeys[r] = sk
         return sk
 
