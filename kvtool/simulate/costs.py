@@ -92,6 +92,43 @@ class RooflineCost:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Rates:
+    bandwidth_gb_s: float
+    bandwidth_from: str
+    peak_tflops: float
+    peak_from: str
+
+
+def _gpu_rates(gpu: str, dtype: str, overrides: CostOverrides) -> _Rates:
+    """Memory bandwidth and the dense peak for ``dtype``: the options, else the GPU profile's fields."""
+    from kvtool.estimate.profiles import find_gpu
+
+    profile = find_gpu(gpu)
+    if overrides.bandwidth_gb_s is not None:
+        bw, why = overrides.bandwidth_gb_s, "--bandwidth-gb-s"
+    elif profile.memory_bandwidth_gb_s:
+        bw, why = float(profile.memory_bandwidth_gb_s), f"GPU profile {profile.name}"
+    else:
+        raise UsageError(
+            f"the GPU profile {profile.name} gives no memory_bandwidth_gb_s",
+            where=profile.file,
+            tip="give --bandwidth-gb-s",
+        )
+    profile_peak = profile.peak_dense_tflops.for_dtype(dtype)
+    if overrides.peak_tflops is not None:
+        peak, pwhy = overrides.peak_tflops, "--peak-tflops"
+    elif profile_peak:
+        peak, pwhy = float(profile_peak), f"GPU profile {profile.name}, dense {dtype}"
+    else:
+        raise UsageError(
+            f"the GPU profile {profile.name} gives no dense peak for {dtype}",
+            where=profile.file,
+            tip="give --peak-tflops",
+        )
+    return _Rates(bw, why, peak, pwhy)
+
+
 def resolve_hardware(
     *,
     model: str | None,
@@ -104,7 +141,6 @@ def resolve_hardware(
 ) -> Hardware:
     """The model and GPU through `kvtool estimate`'s resolution; a model whose weights do not fit says so."""
     from kvtool.estimate.estimator import EstimateRequest, estimate
-    from kvtool.estimate.profiles import find_gpu
 
     result = estimate(
         EstimateRequest(model=model, config=config, gpu=gpu, tp=tp, kv_dtype=kv_dtype, kv_memory=kv_memory)
@@ -121,30 +157,10 @@ def resolve_hardware(
             or "raise --tp or pick a larger GPU"
             + f"; `kvtool estimate --model {name} --gpu {gpu}` shows the memory plan",
         )
-    profile = find_gpu(gpu)
-    sources = []
-    if overrides.bandwidth_gb_s is not None:
-        bw, why = overrides.bandwidth_gb_s, "--bandwidth-gb-s"
-    elif profile.memory_bandwidth_gb_s:
-        bw, why = float(profile.memory_bandwidth_gb_s), f"GPU profile {profile.name}"
-    else:
-        raise UsageError(
-            f"the GPU profile {profile.name} gives no memory_bandwidth_gb_s",
-            where=profile.file,
-            tip="give --bandwidth-gb-s",
-        )
+    rates = _gpu_rates(gpu, result.model_dtype, overrides)
+    bw, why, peak, pwhy = rates.bandwidth_gb_s, rates.bandwidth_from, rates.peak_tflops, rates.peak_from
     kv_dtype_used = result.kv_dtype
-    profile_peak = profile.peak_dense_tflops.for_dtype(result.model_dtype)
-    if overrides.peak_tflops is not None:
-        peak, pwhy = overrides.peak_tflops, "--peak-tflops"
-    elif profile_peak:
-        peak, pwhy = float(profile_peak), f"GPU profile {profile.name}, dense {result.model_dtype}"
-    else:
-        raise UsageError(
-            f"the GPU profile {profile.name} gives no dense peak for {result.model_dtype}",
-            where=profile.file,
-            tip="give --peak-tflops",
-        )
+    sources = []
     overhead = DEFAULT_STEP_OVERHEAD_MS if overrides.step_overhead_ms is None else overrides.step_overhead_ms
     entry = DEFAULT_TABLE_ENTRY_US if overrides.table_entry_us is None else overrides.table_entry_us
     params = float(result.weights_params or 0) / tp

@@ -124,13 +124,20 @@ class EngineRun:
     evictions: int  # cached blocks reused for new data
     hit_tokens: int  # prefix-cache hits over all admissions (resumptions too)
     queried_tokens: int  # tokens looked up at admissions
-    segments: list[
-        tuple[int, int, int, int, int, int]
-    ]  # (request, admit step, hit blocks, end step, preempted, tokens)
     # With record_events: rows (step, event code, request, blocks, tokens, at the step's end) and decode jumps
     # (first step, steps, requests, their computed tokens before the jump); see kvtool.simulate.export.
     event_rows: list[tuple[int, int, int, int, int, int]] | None = None
     event_jumps: list[tuple[int, int, list[int], list[int]]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _JumpEnd:
+    """Where a decode jump ended: steps run, and blocks, block-table entries and tokens held after them."""
+
+    steps: int
+    blocks: int
+    entries: int
+    tokens: int
 
 
 class StepCost(Protocol):
@@ -205,12 +212,10 @@ class Engine:
             evictions=0,
             hit_tokens=0,
             queried_tokens=0,
-            segments=[],
             event_rows=[] if record_events else None,
             event_jumps=[] if record_events else None,
         )
         self.rows = self.run.event_rows
-        self._seg_start: dict[int, tuple[int, int]] = {}  # running request -> (admit step, hit blocks)
         self.finished = 0
         self.first_now: list[int] = []
         self._piece_keys: dict[tuple, list[int]] = {}  # requests whose first token comes out of the step being run
@@ -300,14 +305,9 @@ class Engine:
         self.ncached[r] = 0
         self.head_blocked = False
 
-    def _end_segment(self, r: int, preempted: bool) -> None:
-        admit, hit = self._seg_start.pop(r)
-        self.run.segments.append((r, admit, hit, self.step, int(preempted), self.c[r]))
-
     def _preempt(self, r: int) -> None:
         if self.rows is not None:
             self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 0))
-        self._end_segment(r, True)
         self._release(r)
         self.prefilling.discard(r)
         self.c[r] = 0
@@ -442,7 +442,6 @@ class Engine:
             if run.admit_step[r] < 0:
                 run.admit_step[r] = self.step
                 run.admit_s[r] = self.now
-            self._seg_start[r] = (self.step, h)
             if self.rows is not None:
                 if h:
                     self.rows.append((self.step, REUSE, r, h, computed, 0))
@@ -479,7 +478,6 @@ class Engine:
             run.finish_s[r] = self.now
             if self.rows is not None:
                 self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
-            self._end_segment(r, False)
             self._release(r)
         self.finished += len(finished)
         done = set(finished)
@@ -563,35 +561,22 @@ class Engine:
                 hi = mid
         return lo
 
-    def jump(self, K: int, until_s: float = float("inf")) -> None:
-        """Run K pure-decode steps at once (each running request gains K tokens); stop after the step that reaches
-        ``until_s`` (an arrival that may be admitted)."""
-        b = self.b
-        c, g = self.c, self.g
-        pool = self.pool
+    def _jump_clock(self, K: int, grow_at: list[int], until_s: float) -> _JumpEnd:
+        """Times and integrals of a jump, step by step (blocks grow with the crossings, tokens by one per request per
+        step); stops after the step that reaches ``until_s``."""
         run = self.run
         n = len(self.running)
-        # Blocks allocated at each step of the jump: step k for each request with (c + k) % b == 0.
-        grow_at = [0] * K
-        for r in self.running:
-            for k in range((-c[r]) % b, K, b):
-                grow_at[k] += 1
-        # Times and integrals, step by step (blocks grow with the crossings; tokens by n per step).
         blocks = self.used
         entries = self.entries
         tokens = self.tokens_held
         attended = tokens + n
-        first = self.step
-        run.timeline_s.append(self.now)
-        run.timeline_blocks.append(self.used)
         if self.cost is not None:
             fixed, memory0, read_entry, kernel_entry, compute0, per_pair = self.cost.decode_coefficients(n)
         else:
             fixed = memory0 = read_entry = kernel_entry = compute0 = per_pair = 0.0
         keep_steps = run.event_rows is not None
-        now = self.now
+        now = start = self.now
         block_s = entry_s = token_s = 0.0
-        start = now
         for k in range(K):
             grow = grow_at[k]
             blocks += grow
@@ -619,6 +604,25 @@ class Engine:
         run.steps += K
         if blocks > run.peak_blocks:
             run.peak_blocks = blocks
+        return _JumpEnd(K, blocks, entries, tokens)
+
+    def jump(self, K: int, until_s: float = float("inf")) -> None:
+        """Run K pure-decode steps at once (each running request gains K tokens); stop after the step that reaches
+        ``until_s`` (an arrival that may be admitted)."""
+        b = self.b
+        c, g = self.c, self.g
+        pool = self.pool
+        run = self.run
+        # Blocks allocated at each step of the jump: step k for each request with (c + k) % b == 0.
+        grow_at = [0] * K
+        for r in self.running:
+            for k in range((-c[r]) % b, K, b):
+                grow_at[k] += 1
+        first = self.step
+        run.timeline_s.append(self.now)
+        run.timeline_blocks.append(self.used)
+        clock = self._jump_clock(K, grow_at, until_s)
+        K, blocks, entries, tokens = clock.steps, clock.blocks, clock.entries, clock.tokens
         # Blocks crossed, allocated per request in running order; full blocks get their keys.
         if self.run.event_jumps is not None:
             self.run.event_jumps.append((first + 1, K, list(self.running), [c[r] for r in self.running]))
