@@ -3,6 +3,7 @@ figures; and `--from-events` recovers request lengths from an events file."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -136,3 +137,21 @@ def test_events_files_given_to_the_wrong_option_get_a_tip(run_cli):
     assert res.exit_code == 3
     assert res.stderr.splitlines()[0].startswith("Error: vLLM's KV events carry no request ids")
     assert "block_hashes" not in res.stderr
+
+
+def test_exported_events_carry_reuse_rows_for_prefix_hits(run_cli, tmp_path):
+    # 200 requests sharing a 256-token system prompt, one at a time (max_num_seqs 1) so every later request hits
+    # its 16 full blocks of 16: the export has a reuse row for each hit, and analyze reads the file cleanly.
+    events = tmp_path / "ev.csv"
+    args = ["--dist", "fixed", "--length", "600", "--requests", "200", "--serve", "--shared-prefix", "256"]
+    res = run_cli("simulate", *args, "--max-num-seqs", "1", "--block-sizes", "16", "--export-events", events, "--json")
+    assert res.exit_code == 0, res.stderr
+    sim = json.loads(res.stdout)["results"][0]
+    assert sim["cached_prompt_tokens"] == 199 * 256
+    rows = list(csv.DictReader(events.open()))
+    reuse = [r for r in rows if r["event"] == "reuse"]
+    assert len(reuse) == 199 and {(r["num_blocks"], r["num_tokens"]) for r in reuse} == {("16", "256")}
+    ana = run_cli("analyze", events, "--json")
+    assert ana.exit_code == 0, ana.stderr
+    summary = json.loads(ana.stdout)["summary"]
+    assert summary["rejected_rows"] == 0 and summary["leaked_requests"] == 0 and summary["requests"] == 200
