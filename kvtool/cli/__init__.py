@@ -74,35 +74,21 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _click_exceptions():
-    """typer >= 0.20 vendors click as typer._click; older releases use click itself."""
-    try:
-        from typer._click import exceptions
-    except ImportError:  # pragma: no cover - older typer
-        from click import exceptions
-    return exceptions
-
-
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code, with usage errors as one ``Error:`` line.
 
     This is the console-script entry point (``kvtool``) and what ``python -m kvtool`` calls.
     """
-    from kvtool.core.errors import EXIT_INTERRUPTED, EXIT_USAGE
+    from typer._click import exceptions  # typer >= 0.26 carries its own click (pyproject)
 
-    exceptions = _click_exceptions()
+    from kvtool.core.errors import EXIT_INTERRUPTED
+
     args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(build_app(_command_named(args)))
     try:
         result = command.main(args=args, prog_name="kvtool", standalone_mode=False)
     except exceptions.UsageError as err:
-        if type(err).__name__ == "NoArgsIsHelpError":
-            sys.stdout.write(err.format_message() + "\n")
-            return EXIT_USAGE
-        path = err.ctx.command_path if err.ctx is not None else "kvtool"
-        sys.stderr.write(f"Error: {' '.join(err.format_message().split())}\n")
-        sys.stderr.write(f"Tip: run '{path} --help' for the options.\n")
-        return EXIT_USAGE
+        return _usage_error(err)
     except exceptions.ClickException as err:
         sys.stderr.write(f"Error: {' '.join(err.format_message().split())}\n")
         return err.exit_code
@@ -110,6 +96,20 @@ def run(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("Error: interrupted\n")
         return EXIT_INTERRUPTED
     return result if isinstance(result, int) else 0
+
+
+def _usage_error(err) -> int:
+    """A bad command line: one ``Error:`` line and a ``Tip:`` naming the command's --help (the bare ``kvtool``
+    prints the help on stdout instead)."""
+    from kvtool.core.errors import EXIT_USAGE
+
+    if type(err).__name__ == "NoArgsIsHelpError":
+        sys.stdout.write(err.format_message() + "\n")
+        return EXIT_USAGE
+    path = err.ctx.command_path if err.ctx is not None else "kvtool"
+    sys.stderr.write(f"Error: {' '.join(err.format_message().split())}\n")
+    sys.stderr.write(f"Tip: run '{path} --help' for the options.\n")
+    return EXIT_USAGE
 
 
 def main_entry() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -24,9 +24,9 @@ def capture_line(events: int, batches: int, unrecovered: int, malformed: int) ->
     return text
 
 
-def _install_stop_handlers(stop: threading.Event) -> dict:
-    """SIGINT and SIGTERM end the capture cleanly (flush, summary, exit 0)."""
-    previous = {}
+def _install_stop_handlers(stop: threading.Event) -> dict[signal.Signals, Any]:
+    """SIGINT and SIGTERM end the capture cleanly (flush, summary, exit 0); returns the handlers they replace."""
+    previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is not threading.main_thread():
         return previous
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from kvtool.cli.options import JsonOpt, ProfilesOpt
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvtool.estimate.estimator import EstimateResult
 
 
 def _int_list(text: Optional[str], option: str) -> tuple[int, ...]:
@@ -27,164 +30,215 @@ def _int_list(text: Optional[str], option: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("estimate")
-    @handle_errors
-    def estimate_command(
-        model: Optional[str] = typer.Option(
-            None,
-            "--model",
-            "-m",
-            help="Profile name (see 'kvtool models'), or a Hugging Face id org/name read from the local cache.",
-        ),
-        config: Optional[str] = typer.Option(
-            None,
-            "--config",
-            "-c",
-            help="A Hugging Face config.json, or a model directory holding one (and *.safetensors).",
-        ),
-        layers: Optional[int] = typer.Option(None, "--layers", help="Manual mode: number of layers."),
-        kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="Manual mode: KV heads."),
-        head_dim: Optional[int] = typer.Option(None, "--head-dim", help="Manual mode: dimension per head."),
-        heads: Optional[int] = typer.Option(None, "--heads", help="Manual mode: attention (query) heads."),
-        hidden: Optional[int] = typer.Option(None, "--hidden", help="Manual mode: hidden size."),
-        dtype: Optional[str] = typer.Option(
-            None,
-            "--dtype",
-            help="The dtype the model runs in: auto (vLLM's rule: float32 checkpoints run in bfloat16), float16, bfloat16, float32.",
-        ),
-        seq_len: Optional[str] = typer.Option(
-            None,
-            "--seq-len",
-            "--max-model-len",
-            "-s",
-            help="Tokens per sequence; a comma list sweeps. Default: the model's max_position_embeddings.",
-        ),
-        batch: Optional[str] = typer.Option(
-            None, "--batch", "-b", help="Concurrent sequences; a comma list sweeps. Default 1."
-        ),
-        kv_dtype: str = typer.Option(
-            "auto",
-            "--kv-dtype",
-            help="vLLM KV cache dtype: auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8, int4, nvfp4, fp8_ds_mla.",
-        ),
-        tp: int = typer.Option(
-            1, "--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp))."
-        ),
-        pp: int = typer.Option(
-            1, "--pp", help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage)."
-        ),
-        gpu: Optional[str] = typer.Option(
-            None, "--gpu", help="GPU profile for capacity planning (see 'kvtool models')."
-        ),
-        gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="GPU memory instead of --gpu, e.g. 80GiB."),
-        kv_memory: Optional[str] = typer.Option(
-            None, "--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."
-        ),
-        gpu_memory_utilization: Optional[float] = typer.Option(
-            None,
-            "--gpu-memory-utilization",
-            help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9.",
-        ),
-        reserve: Optional[str] = typer.Option(
-            None,
-            "--reserve",
-            help="Per-GPU memory held besides weights, all terms at once. Default: modelled as vLLM 0.32 profiles it.",
-        ),
-        activation_memory: Optional[str] = typer.Option(
-            None, "--activation-memory", help="Override the modelled activation peak of vLLM's profiling run."
-        ),
-        non_torch_memory: Optional[str] = typer.Option(
-            None, "--non-torch-memory", help="Override the modelled non-torch memory (NCCL, cuBLAS)."
-        ),
-        cudagraph_memory: Optional[str] = typer.Option(
-            None, "--cudagraph-memory", help="Override the modelled CUDA-graph memory vLLM 0.32 subtracts."
-        ),
-        max_num_seqs: Optional[int] = typer.Option(
-            None,
-            "--max-num-seqs",
-            help="vLLM's max_num_seqs (sizes the sampler's profiling peak). Default: vllm serve's.",
-        ),
-        enforce_eager: bool = typer.Option(False, "--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved."),
-        quantization: Optional[str] = typer.Option(
-            None,
-            "--quantization",
-            "-q",
-            help="vLLM's online quantization of an unquantized checkpoint: fp8 or bitsandbytes (quantized checkpoints "
-            "are read from their quantization_config).",
-        ),
-        block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block (vLLM default 16)."),
-        max_num_batched_tokens: Optional[int] = typer.Option(
-            None,
-            "--max-num-batched-tokens",
-            help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
-        ),
-        compare: bool = typer.Option(False, "--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV."),
-        json_output: JsonOpt = False,
-        list_models: bool = typer.Option(False, "--list", help="List the model and GPU profiles and exit."),
-        profiles: ProfilesOpt = None,
-    ) -> None:
-        """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it."""
-        if list_models:
-            _print_models(tuple(profiles or ()), json_output)
-            return
-        from kvtool.estimate.estimator import EstimateRequest, estimate
+# The options of `kvtool estimate`, declared once each (the command's signature stays one line per option).
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Profile name (see 'kvtool models'), or a Hugging Face id org/name read from the local cache.",
+    ),
+]
+ConfigOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--config", "-c", help="A Hugging Face config.json, or a model directory holding one (and *.safetensors)."
+    ),
+]
+LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Manual mode: number of layers.")]
+KvHeadsOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="Manual mode: KV heads.")]
+HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="Manual mode: dimension per head.")]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Manual mode: attention (query) heads.")]
+HiddenOpt = Annotated[Optional[int], typer.Option("--hidden", help="Manual mode: hidden size.")]
+DtypeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dtype",
+        help="The dtype the model runs in: auto (vLLM's rule: float32 checkpoints run in bfloat16), float16, bfloat16, float32.",
+    ),
+]
+SeqLenOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--seq-len",
+        "--max-model-len",
+        "-s",
+        help="Tokens per sequence; a comma list sweeps. Default: the model's max_position_embeddings.",
+    ),
+]
+BatchOpt = Annotated[
+    Optional[str], typer.Option("--batch", "-b", help="Concurrent sequences; a comma list sweeps. Default 1.")
+]
+KvDtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-dtype",
+        help="vLLM KV cache dtype: auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8, int4, nvfp4, fp8_ds_mla.",
+    ),
+]
+TpOpt = Annotated[
+    int, typer.Option("--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp)).")
+]
+PpOpt = Annotated[
+    int, typer.Option("--pp", help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage).")
+]
+GpuOpt = Annotated[
+    Optional[str], typer.Option("--gpu", help="GPU profile for capacity planning (see 'kvtool models').")
+]
+GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory instead of --gpu, e.g. 80GiB.")]
+KvMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."),
+]
+GpuMemoryUtilizationOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--gpu-memory-utilization",
+        help="vLLM's fraction of GPU memory for weights, activations and KV (with --gpu/--gpu-memory). Default 0.9.",
+    ),
+]
+ReserveOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--reserve",
+        help="Per-GPU memory held besides weights, all terms at once. Default: modelled as vLLM 0.32 profiles it.",
+    ),
+]
+ActivationMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--activation-memory", help="Override the modelled activation peak of vLLM's profiling run."),
+]
+NonTorchMemoryOpt = Annotated[
+    Optional[str], typer.Option("--non-torch-memory", help="Override the modelled non-torch memory (NCCL, cuBLAS).")
+]
+CudagraphMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--cudagraph-memory", help="Override the modelled CUDA-graph memory vLLM 0.32 subtracts."),
+]
+MaxNumSeqsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-num-seqs", help="vLLM's max_num_seqs (sizes the sampler's profiling peak). Default: vllm serve's."
+    ),
+]
+EnforceEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved.")]
+QuantizationOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--quantization",
+        "-q",
+        help="vLLM's online quantization of an unquantized checkpoint: fp8 or bitsandbytes (quantized checkpoints "
+        "are read from their quantization_config).",
+    ),
+]
+BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block (vLLM default 16).")]
+MaxNumBatchedTokensOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-num-batched-tokens",
+        help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
+    ),
+]
+CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
+ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
 
-        request = EstimateRequest(
-            model=model,
-            config=config,
-            layers=layers,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            heads=heads,
-            hidden=hidden,
-            dtype=dtype,
-            seq_lens=_int_list(seq_len, "--seq-len"),
-            batches=_int_list(batch, "--batch"),
-            kv_dtype=kv_dtype,
-            tp=tp,
-            pp=pp,
-            gpu=gpu,
-            gpu_memory=gpu_memory,
-            kv_memory=kv_memory,
-            gpu_memory_utilization=gpu_memory_utilization,
-            reserve=reserve,
-            block_size=block_size,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            quantization=quantization,
-            enforce_eager=enforce_eager,
-            activation_memory=activation_memory,
-            non_torch_memory=non_torch_memory,
-            cudagraph_memory=cudagraph_memory,
-            compare=compare,
-            profile_dirs=tuple(profiles or ()),
-        )
-        result = estimate(request)
-        if json_output:
-            from kvtool.cli.output import print_json
 
-            print_json(result)
-        else:
-            from kvtool.cli.output import stdout_console
-            from kvtool.estimate.render import render_estimate
-
-            console = stdout_console()
-            console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
-            render_estimate(result, console)
-            from kvtool.cli.output import warn
-
-            for warning in result.warnings:  # --json carries them in "warnings" and keeps stderr empty
-                warn(warning)
-
-    @app.command("models")
-    @handle_errors
-    def models_command(
-        json_output: JsonOpt = False,
-        profiles: ProfilesOpt = None,
-    ) -> None:
-        """List the model and GPU profiles that 'kvtool estimate' knows."""
+def estimate_command(
+    model: ModelOpt = None,
+    config: ConfigOpt = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    heads: HeadsOpt = None,
+    hidden: HiddenOpt = None,
+    dtype: DtypeOpt = None,
+    seq_len: SeqLenOpt = None,
+    batch: BatchOpt = None,
+    kv_dtype: KvDtypeOpt = "auto",
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    kv_memory: KvMemoryOpt = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = None,
+    reserve: ReserveOpt = None,
+    activation_memory: ActivationMemoryOpt = None,
+    non_torch_memory: NonTorchMemoryOpt = None,
+    cudagraph_memory: CudagraphMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    quantization: QuantizationOpt = None,
+    block_size: BlockSizeOpt = 16,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    compare: CompareOpt = False,
+    json_output: JsonOpt = False,
+    list_models: ListOpt = False,
+    profiles: ProfilesOpt = None,
+) -> None:
+    """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it."""
+    if list_models:
         _print_models(tuple(profiles or ()), json_output)
+        return
+    from kvtool.estimate.estimator import EstimateRequest, estimate
+
+    request = EstimateRequest(
+        model=model,
+        config=config,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        heads=heads,
+        hidden=hidden,
+        dtype=dtype,
+        seq_lens=_int_list(seq_len, "--seq-len"),
+        batches=_int_list(batch, "--batch"),
+        kv_dtype=kv_dtype,
+        tp=tp,
+        pp=pp,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        kv_memory=kv_memory,
+        gpu_memory_utilization=gpu_memory_utilization,
+        reserve=reserve,
+        activation_memory=activation_memory,
+        non_torch_memory=non_torch_memory,
+        cudagraph_memory=cudagraph_memory,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
+        quantization=quantization,
+        block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        compare=compare,
+        profile_dirs=tuple(profiles or ()),
+    )
+    _print_estimate(estimate(request), json_output)
+
+
+def models_command(json_output: JsonOpt = False, profiles: ProfilesOpt = None) -> None:
+    """List the model and GPU profiles that 'kvtool estimate' knows."""
+    _print_models(tuple(profiles or ()), json_output)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(handle_errors(estimate_command))
+    app.command("models")(handle_errors(models_command))
+
+
+def _print_estimate(result: EstimateResult, json_output: bool) -> None:
+    """The tables on stdout and the warnings on stderr, or one JSON object (which carries the warnings)."""
+    if json_output:
+        from kvtool.cli.output import print_json
+
+        print_json(result)
+        return
+    from kvtool.cli.output import stdout_console, warn
+    from kvtool.estimate.render import render_estimate
+
+    console = stdout_console()
+    console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
+    render_estimate(result, console)
+    for warning in result.warnings:
+        warn(warning)
 
 
 def _print_models(dirs: tuple[str, ...], json_output: bool) -> None:

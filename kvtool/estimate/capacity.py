@@ -23,6 +23,7 @@ from decimal import Decimal
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+from kvtool.estimate.hybrid import MAMBA
 from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
 
 DEFAULT_BLOCK_SIZE = 16
@@ -109,16 +110,45 @@ def page_bytes(group: LayerGroup, block_size: int) -> int:
     return math.ceil(group.bytes_per_token_per_layer * block_size)
 
 
+MAMBA_ALIGN_BLOCKS = 2  # MambaSpec.max_memory_usage_bytes in "align" mode (prefix caching on, vLLM 0.32's default)
+
+
 def _group_blocks(kind: str, window: int | None, seq_len: int, block_size: int, mnbt: int) -> int:
+    if kind == MAMBA:
+        return MAMBA_ALIGN_BLOCKS
     if kind == SLIDING and window:
         tokens = min(window - 1 + mnbt, seq_len)
         return _cdiv(tokens, block_size) + 1
     return _cdiv(seq_len, block_size)
 
 
+def hybrid_block_size(layout: KvLayout, block_size: int) -> int:
+    """The attention block size vLLM 0.32 picks for a hybrid model (``Platform._align_hybrid_block_size``).
+
+    The smallest multiple of the kernel alignment (``max(16, block_size)`` for FlashAttention's ``MultipleOf(16)``)
+    whose attention page holds one state: ``align x cdiv(state, align x attention bytes per token)``; the state is
+    then padded to that page.  Qwen3-Next: a 1,097,728 B state over 2,048 B per token gives 544-token blocks.
+    """
+    states = [g.state_bytes_per_request for g in layout.groups if g.kind == MAMBA]
+    per_token = [g.bytes_per_token_per_layer for g in layout.groups if g.kind != MAMBA]
+    if not states or not per_token:
+        return block_size
+    align = max(16, block_size)
+    one_token = math.ceil(per_token[0])
+    return max(block_size, align * _cdiv(max(states), align * one_token))
+
+
+def _hybrid_pages(layout: KvLayout, block_size: int) -> set[int]:
+    """Every group's page: attention pages at the block size; state pages padded up to the attention page."""
+    attention = {page_bytes(g, block_size) for g in layout.groups if g.kind != MAMBA}
+    if not attention:  # state layers only (not produced by the readers, which always list attention layers)
+        return {max(g.state_bytes_per_request for g in layout.groups)}
+    return attention
+
+
 def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...], int, int, str]:
     """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how."""
-    pages = {page_bytes(g, block_size) for g in layout.groups}
+    pages = _hybrid_pages(layout, block_size)
     if len(pages) != 1:  # pragma: no cover - every layer of a ModelSpec has the same heads and head_dim
         raise UsageError("layers with different page sizes are not supported")
     page = pages.pop()
@@ -130,6 +160,8 @@ def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...],
             if g.kind == SLIDING
             else ""
         )
+        if g.kind == MAMBA:
+            sliding = f"; a request holds {MAMBA_ALIGN_BLOCKS} state blocks"
         return (
             (KvGroup(g.kind, g.num_layers, g.window_tokens),),
             g.num_layers,
@@ -151,6 +183,13 @@ def vllm_groups(layout: KvLayout, block_size: int) -> tuple[tuple[KvGroup, ...],
             groups.append(KvGroup(g.kind, real, g.window_tokens))
     padding = sum(group_size - k.num_layers for k in groups)
     desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
+    states = [g for g in layout.groups if g.kind == MAMBA]
+    if states:
+        desc += (
+            f"; attention blocks of {block_size} tokens so a page ({page:,} B) holds a "
+            f"{states[0].state_bytes_per_request:,} B state, padded to the page; {MAMBA_ALIGN_BLOCKS} state blocks "
+            "per request (prefix caching's 'align' mode, vLLM 0.32's default)"
+        )
     method = (
         f"hybrid model ({desc} layers): {len(groups)} KV cache groups of {group_size} layers "
         f"(vLLM _get_kv_cache_groups_uniform_page_size{f', {padding} padding layers' if padding else ''}); "
@@ -193,6 +232,7 @@ def plan_capacity(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> Capacity:
     """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring)."""
+    block_size = hybrid_block_size(layout, block_size)
     groups, group_size, page, method = vllm_groups(layout, block_size)
     num_blocks = max(0, budget_bytes // page // group_size)
     per_request = blocks_for(groups, max_model_len, block_size, max_num_batched_tokens)

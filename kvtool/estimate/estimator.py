@@ -596,7 +596,7 @@ def _layer_groups(layout: KvLayout, seq_len: int, batch: int) -> tuple[LayerGrou
             elements_per_head=g.vector_elements,
             window_tokens=g.window_tokens,
             bytes_per_token_per_layer=_whole_or_float(g.bytes_per_token_per_layer),
-            kv_bytes_per_gpu=_ceil(g.bytes_per_token_per_layer * g.num_layers * g.tokens_held(seq_len) * batch),
+            kv_bytes_per_gpu=_ceil(g.bytes_per_gpu(seq_len, batch)),
             formula=group_formula(g, layout.kv_dtype, seq_len, batch),
         )
         for g in layout.groups
@@ -734,7 +734,7 @@ def _result(
         reserve_method=reserve.method if reserve else None,
         max_num_seqs=request.max_num_seqs,
         kv_budget_bytes=budget.kv_budget_bytes if budget else None,
-        block_size=request.block_size,
+        block_size=capacity.block_size if capacity else request.block_size,
         max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         num_blocks=capacity.num_blocks if capacity else None,
         kv_cache_tokens=capacity.kv_cache_tokens if capacity else None,

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+from kvtool.estimate.hybrid import READERS, MambaState, read_hybrid
 from kvtool.estimate.quant import WeightQuant, from_quantization_config
 
 FULL = "full"
@@ -64,6 +65,9 @@ class ModelSpec:
     num_nextn_predict_layers: int = 0
     # how quantized linear weights are stored (quantization_config or --quantization); None: all at `dtype`
     weight_quant: WeightQuant | None = None
+    # hybrid models (kvtool.estimate.hybrid): each state layer keeps mamba_state per request, not per token
+    mamba_state: MambaState | None = None
+    state_layers: int = 0
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -124,6 +128,14 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "num_experts": _OPT_INT,
     "num_experts_per_tok": _OPT_INT,
     "moe_intermediate_size": _OPT_INT,
+    # hybrid models (kvtool.estimate.hybrid)
+    "full_attention_interval": _OPT_INT,
+    "linear_conv_kernel_dim": _OPT_INT,
+    "linear_key_head_dim": _OPT_INT,
+    "linear_value_head_dim": _OPT_INT,
+    "linear_num_key_heads": _OPT_INT,
+    "linear_num_value_heads": _OPT_INT,
+    "mamba_ssm_dtype": (str, type(None)),
     "n_shared_experts": _OPT_INT,
     "first_k_dense_replace": _OPT_INT,
     "num_nextn_predict_layers": _OPT_INT,
@@ -194,16 +206,11 @@ ENCODER_ONLY = frozenset(
 # layer as full attention.
 HYBRID_MODEL_TYPES = frozenset(
     {
-        "jamba",
-        "falcon_h1",
-        "granitemoehybrid",
-        "nemotron_h",
         "mamba",
         "mamba2",
         "zamba",
         "zamba2",
         "bamba",
-        "qwen3_next",
         "minimax",
         "minimax_m1",
         "minimax_text_01",
@@ -237,6 +244,8 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
+    if model_type in READERS:
+        return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
     hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
     if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
         why = (
@@ -248,7 +257,9 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
         )
         raise InputFileError(
             f"hybrid model not modelled: {why}; vLLM keeps per-request recurrent state for those layers "
-            "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention",
+            "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention"
+            + (" (and vLLM 0.32 has no MiniMax-Text-01/M1 model class)" if model_type.startswith("minimax") else "")
+            + f"; modelled: {', '.join(sorted(READERS))}",
             where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
             tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
         )
@@ -302,18 +313,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     num_heads = cfg.need("num_attention_heads", "n_head", "num_heads")
     hidden = cfg.positive("hidden_size", "n_embd", "d_model", required=False)
 
-    dtype_key, dtype = cfg.first("dtype", "torch_dtype")
-    if dtype is None:
-        dtype_key, dtype = top.first("dtype", "torch_dtype")
-    if dtype is None:
-        dtype = "float32"
-        notes.append("no dtype or torch_dtype in the config: float32 (the transformers default)")
-    elif dtype not in MODEL_DTYPE_BYTES:
-        raise InputFileError(
-            f"unknown dtype {dtype!r}; expected one of {', '.join(sorted(MODEL_DTYPE_BYTES))}",
-            where=f"{cfg.where}: field {dtype_key}",
-        )
-
+    dtype = _dtype(cfg, top, notes)
     kv_lora_rank = cfg.positive("kv_lora_rank", required=False)
     is_mla = kv_lora_rank is not None
     qk_rope = None
@@ -339,7 +339,12 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
             head_dim = hidden // num_heads
         num_kv_heads = _kv_heads(cfg, model_type, num_heads, notes)
 
-    layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
+    hybrid = read_hybrid(cfg.data, model_type, cfg.where, MODEL_DTYPE_BYTES.get(dtype, 2), num_layers)
+    if hybrid is not None:
+        layer_kinds, window = hybrid.layer_kinds, None
+        notes.append(hybrid.note)
+    else:
+        layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
     experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
     return ModelSpec(
@@ -372,6 +377,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
         weight_quant=_weight_quant(top, dtype, notes),
+        mamba_state=hybrid.state if hybrid else None,
+        state_layers=hybrid.state_layers if hybrid else 0,
         notes=tuple(notes),
     )
 
@@ -400,6 +407,22 @@ def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
     if key != "max_position_embeddings":
         notes.append(f"context {found[key]:,} from {key} (vLLM takes the smallest of its length keys)")
     return found[key]
+
+
+def _dtype(cfg: _Reader, top: _Reader, notes: list[str]) -> str:
+    """The checkpoint dtype: ``dtype`` or ``torch_dtype`` (the language model's first), else float32."""
+    dtype_key, dtype = cfg.first("dtype", "torch_dtype")
+    if dtype is None:
+        dtype_key, dtype = top.first("dtype", "torch_dtype")
+    if dtype is None:
+        notes.append("no dtype or torch_dtype in the config: float32 (the transformers default)")
+        return "float32"
+    if dtype not in MODEL_DTYPE_BYTES:
+        raise InputFileError(
+            f"unknown dtype {dtype!r}; expected one of {', '.join(sorted(MODEL_DTYPE_BYTES))}",
+            where=f"{cfg.where}: field {dtype_key}",
+        )
+    return dtype
 
 
 def _weight_quant(top: _Reader, dtype: str, notes: list[str]) -> WeightQuant | None:

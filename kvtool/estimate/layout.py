@@ -18,6 +18,7 @@ from fractions import Fraction
 from kvtool.core.errors import UsageError
 from kvtool.estimate.dtypes import FP8_DS_MLA_BYTES_PER_TOKEN, KV_DTYPE_BYTES, kv_vector_bytes, resolve_kv_dtype
 from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+from kvtool.estimate.hybrid import MAMBA
 
 MLA = "mla"
 
@@ -33,9 +34,15 @@ class LayerGroup:
     kv_factor: int  # 2 (K and V) or 1 (MLA latent)
     window_tokens: int | None  # sliding layers keep this many tokens
     bytes_per_token_per_layer: Fraction  # one GPU, exact
+    state_bytes_per_request: int = 0  # hybrid state layers: a fixed state per request and layer, one GPU
 
     def tokens_held(self, seq_len: int) -> int:
         return min(seq_len, self.window_tokens) if self.window_tokens else seq_len
+
+    def bytes_per_gpu(self, seq_len: int, batch: int) -> Fraction:
+        """This group's KV cache (and state) for ``batch`` requests of ``seq_len`` tokens, one GPU."""
+        per_request = self.bytes_per_token_per_layer * self.tokens_held(seq_len) + self.state_bytes_per_request
+        return per_request * self.num_layers * batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +60,7 @@ class KvLayout:
         return sum((g.bytes_per_token_per_layer * g.num_layers for g in self.groups), Fraction(0))
 
     def kv_bytes_per_gpu(self, seq_len: int, batch: int) -> int:
-        exact = sum(
-            (g.bytes_per_token_per_layer * g.num_layers * g.tokens_held(seq_len) for g in self.groups), Fraction(0)
-        )
-        return math.ceil(exact * batch)
+        return math.ceil(sum((g.bytes_per_gpu(seq_len, batch) for g in self.groups), Fraction(0)))
 
 
 def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
@@ -89,6 +93,10 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
         if n:
             window = spec.sliding_window if kind == SLIDING else None
             groups.append(LayerGroup(kind, n, heads, spec.head_dim, 2, window, per_layer))
+    if spec.mamba_state is not None and spec.state_layers:
+        state = spec.mamba_state.bytes_per_gpu(tp)
+        groups.append(LayerGroup(MAMBA, spec.state_layers, 0, 0, 0, None, Fraction(0), state))
+        notes.append(f"{spec.state_layers} state layers keep {state:,} B per request each (one GPU), whatever S")
     return KvLayout(dtype, tp, tuple(groups), tuple(notes))
 
 
@@ -104,7 +112,9 @@ def element_bytes_text(kv_dtype: str, elements: int) -> str:
 def group_formula(group: LayerGroup, kv_dtype: str, seq_len: int, batch: int) -> str:
     """``2 x L x H x S x D x P x B = N bytes`` for one layer group, numbers substituted (one GPU)."""
     s_text = f"min({seq_len}, {group.window_tokens})" if group.window_tokens else f"{seq_len}"
-    n = math.ceil(group.bytes_per_token_per_layer * group.num_layers * group.tokens_held(seq_len) * batch)
+    n = math.ceil(group.bytes_per_gpu(seq_len, batch))
+    if group.kind == MAMBA:
+        return f"{group.num_layers} x {group.state_bytes_per_request:,} B state x {batch} = {n:,} bytes"
     if group.kind == MLA:
         if kv_dtype == "fp8_ds_mla":
             return f"{group.num_layers} x {s_text} x 656 x {batch} = {n:,} bytes"

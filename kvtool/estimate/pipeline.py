@@ -14,6 +14,7 @@ import dataclasses
 from kvtool.core.errors import UsageError
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.hybrid import MAMBA
 
 
 def pp_partitions(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -39,8 +40,12 @@ class Stage:
 
 
 def stage_spec(spec: ModelSpec, first: int, count: int) -> ModelSpec:
-    """The model as one stage sees it: its layers only."""
-    return dataclasses.replace(spec, num_layers=count, layer_kinds=spec.layer_kinds[first : first + count])
+    """The model as one stage sees it: its layers only (and their recurrent states, for hybrid models)."""
+    kinds = spec.layer_kinds[first : first + count]
+    states = count if spec.state_layers == spec.num_layers else kinds.count(MAMBA)
+    return dataclasses.replace(
+        spec, num_layers=count, layer_kinds=kinds, state_layers=states if spec.state_layers else 0
+    )
 
 
 def stage_weights(spec: ModelSpec, weights_bytes: int, stage: int, parts: tuple[int, ...], tp: int) -> int:

@@ -31,7 +31,7 @@ def render_estimate(result: EstimateResult, console) -> None:
     table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", overflow="fold")
-    kinds = {"full": "full attention", "sliding": "sliding window", "mla": "MLA latent"}
+    kinds = {"full": "full attention", "sliding": "sliding window", "mla": "MLA latent", "mamba": "state layers"}
     for g in r.layer_groups:
         label = f"{kinds[g.kind]} ({g.num_layers} layers)"
         if g.window_tokens:
@@ -44,86 +44,13 @@ def render_estimate(result: EstimateResult, console) -> None:
         table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
     if r.weights_bytes is not None:
         params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
-        table.add_row("weights", f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
+        label = "weights (whole model, all GPUs)" if r.tp * r.pp > 1 else "weights"
+        table.add_row(label, f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
     if r.kv_budget_bytes is not None:
-        if r.budget_method == "gpu":
-            gpu = r.gpu or "GPU"
-            table.add_row(
-                "KV budget per GPU",
-                f"{gpu} {_gib(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} "
-                f"- weights {_gib(r.weights_bytes_per_gpu)} - reserve {_gib(r.reserve_bytes)} "
-                f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
-            )
-            if r.activation_bytes is not None:
-                table.add_row(
-                    "reserve per GPU (vLLM 0.32 profiling)",
-                    f"activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
-                    f"+ CUDA graphs {_gib(r.cudagraph_bytes)} (each overridable: --activation-memory, "
-                    f"--non-torch-memory, --cudagraph-memory)",
-                )
-        else:
-            table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
-        for st in r.stages:
-            binding = " (sets capacity)" if st.num_blocks == r.num_blocks else ""
-            table.add_row(
-                f"pipeline stage {st.index} (per GPU){binding}",
-                f"layers {st.first_layer}-{st.first_layer + st.num_layers - 1}, weights "
-                f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
-                f"{_n(st.num_blocks):,} blocks",
-            )
-        table.add_row("blocks", f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
-        table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
-        if _n(r.max_batch) >= 1:
-            table.add_row(
-                "vLLM would log",
-                f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
-                f"per request: {r.max_concurrency:.2f}x",
-            )
-        else:
-            table.add_row(
-                "vLLM would refuse to start",
-                f"one request of {r.seq_len:,} tokens does not fit; the estimated maximum model length is "
-                f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
-            )
-        limit = (
-            " (the model's context; sliding layers never run out)"
-            if r.max_seq_len_limited_by == "model context"
-            else ""
-        )
-        if _beyond_context(r):
-            limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
-        table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
-        table.add_row("how blocks were counted", r.capacity_method or "")
+        _capacity_rows(table, r)
     console.print(table)
     if r.fits is not None:
-        if r.fits:
-            longest = f"one request of up to {r.max_seq_len:,} tokens"
-            if _beyond_context(r):
-                longest = (
-                    f"one request of up to {r.max_position_embeddings:,} tokens, the model's context "
-                    f"(memory would hold {r.max_seq_len:,})"
-                )
-            console.print(
-                f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
-                f"requests of {r.seq_len:,} tokens, or {longest}."
-            )
-        elif r.max_seq_len == 0:
-            console.print(
-                f"[red]Does not fit[/red]: {max(_n(r.num_blocks), 0):,} blocks leave no room for even one request "
-                f"(vLLM would refuse to start)."
-            )
-        else:
-            fitting = [f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens"] if r.max_batch else []
-            if r.max_seq_len_at_batch:
-                fitting.append(f"{r.batch:,} of {r.max_seq_len_at_batch:,} tokens")
-            else:
-                fitting.append(f"no length at which {r.batch:,} requests fit")
-            console.print(
-                f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
-                f"{r.batch * _n(r.blocks_per_request):,} blocks; {max(_n(r.num_blocks) - 1, 0):,} are usable. "
-                "Largest that fit: "
-                f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
-            )
+        _verdict(r, console)
     if r.suggestions:
         console.print("Would fit: " + "; ".join(r.suggestions) + ".")
     if r.sweep:
@@ -134,6 +61,89 @@ def render_estimate(result: EstimateResult, console) -> None:
     for note in r.notes:
         console.print(f"Note: {note}", style="dim")
     console.print(f"Source: {r.source}", style="dim")
+
+
+def _capacity_rows(table, r: EstimateResult) -> None:
+    """The budget, reserve, pipeline stages, blocks and what vLLM would log."""
+    if r.budget_method == "gpu":
+        gpu = r.gpu or "GPU"
+        table.add_row(
+            "KV budget per GPU",
+            f"{gpu} {_gib(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} "
+            f"- weights {_gib(r.weights_bytes_per_gpu)} - reserve {_gib(r.reserve_bytes)} "
+            f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
+        )
+        if r.activation_bytes is not None:
+            table.add_row(
+                "reserve per GPU (vLLM 0.32 profiling)",
+                f"activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
+                f"+ CUDA graphs {_gib(r.cudagraph_bytes)} (each overridable: --activation-memory, "
+                f"--non-torch-memory, --cudagraph-memory)",
+            )
+    else:
+        table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
+    for st in r.stages:
+        binding = " (sets capacity)" if st.num_blocks == r.num_blocks else ""
+        table.add_row(
+            f"pipeline stage {st.index} (per GPU){binding}",
+            f"layers {st.first_layer}-{st.first_layer + st.num_layers - 1}, weights "
+            f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
+            f"{_n(st.num_blocks):,} blocks",
+        )
+    label = "blocks (one pool; every GPU holds its share of each)" if r.tp * r.pp > 1 else "blocks"
+    table.add_row(label, f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
+    table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
+    if _n(r.max_batch) >= 1:
+        table.add_row(
+            "vLLM would log",
+            f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
+            f"per request: {r.max_concurrency:.2f}x",
+        )
+    else:
+        table.add_row(
+            "vLLM would refuse to start",
+            f"one request of {r.seq_len:,} tokens does not fit; the estimated maximum model length is "
+            f"{r.max_seq_len:,} (KV cache size {r.vllm_logged_tokens:,} tokens, concurrency {r.max_concurrency:.2f}x)",
+        )
+    limit = (
+        " (the model's context; sliding layers never run out)" if r.max_seq_len_limited_by == "model context" else ""
+    )
+    if _beyond_context(r):
+        limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
+    table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
+    table.add_row("how blocks were counted", r.capacity_method or "")
+
+
+def _verdict(r: EstimateResult, console) -> None:
+    """Fits / does not fit, in a sentence under the table."""
+    if r.fits:
+        longest = f"one request of up to {r.max_seq_len:,} tokens"
+        if _beyond_context(r):
+            longest = (
+                f"one request of up to {r.max_position_embeddings:,} tokens, the model's context "
+                f"(memory would hold {r.max_seq_len:,})"
+            )
+        console.print(
+            f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
+            f"requests of {r.seq_len:,} tokens, or {longest}."
+        )
+    elif r.max_seq_len == 0:
+        console.print(
+            f"[red]Does not fit[/red]: {max(_n(r.num_blocks), 0):,} blocks leave no room for even one request "
+            f"(vLLM would refuse to start)."
+        )
+    else:
+        fitting = [f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens"] if r.max_batch else []
+        if r.max_seq_len_at_batch:
+            fitting.append(f"{r.batch:,} of {r.max_seq_len_at_batch:,} tokens")
+        else:
+            fitting.append(f"no length at which {r.batch:,} requests fit")
+        console.print(
+            f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
+            f"{r.batch * _n(r.blocks_per_request):,} blocks; {max(_n(r.num_blocks) - 1, 0):,} are usable. "
+            "Largest that fit: "
+            f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
+        )
 
 
 def headline(r: EstimateResult) -> str:

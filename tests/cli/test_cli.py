@@ -51,7 +51,8 @@ def test_help_does_not_import_torch_or_pandas():
 
 
 def test_argument_help_is_shown(run_cli):
-    # click 8.5 overwrites typer 0.19's argument help with None (pyproject pins click < 8.5)
+    # click 8.5 blanks argument help under typer < 0.26 (https://github.com/Aletheore/Aletheore/pull/510);
+    # typer >= 0.26 (pyproject) carries its own click, so this holds whichever click is installed
     result = run_cli("repro", "--help")
     assert result.exit_code == 0
     assert "Scenarios to run" in result.stdout

@@ -153,3 +153,33 @@ def test_context_length_from_vllms_length_keys():
         "seq_length": 4096,
     }
     assert parse_config(both, where="x").max_position_embeddings == 4096
+
+
+def test_phi_sliding_window_as_vllm_032_reads_it():
+    # vLLM 0.32 (engine/arg_utils.py create_engine_config): without layer_types, CacheConfig.sliding_window is the
+    # config's sliding_window and LlamaAttention (Phi3ForCausalLM is a LlamaForCausalLM) applies it to every layer;
+    # with sliding_window null (microsoft/phi-4's config.json) every layer is full attention.
+    from kvtool.estimate.hf_config import FULL, SLIDING, parse_config
+
+    phi = {
+        "model_type": "phi3",
+        "hidden_size": 5120,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 10,
+        "vocab_size": 100352,
+        "max_position_embeddings": 16384,
+        "sliding_window": None,
+        "torch_dtype": "bfloat16",
+    }
+    assert set(parse_config(phi, where="phi-4").layer_kinds) == {FULL}
+    # microsoft/Phi-3-mini-4k-instruct: sliding_window 2047 on every layer
+    mini = {
+        **phi,
+        "sliding_window": 2047,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+    }
+    spec = parse_config({**mini, "hidden_size": 3072}, where="phi-3-mini")
+    assert set(spec.layer_kinds) == {SLIDING} and spec.sliding_window == 2047

@@ -34,7 +34,8 @@ def _config(tmp_path, **changes):
         ({"model_type": "minimax_m1", "attn_type_list": [0, 0, 0, 0, 0, 0, 0, 1] * 10}, "attn_type_list"),
         # Qwen3-Next: layer_types with linear_attention (huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct)
         ({"layer_types": ["linear_attention"] * 3 * 8 + ["full_attention"] * 8}, "linear_attention"),
-        ({"model_type": "jamba"}, "model_type jamba"),
+        ({"model_type": "zamba2"}, "model_type zamba2"),
+        ({"model_type": "jamba"}, "hybrid config needs a positive integer attn_layer_period"),
     ],
 )
 def test_unmodelled_or_absurd_configs_get_one_line(run_cli, tmp_path, changes, words):
