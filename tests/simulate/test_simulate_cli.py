@@ -267,7 +267,7 @@ def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
     assert out["kv_tokens"] == est["kv_budget_bytes"] // 524_288  # the static comparison's budget in tokens
     assert out["results"][0]["pool_blocks"] == blocks
     assert out["serve_setup"]["pool_tokens"] == (blocks - 1) * 16  # the null block is never handed out
-    # 1,000-token requests take 63 blocks of 16: floor(7,353 / 63) = 116 fit at once
+    # 1,000-token requests take 63 blocks of 16: floor(blocks / 63) fit at once
     assert out["results"][0]["fit_at_once_p50"] == blocks // 63
     # the default --serve pool is the same plan, stated as the default
     res = run_cli(
