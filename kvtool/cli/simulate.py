@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             "--trace",
             help="CSV or JSON-lines trace of real requests "
             "(Azure, Vidur, generic prompt_tokens/output_tokens or length, "
-            "LLMServingSim).",
+            "LLMServingSim; for the prefix cache, JSON lines of prompt_token_ids or the Mooncake format).",
             rich_help_panel=_LENGTHS,
         ),
         from_events: Optional[Path] = typer.Option(
@@ -95,7 +95,8 @@ def register(app: typer.Typer) -> None:
         max_model_len: Optional[int] = typer.Option(
             None,
             "--max-model-len",
-            help="Slots each request reserves in the contiguous baseline (default: the longest request).",
+            help="Slots each request reserves in the contiguous baseline (default: the longest request), and vLLM's "
+            "max_model_len with --serve (default: no limit).",
             rich_help_panel=_STATIC,
         ),
         kv_tokens: Optional[int] = typer.Option(
