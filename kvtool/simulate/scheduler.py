@@ -124,6 +124,7 @@ class EngineRun:
     evictions: int  # cached blocks reused for new data
     hit_tokens: int  # prefix-cache hits over all admissions (resumptions too)
     queried_tokens: int  # tokens looked up at admissions
+    free_blocks_at_end: int = -1  # the free queue when the run ended (all blocks back when every request finished)
     # With record_events: rows (step, event code, request, blocks, tokens, at the step's end) and decode jumps
     # (first step, steps, requests, their computed tokens before the jump); see kvtool.simulate.export.
     event_rows: list[tuple[int, int, int, int, int, int]] | None = None
@@ -707,4 +708,5 @@ def run_engine(
             progress(done_reported)
     if progress is not None:
         progress(engine.finished)
+    engine.run.free_blocks_at_end = engine.pool.num_free()
     return engine.run
