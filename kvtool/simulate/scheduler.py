@@ -632,23 +632,25 @@ class Engine:
         npriv, ncached = self.npriv, self.ncached
         total = 0
         caching = self.cfg.enable_prefix_caching
+        out, P, max_len = self.out, self.P, self.cfg.max_model_len
+        finished = []  # the last step may finish requests (the jump ends at the first finish)
         for r in self.running:
             c0 = c[r]
             crossings = (c0 + K - 1) // b - (c0 - 1) // b  # multiples of b in [c0, c0 + K - 1]
             npriv[r] += crossings
             total += crossings
             c[r] = c0 + K
-            g[r] += K
+            gr = g[r] = g[r] + K
             if caching:
                 ncached[r] = (c0 + K) // b
+            if gr >= out[r] or P[r] + gr >= max_len:
+                finished.append(r)
         pool.consume(total)
         run.evictions += pool.evictions - before
         self.used = blocks
         self.entries = entries
         self.tokens_held = tokens
         self.step = first + K
-        # The last step may finish requests (the jump ends at the first finish).
-        finished = [r for r in self.running if g[r] >= self.out[r] or self.P[r] + g[r] >= self.cfg.max_model_len]
         if finished:
             self._finish(finished)
 
