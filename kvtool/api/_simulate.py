@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any, Union
 
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES
-from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS
+from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from kvtool.simulate.results import SimulateReport
-    from kvtool.simulate.serving import CostModel
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -93,14 +92,24 @@ def simulate(
     max_model_len: int | None = None,
     kv_tokens: int | None = None,
     model: str | None = None,
+    config: str | None = None,
     gpu: str | None = None,
+    tp: int = 1,
+    kv_dtype: str = "auto",
+    bandwidth_gb_s: float | None = None,
+    peak_tflops: float | None = None,
+    step_overhead_ms: float | None = None,
+    table_entry_us: float | None = None,
     serve: bool = False,
     qps: float | None = None,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-    prefix_cache: bool = False,
+    max_num_batched_tokens: int | None = None,
+    long_prefill_token_threshold: int = 0,
+    prefix_cache: bool = True,
+    prefix_variant_share: float = 0.0,
     split_pools: int | None = None,
+    slo_ttft_ms: float | None = None,
     export_events: PathLike | None = None,
-    cost: CostModel | None = None,
 ) -> SimulateResult:
     """Compare KV-cache block sizes against real or sampled request lengths (``kvtool simulate``).
 
@@ -108,8 +117,8 @@ def simulate(
     optionally ``arrival_s``, read by the same reader), ``from_events`` (an events file), or ``dist``
     (``lognormal`` with ``mean``/``p99``, ``uniform`` with ``min_tokens``/``max_tokens``, ``fixed`` with
     ``length``, ``zipf`` with ``alpha``).  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
-    continuous-batching simulation, ``cost`` its step-time model
-    (:class:`~kvtool.simulate.serving.CostModel`), ``export_events`` writes its events like ``--export-events``.
+    simulation of vLLM 0.32's scheduler (prefix cache on by default), ``model``/``config``/``gpu``/``tp``/``kv_dtype``
+    and the cost overrides its roofline step time, ``export_events`` writes its events like ``--export-events``.
 
     Returns a :class:`SimulateResult`: ``table`` (one row per block size), ``recommendations``, ``to_dict()``,
     and with ``serve`` the simulated events of each block size through ``events(block_size)``.
@@ -128,7 +137,6 @@ def simulate(
 
     from kvtool.simulate.inputs import SimulateInputs, prepare
     from kvtool.simulate.run import run_simulation
-    from kvtool.simulate.serving import CostModel
 
     with _trace_file(trace) as trace_path:
         reqs, options = prepare(
@@ -150,14 +158,24 @@ def simulate(
                 max_model_len=max_model_len,
                 kv_tokens=kv_tokens,
                 model=model,
+                config=config,
                 gpu=gpu,
+                tp=tp,
+                kv_dtype=kv_dtype,
+                bandwidth_gb_s=bandwidth_gb_s,
+                peak_tflops=peak_tflops,
+                step_overhead_ms=step_overhead_ms,
+                table_entry_us=table_entry_us,
                 serve=serve,
                 qps=qps,
                 max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                long_prefill_token_threshold=long_prefill_token_threshold,
                 prefix_cache=prefix_cache,
+                prefix_variant_share=prefix_variant_share,
                 split_pools=split_pools,
+                slo_ttft_ms=slo_ttft_ms,
                 export_events=None if export_events is None else Path(export_events),
-                cost=cost or CostModel(),
             )
         )
     report, traces = run_simulation(reqs, options, keep_traces=serve)

@@ -10,16 +10,15 @@ import typer
 from kvtool.cli.options import json_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
+from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
-from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
-
-_COST_DEFAULTS = CostModel()
+from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 _LENGTHS = "Request lengths"
 _STATIC = "Static comparison"
 _SERVE = "Serving simulation (--serve)"
-_COST = "Step-time cost model (--serve)"
+_COST = "Model, GPU and step time (--serve)"
 _OUT = "Output"
 
 
@@ -32,7 +31,7 @@ def register(app: typer.Typer) -> None:
             "--trace",
             help="CSV or JSON-lines trace of real requests "
             "(Azure, Vidur, generic prompt_tokens/output_tokens or length, "
-            "LLMServingSim).",
+            "LLMServingSim; for the prefix cache, JSON lines of prompt_token_ids or the Mooncake format).",
             rich_help_panel=_LENGTHS,
         ),
         from_events: Optional[Path] = typer.Option(
@@ -94,28 +93,58 @@ def register(app: typer.Typer) -> None:
         max_model_len: Optional[int] = typer.Option(
             None,
             "--max-model-len",
-            help="Slots each request reserves in the contiguous baseline (default: the longest request).",
+            help="Slots each request reserves in the contiguous baseline (default: the longest request), and vLLM's "
+            "max_model_len with --serve (default: no limit).",
             rich_help_panel=_STATIC,
         ),
         kv_tokens: Optional[int] = typer.Option(
             None,
             "--kv-tokens",
-            help="KV-cache budget in tokens (the pool; default: none "
-            "for the static comparison, and for --serve kvtool estimate's plan for "
-            f"{DEFAULT_POOL_MODEL} on {DEFAULT_POOL_GPU}).",
+            help="KV-cache budget in tokens (the pool; default: none for the static comparison, and for --serve "
+            "the KV budget of --model on --gpu as `kvtool estimate` plans it).",
             rich_help_panel=_STATIC,
         ),
         model: Optional[str] = typer.Option(
             None,
             "--model",
-            help="With --gpu: the pool from `kvtool estimate`'s capacity planner (a profile name, as estimate takes).",
-            rich_help_panel=_STATIC,
+            help=f"Model profile, as estimate takes it: sets the pool and the step times (default {DEFAULT_POOL_MODEL}).",
+            rich_help_panel=_COST,
+        ),
+        config: Optional[str] = typer.Option(
+            None, "--config", help="A config.json (or its folder) instead of --model.", rich_help_panel=_COST
         ),
         gpu: Optional[str] = typer.Option(
-            None, "--gpu", help="With --model: the GPU profile (e.g. h100-80gb).", rich_help_panel=_STATIC
+            None,
+            "--gpu",
+            help=f"GPU profile, as estimate takes it (default {DEFAULT_POOL_GPU}).",
+            rich_help_panel=_COST,
+        ),
+        tp: int = typer.Option(
+            1, "--tp", help="Tensor-parallel size (weights and KV heads split across GPUs).", rich_help_panel=_COST
+        ),
+        kv_dtype: str = typer.Option(
+            "auto", "--kv-dtype", help="KV-cache dtype, as estimate takes it.", rich_help_panel=_COST
+        ),
+        bandwidth_gb_s: Optional[float] = typer.Option(
+            None, "--bandwidth-gb-s", help="Memory bandwidth (decimal GB/s; default: the GPU's).", rich_help_panel=_COST
+        ),
+        peak_tflops: Optional[float] = typer.Option(
+            None, "--peak-tflops", help="Dense peak (TFLOP/s; default: the GPU's, 16-bit).", rich_help_panel=_COST
+        ),
+        step_overhead_ms: Optional[float] = typer.Option(
+            None,
+            "--step-overhead-ms",
+            help=f"Fixed time per engine step (default {DEFAULT_STEP_OVERHEAD_MS:g}).",
+            rich_help_panel=_COST,
+        ),
+        table_entry_us: Optional[float] = typer.Option(
+            None,
+            "--table-entry-us",
+            help=f"Attention-kernel time per block-table entry (default {DEFAULT_TABLE_ENTRY_US:g}; docs/simulate.md).",
+            rich_help_panel=_COST,
         ),
         serve: bool = typer.Option(
-            False, "--serve", help="Also run the event-driven continuous-batching simulation.", rich_help_panel=_SERVE
+            False, "--serve", help="Also run vLLM V1's scheduler (0.32) over the requests.", rich_help_panel=_SERVE
         ),
         qps: Optional[float] = typer.Option(
             None,
@@ -129,18 +158,39 @@ def register(app: typer.Typer) -> None:
             help="Most requests running at once (vLLM's default).",
             rich_help_panel=_SERVE,
         ),
+        max_num_batched_tokens: Optional[int] = typer.Option(
+            None,
+            "--max-num-batched-tokens",
+            help="Token budget per step, decodes and prefill chunks together (default: vllm serve's for the GPU).",
+            rich_help_panel=_SERVE,
+        ),
+        long_prefill_token_threshold: int = typer.Option(
+            0,
+            "--long-prefill-token-threshold",
+            help="Cap on one request's prefill chunk (0: off).",
+            rich_help_panel=_SERVE,
+        ),
         prefix_cache: bool = typer.Option(
-            False,
-            "--prefix-cache",
-            help="Share the --shared-prefix's full blocks between running requests.",
+            True,
+            "--prefix-cache/--no-prefix-cache",
+            help="vLLM's automatic prefix caching (on by default).",
+            rich_help_panel=_SERVE,
+        ),
+        prefix_variant_share: float = typer.Option(
+            0.0,
+            "--prefix-variant-share",
+            help="With --shared-prefix: this share of requests carry a variant system prompt (last token differs).",
             rich_help_panel=_SERVE,
         ),
         split_pools: Optional[int] = typer.Option(
             None,
             "--split-pools",
             metavar="THRESHOLD",
-            help="Separate pools for requests longer than THRESHOLD tokens and the rest.",
+            help="Separate engines for requests longer than THRESHOLD tokens and the rest.",
             rich_help_panel=_SERVE,
+        ),
+        slo_ttft_ms: Optional[float] = typer.Option(
+            None, "--slo-ttft-ms", help="TTFT p99 target of the recommendation.", rich_help_panel=_SERVE
         ),
         export_events: Optional[Path] = typer.Option(
             None,
@@ -150,30 +200,16 @@ def register(app: typer.Typer) -> None:
             "several; .csv.gz or .parquet by the name).",
             rich_help_panel=_SERVE,
         ),
-        step_overhead_ms: float = typer.Option(
-            _COST_DEFAULTS.step_overhead_ms, "--step-overhead-ms", help="Fixed time per step.", rich_help_panel=_COST
-        ),
-        token_us: float = typer.Option(
-            _COST_DEFAULTS.token_us,
-            "--token-us",
-            help="Time per token computed (prefill or decode).",
-            rich_help_panel=_COST,
-        ),
-        kv_token_us: float = typer.Option(
-            _COST_DEFAULTS.kv_token_us,
-            "--kv-token-us",
-            help="Time to read one KV slot (whole blocks are read).",
-            rich_help_panel=_COST,
-        ),
-        table_entry_us: float = typer.Option(
-            _COST_DEFAULTS.table_entry_us, "--table-entry-us", help="Time per block-table entry.", rich_help_panel=_COST
-        ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = typer.Option(
             None, "--plot", metavar="DIR", help="Write PNG charts into DIR.", rich_help_panel=_OUT
         ),
     ) -> None:
-        """Compare KV-cache block sizes against a real or sampled request-length distribution."""
+        """Compare KV-cache block sizes against a real or sampled request-length distribution.
+
+        Examples: `kvtool simulate --trace azure.csv --serve --model llama-3.1-8b --gpu h100 --slo-ttft-ms 500`;
+        `kvtool simulate --dist lognormal --mean 1000 --p99 6000 --serve --shared-prefix 1500 --qps 20`.
+        """
         from kvtool.simulate.inputs import SimulateInputs, prepare
         from kvtool.simulate.run import run_simulation
 
@@ -196,35 +232,49 @@ def register(app: typer.Typer) -> None:
                 max_model_len=max_model_len,
                 kv_tokens=kv_tokens,
                 model=model,
+                config=config,
                 gpu=gpu,
+                tp=tp,
+                kv_dtype=kv_dtype,
+                bandwidth_gb_s=bandwidth_gb_s,
+                peak_tflops=peak_tflops,
+                step_overhead_ms=step_overhead_ms,
+                table_entry_us=table_entry_us,
                 serve=serve,
                 qps=qps,
                 max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                long_prefill_token_threshold=long_prefill_token_threshold,
                 prefix_cache=prefix_cache,
+                prefix_variant_share=prefix_variant_share,
                 split_pools=split_pools,
+                slo_ttft_ms=slo_ttft_ms,
                 export_events=export_events,
-                cost=CostModel(step_overhead_ms, token_us, kv_token_us, table_entry_us, _COST_DEFAULTS.refresh_steps),
             )
         )
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
-        plots = []
-        if plot is not None:
-            from kvtool.simulate.render import write_plots
+        _show(report, traces, plot, json_output)
 
-            plots = write_plots(report, traces, plot)
-        if json_output:
-            from kvtool.cli.output import print_json
-            from kvtool.simulate.render import to_json
 
-            obj = to_json(report)
-            obj["plots"] = [str(p) for p in plots]
-            print_json(obj)
-            return
-        from kvtool.cli.output import stdout_console
-        from kvtool.simulate.render import render
+def _show(report, traces, plot: Optional[Path], json_out: bool) -> None:
+    plots = []
+    if plot is not None:
+        from kvtool.simulate.render import write_plots
 
-        console = stdout_console()
-        render(report, console)
-        for p in plots:
-            console.print(f"Plot written: {p}")
+        plots = write_plots(report, traces, plot)
+    if json_out:
+        from kvtool.cli.output import print_json
+        from kvtool.simulate.render import to_json
+
+        obj = to_json(report)
+        obj["plots"] = [str(p) for p in plots]
+        print_json(obj)
+        return
+    from kvtool.cli.output import stdout_console
+    from kvtool.simulate.render import render
+
+    console = stdout_console()
+    render(report, console)
+    for p in plots:
+        console.print(f"Plot written: {p}")

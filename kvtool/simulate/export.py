@@ -1,54 +1,49 @@
-"""Per-request figures of a serving simulation, and its events in `kvtool analyze`'s events schema (schema 1).
+"""The events of a serving simulation in `kvtool analyze`'s events schema (schema 1).
 
-Each running segment of a request becomes: a ``reuse`` row (prefix-cache blocks it attached, if any), an
-``allocate`` row (its prefill), one ``append`` row per decode step (1 token; 1 block when the step crosses a block
-boundary, else 0), and a ``free`` row at the end of its last step.  A preemption is a free followed, later, by a new
-allocate under the same request_id.  Rows are sorted by time; at equal times frees come first.
+Per admission: a ``reuse`` row (prefix-cache blocks attached, with their tokens) when the lookup hit, and an
+``allocate`` row (blocks taken for the first chunk, its tokens); per later scheduled chunk or decode step an
+``append`` row (tokens scheduled, blocks taken); a ``free`` row when the request finishes (at the end of its last
+step) or is preempted (at the start of the step that preempted it; a later admission of the same request_id is its
+recompute).  Rows carry the step's start time, frees at a step's end its end time; rows are sorted by time, frees
+first at a tie.  Blocks are counted per request, so a prefix block shared by several requests appears in each
+(analyze's per-request view); the simulator's pool figures count it once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 from kvtool.core.errors import UsageError
-from kvtool.events.load import ALLOCATE, APPEND, EVENT_TYPES, FREE, REUSE
-from kvtool.simulate.serving import ServeTrace, segment_integrals
+from kvtool.events.load import APPEND, EVENT_TYPES, FREE
+from kvtool.simulate.serving import ServeTrace
 
 
-@dataclasses.dataclass(frozen=True)
-class RequestFigures:
-    """Per-request figures with analyze's definitions (numpy arrays indexed by request; nan when never run)."""
-
-    holding_time_s: Any  # time with blocks > 0, summed over segments
-    block_seconds: Any  # integral of blocks held (shared prefix blocks counted for every request holding them)
-    utilization: Any  # integral of tokens / (block_size x integral of blocks)
-    peak_blocks: Any
-    preemptions: Any
-
-
-def request_figures(trace: ServeTrace, requests: int) -> RequestFigures:
+def _run_rows(run, requests, b: int):
+    """One run's rows as numpy columns (ts, kind order, event code, request, blocks, tokens)."""
     import numpy as np
 
-    held, token_s, block_s, end_blocks = segment_integrals(trace)
-    rid = trace.seg_request
-    hold = np.bincount(rid, held, minlength=requests)
-    blocks = np.bincount(rid, block_s, minlength=requests)
-    tokens = np.bincount(rid, token_s, minlength=requests)
-    peak = np.zeros(requests, dtype=np.int64)
-    np.maximum.at(peak, rid, end_blocks)
-    ran = np.bincount(rid, minlength=requests) > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        util = tokens / (trace.block_size * blocks)
-    nan = np.full(requests, np.nan)
-    return RequestFigures(
-        holding_time_s=np.where(ran, hold, nan),
-        block_seconds=np.where(ran, blocks, nan),
-        utilization=np.where(ran & (blocks > 0), util, nan),
-        peak_blocks=peak,
-        preemptions=np.bincount(rid, trace.seg_preempted.astype(np.int64), minlength=requests),
-    )
+    start = np.asarray(run.step_start_s)
+    end = np.asarray(run.step_end_s)
+    rows = np.array(run.event_rows or [], dtype=np.int64).reshape(-1, 6)
+    step, code, req, blocks, tokens, at_end = (rows[:, i] for i in range(6))
+    ts = np.where(at_end == 1, end[step - 1], start[step - 1])
+    kind = np.where(code == FREE, 0, 1 + (code != 2))  # frees first, then reuse, then the rest
+    cols = [(ts, kind, code, requests[req], blocks, np.where(code == FREE, -1, tokens))]
+    for first, k, rids, c0 in run.event_jumps or []:
+        rid = np.repeat(np.asarray(rids, dtype=np.int64), k)
+        j = np.tile(np.arange(k, dtype=np.int64), len(rids))
+        c = np.repeat(np.asarray(c0, dtype=np.int64), k) + j
+        cols.append(
+            (
+                start[first - 1 + j],
+                np.full(len(rid), 2),
+                np.full(len(rid), APPEND),
+                requests[rid],
+                (c % b == 0).astype(np.int64),
+                np.ones(len(rid), dtype=np.int64),
+            )
+        )
+    return [np.concatenate([c[i] for c in cols]) for i in range(6)]
 
 
 def events_table(trace: ServeTrace, request_ids=None):
@@ -56,47 +51,25 @@ def events_table(trace: ServeTrace, request_ids=None):
     import numpy as np
     import pyarrow as pa
 
-    b = trace.block_size
-    start, end = trace.step_start_s, trace.step_end_s
-    rid = trace.seg_request
-    s0, s1, x0 = trace.seg_first_step, trace.seg_last_step, trace.seg_start_tokens
-    reused = trace.seg_shared_blocks - trace.seg_shared_new
-    b0 = -(-x0 // b)
-    x_end = x0 + (s1 - s0)
-    # appends: one per step after the first
-    n_app = s1 - s0
-    seg_of = np.repeat(np.arange(len(rid)), n_app)
-    j = np.arange(int(n_app.sum())) - np.repeat(np.cumsum(n_app) - n_app, n_app) + 1
-    step = s0[seg_of] + j
-    tokens_now = x0[seg_of] + j
-    crosses = (tokens_now - 1) % b == 0  # token k x b + 1 opens a new block
-    has_reuse = reused > 0
-    parts = [
-        # (ts, kind order, event code, segment, num_blocks, num_tokens)
-        (end[s1], 0, FREE, np.arange(len(rid)), -(-x_end // b), None),
-        (start[s0][has_reuse], 1, REUSE, np.flatnonzero(has_reuse), reused[has_reuse], reused[has_reuse] * b),
-        (start[s0], 2, ALLOCATE, np.arange(len(rid)), b0 - reused, x0 - reused * b),
-        (start[step], 3, APPEND, seg_of, crosses.astype(np.int64), np.ones(len(step), dtype=np.int64)),
-    ]
-    ts = np.concatenate([p[0] for p in parts])
-    kind = np.concatenate([np.full(len(p[3]), p[1]) for p in parts])
-    code = np.concatenate([np.full(len(p[3]), p[2]) for p in parts])
-    seg = np.concatenate([p[3] for p in parts])
-    nblocks = np.concatenate([p[4] for p in parts])
-    ntok = np.concatenate([np.full(len(p[3]), -1) if p[5] is None else p[5] for p in parts])
+    parts = []
+    for run, index in zip(trace.runs, trace.request_index):
+        if run.event_rows is None:
+            raise ValueError("the simulation ran without record_events")
+        parts.append(_run_rows(run, np.asarray(index, dtype=np.int64), trace.block_size))
+    ts, kind, code, req, nblocks, ntok = (np.concatenate([p[i] for p in parts]) for i in range(6))
     order = np.lexsort((kind, ts))
-    names = pa.array(EVENT_TYPES)  # indexed by analyze's event codes
-    req = rid[seg[order]]
-    ids = pa.array(request_ids if request_ids is not None else [f"r{i}" for i in range(len(trace.arrival_s))])
+    n_req = int(sum(len(i) for i in trace.request_index))
+    names = pa.array(EVENT_TYPES)
+    ids = pa.array(request_ids if request_ids is not None else [f"r{i}" for i in range(n_req)])
     ntok_sorted = ntok[order]
     return pa.table(
         {
             "ts": pa.array(ts[order]),
             "event": pa.DictionaryArray.from_arrays(pa.array(code[order].astype(np.int32)), names),
-            "request_id": pa.DictionaryArray.from_arrays(pa.array(req.astype(np.int32)), ids),
+            "request_id": pa.DictionaryArray.from_arrays(pa.array(req[order].astype(np.int32)), ids),
             "num_blocks": pa.array(nblocks[order]),
             "num_tokens": pa.array(ntok_sorted, mask=ntok_sorted < 0),
-            "block_size": pa.array(np.full(len(ts), b, dtype=np.int64)),
+            "block_size": pa.array(np.full(len(ts), trace.block_size, dtype=np.int64)),
         }
     )
 

@@ -1,36 +1,24 @@
-"""The inputs of `kvtool simulate` (the command and ``kvtool.api.simulate`` alike): option checks, the pool from
-``--model``/``--gpu``, and the request lengths from a trace, an events file or a distribution."""
+"""The inputs of `kvtool simulate` (the command and ``kvtool.api.simulate`` alike): option checks and the request
+lengths from a trace, an events file or a distribution, turned into :class:`~kvtool.simulate.run.SimulateOptions`."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Optional
 
 from kvtool.core.errors import UsageError
-from kvtool.simulate.lengths import (
-    DEFAULT_OUTPUT_SHARE,
-    DEFAULT_PARAMETRIC_REQUESTS,
-    MAX_REQUEST_TOKENS,
-    MAX_REQUESTS,
-    RequestSet,
-    load_event_lengths,
-    load_trace,
-    parametric_requests,
-    sample_requests,
-)
-from kvtool.simulate.run import (
-    DEFAULT_BLOCK_SIZES,
-    MAX_KV_TOKENS,
-    SimulateOptions,
-    parse_block_sizes,
-    planned_pool_tokens,
-)
-from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
+from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, RequestSet
+from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, SimulateOptions
+from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 
 @dataclasses.dataclass(frozen=True)
 class SimulateInputs:
-    """Everything `kvtool simulate` (or ``kvtool.api.simulate``) was asked, as given; :func:`prepare` checks it."""
+    """Everything `kvtool simulate` (or ``kvtool.api.simulate``) was asked, as given; :func:`prepare` checks it.
+
+    Field names are the CLI's options (docs/cli.md); sizes in tokens, rates in requests/s.
+    """
 
     trace: Path | None = None
     from_events: Path | None = None
@@ -48,145 +36,179 @@ class SimulateInputs:
     block_sizes: str = ",".join(map(str, DEFAULT_BLOCK_SIZES))  # as --block-sizes takes them
     max_model_len: int | None = None
     kv_tokens: int | None = None
-    model: str | None = None  # with gpu: the pool from estimate's planner
+    model: str | None = None
+    config: str | None = None
     gpu: str | None = None
+    tp: int = 1
+    kv_dtype: str = "auto"
+    bandwidth_gb_s: float | None = None
+    peak_tflops: float | None = None
+    step_overhead_ms: float | None = None
+    table_entry_us: float | None = None
     serve: bool = False
     qps: float | None = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    prefix_cache: bool = False
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int = 0
+    prefix_cache: bool = True
+    prefix_variant_share: float = 0.0
     split_pools: int | None = None  # threshold, tokens
+    slo_ttft_ms: float | None = None
     export_events: Path | None = None
-    cost: CostModel = CostModel()
 
 
-def prepare(inputs: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
-    """Check the inputs, load the requests and resolve the pool: what :func:`~kvtool.simulate.run.run_simulation`
-    takes.  UsageError / InputFileError name the option or file at fault."""
-    sizes = parse_block_sizes(inputs.block_sizes)
-    kv_tokens, kv_text = resolve_pool(inputs.kv_tokens, inputs.model, inputs.gpu)
-    c = inputs.cost
-    check_options(
-        inputs.trace,
-        inputs.from_events,
-        inputs.dist,
-        inputs.requests,
-        inputs.output_share,
-        inputs.shared_prefix,
-        inputs.max_model_len,
-        kv_tokens,
-        inputs.qps,
-        inputs.max_num_seqs,
-        inputs.prefix_cache,
-        inputs.split_pools,
-        inputs.export_events,
-        inputs.serve,
-        (c.step_overhead_ms, c.token_us, c.kv_token_us, c.table_entry_us),
+def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
+    """Check the inputs (UsageError names the option) and load the requests; return them with the run's options."""
+    from kvtool.simulate.costs import CostOverrides
+    from kvtool.simulate.run import parse_block_sizes
+
+    source = _LengthSource(
+        i.trace,
+        i.from_events,
+        i.dist,
+        i.requests,
+        i.seed,
+        i.output_share,
+        i.mean,
+        i.p99,
+        i.min_tokens,
+        i.max_tokens,
+        i.length,
+        i.alpha,
     )
-    requests = load_requests(
-        inputs.trace,
-        inputs.from_events,
-        inputs.dist,
-        inputs.requests,
-        inputs.seed,
-        inputs.output_share,
-        mean=inputs.mean,
-        p99=inputs.p99,
-        min_tokens=inputs.min_tokens,
-        max_tokens=inputs.max_tokens,
-        length=inputs.length,
-        alpha=inputs.alpha,
+    serve_only = {
+        "--qps": i.qps,
+        "--split-pools": i.split_pools,
+        "--export-events": i.export_events,
+        "--slo-ttft-ms": i.slo_ttft_ms,
+        "--max-num-batched-tokens": i.max_num_batched_tokens,
+        "--prefix-variant-share": i.prefix_variant_share or None,
+        "--long-prefill-token-threshold": i.long_prefill_token_threshold or None,
+    }
+    _check_options(source, i.shared_prefix, i.max_model_len, i.kv_tokens, i.max_num_seqs, i.serve, serve_only)
+    _check_serving(
+        i.model, i.config, i.gpu, i.kv_tokens, i.tp, i.prefix_variant_share, i.shared_prefix, i.export_events
     )
+    _check_costs(i)
+    reqs = _load_requests(source)
     options = SimulateOptions(
-        block_sizes=sizes,
-        shared_prefix_tokens=inputs.shared_prefix,
-        max_model_len=inputs.max_model_len,
-        kv_tokens=kv_tokens,
-        kv_tokens_text=kv_text,
-        serve=inputs.serve,
-        qps=inputs.qps,
-        seed=inputs.seed,
-        max_num_seqs=inputs.max_num_seqs,
-        prefix_cache=inputs.prefix_cache,
-        split_threshold_tokens=inputs.split_pools,
-        cost=inputs.cost,
-        export_events=inputs.export_events,
+        block_sizes=parse_block_sizes(i.block_sizes),
+        shared_prefix_tokens=i.shared_prefix,
+        max_model_len=i.max_model_len,
+        kv_tokens=i.kv_tokens,
+        kv_tokens_text="--kv-tokens" if i.kv_tokens is not None else None,
+        serve=i.serve,
+        qps=i.qps,
+        seed=i.seed,
+        max_num_seqs=i.max_num_seqs,
+        max_num_batched_tokens=i.max_num_batched_tokens,
+        long_prefill_token_threshold=i.long_prefill_token_threshold,
+        prefix_cache=i.prefix_cache,
+        prefix_variant_share=i.prefix_variant_share,
+        split_threshold_tokens=i.split_pools,
+        model=i.model,
+        config=i.config,
+        gpu=i.gpu,
+        tp=i.tp,
+        kv_dtype=i.kv_dtype,
+        cost=CostOverrides(i.bandwidth_gb_s, i.peak_tflops, i.step_overhead_ms, i.table_entry_us),
+        slo_ttft_ms=i.slo_ttft_ms,
+        export_events=i.export_events,
     )
-    return requests, options
+    return reqs, options
 
 
-def resolve_pool(kv_tokens: int | None, model: str | None, gpu: str | None) -> tuple[int | None, str | None]:
-    """The KV budget in tokens and where it came from: ``--kv-tokens``, or estimate's plan for ``--model``/``--gpu``."""
-    kv_text = "--kv-tokens" if kv_tokens is not None else None
-    if model is not None or gpu is not None:
-        if model is None or gpu is None:
-            raise UsageError(
-                "--model and --gpu go together (the pool of that model on that GPU)", where="--model/--gpu"
-            )
-        if kv_tokens is not None:
-            raise UsageError("give either --kv-tokens or --model/--gpu, not both", where="--kv-tokens")
-        kv_tokens, planned = planned_pool_tokens(model, gpu)
-        kv_text = f"kvtool estimate's plan for {planned}"
-    return kv_tokens, kv_text
+def _check_costs(i: SimulateInputs) -> None:
+    for fixed, name in ((i.step_overhead_ms, "--step-overhead-ms"), (i.table_entry_us, "--table-entry-us")):
+        if fixed is not None and not fixed >= 0:
+            raise UsageError(f"{name} must be 0 or more, got {fixed:g}", where=name)
+    for value, name in (
+        (i.bandwidth_gb_s, "--bandwidth-gb-s"),
+        (i.peak_tflops, "--peak-tflops"),
+        (i.slo_ttft_ms, "--slo-ttft-ms"),
+    ):
+        if value is not None and not value > 0:
+            raise UsageError(f"{name} must be a positive number, got {value:g}", where=name)
 
 
-def load_requests(
-    trace: Path | None,
-    from_events: Path | None,
-    dist: str | None,
-    requests: int | None,
-    seed: int,
-    output_share: float,
-    **dist_params: float | None,
-) -> RequestSet:
-    """The requests to simulate: a trace or an events file (sampled to ``requests`` when given), else ``dist``
-    with its parameters (``mean``, ``p99``, ``min_tokens``, ``max_tokens``, ``length``, ``alpha``)."""
+@dataclasses.dataclass(frozen=True)
+class _LengthSource:
+    """Where request lengths come from: a trace, an events file or a parametric distribution, with its options."""
+
+    trace: Optional[Path]
+    from_events: Optional[Path]
+    dist: Optional[str]
+    requests: Optional[int]
+    seed: int
+    output_share: float
+    mean: Optional[float]
+    p99: Optional[float]
+    min_tokens: Optional[float]
+    max_tokens: Optional[float]
+    length: Optional[float]
+    alpha: Optional[float]
+
+
+def _load_requests(src: _LengthSource):
+    from kvtool.simulate.lengths import (
+        DEFAULT_PARAMETRIC_REQUESTS,
+        load_event_lengths,
+        load_trace,
+        parametric_requests,
+        sample_requests,
+    )
+
     try:
-        if trace is not None:
-            reqs = load_trace(trace, output_share=output_share)
-        elif from_events is not None:
-            reqs = load_event_lengths(from_events)
-        elif dist is None:
-            raise UsageError("give a source of request lengths", where="--trace/--from-events/--dist")
-        else:
-            return parametric_requests(dist, requests or DEFAULT_PARAMETRIC_REQUESTS, seed, output_share, **dist_params)
-        return sample_requests(reqs, requests, seed) if requests is not None else reqs
+        if src.trace is not None or src.from_events is not None:
+            if src.trace is not None:
+                reqs = load_trace(src.trace, output_share=src.output_share)
+            else:
+                reqs = load_event_lengths(src.from_events)  # type: ignore[arg-type]
+            return sample_requests(reqs, src.requests, src.seed) if src.requests is not None else reqs
+        return parametric_requests(
+            src.dist,  # type: ignore[arg-type]
+            src.requests or DEFAULT_PARAMETRIC_REQUESTS,
+            src.seed,
+            src.output_share,
+            mean=src.mean,
+            p99=src.p99,
+            min_tokens=src.min_tokens,
+            max_tokens=src.max_tokens,
+            length=src.length,
+            alpha=src.alpha,
+        )
     except MemoryError:
         raise UsageError(
-            f"not enough memory for {requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
+            f"not enough memory for {src.requests or DEFAULT_PARAMETRIC_REQUESTS:,} requests",
             where="--requests",
             tip="ask for fewer --requests",
         ) from None
 
 
-def check_options(
-    trace,
-    from_events,
-    dist,
-    requests,
-    output_share,
-    shared_prefix,
-    max_model_len,
-    kv_tokens,
-    qps,
-    max_num_seqs,
-    prefix_cache,
-    split_pools,
-    export_events,
-    serve,
-    cost,
+def _check_options(
+    src: _LengthSource,
+    shared_prefix: int,
+    max_model_len: Optional[int],
+    kv_tokens: Optional[int],
+    max_num_seqs: int,
+    serve: bool,
+    serve_only: dict,
 ) -> None:
-    """Every check of `kvtool simulate`'s options that does not need the data: one UsageError naming the option."""
-    if sum(x is not None for x in (trace, from_events, dist)) != 1:
+    if sum(x is not None for x in (src.trace, src.from_events, src.dist)) != 1:
         raise UsageError(
             "give exactly one source of lengths: --trace FILE, --from-events FILE or --dist NAME",
             where="--trace/--from-events/--dist",
         )
+    from kvtool.simulate.lengths import MAX_REQUEST_TOKENS, MAX_REQUESTS
+    from kvtool.simulate.run import MAX_KV_TOKENS
+
     for value, name, most in (
-        (requests, "--requests", MAX_REQUESTS),
+        (src.requests, "--requests", MAX_REQUESTS),
         (max_model_len, "--max-model-len", None),
         (kv_tokens, "--kv-tokens", MAX_KV_TOKENS),
-        (split_pools, "--split-pools", MAX_REQUEST_TOKENS),
+        (serve_only["--split-pools"], "--split-pools", MAX_REQUEST_TOKENS),
         (max_num_seqs, "--max-num-seqs", None),
+        (serve_only["--max-num-batched-tokens"], "--max-num-batched-tokens", None),
     ):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
@@ -199,28 +221,30 @@ def check_options(
             f"--shared-prefix is too large: {shared_prefix:,} tokens (at most {MAX_REQUEST_TOKENS:,})",
             where="--shared-prefix",
         )
-    if not 0 <= output_share < 1:
-        raise UsageError(f"--output-share must be in [0, 1), got {output_share:g}", where="--output-share")
+    if not 0 <= src.output_share < 1:
+        raise UsageError(f"--output-share must be in [0, 1), got {src.output_share:g}", where="--output-share")
+    qps = serve_only["--qps"]
     if qps is not None and not qps > 0:
         raise UsageError(f"--qps must be a positive number, got {qps:g}", where="--qps")
-    if prefix_cache and not shared_prefix:
-        raise UsageError(
-            "--prefix-cache needs --shared-prefix P (the tokens every prompt shares)", where="--prefix-cache"
-        )
-    for flag, value in (
-        ("--qps", qps),
-        ("--prefix-cache", prefix_cache or None),
-        ("--split-pools", split_pools),
-        ("--export-events", export_events),
-    ):
+    for flag, value in serve_only.items():
         if value is not None and not serve:
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
+
+
+def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_prefix, export_events) -> None:
+    if model is not None and config is not None:
+        raise UsageError("give either --model or --config, not both", where="--model/--config")
+    if tp <= 0:
+        raise UsageError(f"--tp must be a positive integer, got {tp}", where="--tp")
+    if not 0 <= variant_share <= 1:
+        raise UsageError(
+            f"--prefix-variant-share must be in [0, 1], got {variant_share:g}", where="--prefix-variant-share"
+        )
+    if variant_share and not shared_prefix:
+        raise UsageError("--prefix-variant-share needs --shared-prefix P", where="--prefix-variant-share")
     if export_events is not None and export_events.is_dir():
         raise UsageError(
             "--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events {export_events}"
         )
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")
-    for value, name in zip(cost, ("--step-overhead-ms", "--token-us", "--kv-token-us", "--table-entry-us")):
-        if not value >= 0:
-            raise UsageError(f"{name} must be 0 or more, got {value:g}", where=name)

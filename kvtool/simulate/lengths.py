@@ -76,6 +76,9 @@ class RequestSet:
     output_tokens: Any  # numpy int64 array, >= 0; prompt + output >= 1
     arrival_s: Any | None  # numpy float64 array, seconds from the first request, sorted; None when unknown
     source: str  # human-readable description: "azure trace x.csv (19,366 rows)", "lognormal mean=..."
+    # Per request, what the prefix cache may share: ("tokens", ids) or ("pieces", [(piece id, tokens), ...]);
+    # None: lengths only (kvtool.simulate.workloads).
+    shared: list[tuple[str, Any]] | None = None
 
     @property
     def count(self) -> int:
@@ -181,7 +184,7 @@ def _match_format(columns: list[str]) -> TraceFormat | None:
     names = {c.strip().lower() for c in columns}
     for fmt in TRACE_FORMATS:
         wanted = [c for c in (fmt.prompt_column, fmt.output_column, fmt.length_column) if c]
-        if fmt.arrival_required:
+        if fmt.arrival_required and fmt.arrival_column is not None:
             wanted.append(fmt.arrival_column)
         if all(c in names for c in wanted):
             return fmt
@@ -289,6 +292,12 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         header, cols = _read_json_lines(path) if json_lines else _read_csv_columns(path)
     except OSError as err:
         raise InputFileError(f"cannot read the trace: {err}", where=str(path)) from None
+    if json_lines:
+        from kvtool.simulate.workloads import is_prefix_trace, prefix_trace_requests
+
+        if is_prefix_trace(cols):
+            t = prefix_trace_requests(cols, path)
+            return RequestSet(t.prompt_tokens, t.output_tokens, t.arrival_s, t.source, shared=t.shared)
     fmt = _match_format(header)
     if fmt is None:
         raise _unrecognised(str(path), header)
@@ -302,7 +311,7 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
 
     if json_lines:
         for c in (fmt.prompt_column, fmt.output_column, fmt.length_column, fmt.arrival_column):
-            if c in cols:
+            if c is not None and c in cols:
                 _check_json_scalars(cols[c], c, str(path), where_rows)
     for c in (fmt.prompt_column, fmt.output_column, fmt.length_column):
         if c is not None:
@@ -319,11 +328,12 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
             )
         prompt, output = split_lengths(lengths, output_share)
     else:
+        assert fmt.prompt_column is not None and fmt.output_column is not None  # every format names both or length
         prompt = _to_int_tokens(cols[fmt.prompt_column], fmt.prompt_column, str(path), where_rows)
         output = _to_int_tokens(cols[fmt.output_column], fmt.output_column, str(path), where_rows)
         _check_lengths(prompt, output, where_rows, str(path))
     arrival = None
-    if fmt.arrival_column in cols:
+    if fmt.arrival_column is not None and fmt.arrival_column in cols:
         values = cols[fmt.arrival_column]
         if all(v is not None and v != "" for v in values):
             arrival = _arrivals(values, fmt.arrival_unit, fmt.arrival_column, str(path), where_rows)
@@ -466,6 +476,7 @@ def sample_requests(requests: RequestSet, count: int, seed: int) -> RequestSet:
         requests.output_tokens[idx],
         arrival,
         f"{count:,} requests sampled with replacement from {requests.source} (seed {seed})",
+        shared=None if requests.shared is None else [requests.shared[i] for i in idx.tolist()],
     )
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.format import fmt_num as _num
-from kvtool.simulate.results import SimulateReport, _n, _pct, _s
+from kvtool.simulate.results import ServeSetup, SimulateReport, _n, _pct, _s
+from kvtool.simulate.serving import ServeResult
 
 
 def to_json(report: SimulateReport) -> dict[str, Any]:
@@ -98,73 +99,85 @@ def render(report: SimulateReport, console) -> None:
             f"{st.results[0].requests_shorter_than_prefix:,} prompts are shorter than the shared prefix "
             "and share only their own full blocks."
         )
-    if report.serve:
-        setup = report.serve_setup
-        console.print()
-        console.print(
-            f"Serving simulation: pool {setup.pool_text}; arrivals {setup.arrivals}; "
-            f"max_num_seqs {setup.max_num_seqs}; {setup.extras}"
-        )
-        console.print(f"Step time: {setup.cost_text}")
-        t = Table(title="Serving: the block pool", title_justify="left")
-        for col in ("block", "pool blocks", "peak", "mean", "util.", "preemptions", "preempted", "never fit"):
-            t.add_column(col, justify="right")
-        for r in report.serve:
-            t.add_row(
-                str(r.block_size),
-                f"{r.pool_blocks:,}",
-                f"{r.peak_blocks:,}",
-                _num(r.mean_blocks, ",.1f"),
-                _pct(r.utilization),
-                f"{r.preemptions:,}",
-                f"{r.preempted_requests:,}",
-                f"{r.never_fit:,}",
-            )
-        console.print(t)
-        t = Table(title="Serving: latency and throughput", title_justify="left")
-        for col in (
-            "block",
-            "queue p50",
-            "queue p99",
-            "TTFT p50",
-            "TTFT p99",
-            "TPOT p50",
-            "completed",
-            "busy",
-            "tok/s",
-        ):
-            t.add_column(col, justify="right")
-        for r in report.serve:
-            t.add_row(
-                str(r.block_size),
-                _s(r.queue_delay_p50_s),
-                _s(r.queue_delay_p99_s),
-                _s(r.ttft_p50_s),
-                _s(r.ttft_p99_s),
-                _s(r.tpot_p50_s),
-                f"{r.completed:,}",
-                f"{100 * r.busy_s / r.span_s:.1f}%" if r.span_s else "-",
-                _num(r.throughput_tokens_per_s, ",.0f"),
-            )
-        console.print(t)
-        if not any(r.completed for r in report.serve):
-            console.print(
-                f"No request ran at any block size: every final length needs more blocks than the pool "
-                f"has ({setup.pool_tokens:,} tokens)."
-            )
-        if len(report.serve[0].pools) > 1:
-            for r in report.serve:
-                parts = [
-                    f"{p.name}: {p.pool_blocks:,} blocks, {p.requests:,} requests, peak {p.peak_blocks:,}, "
-                    f"{_n(p.preemptions, 'preemption')}, TTFT p99 {_s(p.ttft_p99_s)}"
-                    for p in r.pools
-                ]
-                console.print(f"block {r.block_size} pools: " + "; ".join(parts))
+    if report.serve and report.serve_setup is not None:
+        _render_serving(report.serve, report.serve_setup, console)
     for path in report.exported_events.values():
         console.print(f"Events written: {path}")
     console.print()
     for rec in report.recommendations:
         console.print(f"Recommendation ({rec.objective}): block size {rec.block_size}: {rec.reason}")
+
+
+def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> None:
+    from rich.table import Table
+
+    console.print()
+    console.print(
+        f"Serving simulation (vLLM 0.32 V1 scheduler): pool {setup.pool_text}; arrivals {setup.arrivals}; "
+        f"max_num_seqs {setup.max_num_seqs}, max_num_batched_tokens {setup.max_num_batched_tokens:,}"
+        + (
+            f", long_prefill_token_threshold {setup.long_prefill_token_threshold:,}"
+            if setup.long_prefill_token_threshold
+            else ""
+        )
+        + f"; {setup.extras}"
+    )
+    console.print(f"Step time: {setup.cost_text}")
+    t = Table(title="Serving: the block pool", title_justify="left")
+    for col in ("block", "pool blocks", "peak", "mean", "util.", "prefix hits", "evicted", "preemptions", "never fit"):
+        t.add_column(col, justify="right")
+    for r in serve:
+        t.add_row(
+            str(r.block_size),
+            f"{r.pool_blocks:,}",
+            f"{r.peak_blocks:,}",
+            _num(r.mean_blocks, ",.1f"),
+            _pct(r.utilization),
+            _pct(r.prefix_hit_rate),
+            f"{r.evicted_blocks:,}",
+            f"{r.preemptions:,} ({r.preempted_requests:,} req.)",
+            f"{r.never_fit:,}",
+        )
+    console.print(t)
+    t = Table(title="Serving: latency and throughput", title_justify="left")
+    for col in (
+        "block",
+        "queue p50",
+        "queue p99",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "completed",
+        "busy",
+        "tok/s",
+    ):
+        t.add_column(col, justify="right")
+    for r in serve:
+        t.add_row(
+            str(r.block_size),
+            _s(r.queue_delay_p50_s),
+            _s(r.queue_delay_p99_s),
+            _s(r.ttft_p50_s),
+            _s(r.ttft_p99_s),
+            _s(r.tpot_p50_s),
+            f"{r.completed:,}",
+            f"{100 * r.busy_s / r.span_s:.1f}%" if r.span_s else "-",
+            _num(r.throughput_tokens_per_s, ",.0f"),
+        )
+    console.print(t)
+    if not any(r.completed for r in serve):
+        console.print(
+            f"No request ran at any block size: every final length needs more blocks than the pool "
+            f"has ({setup.pool_tokens:,} tokens)."
+        )
+    if len(serve[0].pools) > 1:
+        for r in serve:
+            parts = [
+                f"{p.name}: {p.pool_blocks:,} blocks, {p.requests:,} requests, peak {p.peak_blocks:,}, "
+                f"{_n(p.preemptions, 'preemption')}, TTFT p99 {_s(p.ttft_p99_s)}"
+                for p in r.pools
+            ]
+            console.print(f"block {r.block_size} pools: " + "; ".join(parts))
 
 
 def _claim(r) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 
 from kvtool.core.format import fmt_pct
 from kvtool.core.jsonable import to_jsonable
-from kvtool.simulate.serving import CostModel, ServeResult
+from kvtool.simulate.costs import Hardware
+from kvtool.simulate.serving import ServeResult
 from kvtool.simulate.static import StaticComparison
 
 
@@ -30,9 +31,12 @@ class ServeSetup:
     pool_text: str  # the pool and where it came from, in words
     arrivals: str  # where arrival times came from, in words
     max_num_seqs: int
-    cost_model: CostModel
-    cost_text: str  # the step-time formula with its parameters
-    extras: str  # prefix cache and split pools, in words
+    max_num_batched_tokens: int
+    long_prefill_token_threshold: int
+    hardware: Hardware
+    cost_text: str  # the step-time formula with its parameters and where each came from
+    extras: str  # prefix cache, prompts' prefix structure and split pools, in words
+    slo_ttft_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,90 +83,99 @@ def _pct(x: float | None) -> str:
     return fmt_pct(x, decimals=2)
 
 
-def _alt(values: dict[int, float], best: int, fmt, extra: str = "") -> str:
-    """' (8: x, 32: y; extra)': the other block sizes' figures, or '' when there are none."""
-    others = ", ".join(f"{b}: {fmt(v)}" for b, v in values.items() if b != best)
-    inside = "; ".join(p for p in (others, extra) if p)
-    return f" ({inside})" if inside else ""
+# Throughputs within this fraction of the best count as a tie (the smaller block wins: less waste, finer prefix
+# sharing).
+TIE_FRACTION = 0.01
 
 
-def _ties(values: dict[int, float], best: int, rule: str) -> str:
-    """'; tied with 8, 16: <rule>' when other block sizes have the winning figure, else ''."""
-    tied = [b for b, v in values.items() if b != best and v == values[best]]
-    return f"; tied with {', '.join(map(str, tied))}: {rule}" if tied else ""
+def recommend(
+    static: StaticComparison, serve: list[ServeResult] | None, slo_ttft_ms: float | None = None
+) -> list[Recommendation]:
+    """One pick with its rule, then one line per other block size with its trade-off.
 
-
-def recommend(static: StaticComparison, serve: list[ServeResult] | None) -> list[Recommendation]:
-    """One line per objective: the block size that wins it, with the figures of the others and how a tie was broken.
-
-    Serving objectives are judged only over block sizes where some request ran; none when no request ran at all.
+    With the serving simulation: the highest output throughput among the block sizes whose TTFT p99 meets
+    ``slo_ttft_ms`` (all of them without a target), throughputs within 1 % tied to the smaller block; when none
+    meets the target, the lowest TTFT p99.  Static comparison only: the least internal fragmentation with a budget's
+    p1 concurrency as the tie-breaker is not a serving decision, so the pick is the block with the most requests
+    fitting 99 % of the time (--kv-tokens), else the least waste, ties to the larger block (fewer table entries).
     """
-    recs = []
-    frag = {r.block_size: r.internal_fragmentation for r in static.results}
-    best = min(frag, key=lambda b: (frag[b], -b))
-    recs.append(
-        Recommendation(
-            "least waste",
-            best,
-            f"{_pct(frag[best])} of allocated slots empty"
-            + _alt(frag, best, _pct)
-            + _ties(frag, best, "the largest has the fewest table entries"),
-        )
-    )
-    if static.kv_tokens is not None:
-        fit = {r.block_size: r.fit_at_once_p50 for r in static.results}
-        best = max(fit, key=lambda b: (fit[b], b))
-        if fit[best] == 0:
-            reason = (
-                f"none: at every block size most requests alone need more than the {static.kv_tokens:,} KV "
-                "tokens (p50 of requests that fit at once is 0)"
-            )
-        else:
-            reason = (
-                f"{fit[best]:.0f} requests fit at once (p50) in {static.kv_tokens:,} KV tokens"
-                + _alt(fit, best, lambda v: f"{v:.0f}", f"contiguous: {static.contiguous.fit_at_once}")
-                + _ties(fit, best, "the largest has the fewest table entries")
-            )
-        recs.append(Recommendation("most concurrency", best, reason))
     ran = [r for r in serve or [] if r.completed]
     if ran:
-        pre = {r.block_size: r for r in ran}
-        counts = {b: r.preemptions for b, r in pre.items()}
-        best = min(pre, key=lambda b: (pre[b].preemptions, pre[b].ttft_p99_s or 0.0, b))
-        recs.append(
-            Recommendation(
-                "fewest preemptions",
-                best,
-                f"{_n(pre[best].preemptions, 'preemption')}"
-                + _alt(counts, best, lambda v: f"{v:,}")
-                + _ties(counts, best, f"lowest TTFT p99 ({_s(pre[best].ttft_p99_s)})"),
-            )
+        return _recommend_serving(ran, slo_ttft_ms)
+    return _recommend_static(static)
+
+
+def _recommend_serving(ran: list[ServeResult], slo_ttft_ms: float | None) -> list[Recommendation]:
+    slo_s = None if slo_ttft_ms is None else slo_ttft_ms / 1e3
+    meets = [r for r in ran if slo_s is None or (r.ttft_p99_s is not None and r.ttft_p99_s <= slo_s)]
+    if meets:
+        top = max(r.throughput_tokens_per_s for r in meets)
+        tied = [r for r in meets if r.throughput_tokens_per_s >= top * (1 - TIE_FRACTION)]
+        fastest = min(r.tpot_p50_s if r.tpot_p50_s is not None else float("inf") for r in tied)
+        best = min(
+            (r for r in tied if r.tpot_p50_s is None or r.tpot_p50_s <= fastest * (1 + TIE_FRACTION)),
+            key=lambda r: r.block_size,
         )
-        tpot = {r.block_size: r.tpot_p50_s for r in ran if r.tpot_p50_s is not None}
-        if tpot:
-            best = min(tpot, key=lambda b: (tpot[b], -b))
-            recs.append(
-                Recommendation(
-                    "fastest decode",
-                    best,
-                    f"time per output token p50 {tpot[best] * 1e3:.2f} ms"
-                    + _alt(tpot, best, lambda v: f"{v * 1e3:.2f} ms")
-                    + _ties(tpot, best, "the largest has the fewest table entries"),
-                )
-            )
-        ttft = {r.block_size: r.ttft_p99_s for r in ran if r.ttft_p99_s is not None}
-        if ttft:
-            best = min(ttft, key=lambda b: (ttft[b], b))
-            recs.append(
-                Recommendation(
-                    "lowest TTFT p99",
-                    best,
-                    f"{ttft[best]:.3f} s"
-                    + _alt(ttft, best, lambda v: f"{v:.3f} s")
-                    + _ties(ttft, best, "the smallest wastes the least"),
-                )
-            )
+        target = f"TTFT p99 <= {slo_ttft_ms:g} ms" if slo_s is not None else "no TTFT target (--slo-ttft-ms)"
+        rule = (
+            f"highest output throughput with {target}; within {TIE_FRACTION:.0%}, the lowest TPOT p50; within "
+            f"{TIE_FRACTION:.0%} again, the smaller block"
+        )
+    else:
+        best = min(ran, key=lambda r: (r.ttft_p99_s or 0.0, r.block_size))
+        rule = f"no block size meets TTFT p99 <= {slo_ttft_ms:g} ms: the lowest TTFT p99"
+    recs = [Recommendation("pick", best.block_size, f"{_serve_line(best)} (rule: {rule})")]
+    for r in ran:
+        if r is best:
+            continue
+        recs.append(Recommendation("trade-off", r.block_size, _trade_off(r, best, slo_s)))
     return recs
+
+
+def _serve_line(r: ServeResult) -> str:
+    return (
+        f"{r.throughput_tokens_per_s:,.0f} output tok/s, TTFT p99 {_s(r.ttft_p99_s)}, TPOT p50 {_s(r.tpot_p50_s)}, "
+        f"{_n(r.preemptions, 'preemption')}, prefix hits {_pct(r.prefix_hit_rate)}, utilization {_pct(r.utilization)}"
+    )
+
+
+def _trade_off(r: ServeResult, best: ServeResult, slo_s: float | None) -> str:
+    parts = [f"{r.throughput_tokens_per_s / best.throughput_tokens_per_s - 1:+.1%} throughput"]
+    if r.ttft_p99_s is not None and best.ttft_p99_s:
+        parts.append(f"TTFT p99 {_s(r.ttft_p99_s)} ({r.ttft_p99_s / best.ttft_p99_s - 1:+.0%})")
+    if r.tpot_p50_s is not None and best.tpot_p50_s:
+        parts.append(f"TPOT p50 {r.tpot_p50_s / best.tpot_p50_s - 1:+.1%}")
+    parts.append(f"prefix hits {_pct(r.prefix_hit_rate)}")
+    parts.append(f"{_n(r.preemptions, 'preemption')}")
+    if slo_s is not None and (r.ttft_p99_s is None or r.ttft_p99_s > slo_s):
+        parts.append("misses the TTFT target")
+    return ", ".join(parts)
+
+
+def _recommend_static(static: StaticComparison) -> list[Recommendation]:
+    res = {r.block_size: r for r in static.results}
+    score: dict[int, tuple[float, ...]]
+    if static.kv_tokens is not None:
+        score = {b: (r.fit_at_once_p1 or 0.0, -r.internal_fragmentation, b) for b, r in res.items()}
+        rule = f"most requests fit at once 99 % of the time in {static.kv_tokens:,} KV tokens, ties to the larger block"
+    else:
+        score = {b: (-r.internal_fragmentation, b) for b, r in res.items()}
+        rule = "least internal fragmentation, ties to the larger block (no --kv-tokens, no --serve)"
+    best = max(score, key=lambda b: score[b])
+    recs = [Recommendation("pick", best, f"{_static_line(res[best], static)} (rule: {rule}; --serve to judge speed)")]
+    for b, r in res.items():
+        if b != best:
+            recs.append(Recommendation("trade-off", b, _static_line(r, static)))
+    return recs
+
+
+def _static_line(r, static: StaticComparison) -> str:
+    line = (
+        f"{_pct(r.internal_fragmentation)} of allocated slots empty, {r.mean_table_entries:.1f} table entries/request"
+    )
+    if static.kv_tokens is not None:
+        line += f", {r.fit_at_once_p1:.0f} requests fit at once (p1)"
+    return line
 
 
 def _n(count: int, noun: str) -> str:
@@ -176,8 +189,9 @@ def _s(x: float | None) -> str:
     return f"{x * 1e3:.1f} ms" if x < 0.1 else f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 
-def cost_text(cost: CostModel) -> str:
+def cost_text(hw: Hardware) -> str:
     return (
-        f"{cost.step_overhead_ms:g} ms + {cost.token_us:g} us x tokens computed + "
-        f"({cost.table_entry_us:g} us + block_size x {cost.kv_token_us:g} us) x blocks in use"
+        f"{hw.step_overhead_ms:g} ms + max((weights + KV read) / {hw.bandwidth_bytes_per_s / 1e9:,.0f} GB/s, "
+        f"FLOPs / {hw.peak_flops_per_s / 1e12:,.0f} TFLOP/s) + {hw.table_entry_us:g} us x block-table entries; "
+        f"{hw.model} on {hw.gpu}, tp {hw.tp}: " + "; ".join(hw.sources)
     )

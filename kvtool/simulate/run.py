@@ -1,4 +1,8 @@
-"""`kvtool simulate` end to end: requests in, a :class:`SimulateReport` out (no printing here)."""
+"""`kvtool simulate` end to end: requests in, a :class:`SimulateReport` out (no printing here).
+
+Phases: the static comparison; with --serve, the hardware (model and GPU through estimate's resolution), the
+arrivals, the prompts' prefix structure, then the engine per block size; the recommendation last.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.simulate.costs import CostOverrides, Hardware
 from kvtool.simulate.results import SimulateReport
-from kvtool.simulate.serving import DEFAULT_MAX_NUM_SEQS, CostModel
+from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64, 128)
 
-# The pool of --serve when no budget is given: what `kvtool estimate`'s planner gives this model on this GPU
-# (vLLM's gpu_memory_utilization 0.9 and estimate's stated reserve), the model the default cost model describes.
+# The model and GPU of --serve when none is given: the step times and the pool are this model on this GPU.
 DEFAULT_POOL_MODEL = "llama-2-7b"
 DEFAULT_POOL_GPU = "h100-80gb"
 
@@ -38,9 +42,18 @@ class SimulateOptions:
     qps: float | None = None
     seed: int = 0
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    prefix_cache: bool = False
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (estimate's figure)
+    long_prefill_token_threshold: int = 0
+    prefix_cache: bool = True
+    prefix_variant_share: float = 0.0
     split_threshold_tokens: int | None = None
-    cost: CostModel = CostModel()
+    model: str | None = None
+    config: str | None = None
+    gpu: str | None = None
+    tp: int = 1
+    kv_dtype: str = "auto"
+    cost: CostOverrides = CostOverrides()
+    slo_ttft_ms: float | None = None
     export_events: Path | None = None
 
 
@@ -74,6 +87,136 @@ def parse_block_sizes(text: str) -> list[int]:
     return sizes
 
 
+def resolve_serving_hardware(options: SimulateOptions) -> Hardware:
+    """The model and GPU of the serving simulation (the documented default pair when none is given)."""
+    from kvtool.simulate.costs import resolve_hardware
+
+    model = options.model
+    if model is None and options.config is None:
+        model = DEFAULT_POOL_MODEL
+    return resolve_hardware(
+        model=model,
+        config=options.config,
+        gpu=options.gpu or DEFAULT_POOL_GPU,
+        tp=options.tp,
+        kv_dtype=options.kv_dtype,
+        overrides=options.cost,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arrivals:
+    times_s: Any
+    text: str
+
+
+def _arrivals(requests, options: SimulateOptions) -> _Arrivals:
+    import numpy as np
+
+    from kvtool.simulate.lengths import poisson_arrivals
+
+    if options.qps is not None:
+        return _Arrivals(
+            poisson_arrivals(requests.count, options.qps, options.seed),
+            f"Poisson at {options.qps:g} requests/s (seed {options.seed})",
+        )
+    if requests.arrival_s is not None:
+        return _Arrivals(requests.arrival_s, "from the trace's timestamps")
+    return _Arrivals(np.zeros(requests.count), "all at t=0 (an offline batch; give --qps for Poisson arrivals)")
+
+
+def _pool_text(options: SimulateOptions, hw: Hardware) -> str:
+    if options.kv_tokens is not None:
+        return f"{options.kv_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
+    text = (
+        f"{hw.kv_budget_bytes_per_gpu / 2**30:,.2f} GiB of KV per GPU (kvtool estimate's plan for "
+        f"{_model_name(options)} on {options.gpu or DEFAULT_POOL_GPU}, tp {hw.tp})"
+    )
+    if options.gpu is None and options.model is None and options.config is None:
+        text += "; the default: set --kv-tokens or --model/--gpu"
+    return text
+
+
+def _model_name(options: SimulateOptions) -> str:
+    return options.model or options.config or DEFAULT_POOL_MODEL
+
+
+def _extras(options: SimulateOptions, requests) -> str:
+    parts = []
+    if not options.prefix_cache:
+        parts.append("prefix cache off")
+    elif requests.shared is not None:
+        parts.append("prefix cache on (the prompts' own token ids / hash ids)")
+    elif options.shared_prefix_tokens:
+        variant = (
+            f", {options.prefix_variant_share:.0%} with a variant last token" if options.prefix_variant_share else ""
+        )
+        parts.append(f"prefix cache on ({options.shared_prefix_tokens:,}-token shared system prompt{variant})")
+    else:
+        parts.append("prefix cache on (prompts unrelated: hits only on a preempted request's own blocks)")
+    if options.split_threshold_tokens is not None:
+        parts.append(
+            f"split pools at {options.split_threshold_tokens:,} tokens (final length), capacity in proportion to "
+            "each class's tokens"
+        )
+    return "; ".join(parts)
+
+
+def _serve(requests, options: SimulateOptions, progress, keep_traces: bool):
+    """The serving simulation per block size: results, setup, traces and exported files."""
+    from kvtool.simulate.costs import pool_blocks
+    from kvtool.simulate.export import export_paths, write_events
+    from kvtool.simulate.results import ServeSetup, cost_text
+    from kvtool.simulate.serving import ServeConfig, simulate_serving
+    from kvtool.simulate.workloads import build_prompts
+
+    hw = resolve_serving_hardware(options)
+    arrivals = _arrivals(requests, options)
+    prompts = build_prompts(requests, options.shared_prefix_tokens, options.prefix_variant_share, options.seed)
+    mnbt = options.max_num_batched_tokens or hw.max_num_batched_tokens
+    paths = export_paths(options.export_events, options.block_sizes) if options.export_events else {}
+    config = ServeConfig(
+        hardware=hw,
+        kv_tokens=options.kv_tokens,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=mnbt,
+        long_prefill_token_threshold=options.long_prefill_token_threshold,
+        max_model_len=options.max_model_len,
+        prefix_cache=options.prefix_cache,
+        split_threshold_tokens=options.split_threshold_tokens,
+        record_events=bool(paths),
+    )
+    results, traces, exported = [], {}, {}
+    for b in options.block_sizes:
+
+        def step(done: int, b: int = b) -> None:
+            if progress is not None:
+                progress(f"serve block {b}", done, requests.count)
+
+        blocks = pool_blocks(hw, b, options.kv_tokens)
+        result, trace = simulate_serving(prompts, requests.output_tokens, arrivals.times_s, b, config, blocks, step)
+        results.append(result)
+        if keep_traces:
+            traces[b] = trace
+        if b in paths:
+            write_events(trace, paths[b])
+            exported[b] = str(paths[b])
+    setup = ServeSetup(
+        pool_tokens=results[0].pool_tokens if results else 0,
+        pool_is_default=options.kv_tokens is None and options.gpu is None,
+        pool_text=_pool_text(options, hw),
+        arrivals=arrivals.text,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=mnbt,
+        long_prefill_token_threshold=options.long_prefill_token_threshold,
+        hardware=hw,
+        cost_text=cost_text(hw),
+        extras=_extras(options, requests),
+        slo_ttft_ms=options.slo_ttft_ms,
+    )
+    return results, setup, traces, exported
+
+
 def run_simulation(
     requests,
     options: SimulateOptions,
@@ -85,88 +228,27 @@ def run_simulation(
     ``progress(label, done, total)`` is called during the serving simulation.  Returns the report and, with
     ``keep_traces``, the per-block-size :class:`~kvtool.simulate.serving.ServeTrace` (empty without --serve).
     """
-    import numpy as np
-
-    from kvtool.simulate.export import export_paths, write_events
-    from kvtool.simulate.lengths import poisson_arrivals
-    from kvtool.simulate.results import ServeSetup, cost_text, recommend
-    from kvtool.simulate.serving import ServeConfig, simulate_serving
+    from kvtool.simulate.results import recommend
     from kvtool.simulate.static import compare_block_sizes
 
+    kv_tokens = options.kv_tokens
+    if kv_tokens is None and options.gpu is not None:
+        hw = resolve_serving_hardware(options)
+        kv_tokens = hw.kv_budget_bytes_per_gpu // hw.kv_bytes_per_token_per_gpu
+        options = dataclasses.replace(
+            options, kv_tokens_text=f"kvtool estimate's plan for {_model_name(options)} on {options.gpu}"
+        )
     static = compare_block_sizes(
         requests.prompt_tokens,
         requests.output_tokens,
         options.block_sizes,
         shared_prefix_tokens=options.shared_prefix_tokens,
         max_model_len=options.max_model_len,
-        kv_tokens=options.kv_tokens,
+        kv_tokens=kv_tokens,
     )
-    serve_results = None
-    setup = None
-    traces: dict[int, Any] = {}
-    exported: dict[int, str] = {}
+    serve_results, setup, traces, exported = None, None, {}, {}
     if options.serve:
-        if options.qps is not None:
-            arrival = poisson_arrivals(requests.count, options.qps, options.seed)
-            arrivals_text = f"Poisson at {options.qps:g} requests/s (seed {options.seed})"
-        elif requests.arrival_s is not None:
-            arrival = requests.arrival_s
-            arrivals_text = "from the trace's timestamps"
-        else:
-            arrival = np.zeros(requests.count)
-            arrivals_text = "all at t=0 (an offline batch; give --qps for Poisson arrivals)"
-        if options.kv_tokens is None:
-            pool_tokens, planned = planned_pool_tokens(DEFAULT_POOL_MODEL, DEFAULT_POOL_GPU)
-            pool_text = (
-                f"{pool_tokens:,} tokens (the default: kvtool estimate's plan for {planned}; set "
-                "--kv-tokens or --model/--gpu)"
-            )
-        else:
-            pool_tokens = options.kv_tokens
-            pool_text = f"{pool_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
-        config = ServeConfig(
-            pool_tokens=pool_tokens,
-            max_num_seqs=options.max_num_seqs,
-            cost=options.cost,
-            shared_prefix_tokens=options.shared_prefix_tokens,
-            prefix_cache=options.prefix_cache,
-            split_threshold_tokens=options.split_threshold_tokens,
-        )
-        extras = []
-        if options.prefix_cache:
-            extras.append(f"prefix cache on ({options.shared_prefix_tokens} shared prompt tokens, full blocks)")
-        if options.split_threshold_tokens is not None:
-            extras.append(
-                f"split pools at {options.split_threshold_tokens:,} tokens (final length), capacity in "
-                "proportion to each class's tokens"
-            )
-        setup = ServeSetup(
-            pool_tokens=pool_tokens,
-            pool_is_default=options.kv_tokens is None,
-            pool_text=pool_text,
-            arrivals=arrivals_text,
-            max_num_seqs=options.max_num_seqs,
-            cost_model=options.cost,
-            cost_text=cost_text(options.cost),
-            extras="; ".join(extras) or "no prefix cache, one pool",
-        )
-        paths = export_paths(options.export_events, options.block_sizes) if options.export_events else {}
-        serve_results = []
-        for b in options.block_sizes:
-
-            def step(done: int, b: int = b) -> None:
-                if progress is not None:
-                    progress(f"serve block {b}", done, requests.count)
-
-            result, trace = simulate_serving(
-                requests.prompt_tokens, requests.output_tokens, arrival, b, config, progress=step
-            )
-            serve_results.append(result)
-            if keep_traces:
-                traces[b] = trace
-            if b in paths:
-                write_events(trace, paths[b])
-                exported[b] = str(paths[b])
+        serve_results, setup, traces, exported = _serve(requests, options, progress, keep_traces)
     report = SimulateReport(
         source=requests.source,
         requests=requests.count,
@@ -174,8 +256,8 @@ def run_simulation(
         static=static,
         serve=serve_results,
         serve_setup=setup,
-        recommendations=recommend(static, serve_results),
+        recommendations=recommend(static, serve_results, options.slo_ttft_ms),
         exported_events=exported,
-        kv_tokens_text=None if options.kv_tokens is None else options.kv_tokens_text or "--kv-tokens",
+        kv_tokens_text=None if kv_tokens is None else options.kv_tokens_text or "--kv-tokens",
     )
     return report, traces

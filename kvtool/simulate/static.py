@@ -160,7 +160,7 @@ def compare_block_sizes(
             )
         )
     from_data = max_model_len is None
-    m = int(lengths.max()) if from_data else int(max_model_len)
+    m = int(lengths.max()) if max_model_len is None else int(max_model_len)
     fits = lengths <= m
     served = int(fits.sum())
     util = float(lengths[fits].sum()) / (served * m) if served else float("nan")

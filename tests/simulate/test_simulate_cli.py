@@ -81,12 +81,12 @@ def test_table_output_and_recommendations(run_cli):
         "Shared prefix of 100 tokens",
         "Requests that fit at once in 50,000 KV tokens",
         "Serving: the block pool",
-        "Recommendation (least waste)",
-        "Recommendation (most concurrency)",
-        "Recommendation (fewest preemptions)",
+        "Recommendation (pick)",
+        "Recommendation (trade-off)",
         "Poisson at 20 requests/s",
     ):
         assert text in res.stdout
+    assert "rule: highest output throughput" in " ".join(res.stdout.split())
 
 
 def test_json_has_the_specified_fields(run_cli, tmp_path):
@@ -195,7 +195,8 @@ def test_missing_and_binary_files(run_cli, tmp_path):
         (["--requests", "0"], "--requests"),
         (["--kv-tokens", "-5"], "--kv-tokens"),
         (["--qps", "3"], "add --serve"),
-        (["--serve", "--prefix-cache"], "--shared-prefix"),
+        (["--serve", "--prefix-variant-share", "0.5"], "--shared-prefix"),
+        (["--slo-ttft-ms", "500"], "add --serve"),
         (["--serve", "--qps", "0"], "--qps"),
     ],
 )
@@ -240,9 +241,10 @@ def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
     assert est.exit_code == 0, est.stderr
     est = json.loads(est.stdout)
     # Llama-2-7B: 2 (K and V) x 32 layers x 32 KV heads x 128 dims x 2 bytes = 524,288 bytes per token (the seed
-    # article's formula); the pool is floor(budget / (16 x 524,288)) blocks of 16 tokens.
+    # article's formula); vLLM's pool is floor(budget / (16 x 524,288)) blocks of 16 tokens, one the null block.
     assert est["bytes_per_token"] == 2 * 32 * 32 * 128 * 2
-    expected = est["kv_budget_bytes"] // (16 * 524_288) * 16
+    blocks = est["kv_budget_bytes"] // (16 * 524_288)
+    assert blocks == est["num_blocks"]
     res = run_cli(
         "simulate",
         "--dist",
@@ -262,22 +264,60 @@ def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
     )
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out["kv_tokens"] == expected == est["kv_cache_tokens"]
-    assert out["serve_setup"]["pool_tokens"] == expected
-    # 1,000-token requests take 63 blocks of 16: floor(7,353 / 63) = 116 fit at once
-    assert out["results"][0]["fit_at_once_p50"] == expected // 16 // 63
+    assert out["kv_tokens"] == est["kv_budget_bytes"] // 524_288  # the static comparison's budget in tokens
+    assert out["results"][0]["pool_blocks"] == blocks
+    assert out["serve_setup"]["pool_tokens"] == (blocks - 1) * 16  # the null block is never handed out
+    # 1,000-token requests take 63 blocks of 16: floor(blocks / 63) fit at once
+    assert out["results"][0]["fit_at_once_p50"] == blocks // 63
     # the default --serve pool is the same plan, stated as the default
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--requests", "10", "--serve", "--json")
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "1000",
+        "--requests",
+        "10",
+        "--serve",
+        "--block-sizes",
+        "16",
+        "--json",
+    )
     setup = json.loads(res.stdout)["serve_setup"]
-    assert setup["pool_is_default"] and setup["pool_tokens"] == expected
+    assert setup["pool_is_default"] and setup["pool_tokens"] == (blocks - 1) * 16
     assert "llama-2-7b on h100-80gb" in setup["pool_text"]
 
 
-def test_model_without_gpu_is_a_usage_error(run_cli):
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "llama-2-7b")
-    assert res.exit_code == 2 and "--gpu" in _err(res)
-    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "nope", "--gpu", "h100-80gb")
+def test_model_alone_uses_the_default_gpu_and_unknown_names_are_errors(run_cli):
+    res = run_cli(
+        "simulate",
+        "--dist",
+        "fixed",
+        "--length",
+        "1000",
+        "--requests",
+        "5",
+        "--model",
+        "llama-2-7b",
+        "--serve",
+        "--json",
+    )
+    assert res.exit_code == 0, res.stderr
+    assert "llama-2-7b on h100-80gb" in json.loads(res.stdout)["serve_setup"]["pool_text"]
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--model", "nope", "--gpu", "h100-80gb", "--serve")
     assert res.exit_code == 2 and "nope" in _err(res)
+
+
+def test_a_model_too_big_for_one_gpu_says_so(run_cli):
+    # Llama-3.1-70B in BF16 (~141 GB of weights) on one 80 GB H100: no room for any KV cache (it used to say
+    # "--kv-tokens must be a positive integer, got 0").
+    res = run_cli(
+        "simulate", "--dist", "fixed", "--length", "1000", "--model", "llama-3.1-70b", "--gpu", "h100", "--serve"
+    )
+    assert res.exit_code == 2
+    err = _err(res)
+    assert "weights" in err and "leave no room for a KV cache" in err
+    assert res.stderr.splitlines()[1].startswith("Tip: --tp 4 fits")
 
 
 def test_simulate_does_not_import_pandas_or_torch():
@@ -368,14 +408,12 @@ def test_recommendations_state_how_ties_are_broken(run_cli):
         "100000",
         "--json",
     )
-    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
-    assert recs["least waste"]["block_size"] == 128
-    assert recs["least waste"]["reason"] == (
-        "0.00% of allocated slots empty (16: 0.00%); tied with 16: the largest has the fewest table entries"
-    )
-    assert recs["most concurrency"]["reason"].startswith("48 requests fit at once (p50)")
-    assert recs["most concurrency"]["reason"].endswith("; tied with 16: the largest has the fewest table entries")
-    # 10 requests in a large pool: no block size preempts, so the choice falls to TTFT p99, and says so
+    recs = json.loads(res.stdout)["recommendations"]
+    assert recs[0]["objective"] == "pick" and recs[0]["block_size"] == 128
+    assert "48 requests fit at once (p1)" in recs[0]["reason"]
+    assert "ties to the larger block" in recs[0]["reason"]
+    assert [r["objective"] for r in recs[1:]] == ["trade-off"] and recs[1]["block_size"] == 16
+    # 10 requests in a large pool, all at once: the rule is stated with its tie-breakers
     res = run_cli(
         "simulate",
         "--dist",
@@ -389,10 +427,20 @@ def test_recommendations_state_how_ties_are_broken(run_cli):
         "--serve",
         "--json",
     )
-    recs = {r["objective"]: r for r in json.loads(res.stdout)["recommendations"]}
-    assert recs["fewest preemptions"]["reason"].startswith("0 preemptions (")
-    assert "; tied with " in recs["fewest preemptions"]["reason"]
-    assert "lowest TTFT p99" in recs["fewest preemptions"]["reason"]
+    recs = json.loads(res.stdout)["recommendations"]
+    assert recs[0]["objective"] == "pick"
+    assert "highest output throughput with no TTFT target" in recs[0]["reason"]
+    assert "the lowest TPOT p50" in recs[0]["reason"] and "the smaller block" in recs[0]["reason"]
+
+
+def test_slo_ttft_target_decides(run_cli):
+    # An impossible TTFT target: no block size meets it, and the pick says so (lowest TTFT p99 instead).
+    args = ["--dist", "fixed", "--length", "1000", "--requests", "50", "--block-sizes", "16,32", "--serve", "--json"]
+    res = run_cli("simulate", *args, "--slo-ttft-ms", "0.001")
+    rec = json.loads(res.stdout)["recommendations"][0]
+    assert "no block size meets TTFT p99 <= 0.001 ms" in rec["reason"]
+    res = run_cli("simulate", *args, "--slo-ttft-ms", "100000")
+    assert "TTFT p99 <= 100000 ms" in json.loads(res.stdout)["recommendations"][0]["reason"]
 
 
 def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
@@ -414,8 +462,7 @@ def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
     assert res.exit_code == 0, res.stderr
     assert "nan" not in res.stdout
     assert "No request ran at any block size" in res.stdout
-    assert "Recommendation (fewest preemptions)" not in res.stdout
-    assert "Recommendation (most concurrency): block size 16: none" in " ".join(res.stdout.split())
+    assert "Recommendation (pick): block size 16" in " ".join(res.stdout.split())
 
 
 def test_static_budget_names_where_it_came_from(run_cli):
@@ -500,5 +547,5 @@ def test_help_states_the_serving_defaults(run_cli):
     # the pool and the arrivals --serve uses when nothing is given are stated in --help, not only in the output
     res = run_cli("simulate", "--help")
     text = " ".join(res.stdout.replace("│", " ").split())
-    assert "for --serve kvtool estimate's plan for llama-2-7b on h100-80gb" in text
+    assert "default llama-2-7b" in text and "default h100-80gb" in text
     assert "default: the trace's timestamps, else all at t=0" in text

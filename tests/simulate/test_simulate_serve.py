@@ -1,456 +1,255 @@
-"""The serving simulation against scenarios worked out by hand, conservation, determinism and the events export."""
+"""The simulated vLLM scheduler against scenarios worked out by hand from vLLM 0.32's scheduler source
+(vllm/v1/core/sched/scheduler.py, kv_cache_manager.py, block_pool.py), the roofline cost by hand, and the
+decode-jump fast path against plain step-by-step runs."""
 
 from __future__ import annotations
 
-import csv
 import json
-from collections import defaultdict
+import random
 
-import numpy as np
 import pytest
 
-from kvtool.simulate.export import events_table, export_paths, request_figures
-from kvtool.simulate.serving import CostModel, ServeConfig, simulate_serving
-from tests.support import DATA
+from kvtool.core.errors import UsageError
+from kvtool.simulate.costs import CostOverrides, RooflineCost, pool_blocks, resolve_hardware
+from kvtool.simulate.lengths import load_trace
+from kvtool.simulate.scheduler import EngineConfig, Prompt, run_engine
+from kvtool.simulate.workloads import build_prompts
 
-# Every step takes exactly 1 ms: no per-token, per-slot or per-entry cost.
-ONE_MS = CostModel(step_overhead_ms=1.0, token_us=0.0, kv_token_us=0.0, table_entry_us=0.0)
+
+class OneMs:
+    """Every step takes exactly 1 ms."""
+
+    def time_s(self, tokens, requests, entries, pairs):
+        return 1e-3
+
+    def decode_coefficients(self, requests):
+        return (1e-3, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-def run(prompt, output, arrival, b, pool_tokens, **kw):
-    config = ServeConfig(pool_tokens=pool_tokens, cost=kw.pop("cost", ONE_MS), **kw)
-    return simulate_serving(np.array(prompt), np.array(output), np.array(arrival, dtype=float), b, config)
+def engine(num_blocks, b, **kw):
+    return EngineConfig(num_blocks=num_blocks, block_size=b, **kw)
 
 
 def test_one_request_by_hand():
-    # Prompt 20, output 5, b = 16, 1 ms steps.  Step 0 prefills 20 tokens (2 blocks) and emits token 1 (TTFT 1 ms);
-    # steps 1-4 write tokens 21..24 (still 2 blocks); done at 5 ms holding 24 = 20 + 5 - 1 tokens.
-    result, trace = run([20], [5], [0.0], 16, 1600)
-    assert result.completed == 1 and result.preemptions == 0
-    assert result.ttft_p50_s == pytest.approx(0.001)
-    assert result.queue_delay_p50_s == 0.0
-    assert result.span_s == pytest.approx(0.005)
-    assert result.peak_blocks == 2
-    # tokens held per step 20, 21, 22, 23, 24 for 1 ms each; blocks 2 throughout
-    assert result.utilization == pytest.approx((20 + 21 + 22 + 23 + 24) / (16 * 2 * 5))
-    assert result.mean_blocks == pytest.approx(2.0)
-    assert result.tpot_p50_s == pytest.approx(0.001)
+    # Prompt 40, 3 outputs, b 16: step 1 prefills all 40 tokens (3 blocks) and samples output 1; steps 2 and 3
+    # decode; it finishes at step 3 holding 42 tokens of KV (3 blocks).
+    run = run_engine(engine(10, 16), [Prompt(40)], [3], cost=OneMs())
+    assert run.first_token_step == [1] and run.finish_step == [3]
+    assert run.finish_s == [pytest.approx(0.003)] and run.first_token_s == [pytest.approx(0.001)]
+    assert run.peak_blocks == 3 and run.preemptions == 0 and run.num_cached_tokens == [0]
+
+
+def test_chunked_prefill_within_the_token_budget():
+    # max_num_batched_tokens 32: a 100-token prompt is prefilled in chunks of 32, 32, 32, 4 (steps 1-4); the
+    # first token comes out of step 4, the second out of step 5.
+    run = run_engine(engine(20, 16, max_num_batched_tokens=32), [Prompt(100)], [2])
+    assert run.first_token_step == [4] and run.finish_step == [5]
+
+
+def test_decodes_share_the_budget_with_a_prefill_chunk():
+    # Budget 8: A (prompt 4) prefills at step 1; B (prompt 20) gets the 4 tokens left at step 1.  Step 2: A's
+    # decode takes 1, B gets 7 (11 of 20); step 3: A 1, B 7 (18); step 4: A 1, B the last 2 -> B's first token.
+    run = run_engine(engine(20, 16, max_num_batched_tokens=8), [Prompt(4), Prompt(20)], [10, 2])
+    assert run.first_token_step == [1, 4]
+
+
+def test_long_prefill_threshold_caps_chunks_only_with_company():
+    # long_prefill_token_threshold 16: alone, a 64-token prompt takes the whole budget (vLLM drops the cap when
+    # only one request is running or waiting): first token at step 1.  With a second request waiting, chunks of 16.
+    alone = run_engine(engine(20, 16, long_prefill_token_threshold=16), [Prompt(64)], [1])
+    assert alone.first_token_step == [1]
+    pair = run_engine(engine(40, 16, long_prefill_token_threshold=16), [Prompt(64), Prompt(64)], [1, 1])
+    assert pair.first_token_step == [4, 4]
 
 
 def test_preemption_of_the_newest_request_by_hand():
-    # Pool of 4 blocks of 4 tokens; A and B arrive at 0 with prompt 4, output 9; 1 ms steps.
-    # Step 0: both prefilled (1 block each).  Step 1: tokens 5 -> 2 blocks each (4 in use).  Steps 2-4: 6, 7, 8.
-    # Boundary 5: both need a 3rd block; the pool is full, so B (the newest) is preempted after emitting 5 tokens
-    # and frees 2 blocks; A takes one.  A runs alone through step 8 (12 tokens, 3 blocks) and finishes at 9 ms.
-    # Boundary 9: B is recomputed (4 + 5 = 9 tokens, 3 blocks) and runs steps 9-12: done at 13 ms.
-    result, trace = run([4, 4], [9, 9], [0.0, 0.0], 4, 16)
-    assert result.preemptions == 1 and result.preempted_requests == 1
-    assert result.completed == 2
-    assert result.peak_blocks == 4
-    assert result.span_s == pytest.approx(0.013)
-    assert trace.completion_s.tolist() == pytest.approx([0.009, 0.013])
-    # block-ms: A 1 + 2x4 + 3x4 = 21; B 1 + 2x4 = 9, then 3x4 = 12: 42 over 13 ms
-    assert result.mean_blocks == pytest.approx(42 / 13)
-    # token-ms: A 4..12 = 72; B 4..8 = 30 and 9..12 = 42: 144
-    assert result.utilization == pytest.approx(144 / (4 * 42))
-    assert result.ttft_p50_s == pytest.approx(0.001)
-    figs = request_figures(trace, 2)
-    assert figs.holding_time_s.tolist() == pytest.approx([0.009, 0.005 + 0.004])
-    assert figs.block_seconds.tolist() == pytest.approx([0.021, 0.021])
-    assert figs.preemptions.tolist() == [0, 1]
+    # 5 blocks (one is the null block) of 4 tokens; A and B: prompt 4, 9 outputs; 1 ms steps.  Step 1 prefills
+    # both (1 block each); step 2 gives each its 2nd block; steps 3-5 fill them (8 tokens).  Step 6: A needs a
+    # 3rd block, none is free: B (last admitted) is preempted; its 2 cached blocks go to the LRU end and A takes
+    # B's block 1 (tail first).  B waits: it needs ceil(9/4) = 3 blocks less its cached block 0, plus that block
+    # taken off the free queue: 3 > 1 free until A finishes at step 9.  Step 10: B resumes with a 4-token hit
+    # (its own block 0), recomputes tokens 4-8 and samples output 6; outputs 7-9 at steps 11-13.
+    a_b = [Prompt(4), Prompt(4)]
+    run = run_engine(engine(5, 4), a_b, [9, 9], cost=OneMs())
+    assert run.finish_step == [9, 13]
+    assert run.num_preemptions == [0, 1] and run.preemptions == 1
+    assert run.num_cached_tokens == [0, 0]  # the first admission's hit; the resumption's 4 tokens do not count
+    assert run.hit_tokens == 4
+    assert run.finish_s == [pytest.approx(0.009), pytest.approx(0.013)]
 
 
-def test_max_num_seqs_runs_requests_one_after_another():
-    # max_num_seqs 1: three requests of output 3 run back to back, 3 steps each: done at 3, 6, 9 ms.
-    result, trace = run([10, 10, 10], [3, 3, 3], [0, 0, 0], 16, 1600, max_num_seqs=1)
-    assert trace.completion_s.tolist() == pytest.approx([0.003, 0.006, 0.009])
-    assert result.queue_delay_p99_s == pytest.approx(np.percentile([0, 0.003, 0.006], 99))
+def test_prefix_hits_cover_full_blocks_and_never_the_last_token():
+    # b 16, max_num_seqs 1 (one after another, so the cache is warm): 64 shared tokens + private tails.  The
+    # second prompt hits the 4 full shared blocks: 64 tokens.  A prompt of exactly the 64 shared tokens hits
+    # only 48: vLLM recomputes the last token, so at most num_tokens - 1 = 63 tokens, 3 full blocks.
+    shared = [("system", 64)]
+    prompts = [Prompt(100, shared), Prompt(80, shared), Prompt(64, shared)]
+    run = run_engine(engine(40, 16, max_num_seqs=1), prompts, [2, 2, 2])
+    assert run.num_cached_tokens == [0, 64, 48]
 
 
-def test_cost_model_step_time():
-    # One request, prompt 100, output 2, b = 16: step 0 computes 100 tokens with 7 blocks in use; step 1 computes
-    # 1 token with 7 blocks (101 tokens).  Step = 2 ms + 10 us x tokens + (1 us + 16 x 0.5 us) x blocks.
-    cost = CostModel(step_overhead_ms=2.0, token_us=10.0, kv_token_us=0.5, table_entry_us=1.0)
-    result, _ = run([100], [2], [0.0], 16, 1600, cost=cost)
-    first = 2e-3 + 100 * 10e-6 + 7 * 9e-6
-    second = 2e-3 + 1 * 10e-6 + 7 * 9e-6
-    assert result.ttft_p50_s == pytest.approx(first)
-    assert result.span_s == pytest.approx(first + second)
+def test_a_variant_last_token_breaks_the_match_from_its_block_on():
+    # A 128-token system prompt, b 32: the plain prompts hit 128 tokens (4 blocks); a variant whose last system
+    # token differs (a trailing whitespace) shares blocks 0-2 only: 96 tokens.
+    plain = [("system", 128)]
+    variant = [("system", 127), ("system-ws", 1)]
+    prompts = [Prompt(300, plain), Prompt(300, plain), Prompt(300, variant)]
+    run = run_engine(engine(60, 32, max_num_seqs=1), prompts, [2, 2, 2])
+    assert run.num_cached_tokens == [0, 128, 96]
 
 
-def test_arrivals_wait_for_their_step_boundary():
-    # B arrives at 2.5 ms while A decodes in 1 ms steps: B is admitted at the 3 ms boundary (queue 0.5 ms).
-    result, trace = run([10, 10], [10, 2], [0.0, 0.0025], 16, 1600)
-    figs = request_figures(trace, 2)
-    assert result.queue_delay_p99_s == pytest.approx(np.percentile([0, 0.0005], 99))
-    assert trace.completion_s[1] == pytest.approx(0.005)
-    assert figs.holding_time_s[1] == pytest.approx(0.002)
+def test_freed_blocks_stay_cached_until_evicted_lru():
+    # 7 usable blocks of 16, one request at a time, one output each.  A (48 shared tokens + 1) holds 4 blocks and
+    # frees them tail first: its partial block 3 (no hash) to the front of the free queue, its full blocks 2, 1, 0
+    # to the LRU end.  B (96 private tokens) needs 6 blocks: the 4 unhashed ones, then the 2 oldest cached, A's
+    # blocks 2 and 1.  C (48 shared + 1) hits only A's block 0: 16 tokens, and takes its 3 other blocks from B's
+    # freed (cached) blocks: 5 evictions in all.
+    shared = [("s", 48)]
+    prompts = [Prompt(49, shared), Prompt(96), Prompt(49, shared)]
+    run = run_engine(engine(8, 16, max_num_seqs=1), prompts, [1, 1, 1])
+    assert run.num_cached_tokens == [0, 0, 16]
+    assert run.evictions == 5
 
 
-def test_prefix_cache_stores_full_prefix_blocks_once():
-    # Two prompts of 40 tokens sharing a 32-token prefix, b = 16: 2 shared blocks stored once + 1 own each = 4.
-    result, _ = run([40, 40], [1, 1], [0, 0], 16, 1600, shared_prefix_tokens=32, prefix_cache=True)
-    assert result.peak_blocks == 4
-    without, _ = run([40, 40], [1, 1], [0, 0], 16, 1600)
-    assert without.peak_blocks == 6
+def test_requests_that_can_never_fit_are_left_out():
+    run = run_engine(engine(4, 16), [Prompt(100), Prompt(10)], [1, 1])  # 3 usable blocks = 48 tokens
+    assert run.finish_step == [-1, 1]
 
 
-def test_never_fitting_requests_are_counted_and_the_rest_complete():
-    result, _ = run([10, 5000, 20], [5, 5, 5], [0, 0, 0], 16, 1600)
-    assert result.never_fit == 1
-    assert result.completed == 2
+def test_arrivals_join_at_the_next_step_boundary():
+    # 1 ms steps: B arrives at 2.5 ms while A decodes; it is admitted at the step starting at 3 ms.
+    run = run_engine(engine(20, 16), [Prompt(10), Prompt(10)], [10, 1], [0.0, 0.0025], cost=OneMs())
+    assert run.admit_s == [0.0, pytest.approx(0.003)]
+    assert run.first_token_s[1] == pytest.approx(0.004)
 
 
-def test_split_pools_divide_the_capacity():
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(10, 3000, 300)
-    result, _ = run(
-        prompt, rng.integers(1, 200, 300), np.sort(rng.uniform(0, 5, 300)), 16, 40_000, split_threshold_tokens=1000
+def _random_case(rng: random.Random):
+    n = rng.randint(5, 40)
+    b = rng.choice([4, 8, 16, 32])
+    heads = [[rng.randrange(50) for _ in range(rng.randint(0, 90))] for _ in range(3)]
+    prompts = []
+    for _ in range(n):
+        head = rng.choice(heads)
+        ids = head + [rng.randrange(50) for _ in range(rng.randint(1, 120))]
+        prompts.append(Prompt(len(ids), ids, "tokens"))
+    outs = [rng.randint(1, 80) for _ in range(n)]
+    arrival = sorted(rng.uniform(0, 0.05) for _ in range(n)) if rng.random() < 0.5 else None
+    config = dict(
+        num_blocks=rng.randint(8, 60) * 32 // b + 2,
+        block_size=b,
+        max_num_seqs=rng.randint(1, 16),
+        max_num_batched_tokens=rng.choice([16, 64, 256, 4096]),
+        long_prefill_token_threshold=rng.choice([0, 0, 24]),
+        enable_prefix_caching=rng.random() < 0.8,
     )
-    assert [p.name for p in result.pools] == ["short", "long"]
-    assert sum(p.pool_blocks for p in result.pools) == result.pool_blocks
-    assert sum(p.requests for p in result.pools) == 300
-    assert result.completed == 300
-    assert all(p.peak_blocks <= p.pool_blocks for p in result.pools)
+    return prompts, outs, arrival, config
 
 
-def _integrate_events(path):
-    """A reference reading of the exported events with analyze's definitions, written for this test."""
-    per = defaultdict(list)
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            per[row["request_id"]].append(row)
-    out = {}
-    for rid, rows in per.items():
-        blocks = tokens = 0
-        last_t = None
-        hold = block_s = token_s = 0.0
-        allocated = freed = peak = 0
-        for row in rows:  # already in time order
-            t = float(row["ts"])
-            if last_t is not None and blocks > 0:
-                hold += t - last_t
-                block_s += blocks * (t - last_t)
-                token_s += tokens * (t - last_t)
-            last_t = t
-            n = int(row["num_blocks"])
-            if row["event"] == "free":
-                blocks -= n
-                freed += n
-                if blocks == 0:
-                    tokens = 0
-            else:
-                blocks += n
-                allocated += n
-                tokens += int(row["num_tokens"])
-            peak = max(peak, blocks)
-        out[rid] = dict(
-            hold=hold,
-            block_s=block_s,
-            util=token_s / (int(rows[0]["block_size"]) * block_s),
-            allocated=allocated,
-            freed=freed,
-            end_blocks=blocks,
-            peak=peak,
+@pytest.mark.parametrize("seed", range(40))
+def test_decode_jumps_equal_step_by_step_runs(seed):
+    """The decode-jump fast path against the same engine stepping one step at a time."""
+    prompts, outs, arrival, config = _random_case(random.Random(seed))
+
+    class Linear:
+        def time_s(self, tokens, requests, entries, pairs):
+            return 1e-3 + 1e-6 * tokens + 2e-7 * entries
+
+        def decode_coefficients(self, requests):
+            return (1e-3 + 1e-6 * requests, 0.0, 0.0, 2e-7, 0.0, 0.0)
+
+    fast = run_engine(EngineConfig(**config), prompts, outs, arrival, cost=Linear())
+    slow = run_engine(EngineConfig(**config, max_jump_steps=1), prompts, outs, arrival, cost=Linear())
+    for field in ("num_cached_tokens", "num_preemptions", "first_token_step", "finish_step", "admit_step"):
+        assert getattr(fast, field) == getattr(slow, field), field
+    assert fast.steps == slow.steps and fast.peak_blocks == slow.peak_blocks
+    # every block comes back: the free queue holds the whole pool but the null block once all requests finished
+    if all(s > 0 for s in fast.finish_step):
+        assert fast.free_blocks_at_end == slow.free_blocks_at_end == config["num_blocks"] - 1
+    assert fast.finish_s == pytest.approx(slow.finish_s, rel=1e-9)
+    assert fast.block_seconds == pytest.approx(slow.block_seconds, rel=1e-9)
+    assert fast.token_seconds == pytest.approx(slow.token_seconds, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- costs
+
+
+def test_roofline_step_time_by_hand():
+    # Llama-2-7B FP16 on an H100-80GB through estimate's resolution: 6,738,415,616 parameters, 13,476,831,232
+    # weight bytes (2 bytes each), 524,288 KV bytes per token (2 x 32 layers x 32 heads x 128 x 2 B).  H100 SXM
+    # datasheet: 3,350 GB/s, 989.4 TFLOP/s dense FP16 (profiles/gpus/h100-80gb.yaml).  One decode with 100 tokens of context at block 16 (7 entries):
+    # memory (13,476,831,232 + 524,288 x 16 x 7) / 3.35e12 s; compute 2 x 6.738e9 / 989e12 (smaller);
+    # plus 1 ms overhead and 7 x 0.17 us.
+    hw = resolve_hardware(model="llama-2-7b", config=None, gpu="h100")
+    assert hw.weights_bytes_per_gpu == 13_476_831_232 and hw.kv_bytes_per_token_per_gpu == 524_288
+    cost = RooflineCost(hw, 16)
+    want = 1e-3 + (13_476_831_232 + 524_288 * 16 * 7) / 3.35e12 + 7 * 0.17e-6
+    assert cost.time_s(1, 1, 7, 100.5) == pytest.approx(want, rel=1e-12)
+    # a big prefill is compute-bound: 8,192 tokens
+    flops = 2 * 6_738_415_616 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 / 2)
+    assert cost.time_s(8192, 1, 512, 8192 * 8193 / 2) == pytest.approx(1e-3 + flops / 989.4e12 + 512 * 0.17e-6)
+
+
+def test_overrides_replace_every_constant():
+    hw = resolve_hardware(model="llama-2-7b", config=None, gpu="h100", overrides=CostOverrides(1000.0, 100.0, 0.0, 0.0))
+    assert hw.bandwidth_bytes_per_s == 1e12 and hw.peak_flops_per_s == 1e14
+    assert RooflineCost(hw, 16).time_s(1, 1, 0, 1) == pytest.approx(13_476_831_232 / 1e12)
+    assert any("--bandwidth-gb-s" in s for s in hw.sources)
+
+
+def test_pool_is_estimates_plan():
+    # The serving pool is kvtool estimate's plan (one code path), for each block size.
+    from kvtool.estimate.estimator import EstimateRequest, estimate
+
+    hw = resolve_hardware(model="llama-2-7b", config=None, gpu="h100")
+    for b in (16, 32):
+        assert pool_blocks(hw, b) == estimate(EstimateRequest(model="llama-2-7b", gpu="h100", block_size=b)).num_blocks
+
+
+def test_weights_that_do_not_fit_say_so():
+    # Llama-3.1-70B in BF16 is ~141 GB: no KV room on one 80 GB GPU; estimate's suggestion (tp 4) is the tip.
+    with pytest.raises(UsageError) as err:
+        resolve_hardware(model="llama-3.1-70b", config=None, gpu="h100")
+    assert "leave no room for a KV cache" in str(err.value) and err.value.tip.startswith("--tp 4 fits")
+    assert pool_blocks(resolve_hardware(model="llama-3.1-70b", config=None, gpu="h100", tp=4), 16) > 0
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def test_mooncake_and_token_prompts_are_read(tmp_path):
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]},
+                {"timestamp": 500, "input_length": 700, "output_length": 9, "hash_ids": [1, 4]},
+            )
         )
-    return out
-
-
-def test_exported_events_reproduce_the_per_request_figures(run_cli, tmp_path):
-    events = tmp_path / "ev.csv"
-    args = [
-        "--trace",
-        DATA / "simulate" / "azure-2023-conv.csv",
-        "--requests",
-        "300",
-        "--seed",
-        "2",
-        "--qps",
-        "30",
-        "--serve",
-        "--kv-tokens",
-        "12000",
-        "--block-sizes",
-        "16,64",
-        "--shared-prefix",
-        "64",
-        "--prefix-cache",
-    ]
-    res = run_cli("simulate", *args, "--export-events", events, "--json")
-    assert res.exit_code == 0, res.stderr
-    out = json.loads(res.stdout)
-    paths = export_paths(events, [16, 64])
-    assert [r["exported_events"] for r in out["results"]] == [str(paths[16]), str(paths[64])]
-    assert sum(r["preemptions"] for r in out["results"]) > 0  # the tight pool forces some
-    from kvtool.simulate.lengths import load_trace, sample_requests
-    from kvtool.simulate.run import SimulateOptions, run_simulation
-
-    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 300, seed=2)
-    _, traces = run_simulation(
-        reqs,
-        SimulateOptions(
-            block_sizes=[16, 64],
-            serve=True,
-            kv_tokens=12000,
-            qps=30,
-            seed=2,
-            shared_prefix_tokens=64,
-            prefix_cache=True,
-        ),
     )
-    for b in (16, 64):
-        got = _integrate_events(paths[b])
-        figs = request_figures(traces[b], reqs.count)
-        assert len(got) == reqs.count
-        for i in range(reqs.count):
-            g = got[f"r{i}"]
-            # conservation: every allocated or reused block is freed by the end
-            assert g["allocated"] == g["freed"] and g["end_blocks"] == 0
-            assert g["hold"] == pytest.approx(figs.holding_time_s[i], rel=1e-9)
-            assert g["block_s"] == pytest.approx(figs.block_seconds[i], rel=1e-9)
-            assert g["util"] == pytest.approx(figs.utilization[i], rel=1e-9)
-            assert g["peak"] == figs.peak_blocks[i]
-
-
-def test_pool_integrals_equal_the_sum_of_requests():
-    # Without a prefix cache the physical pool is the sum of the requests: time-weighted blocks x span equals the
-    # sum of per-request block-seconds.
-    rng = np.random.default_rng(5)
-    n = 400
-    result, trace = run(
-        rng.integers(1, 2000, n), rng.integers(1, 300, n), np.sort(rng.uniform(0, 20, n)), 32, 30_000, cost=CostModel()
+    reqs = load_trace(mc)
+    assert reqs.prompt_tokens.tolist() == [1100, 700] and reqs.arrival_s.tolist() == [0.0, 0.5]
+    prompts = build_prompts(reqs)
+    # b 512: the second prompt's first block is hash id 1, shared; b 256: two blocks of it.
+    run = run_engine(engine(40, 256, max_num_seqs=1), prompts, [5, 9])
+    assert run.num_cached_tokens == [0, 512]
+    tok = tmp_path / "tok.jsonl"
+    tok.write_text(
+        '{"prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 3}\n{"prompt_token_ids": [1, 2, 3, 4, 6], "max_tokens": 2}\n'
     )
-    figs = request_figures(trace, n)
-    assert result.preemptions > 0
-    assert result.mean_blocks * result.span_s == pytest.approx(np.nansum(figs.block_seconds), rel=1e-9)
-    assert 0 < result.utilization <= 1
-    assert result.peak_blocks <= result.pool_blocks
+    reqs = load_trace(tok)
+    run = run_engine(engine(40, 2, max_num_seqs=1), build_prompts(reqs), reqs.output_tokens.tolist())
+    assert run.num_cached_tokens == [0, 4]
 
 
-def test_conservation_and_determinism_on_the_azure_trace():
-    from kvtool.simulate.lengths import load_trace, sample_requests
+def test_synthetic_system_prompt_and_variants():
+    import numpy as np
 
-    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 3000, seed=1)
-    config = ServeConfig(pool_tokens=40_000)
-    a, ta = simulate_serving(reqs.prompt_tokens, reqs.output_tokens, reqs.arrival_s, 16, config)
-    b, _ = simulate_serving(reqs.prompt_tokens, reqs.output_tokens, reqs.arrival_s, 16, config)
-    assert a == b
-    assert a.completed == 3000 and a.preemptions > 0
-    table = events_table(ta).to_pydict()
-    ev = np.array(table["event"])
-    nb = np.array(table["num_blocks"])
-    assert nb[ev != "free"].sum() == nb[ev == "free"].sum()
-    assert (np.diff(np.array(table["ts"])) >= 0).all()
-    # replaying the events in file order (frees first at equal times) gives the simulator's peak, never above
-    # the pool: a free at the end of a step and the next step's allocations share one timestamp
-    in_use = np.cumsum(np.where(ev == "free", -nb, nb))
-    assert in_use.max() == a.peak_blocks <= a.pool_blocks
-    # every request's last event is its free
-    last = {}
-    for e, r in zip(table["event"], table["request_id"]):
-        last[r] = e
-    assert set(last.values()) == {"free"}
+    from kvtool.simulate.lengths import RequestSet
 
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    data=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 80), st.floats(0, 0.2)), min_size=1, max_size=25),
-    b=st.sampled_from([1, 2, 4, 8, 16, 32]),
-    pool=st.integers(1, 2000),
-    max_seqs=st.integers(1, 8),
-    prefix=st.integers(0, 64),
-    split=st.one_of(st.none(), st.integers(1, 300)),
-)
-def test_invariants_on_random_workloads(data, b, pool, max_seqs, prefix, split):
-    prompt = np.array([d[0] for d in data])
-    output = np.array([d[1] for d in data])
-    arrival = np.sort(np.array([d[2] for d in data]))
-    cost = CostModel(step_overhead_ms=1.0, token_us=1.0, kv_token_us=0.01, table_entry_us=0.01, refresh_steps=4)
-    result, trace = run(
-        prompt,
-        output,
-        arrival,
-        b,
-        pool,
-        cost=cost,
-        max_num_seqs=max_seqs,
-        shared_prefix_tokens=prefix,
-        prefix_cache=prefix > 0,
-        split_threshold_tokens=split,
-    )
-    assert result.completed + result.never_fit == len(data)
-    assert result.peak_blocks <= result.pool_blocks
-    if result.completed:
-        assert 0 < result.utilization <= 1 + 1e-12
-    table = events_table(trace).to_pydict()
-    ev = np.array(table["event"], dtype=object)
-    nb = np.array(table["num_blocks"], dtype=np.int64)
-    assert (nb >= 0).all()
-    assert nb[ev != "free"].sum() == nb[ev == "free"].sum()
-    figs = request_figures(trace, len(data))
-    ran = ~np.isnan(figs.block_seconds)
-    assert (figs.block_seconds[ran] >= 0).all()
-    assert (figs.utilization[ran & (figs.block_seconds > 0)] <= 1 + 1e-12).all()
-    # a request's peak blocks are its final tokens' blocks: ceil((prompt + max(output, 1) - 1) / b)
-    final = -(-(prompt + np.maximum(output, 1) - 1) // b)
-    assert (figs.peak_blocks[ran] == final[ran]).all()
-
-
-def test_progress_is_reported_per_block_size():
-    from kvtool.simulate.lengths import load_trace, sample_requests
-    from kvtool.simulate.run import SimulateOptions, run_simulation
-
-    reqs = sample_requests(load_trace(DATA / "simulate" / "azure-2023-conv.csv"), 5000, seed=0)
-    calls = []
-    run_simulation(
-        reqs,
-        SimulateOptions(block_sizes=[16, 32], serve=True),
-        lambda label, done, total: calls.append((label, done, total)),
-    )
-    assert {c[0] for c in calls} == {"serve block 16", "serve block 32"}
-    assert ("serve block 32", 5000, 5000) in calls
-    assert all(0 <= done <= total for _, done, total in calls)
-
-
-def test_unsorted_arrivals_are_served_in_time_order():
-    # C arrives first, then A, then B; max_num_seqs 1 and 2 ms of work each: C 0-2, A 2-4, B 4-6 ms.
-    result, trace = run([10, 10, 10], [2, 2, 2], [0.001, 0.002, 0.0], 16, 1600, max_num_seqs=1)
-    assert trace.completion_s.tolist() == pytest.approx([0.004, 0.006, 0.002])
-
-
-def _step_by_step(prompt, output, arrival, b, caps, pool_of, max_seqs, overhead_s, token_s, prefix=0):
-    """A token-by-token reference of the same scheduling rules, written for this test (one step per loop).
-
-    Pools: request r lives in pool pool_of[r] of caps[pool] blocks, with its own FCFS queue; the newest running
-    request of an overflowing pool is preempted; admissions go to the pool whose queue head arrived first.  With a
-    prefix cache, request r shares sh[r] = floor(min(prefix, prompt)/b) full blocks, stored once per pool: a pool
-    holds its requests' own blocks plus the most shared blocks of any of them.
-    """
-    from collections import deque
-
-    def blocks(x):
-        return -(-x // b)
-
-    sh = [min(prefix, p) // b for p in prompt]
-
-    def in_use(rs):
-        return sum(blocks(tok[r]) - sh[r] for r in rs) + max((sh[r] for r in rs), default=0)
-
-    n = len(prompt)
-    out = [max(o, 1) for o in output]
-    order = sorted(
-        (i for i in range(n) if blocks(prompt[i] + out[i] - 1) <= caps[pool_of[i]]), key=lambda i: (arrival[i], i)
-    )
-    pools = range(len(caps))
-    waiting, running = [deque() for _ in pools], [[] for _ in pools]
-    tok, emitted = {}, [0] * n
-    ttft, done = [np.nan] * n, [np.nan] * n
-    t, ai, preemptions, peak = arrival[order[0]], 0, 0, 0
-    while True:
-        while ai < len(order) and arrival[order[ai]] <= t:
-            waiting[pool_of[order[ai]]].append(order[ai])
-            ai += 1
-        preempted = False
-        for p in pools:
-            for r in running[p]:
-                tok[r] += 1  # the next token of every decoding request
-            while in_use(running[p]) > caps[p]:
-                v = running[p].pop()  # the newest in this pool
-                preemptions += 1
-                preempted = True
-                waiting[p].appendleft(v)
-        decoding = sum(len(rs) for rs in running)
-        prefill, new, admitted = 0, [], 0
-        open_pools = [p for p in pools if waiting[p]]
-        while not preempted and open_pools and decoding + admitted < max_seqs:
-            p = min(open_pools, key=lambda q: arrival[waiting[q][0]])
-            h = waiting[p][0]
-            x = prompt[h] + emitted[h]
-            cached = max((sh[r] for r in running[p]), default=0)
-            tok[h] = x
-            if in_use(running[p] + [h]) > caps[p]:
-                open_pools.remove(p)
-                continue
-            waiting[p].popleft()
-            running[p].append(h)
-            admitted += 1
-            prefill += x - min(sh[h], cached) * b
-            if emitted[h] == 0:
-                new.append(h)
-            if not waiting[p]:
-                open_pools.remove(p)
-        if not decoding + admitted:
-            if ai == len(order):
-                break
-            t = max(t, arrival[order[ai]])
-            continue
-        peak = max(peak, sum(in_use(running[p]) for p in pools))
-        t += overhead_s + token_s * (prefill + decoding)
-        for r in new:
-            ttft[r] = t
-        for p in pools:
-            for r in running[p]:
-                emitted[r] += 1
-            for r in [r for r in running[p] if emitted[r] == out[r]]:
-                running[p].remove(r)
-                done[r] = t
-    return np.array(ttft), np.array(done), preemptions, peak
-
-
-@pytest.mark.parametrize(
-    "seed,b,pool_blocks,max_seqs,prefix,split",
-    [
-        (0, 16, 300, 256, 0, None),
-        (1, 8, 500, 16, 0, None),
-        (2, 32, 100, 64, 0, None),
-        (3, 4, 2000, 8, 0, None),
-        (4, 128, 40, 256, 0, None),
-        (5, 16, 200, 256, 100, None),
-        (6, 8, 300, 32, 300, None),
-        (7, 32, 60, 256, 64, None),
-        (8, 16, 300, 256, 0, 400),
-        (9, 8, 400, 24, 50, 300),
-    ],
-)
-def test_event_jumping_matches_a_step_by_step_reference(seed, b, pool_blocks, max_seqs, prefix, split):
-    # With no per-block cost the step time is exact between events, so jumping from event to event must give the
-    # same first-token and completion times, preemptions and peak as stepping token by token.  (This test found
-    # recomputed prefills being charged one decode token too many.)
-    rng = np.random.default_rng(seed)
-    n = 150
-    prompt = rng.integers(1, 600, n).tolist()
-    output = rng.integers(0, 150, n).tolist()
-    arrival = np.round(np.sort(rng.uniform(0, 2, n)), 3).tolist()
-    cost = CostModel(step_overhead_ms=2.0, token_us=20.0, kv_token_us=0.0, table_entry_us=0.0, refresh_steps=7)
-    result, trace = run(
-        prompt,
-        output,
-        arrival,
-        b,
-        pool_blocks * b,
-        cost=cost,
-        max_num_seqs=max_seqs,
-        shared_prefix_tokens=prefix,
-        prefix_cache=prefix > 0,
-        split_threshold_tokens=split,
-    )
-    lengths = [p + o for p, o in zip(prompt, output)]
-    if split is None:
-        caps, pool_of = [pool_blocks], [0] * n
-    else:  # capacity in proportion to each class's tokens (docs/simulate.md)
-        pool_of = [int(x > split) for x in lengths]
-        long_blocks = round(pool_blocks * sum(x for x in lengths if x > split) / sum(lengths))
-        caps = [pool_blocks - long_blocks, long_blocks]
-        assert [p.pool_blocks for p in result.pools] == caps
-    ttft, done, preemptions, peak = _step_by_step(
-        prompt, output, arrival, b, caps, pool_of, max_seqs, 2e-3, 20e-6, prefix
-    )
-    assert result.preemptions == preemptions
-    assert result.peak_blocks == peak
-    assert np.allclose(trace.completion_s, done, equal_nan=True, rtol=1e-12, atol=1e-9)
-    assert np.allclose(trace.first_token_s, ttft, equal_nan=True, rtol=1e-12, atol=1e-9)
-    assert result.ttft_p99_s == pytest.approx(np.nanpercentile(np.asarray(ttft) - np.asarray(arrival), 99))
+    reqs = RequestSet(np.array([300, 50, 300]), np.array([1, 1, 1]), None, "test")
+    prompts = build_prompts(reqs, shared_prefix_tokens=100)
+    assert [p.shared for p in prompts] == [[("system", 100)], [("system", 50)], [("system", 100)]]
+    prompts = build_prompts(reqs, shared_prefix_tokens=100, variant_share=1.0)
+    assert prompts[0].shared == [("system", 99), (("system-variant", 0), 1)]
+    assert prompts[1].shared == [("system", 50)]  # shorter than the system prompt: no variant token

@@ -1,0 +1,205 @@
+"""Step time of the serving simulation: a roofline from the model and the GPU, resolved exactly as `kvtool estimate`
+resolves them (``kvtool.estimate.estimator.estimate``; one code path), plus a per-block-table-entry term.
+
+One engine step (one forward pass over the scheduled tokens) on one GPU of a tensor-parallel group takes
+
+    step_overhead_ms
+    + max(bytes read / memory bandwidth, FLOPs / peak FLOP/s)
+    + table_entry_us x block-table entries of the scheduled requests
+
+- bytes read = the GPU's share of the weights + KV bytes per token per GPU x block_size x block-table entries
+  (attention reads whole blocks, so a half-empty last block costs a full one);
+- FLOPs = 2 x parameters per GPU x tokens scheduled + 4 x layers x query heads per GPU x head_dim x attended pairs
+  (QK^T and PV: for a chunk of n new tokens after c computed ones, n x (c + (n + 1) / 2) query-key pairs);
+- table_entry_us: the paged-attention kernel's cost per block it walks (address translation, one more small load
+  and a partially used tile), beyond the bytes.  Its default is calibrated on the seed article's figure (block 8
+  decodes ~4 % slower than block 16 for 64 requests of ~1,400 tokens, Llama-2-7B FP16 on an H100), so that figure
+  agrees by construction; what the model adds is how the term scales with batch, length and block size.
+
+Every constant is shown in the report and can be overridden (``--bandwidth-gb-s``, ``--peak-tflops``,
+``--step-overhead-ms``, ``--table-entry-us``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvtool.core.errors import UsageError
+
+DEFAULT_STEP_OVERHEAD_MS = 1.0  # scheduler, input preparation and kernel launches per step (eager CUDA graphs off)
+DEFAULT_TABLE_ENTRY_US = 0.17  # see the module docstring
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Everything the step time depends on, with where each figure came from."""
+
+    model: str
+    gpu: str
+    tp: int
+    kv_dtype: str
+    weights_bytes_per_gpu: int
+    params_per_gpu: float
+    kv_bytes_per_token_per_gpu: int
+    num_layers: int
+    attention_heads_per_gpu: int
+    head_dim: int
+    bandwidth_bytes_per_s: float
+    peak_flops_per_s: float
+    step_overhead_ms: float
+    table_entry_us: float
+    kv_budget_bytes_per_gpu: int
+    max_num_batched_tokens: int  # vllm serve's default for this GPU (estimate's figure)
+    sources: tuple[str, ...]  # one line per constant: value and origin
+
+
+@dataclasses.dataclass(frozen=True)
+class CostOverrides:
+    bandwidth_gb_s: float | None = None
+    peak_tflops: float | None = None
+    step_overhead_ms: float | None = None
+    table_entry_us: float | None = None
+
+
+class RooflineCost:
+    """The step-time model (``kvtool.simulate.scheduler.StepCost``) for one block size; coefficients precomputed."""
+
+    __slots__ = ("hw", "block_size", "_fixed_s", "_weights_s", "_entry_read_s", "_token_flop_s", "_pair_flop_s")
+
+    def __init__(self, hw: Hardware, block_size: int):
+        self.hw = hw
+        self.block_size = block_size
+        self._fixed_s = hw.step_overhead_ms * 1e-3
+        self._weights_s = hw.weights_bytes_per_gpu / hw.bandwidth_bytes_per_s
+        # one block-table entry: its KV bytes read, plus the kernel's per-entry cost
+        self._entry_read_s = hw.kv_bytes_per_token_per_gpu * block_size / hw.bandwidth_bytes_per_s
+        self._token_flop_s = 2.0 * hw.params_per_gpu / hw.peak_flops_per_s
+        self._pair_flop_s = 4.0 * hw.num_layers * hw.attention_heads_per_gpu * hw.head_dim / hw.peak_flops_per_s
+
+    def time_s(self, tokens: int, requests: int, entries: int, pairs: float) -> float:
+        memory = self._weights_s + self._entry_read_s * entries
+        compute = self._token_flop_s * tokens + self._pair_flop_s * pairs
+        return self._fixed_s + (memory if memory > compute else compute) + self.hw.table_entry_us * 1e-6 * entries
+
+    def decode_coefficients(self, requests: int) -> tuple[float, float, float, float, float, float]:
+        return (
+            self._fixed_s,
+            self._weights_s,
+            self._entry_read_s,
+            self.hw.table_entry_us * 1e-6,
+            self._token_flop_s * requests,
+            self._pair_flop_s,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rates:
+    bandwidth_gb_s: float
+    bandwidth_from: str
+    peak_tflops: float
+    peak_from: str
+
+
+def _gpu_rates(gpu: str, dtype: str, overrides: CostOverrides) -> _Rates:
+    """Memory bandwidth and the dense peak for ``dtype``: the options, else the GPU profile's fields."""
+    from kvtool.estimate.profiles import find_gpu
+
+    profile = find_gpu(gpu)
+    if overrides.bandwidth_gb_s is not None:
+        bw, why = overrides.bandwidth_gb_s, "--bandwidth-gb-s"
+    elif profile.memory_bandwidth_gb_s:
+        bw, why = float(profile.memory_bandwidth_gb_s), f"GPU profile {profile.name}"
+    else:
+        raise UsageError(
+            f"the GPU profile {profile.name} gives no memory_bandwidth_gb_s",
+            where=profile.file,
+            tip="give --bandwidth-gb-s",
+        )
+    profile_peak = profile.peak_dense_tflops.for_dtype(dtype)
+    if overrides.peak_tflops is not None:
+        peak, pwhy = overrides.peak_tflops, "--peak-tflops"
+    elif profile_peak:
+        peak, pwhy = float(profile_peak), f"GPU profile {profile.name}, dense {dtype}"
+    else:
+        raise UsageError(
+            f"the GPU profile {profile.name} gives no dense peak for {dtype}",
+            where=profile.file,
+            tip="give --peak-tflops",
+        )
+    return _Rates(bw, why, peak, pwhy)
+
+
+def resolve_hardware(
+    *,
+    model: str | None,
+    config: str | None,
+    gpu: str,
+    tp: int = 1,
+    kv_dtype: str = "auto",
+    kv_memory: str | None = None,
+    overrides: CostOverrides = CostOverrides(),
+) -> Hardware:
+    """The model and GPU through `kvtool estimate`'s resolution; a model whose weights do not fit says so."""
+    from kvtool.estimate.estimator import EstimateRequest, estimate
+
+    result = estimate(
+        EstimateRequest(model=model, config=config, gpu=gpu, tp=tp, kv_dtype=kv_dtype, kv_memory=kv_memory)
+    )
+    name = model or config or "model"
+    if not result.kv_budget_bytes or result.kv_budget_bytes <= 0 or not result.num_blocks:
+        weights = result.weights_bytes_per_gpu or 0
+        raise UsageError(
+            f"{name}'s weights ({weights / 1e9:,.1f} GB per GPU at --tp {tp}) leave no room for a KV cache on "
+            f"{result.gpu or gpu} ({(result.gpu_memory_bytes or 0) / 2**30:,.0f} GiB, vLLM's gpu_memory_utilization "
+            f"{result.gpu_memory_utilization or 0.9:g})",
+            where="--model/--gpu/--tp",
+            tip="; ".join(s for s in result.suggestions if s.startswith("--tp"))
+            or "raise --tp or pick a larger GPU"
+            + f"; `kvtool estimate --model {name} --gpu {gpu}` shows the memory plan",
+        )
+    rates = _gpu_rates(gpu, result.model_dtype, overrides)
+    bw, why, peak, pwhy = rates.bandwidth_gb_s, rates.bandwidth_from, rates.peak_tflops, rates.peak_from
+    kv_dtype_used = result.kv_dtype
+    sources = []
+    overhead = DEFAULT_STEP_OVERHEAD_MS if overrides.step_overhead_ms is None else overrides.step_overhead_ms
+    entry = DEFAULT_TABLE_ENTRY_US if overrides.table_entry_us is None else overrides.table_entry_us
+    params = float(result.weights_params or 0) / tp
+    sources.append(f"weights {(result.weights_bytes_per_gpu or 0) / 1e9:,.2f} GB per GPU ({result.weights_method})")
+    sources.append(f"KV {result.bytes_per_token_per_gpu:,} B per token per GPU ({kv_dtype_used})")
+    sources.append(f"memory bandwidth {bw:,.0f} GB/s ({why})")
+    sources.append(f"peak {peak:,.0f} TFLOP/s ({pwhy})")
+    sources.append(
+        f"step overhead {overhead:g} ms ({'--step-overhead-ms' if overrides.step_overhead_ms is not None else 'default'})"
+    )
+    sources.append(
+        f"block-table entry {entry:g} us ({'--table-entry-us' if overrides.table_entry_us is not None else 'default'})"
+    )
+    return Hardware(
+        model=result.model,
+        gpu=result.gpu or gpu,
+        tp=tp,
+        kv_dtype=kv_dtype_used,
+        weights_bytes_per_gpu=int(result.weights_bytes_per_gpu or 0),
+        params_per_gpu=params,
+        kv_bytes_per_token_per_gpu=int(result.bytes_per_token_per_gpu),
+        num_layers=result.num_layers,
+        attention_heads_per_gpu=max(1, result.num_attention_heads // tp),
+        head_dim=result.head_dim,
+        bandwidth_bytes_per_s=bw * 1e9,
+        peak_flops_per_s=peak * 1e12,
+        step_overhead_ms=overhead,
+        table_entry_us=entry,
+        kv_budget_bytes_per_gpu=int(result.kv_budget_bytes),
+        max_num_batched_tokens=int(result.max_num_batched_tokens),
+        sources=tuple(sources),
+    )
+
+
+def pool_blocks(hw: Hardware, block_size: int, kv_tokens: int | None = None) -> int:
+    """vLLM's num_gpu_blocks for this block size: floor(KV budget / (block_size x bytes per token)), null included.
+
+    With ``kv_tokens`` (an explicit budget in tokens) the pool is floor(kv_tokens / block_size) blocks.
+    """
+    if kv_tokens is not None:
+        return kv_tokens // block_size
+    return hw.kv_budget_bytes_per_gpu // (block_size * hw.kv_bytes_per_token_per_gpu)

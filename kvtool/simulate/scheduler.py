@@ -1,0 +1,714 @@
+"""vLLM V1's scheduler, step by step: the engine model behind `kvtool simulate --serve`.
+
+Modelled on vllm 0.32.0, ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` and ``update_from_output``, the
+synchronous scheduler; async scheduling off), ``kv_cache_manager.py`` (``get_computed_blocks``, ``allocate_slots``)
+and ``block_pool.py`` (see :mod:`kvtool.simulate.prefix_cache`), for a full-attention model without speculative
+decoding, KV connectors or LoRA, FCFS policy.  One engine step:
+
+1. Running requests first, in admission order, while the token budget (``max_num_batched_tokens``) lasts: each is
+   given ``num_tokens - num_computed_tokens`` tokens (1 for a decode, the rest of the prompt for a prefill), capped by
+   ``long_prefill_token_threshold`` (only when more than one request is running or waiting) and the budget left.
+   ``allocate_slots`` needs ``ceil((computed + new) / block_size)`` blocks; when the free queue is short, the last
+   request of the running list is preempted (all its blocks freed, ``num_computed_tokens`` reset to 0, put at the
+   front of the waiting queue; it is recomputed, with prefix hits, when resumed) until the allocation fits, or the
+   request itself was the one preempted, which ends the running phase.
+2. Waiting requests next, only if nothing was preempted in this step, FCFS, while the budget lasts and fewer than
+   ``max_num_seqs`` requests run: the prefix-cache lookup gives the hit (whole cached blocks, at most
+   ``num_tokens - 1`` tokens); admission needs room for the whole sequence (``scheduler_reserve_full_isl``, vLLM's
+   default) and for the first chunk, counting cached free blocks that the hit takes out of the free queue; the first
+   waiting request that does not fit stops admissions.  ``num_cached_tokens`` is the hit of the first admission.
+3. The step runs; every request whose scheduled tokens reach its end samples one token; a request with
+   ``max_tokens`` outputs finishes and frees its blocks (tail first) at the end of the step.
+
+Full blocks are cached as soon as their tokens are scheduled (prompt and generated tokens alike; generated tokens
+are taken as unique to their request).
+
+Speed: when every running request is decoding, the budget covers them all and no waiting request can be admitted
+(none waiting, ``max_num_seqs`` reached, or the head of the queue cannot fit: the free queue only shrinks until a
+request finishes), the loop jumps to the step before the first completion, block shortage or arrival, allocating
+the blocks crossed meanwhile in bulk.  The jump reproduces the step-by-step result exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
+from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
+
+# vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
+# budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """The scheduler and cache settings of one simulated vLLM engine."""
+
+    num_blocks: int  # the whole pool, null block included (vLLM's num_gpu_blocks)
+    block_size: int
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    long_prefill_token_threshold: int = 0  # 0: off (vLLM's default)
+    max_model_len: int = 1 << 40
+    enable_prefix_caching: bool = True
+    max_jump_steps: int = 1 << 30  # longest decode jump (the cost model may ask for shorter ones)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """What the prefix cache needs to know of a prompt: its length and which of its leading tokens may be shared.
+
+    ``shared`` is either the prompt's token ids (all of them may match other prompts) or pieces ``(piece_id,
+    tokens)`` covering a prefix of the prompt (equal ids = equal tokens; a Mooncake hash id, a system prompt); tokens
+    past the pieces are private to the request.
+    """
+
+    tokens: int
+    shared: Sequence[int] | Sequence[tuple[object, int]] = ()
+    kind: str = "pieces"  # "tokens" or "pieces"
+
+
+def shared_block_contents(prompt: Prompt, block_size: int) -> list[object]:
+    """The content of each full prompt block that lies inside the shareable part (what the chained key hashes)."""
+    b = block_size
+    if prompt.kind == "tokens":
+        ids = list(prompt.shared)  # type: ignore[arg-type]
+        return [tuple(ids[i : i + b]) for i in range(0, len(ids) - b + 1, b)]
+    out: list[object] = []
+    cur: list[tuple[object, int, int]] = []
+    filled = 0
+    for piece_id, length in prompt.shared:  # type: ignore[misc]
+        offset = 0
+        while offset < length:
+            take = min(b - filled, length - offset)
+            cur.append((piece_id, offset, offset + take))
+            offset += take
+            filled += take
+            if filled == b:
+                out.append(tuple(cur))
+                cur = []
+                filled = 0
+    return out
+
+
+@dataclasses.dataclass
+class EngineRun:
+    """What one run recorded, per request and per step (lists; ``-1`` where a request never reached that point)."""
+
+    num_cached_tokens: list[int]  # prefix-cache hit at the first admission
+    num_preemptions: list[int]
+    first_token_step: list[int]  # 1-based engine step whose output was the first token
+    finish_step: list[int]  # 1-based engine step whose output finished the request
+    admit_step: list[int]  # first admission
+    admit_s: list[float]  # start of the first admission's step (nan if never)
+    first_token_s: list[float]  # end of the step that produced the first token
+    finish_s: list[float]  # end of the finishing step
+    steps: int  # engine steps run
+    busy_s: float  # time spent in steps
+    # Start and end time of every step (1-based step s is [step_start_s[s - 1], step_end_s[s - 1]]): only with
+    # record_events (the export needs them), else empty.
+    step_start_s: list[float]
+    step_end_s: list[float]
+    timeline_s: list[float]  # times at which the blocks in use were sampled (each exact step and jump start)
+    timeline_blocks: list[int]  # blocks held by requests at those steps (shared blocks once)
+    block_seconds: float  # integral of blocks in use over time (shared blocks once)
+    entry_seconds: float  # integral of block-table entries over time (shared blocks once per request)
+    token_seconds: float  # integral of tokens held (computed KV) over time
+    peak_blocks: int
+    preemptions: int
+    evictions: int  # cached blocks reused for new data
+    hit_tokens: int  # prefix-cache hits over all admissions (resumptions too)
+    queried_tokens: int  # tokens looked up at admissions
+    free_blocks_at_end: int = -1  # the free queue when the run ended (all blocks back when every request finished)
+    # With record_events: rows (step, event code, request, blocks, tokens, at the step's end) and decode jumps
+    # (first step, steps, requests, their computed tokens before the jump); see kvtool.simulate.export.
+    event_rows: list[tuple[int, int, int, int, int, int]] | None = None
+    event_jumps: list[tuple[int, int, list[int], list[int]]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _JumpEnd:
+    """Where a decode jump ended: steps run, and blocks, block-table entries and tokens held after them."""
+
+    steps: int
+    blocks: int
+    entries: int
+    tokens: int
+
+
+class StepCost(Protocol):
+    """The step-time model: seconds for a step that schedules ``tokens`` tokens of ``requests`` requests whose block
+    tables hold ``entries`` blocks in all, attending ``pairs`` query-key pairs (:mod:`kvtool.simulate.costs`)."""
+
+    def time_s(self, tokens: int, requests: int, entries: int, pairs: float) -> float: ...
+
+    def decode_coefficients(self, requests: int) -> tuple[float, float, float, float, float, float]:
+        """A step of ``requests`` decodes as fixed + max(memory + read x entries, compute + per_pair x pairs) +
+        kernel x entries: (fixed, memory, read, kernel, compute, per_pair), in seconds (the decode jumps' fast path;
+        it must agree with time_s)."""
+        ...
+
+
+class Engine:
+    """One vLLM engine: the scheduler's queues, the requests' state and the block pool."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        prompts: Sequence[Prompt],
+        max_tokens: Sequence[int],
+        arrival_s: Sequence[float],
+        cost: StepCost | None = None,
+        keys: BlockKeys | None = None,
+        record_events: bool = False,
+    ):
+        n = len(prompts)
+        nan = float("nan")
+        self.cfg = config
+        self.b = config.block_size
+        self.prompts = prompts
+        self.P = [p.tokens for p in prompts]
+        self.out = [max(1, int(o)) for o in max_tokens]
+        self.arrival = [float(a) for a in arrival_s]
+        self.cost = cost
+        self.keys = keys or BlockKeys()
+        self.pool = BlockPool(config.num_blocks)
+        self.c = [0] * n  # num_computed_tokens
+        self.g = [0] * n  # output tokens so far
+        self.blocks: list[list[int]] = [[] for _ in range(n)]  # shareable blocks' ids (the first indices)
+        self.npriv = [0] * n  # private blocks after them (counted only; prefix_cache.py)
+        self.ncached = [0] * n  # blocks of the request that carry their hash (the first indices)
+        self.skeys: list[list[int] | None] = [None] * n  # keys of the shareable full prompt blocks
+        self.running: list[int] = []
+        self.waiting: collections.deque[int] = collections.deque()
+        self.prefilling: set[int] = set()  # running requests still short of their last token
+        self.head_blocked = False  # the waiting head cannot fit until blocks are freed
+        self.step = 0
+        self.now = 0.0
+        self.run = EngineRun(
+            num_cached_tokens=[-1] * n,
+            num_preemptions=[0] * n,
+            first_token_step=[-1] * n,
+            finish_step=[-1] * n,
+            admit_step=[-1] * n,
+            admit_s=[nan] * n,
+            first_token_s=[nan] * n,
+            finish_s=[nan] * n,
+            steps=0,
+            busy_s=0.0,
+            step_start_s=[],
+            step_end_s=[],
+            timeline_s=[],
+            timeline_blocks=[],
+            block_seconds=0.0,
+            entry_seconds=0.0,
+            token_seconds=0.0,
+            peak_blocks=0,
+            preemptions=0,
+            evictions=0,
+            hit_tokens=0,
+            queried_tokens=0,
+            event_rows=[] if record_events else None,
+            event_jumps=[] if record_events else None,
+        )
+        self.rows = self.run.event_rows
+        self.finished = 0
+        self.first_now: list[int] = []
+        self._piece_keys: dict[tuple, list[int]] = {}  # requests whose first token comes out of the step being run
+        self.used = 0  # blocks referenced by running requests (shared ones once)
+        self.entries = 0  # block-table entries of running requests (shared blocks once per request)
+        self.tokens_held = 0  # computed tokens of running requests
+
+    # ----------------------------------------------------------------- keys and blocks
+    def shared_keys(self, r: int) -> list[int]:
+        """Keys of the request's shareable full prompt blocks (computed once per request)."""
+        sk = self.skeys[r]
+        if sk is None:
+            prompt = self.prompts[r]
+            if not self.cfg.enable_prefix_caching:
+                sk = []
+            elif prompt.kind == "pieces":
+                # Prompts built from the same pieces (a system prompt) share one key list.
+                memo = tuple(prompt.shared)
+                sk = self._piece_keys.get(memo)
+                if sk is None:
+                    sk = self._piece_keys[memo] = self.keys.chain(shared_block_contents(prompt, self.b))
+            else:
+                sk = self.keys.chain(shared_block_contents(prompt, self.b))
+            self.skeys[r] = sk
+        return sk
+
+    def nblocks(self, r: int) -> int:
+        return len(self.blocks[r]) + self.npriv[r]
+
+    def _allocate(self, r: int, m: int) -> None:
+        """m new blocks at the request's next indices: ids for shareable ones, a count for private ones."""
+        have = len(self.blocks[r])
+        shareable = min(m, len(self.shared_keys(r)) - have) if not self.npriv[r] else 0
+        before = self.pool.evictions
+        if shareable > 0:
+            self.pool.new_ids(shareable, self.blocks[r])
+            m -= shareable
+        if m:
+            self.pool.consume(m)
+            self.npriv[r] += m
+        self.run.evictions += self.pool.evictions - before
+
+    def _cache_full(self, r: int, tokens: int) -> None:
+        """cache_full_blocks: the request's blocks full up to ``tokens`` get their keys."""
+        if not self.cfg.enable_prefix_caching:
+            return
+        full = tokens // self.b
+        done = self.ncached[r]
+        if full > done:
+            blocks = self.blocks[r]
+            top = min(full, len(blocks))
+            if done < top:
+                sk = self.shared_keys(r)
+                for i in range(done, top):
+                    self.pool.set_key(blocks[i], sk[i])
+            self.ncached[r] = full
+
+    def _lookup(self, r: int, num_tokens: int) -> tuple[list[int], list]:
+        """get_computed_blocks: the longest run of cached blocks, at most num_tokens - 1 tokens (shareable ids, then
+        the request's own cached private blocks)."""
+        if not self.cfg.enable_prefix_caching:
+            return [], []
+        limit = (num_tokens - 1) // self.b
+        sk = self.shared_keys(r)
+        hits: list[int] = []
+        lookup = self.pool.lookup
+        for i in range(min(limit, len(sk))):
+            blk = lookup(sk[i])
+            if blk < 0:
+                return hits, []
+            hits.append(blk)
+        if len(hits) < len(sk) or limit <= len(sk):
+            return hits, []
+        return hits, self.pool.private_hits(r, len(sk), limit)
+
+    def _release(self, r: int) -> None:
+        blocks = self.blocks[r]
+        p0 = len(blocks)
+        total = p0 + self.npriv[r]
+        hashed_end = max(p0, min(self.ncached[r], total))
+        freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end)
+        self.used -= freed
+        self.entries -= total
+        self.tokens_held -= self.c[r]
+        self.blocks[r] = []
+        self.npriv[r] = 0
+        self.ncached[r] = 0
+        self.head_blocked = False
+
+    def _preempt(self, r: int) -> None:
+        if self.rows is not None:
+            self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 0))
+        self._release(r)
+        self.prefilling.discard(r)
+        self.c[r] = 0
+        self.run.num_preemptions[r] += 1
+        self.run.preemptions += 1
+        self.waiting.appendleft(r)
+
+    # ----------------------------------------------------------------- one exact step
+    def _schedule_running(self, budget: int, lpt: int, scheduled: list[tuple[int, int]]) -> tuple[int, bool]:
+        """Phase 1 of schedule(): the running requests.  Returns the budget left and whether anything was preempted."""
+        running = self.running
+        pool = self.pool
+        b = self.b
+        P, g, c = self.P, self.g, self.c
+        if not self.prefilling and len(running) <= budget and self._all_decodes_fit(scheduled):
+            return budget - len(running), False
+        max_len = self.cfg.max_model_len
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = P[r] + g[r] - c[r]
+            if 0 < lpt < n:
+                n = lpt
+            if n > budget:
+                n = budget
+            if n > max_len - c[r] - 1:
+                n = max_len - c[r] - 1
+            if n <= 0:
+                i += 1
+                continue
+            need = -(-(c[r] + n) // b) - self.nblocks(r)
+            if need < 0:
+                need = 0
+            fits = True
+            while need > pool.num_free():
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim == r:
+                    fits = False
+                    break
+            if not fits:
+                break
+            if need:
+                self._allocate(r, need)
+                self.used += need
+                self.entries += need
+            self._cache_full(r, min(c[r] + n, P[r] + g[r]))
+            if self.rows is not None:
+                self.rows.append((self.step, APPEND, r, need, n, 0))
+            scheduled.append((r, n))
+            budget -= n
+            i += 1
+        return budget, preempted
+
+    def _all_decodes_fit(self, scheduled: list[tuple[int, int]]) -> bool:
+        """Phase 1 when every running request decodes within the budget: if the blocks they cross fit the free
+        queue, all of them are scheduled for one token (the loop would do the same, one by one)."""
+        b = self.b
+        c = self.c
+        running = self.running
+        crossing = [r for r in running if c[r] % b == 0]  # token c + 1 opens a new block
+        if len(crossing) > self.pool.num_free():
+            return False
+        if crossing:
+            before = self.pool.evictions
+            self.pool.consume(len(crossing))
+            self.run.evictions += self.pool.evictions - before
+            npriv = self.npriv
+            for r in crossing:
+                npriv[r] += 1
+            self.used += len(crossing)
+            self.entries += len(crossing)
+        if self.cfg.enable_prefix_caching:
+            ncached = self.ncached
+            for r in running:
+                if (c[r] + 1) % b == 0:
+                    ncached[r] = (c[r] + 1) // b
+        if self.rows is not None:
+            step = self.step
+            self.rows.extend((step, APPEND, r, int(c[r] % b == 0), 1, 0) for r in running)
+        scheduled.extend((r, 1) for r in running)
+        return True
+
+    def _schedule_waiting(self, budget: int, lpt: int, scheduled: list[tuple[int, int]]) -> None:
+        """Phase 2 of schedule(): admissions, FCFS, until one does not fit."""
+        waiting, running, pool, b = self.waiting, self.running, self.pool, self.b
+        run = self.run
+        ref = pool.ref
+        max_len = self.cfg.max_model_len
+        while budget > 0 and waiting and not self.head_blocked:
+            if len(running) >= self.cfg.max_num_seqs:
+                break
+            r = waiting[0]
+            total = self.P[r] + self.g[r]
+            hits, private = self._lookup(r, total)
+            npriv = sum(j - i for _, i, j in private)
+            h = len(hits) + npriv
+            computed = h * b
+            if run.num_preemptions[r] == 0:
+                run.num_cached_tokens[r] = computed  # prefill_stats.set: the hit of the lookup that admits it
+            n = total - computed
+            if 0 < lpt < n:
+                n = lpt
+            if n > budget:
+                n = budget
+            evictable = sum(1 for x in hits if ref[x] == 0) + npriv
+            free = pool.num_free()
+            need_full = max(-(-min(total, max_len) // b) - h, 0) + evictable
+            need = max(-(-(computed + n) // b) - h, 0) + evictable
+            if need_full > free or need > free:
+                self.head_blocked = True  # stays blocked until blocks are freed (free only shrinks meanwhile)
+                break
+            waiting.popleft()
+            in_use_hits = h - evictable
+            pool.touch(hits, private)
+            self.blocks[r] = list(hits)
+            self.npriv[r] = npriv
+            new = -(-(computed + n) // b) - h
+            if new > 0:
+                self._allocate(r, new)
+            self.used += self.nblocks(r) - in_use_hits
+            self.entries += self.nblocks(r)
+            self.ncached[r] = h
+            self.c[r] = computed
+            self.tokens_held += computed
+            self._cache_full(r, min(computed + n, total))
+            running.append(r)
+            run.hit_tokens += computed
+            run.queried_tokens += total
+            if run.admit_step[r] < 0:
+                run.admit_step[r] = self.step
+                run.admit_s[r] = self.now
+            if self.rows is not None:
+                if h:
+                    self.rows.append((self.step, REUSE, r, h, computed, 0))
+                self.rows.append((self.step, ALLOCATE, r, max(new, 0), n, 0))
+            scheduled.append((r, n))
+            budget -= n
+
+    def _update_from_output(self, scheduled: list[tuple[int, int]]) -> None:
+        """After the step: computed tokens advance; requests at their end sample a token; finished ones free."""
+        P, g, c, out = self.P, self.g, self.c, self.out
+        run = self.run
+        finished = []
+        for r, n in scheduled:
+            c[r] += n
+            self.tokens_held += n
+            if c[r] >= P[r] + g[r]:
+                g[r] += 1
+                self.prefilling.discard(r)
+                if run.first_token_step[r] < 0:
+                    run.first_token_step[r] = self.step
+                    self.first_now.append(r)
+                if g[r] >= out[r] or P[r] + g[r] >= self.cfg.max_model_len:
+                    finished.append(r)
+            else:
+                self.prefilling.add(r)
+        if finished:
+            self._finish(finished)
+
+    def _finish(self, finished: list[int]) -> None:
+        """Free finished requests' blocks in the order they were scheduled; drop them from the running list."""
+        run = self.run
+        for r in finished:
+            run.finish_step[r] = self.step
+            run.finish_s[r] = self.now
+            if self.rows is not None:
+                self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
+            self._release(r)
+        self.finished += len(finished)
+        done = set(finished)
+        self.running = [r for r in self.running if r not in done]
+
+    def exact_step(self) -> None:
+        self.step += 1
+        budget = self.cfg.max_num_batched_tokens
+        n_eligible = len(self.running) + len(self.waiting)
+        lpt = self.cfg.long_prefill_token_threshold if n_eligible > 1 else 0
+        scheduled: list[tuple[int, int]] = []
+        budget, preempted = self._schedule_running(budget, lpt, scheduled)
+        if not preempted:
+            self._schedule_waiting(budget, lpt, scheduled)
+        blocks_now = self.used
+        c = self.c
+        pairs = sum(n * (c[r] + (n + 1) / 2) for r, n in scheduled)
+        total = sum(n for _, n in scheduled)
+        dt = self.cost.time_s(total, len(scheduled), self.entries, pairs) if self.cost else 0.0
+        tokens_now = self.tokens_held + total  # the step's tokens are held from its start (analyze's definition)
+        self._advance(dt, blocks_now, self.entries, tokens_now)
+        self._update_from_output(scheduled)
+        for r in self.first_now:
+            self.run.first_token_s[r] = self.now
+        self.first_now.clear()
+
+    def _advance(self, dt: float, blocks: int, entries: int, tokens: int) -> None:
+        """The step's time: the clock moves to its end; integrals and the timeline are updated."""
+        run = self.run
+        run.entry_seconds += entries * dt
+        run.timeline_s.append(self.now)
+        if run.event_rows is not None:
+            run.step_start_s.append(self.now)
+            run.step_end_s.append(self.now + dt)
+        self.now += dt
+        run.steps += 1
+        run.busy_s += dt
+        run.block_seconds += blocks * dt
+        run.token_seconds += tokens * dt
+        if blocks > run.peak_blocks:
+            run.peak_blocks = blocks
+        run.timeline_blocks.append(blocks)
+
+    # ----------------------------------------------------------------- decode jumps
+    def _quiet(self) -> bool:
+        """Every running request decodes, all fit the budget, and no admission can happen."""
+        n = len(self.running)
+        if not n or self.prefilling or n > self.cfg.max_num_batched_tokens:
+            return False
+        if not self.waiting or self.head_blocked:
+            return True
+        if n >= self.cfg.max_num_seqs or n >= self.cfg.max_num_batched_tokens:
+            return True
+        return False
+
+    def _jump_length(self, limit: int) -> int:
+        """Steps that can run as pure decodes: before the first block shortage, up to and with the first finish."""
+        b = self.b
+        P, g, c, out = self.P, self.g, self.c, self.out
+        K = limit
+        max_len = self.cfg.max_model_len
+        for r in self.running:
+            k = out[r] - g[r]
+            if k < K:
+                K = k
+            k = max_len - P[r] - g[r]
+            if k < K:
+                K = k
+        # Step k (0-based) allocates one block for each request with (c + k) % b == 0: in K steps a request crosses
+        # the multiples of b in [c, c + K - 1].
+        free = self.pool.num_free()
+        cs = [c[r] for r in self.running]
+        if sum((x + K - 1) // b - (x - 1) // b for x in cs) <= free:
+            return K
+        lo, hi = 0, K  # the most steps whose crossings fit: in [lo, hi)
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if sum((x + mid - 1) // b - (x - 1) // b for x in cs) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _jump_clock(self, K: int, grow_at: list[int], until_s: float) -> _JumpEnd:
+        """Times and integrals of a jump, step by step (blocks grow with the crossings, tokens by one per request per
+        step); stops after the step that reaches ``until_s``."""
+        run = self.run
+        n = len(self.running)
+        blocks = self.used
+        entries = self.entries
+        tokens = self.tokens_held
+        attended = tokens + n
+        if self.cost is not None:
+            fixed, memory0, read_entry, kernel_entry, compute0, per_pair = self.cost.decode_coefficients(n)
+        else:
+            fixed = memory0 = read_entry = kernel_entry = compute0 = per_pair = 0.0
+        keep_steps = run.event_rows is not None
+        now = start = self.now
+        block_s = entry_s = token_s = 0.0
+        for k in range(K):
+            grow = grow_at[k]
+            blocks += grow
+            entries += grow
+            memory = memory0 + read_entry * entries
+            compute = compute0 + per_pair * attended
+            dt = fixed + (memory if memory > compute else compute) + kernel_entry * entries
+            tokens += n
+            if keep_steps:
+                run.step_start_s.append(now)
+                run.step_end_s.append(now + dt)
+            now += dt
+            block_s += blocks * dt
+            entry_s += entries * dt
+            token_s += tokens * dt
+            attended += n
+            if now >= until_s:
+                K = k + 1
+                break
+        self.now = now
+        run.block_seconds += block_s
+        run.entry_seconds += entry_s
+        run.token_seconds += token_s
+        run.busy_s += now - start
+        run.steps += K
+        if blocks > run.peak_blocks:
+            run.peak_blocks = blocks
+        return _JumpEnd(K, blocks, entries, tokens)
+
+    def jump(self, K: int, until_s: float = float("inf")) -> None:
+        """Run K pure-decode steps at once (each running request gains K tokens); stop after the step that reaches
+        ``until_s`` (an arrival that may be admitted)."""
+        b = self.b
+        c, g = self.c, self.g
+        pool = self.pool
+        run = self.run
+        # Blocks allocated at each step of the jump: step k for each request with (c + k) % b == 0.
+        grow_at = [0] * K
+        for r in self.running:
+            for k in range((-c[r]) % b, K, b):
+                grow_at[k] += 1
+        first = self.step
+        run.timeline_s.append(self.now)
+        run.timeline_blocks.append(self.used)
+        clock = self._jump_clock(K, grow_at, until_s)
+        K, blocks, entries, tokens = clock.steps, clock.blocks, clock.entries, clock.tokens
+        # Blocks crossed, allocated per request in running order; full blocks get their keys.
+        if self.run.event_jumps is not None:
+            self.run.event_jumps.append((first + 1, K, list(self.running), [c[r] for r in self.running]))
+        # Decodes only ever add private blocks (past the full prompt blocks): counts, all at once.
+        before = pool.evictions
+        npriv, ncached = self.npriv, self.ncached
+        total = 0
+        caching = self.cfg.enable_prefix_caching
+        out, P, max_len = self.out, self.P, self.cfg.max_model_len
+        finished = []  # the last step may finish requests (the jump ends at the first finish)
+        for r in self.running:
+            c0 = c[r]
+            crossings = (c0 + K - 1) // b - (c0 - 1) // b  # multiples of b in [c0, c0 + K - 1]
+            npriv[r] += crossings
+            total += crossings
+            c[r] = c0 + K
+            gr = g[r] = g[r] + K
+            if caching:
+                ncached[r] = (c0 + K) // b
+            if gr >= out[r] or P[r] + gr >= max_len:
+                finished.append(r)
+        pool.consume(total)
+        run.evictions += pool.evictions - before
+        self.used = blocks
+        self.entries = entries
+        self.tokens_held = tokens
+        self.step = first + K
+        if finished:
+            self._finish(finished)
+
+
+def run_engine(
+    config: EngineConfig,
+    prompts: Sequence[Prompt],
+    max_tokens: Sequence[int],
+    arrival_s: Sequence[float] | None = None,
+    cost: StepCost | None = None,
+    progress: Callable[[int], None] | None = None,
+    keys: BlockKeys | None = None,
+    record_events: bool = False,
+) -> EngineRun:
+    """Run requests through one simulated engine until all finish (or can never run).
+
+    Arrivals (seconds; all 0 when None) join the waiting queue at the first step boundary at or after them.  A
+    request whose whole sequence cannot fit the pool even alone is never admitted; the run stops when only such
+    requests wait (their ``finish_step`` stays -1).
+    """
+    n = len(prompts)
+    arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
+    engine = Engine(config, prompts, max_tokens, arrival, cost, keys, record_events)
+    order = sorted(range(n), key=lambda i: arrival[i])
+    nxt = 0
+    usable = config.num_blocks - 1
+    b = config.block_size
+    # The whole sequence (prompt + outputs - 1 tokens of KV) must fit the pool alone, else vLLM would preempt the
+    # request forever; vLLM itself refuses a max_model_len beyond the pool.
+    fits = [-(-min(p.tokens + o - 1, config.max_model_len) // b) <= usable for p, o in zip(prompts, engine.out)]
+    done_reported = 0
+    while True:
+        while nxt < n and arrival[order[nxt]] <= engine.now:
+            r = order[nxt]
+            nxt += 1
+            if fits[r]:
+                engine.waiting.append(r)
+        if not engine.running and not engine.waiting:
+            if nxt >= n:
+                break
+            engine.now = max(engine.now, arrival[order[nxt]])
+            continue
+        if not engine.running and engine.head_blocked:  # pragma: no cover - excluded by the fits filter
+            break
+        K = 0
+        until = float("inf")
+        if engine._quiet():
+            if nxt < n and not engine.waiting and len(engine.running) < config.max_num_seqs:
+                until = arrival[order[nxt]]  # an arrival that could be admitted ends the jump
+            K = engine._jump_length(config.max_jump_steps)
+        if K >= 2:
+            engine.jump(K, until)
+        else:
+            engine.exact_step()
+        if progress is not None and engine.finished - done_reported >= 2000:
+            done_reported = engine.finished
+            progress(done_reported)
+    if progress is not None:
+        progress(engine.finished)
+    engine.run.free_blocks_at_end = engine.pool.num_free()
+    return engine.run
