@@ -49,7 +49,7 @@ def check_target(
     ...         return out, (k, v)
     >>> report = check_target(Attention, interleavings=5)
     >>> report.passed, [check.name for check in report.target.checks if check.passed]
-    (True, ['determinism', 'isolation', 'no-shared-storage', 'cache-length'])
+    (True, ['determinism', 'isolation', 'consistency', 'no-shared-storage', 'no-aliasing', 'cache-length', 'batch'])
     """
     from kvtool.repro.run import run_repro
 

@@ -178,7 +178,7 @@ def simulate(
                 export_events=None if export_events is None else Path(export_events),
             )
         )
-    report, traces = run_simulation(reqs, options, keep_traces=serve)
+    report, traces = run_simulation(reqs, options, keep_traces=serve, record_events=serve)
     doc = report.to_dict()
     return SimulateResult(
         report=report,

@@ -162,7 +162,7 @@ def _extras(options: SimulateOptions, requests) -> str:
     return "; ".join(parts)
 
 
-def _serve(requests, options: SimulateOptions, progress, keep_traces: bool):
+def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, record_events: bool = False):
     """The serving simulation per block size: results, setup, traces and exported files."""
     from kvtool.simulate.costs import pool_blocks
     from kvtool.simulate.export import export_paths, write_events
@@ -184,7 +184,7 @@ def _serve(requests, options: SimulateOptions, progress, keep_traces: bool):
         max_model_len=options.max_model_len,
         prefix_cache=options.prefix_cache,
         split_threshold_tokens=options.split_threshold_tokens,
-        record_events=bool(paths),
+        record_events=bool(paths) or record_events,
     )
     results, traces, exported = [], {}, {}
     for b in options.block_sizes:
@@ -222,6 +222,7 @@ def run_simulation(
     options: SimulateOptions,
     progress: Callable[[str, int, int], None] | None = None,
     keep_traces: bool = True,
+    record_events: bool = False,
 ) -> tuple[SimulateReport, dict[int, Any]]:
     """The static comparison, and with ``options.serve`` the serving simulation per block size.
 
@@ -248,7 +249,7 @@ def run_simulation(
     )
     serve_results, setup, traces, exported = None, None, {}, {}
     if options.serve:
-        serve_results, setup, traces, exported = _serve(requests, options, progress, keep_traces)
+        serve_results, setup, traces, exported = _serve(requests, options, progress, keep_traces, record_events)
     report = SimulateReport(
         source=requests.source,
         requests=requests.count,
