@@ -28,7 +28,7 @@ import torch
 from kvtool.core.errors import UsageError
 from kvtool.repro import target_checks as tc
 from kvtool.repro.cachewalk import weight_storages
-from kvtool.repro.checks import DTYPES, TOLERANCES
+from kvtool.repro.checks import DTYPES, TOLERANCES, path_tolerance
 from kvtool.repro.drivers import PROTOCOL_ATTRIBUTE, Driver, TargetFailure, TokensDriver, vocab_size_of
 from kvtool.repro.drivers import USER_ERRORS as _USER_ERRORS
 from kvtool.repro.hf import HfDriver, is_hf_model
@@ -300,12 +300,22 @@ def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: i
         fresh=_fresh_maker(module, loaded, driver, dev, torch_dtype),
         work=work,
         tol=TOLERANCES[dtype],
+        path_tol=path_tolerance(dtype, _num_layers(module)),
         weights=weight_storages(module),
         window=_declared_window(module),
         seed=seed,
         interleavings=0,
     )
     return _Setup(ctx, d_model, vocab, loaded.built, loaded.notes)
+
+
+def _num_layers(module: torch.nn.Module) -> int:
+    """Decoder depth: the config's num_hidden_layers (transformers), else the longest ModuleList; 1 if unknown."""
+    layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > 0:
+        return layers
+    lists = [len(m) for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    return max(lists, default=1) or 1
 
 
 def _cache_notes(ctx: tc.Context) -> tuple[str, ...]:

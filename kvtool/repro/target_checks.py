@@ -48,6 +48,11 @@ class Context:
     interleavings: int
     alone: list[tuple[list[torch.Tensor], CacheScan]] = field(default_factory=list)
     round_robin: Any = None
+    path_tol: Tolerance | None = None  # across two computation paths (consistency, batch); default: tol
+
+    @property
+    def cross_tol(self) -> Tolerance:
+        return self.path_tol or self.tol
 
     def scan(self, cache: Any) -> CacheScan:
         return scan_cache(cache, self.weights)
@@ -245,14 +250,14 @@ def _first_diverging_layer(got: tuple[torch.Tensor, ...], want: tuple[torch.Tens
 def _divergence(ctx: Context, rid: int) -> _Divergence | None:
     got, got_states, got_scan = _stepwise(ctx, rid)
     want, want_states, want_scan = _one_shot(ctx, rid)
-    if _close(got, want, ctx.tol):
+    if _close(got, want, ctx.cross_tol):
         return None
     if got.shape != want.shape:
         return _Divergence(rid, 0, float("inf"), f"output shapes {list(got.shape)} vs {list(want.shape)}")
-    position = _first_bad_position(got, want, ctx.tol, 1)
-    where = _first_diverging_layer(got_states, want_states, ctx.tol)
+    position = _first_bad_position(got, want, ctx.cross_tol, 1)
+    where = _first_diverging_layer(got_states, want_states, ctx.cross_tol)
     if not where:
-        tensor = first_diverging_tensor(got_scan, want_scan, ctx.tol)
+        tensor = first_diverging_tensor(got_scan, want_scan, ctx.cross_tol)
         where = f"cache tensor {tensor}" if tensor else ""
     if not where and got_scan.tensors and not want_scan.tensors:
         where = "the one forward over all positions left the cache empty (a multi-token input bypasses the cache)"
@@ -266,7 +271,7 @@ def consistency(ctx: Context) -> TargetCheck:
         return TargetCheck(
             "consistency",
             True,
-            f"{n} requests decoded step by step match one forward over all their positions ({_tol_text(ctx.tol)})",
+            f"{n} requests decoded step by step match one forward over all their positions ({_tol_text(ctx.cross_tol)})",
             (),
         )
     evidence = []
@@ -281,7 +286,7 @@ def consistency(ctx: Context) -> TargetCheck:
         "consistency",
         False,
         f"{len(found)} of {n} requests decoded step by step through the cache differ from one forward over all "
-        f"their positions from an empty cache ({_tol_text(ctx.tol)})",
+        f"their positions from an empty cache ({_tol_text(ctx.cross_tol)})",
         collapse(evidence),
     )
 
@@ -556,7 +561,7 @@ def batch(ctx: Context) -> TargetCheck:
     evidence = [(t.path, text) for t in _live_tensors(scan) if (text := _stride_zero(t))]
     for row, rid in enumerate((a, b)):
         for step, (out, ref) in enumerate(zip(outs, refs[rid][0])):
-            if not _close(out[row : row + 1], ref, ctx.tol):
+            if not _close(out[row : row + 1], ref, ctx.cross_tol):
                 diff = _diff(out[row : row + 1], ref)
                 evidence.append(
                     (
@@ -575,7 +580,7 @@ def batch(ctx: Context) -> TargetCheck:
     return TargetCheck(
         "batch",
         False,
-        f"requests run as one batch differ from their runs alone ({_tol_text(ctx.tol)})",
+        f"requests run as one batch differ from their runs alone ({_tol_text(ctx.cross_tol)})",
         collapse(evidence),
     )
 

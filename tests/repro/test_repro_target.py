@@ -244,3 +244,28 @@ def test_no_false_alarm_in_bfloat16(spec):
     # dtype (gpt-fast and litgpt allocate them in it).
     result = _check(spec, dtype="bfloat16")
     assert result.failed_checks == (), [(c.name, c.message) for c in result.checks if not c.passed]
+
+
+@pytest.mark.parametrize(
+    ("spec", "check"),
+    [
+        ("decoders:gptfast_rope_restart", "consistency"),
+        # (the tiny HF Llama's rotary bug moves its logits by ~0.003, below bfloat16's resolution: float32 only)
+    ],
+)
+def test_bugs_still_caught_in_bfloat16(spec, check):
+    # consistency and batch compare two computation paths with bfloat16's tolerance scaled by sqrt(layers)
+    # (kvtool.repro.checks.path_tolerance, set from a correct 16-layer model's 0.039 on a real H200); rotary ids
+    # restarting at 0 must still fail there.
+    result = _check(spec, dtype="bfloat16")
+    assert check in result.failed_checks, [(c.name, c.message) for c in result.checks]
+
+
+def test_path_tolerance_scales_bfloat16_by_depth():
+    from kvtool.repro.checks import TOLERANCES, path_tolerance
+
+    # sqrt(16) = 4: 0.016 x 4 = 0.064 and 0.01 x 4 = 0.04 (hand computation); float32 is never loosened
+    tol = path_tolerance("bfloat16", 16)
+    assert (round(tol.rtol, 6), round(tol.atol, 6)) == (0.064, 0.04)
+    assert path_tolerance("float32", 16) == TOLERANCES["float32"]
+    assert path_tolerance("bfloat16", 1) == TOLERANCES["bfloat16"]
