@@ -135,49 +135,14 @@ def simulate(
     """
     import pandas as pd
 
-    from kvtool.simulate.inputs import SimulateInputs, prepare
+    from kvtool.simulate.inputs import inputs_from, prepare
     from kvtool.simulate.run import run_simulation
 
     with _trace_file(trace) as trace_path:
-        reqs, options = prepare(
-            SimulateInputs(
-                trace=trace_path,
-                from_events=None if from_events is None else Path(from_events),
-                dist=dist,
-                requests=requests,
-                seed=seed,
-                mean=mean,
-                p99=p99,
-                min_tokens=min_tokens,
-                max_tokens=max_tokens,
-                length=length,
-                alpha=alpha,
-                output_share=output_share,
-                shared_prefix=shared_prefix,
-                block_sizes=",".join(str(b) for b in block_sizes),
-                max_model_len=max_model_len,
-                kv_tokens=kv_tokens,
-                model=model,
-                config=config,
-                gpu=gpu,
-                tp=tp,
-                kv_dtype=kv_dtype,
-                bandwidth_gb_s=bandwidth_gb_s,
-                peak_tflops=peak_tflops,
-                step_overhead_ms=step_overhead_ms,
-                table_entry_us=table_entry_us,
-                serve=serve,
-                qps=qps,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                long_prefill_token_threshold=long_prefill_token_threshold,
-                prefix_cache=prefix_cache,
-                prefix_variant_share=prefix_variant_share,
-                split_pools=split_pools,
-                slo_ttft_ms=slo_ttft_ms,
-                export_events=None if export_events is None else Path(export_events),
-            )
-        )
+        given = {**locals(), "trace": trace_path, "block_sizes": ",".join(str(b) for b in block_sizes)}
+        given["from_events"] = None if from_events is None else Path(from_events)
+        given["export_events"] = None if export_events is None else Path(export_events)
+        reqs, options = prepare(inputs_from(given))  # every argument by its option name
     report, traces = run_simulation(reqs, options, keep_traces=serve, record_events=serve)
     doc = report.to_dict()
     return SimulateResult(

@@ -210,48 +210,10 @@ def register(app: typer.Typer) -> None:
         Examples: `kvtool simulate --trace azure.csv --serve --model llama-3.1-8b --gpu h100 --slo-ttft-ms 500`;
         `kvtool simulate --dist lognormal --mean 1000 --p99 6000 --serve --shared-prefix 1500 --qps 20`.
         """
-        from kvtool.simulate.inputs import SimulateInputs, prepare
+        from kvtool.simulate.inputs import inputs_from, prepare
         from kvtool.simulate.run import run_simulation
 
-        reqs, options = prepare(
-            SimulateInputs(
-                trace=trace,
-                from_events=from_events,
-                dist=dist,
-                requests=requests,
-                seed=seed,
-                mean=mean,
-                p99=p99,
-                min_tokens=min_tokens,
-                max_tokens=max_tokens,
-                length=length,
-                alpha=alpha,
-                output_share=output_share,
-                shared_prefix=shared_prefix,
-                block_sizes=block_sizes,
-                max_model_len=max_model_len,
-                kv_tokens=kv_tokens,
-                model=model,
-                config=config,
-                gpu=gpu,
-                tp=tp,
-                kv_dtype=kv_dtype,
-                bandwidth_gb_s=bandwidth_gb_s,
-                peak_tflops=peak_tflops,
-                step_overhead_ms=step_overhead_ms,
-                table_entry_us=table_entry_us,
-                serve=serve,
-                qps=qps,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                long_prefill_token_threshold=long_prefill_token_threshold,
-                prefix_cache=prefix_cache,
-                prefix_variant_share=prefix_variant_share,
-                split_pools=split_pools,
-                slo_ttft_ms=slo_ttft_ms,
-                export_events=export_events,
-            )
-        )
+        reqs, options = prepare(inputs_from(locals()))  # every option by its name
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
         _show(report, traces, plot, json_output)

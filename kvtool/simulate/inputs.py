@@ -4,8 +4,9 @@ lengths from a trace, an events file or a distribution, turned into :class:`~kvt
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from kvtool.core.errors import UsageError
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, RequestSet
@@ -55,6 +56,11 @@ class SimulateInputs:
     split_pools: int | None = None  # threshold, tokens
     slo_ttft_ms: float | None = None
     export_events: Path | None = None
+
+
+def inputs_from(values: Mapping[str, Any]) -> SimulateInputs:
+    """The :class:`SimulateInputs` named in ``values`` (the CLI's or the API's arguments, by option name)."""
+    return SimulateInputs(**{f.name: values[f.name] for f in dataclasses.fields(SimulateInputs) if f.name in values})
 
 
 def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:

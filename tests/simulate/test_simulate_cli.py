@@ -549,3 +549,18 @@ def test_help_states_the_serving_defaults(run_cli):
     text = " ".join(res.stdout.replace("│", " ").split())
     assert "default llama-2-7b" in text and "default h100-80gb" in text
     assert "default: the trace's timestamps, else all at t=0" in text
+
+
+def test_every_simulate_input_is_an_option_of_the_command_and_the_api():
+    # inputs_from() maps arguments by name: a renamed option would silently fall back to its default
+    import dataclasses
+    import inspect
+
+    from kvtool.api._simulate import simulate
+    from kvtool.cli import build_app
+    from kvtool.simulate.inputs import SimulateInputs
+
+    fields = {f.name for f in dataclasses.fields(SimulateInputs)}
+    command = next(c for c in build_app("simulate").registered_commands if c.name == "simulate").callback
+    assert fields <= set(inspect.signature(command).parameters)
+    assert fields <= set(inspect.signature(simulate).parameters) | {"trace"}
