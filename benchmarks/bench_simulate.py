@@ -94,7 +94,11 @@ def main() -> None:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-m", "kvtool", "simulate", *argv, "--json"], env=env, capture_output=True, text=True
+                [sys.executable, "-m", "kvtool", "simulate", *argv, "--json"],
+                env=env,
+                cwd=args.root,
+                capture_output=True,
+                text=True,
             )
             times.append(time.perf_counter() - t0)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
