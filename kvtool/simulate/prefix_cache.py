@@ -114,11 +114,12 @@ class BlockPool:
     # ------------------------------------------------------------------ taking free blocks
     def consume(self, n: int) -> None:
         """Take n blocks off the free queue: unhashed ones first, then the least recently used cached ones."""
-        plain = min(n, self.free_plain)
-        self.free_plain -= plain
-        n -= plain
-        if not n:
+        plain = self.free_plain
+        if n <= plain:
+            self.free_plain = plain - n
             return
+        self.free_plain = 0
+        n -= plain
         self.lru_blocks -= n
         self.evictions += n
         lru = self.lru

@@ -33,16 +33,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
+from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
 
 # vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
 # budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_NO_COST = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # decode coefficients without a cost model: steps take no time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,9 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0  # 0: off (vLLM's default)
     max_model_len: int = 1 << 40
     enable_prefix_caching: bool = True
-    max_jump_steps: int = 1 << 30  # longest decode jump (the cost model may ask for shorter ones)
+    max_jump_steps: int = 1 << 30  # longest decode jump
+    # False: every step through the plain loop, request by request (the reference the fast path is tested against)
+    fast_path: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,16 +135,6 @@ class EngineRun:
     # (first step, steps, requests, their computed tokens before the jump); see kvtool.simulate.export.
     event_rows: list[tuple[int, int, int, int, int, int]] | None = None
     event_jumps: list[tuple[int, int, list[int], list[int]]] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _JumpEnd:
-    """Where a decode jump ended: steps run, and blocks, block-table entries and tokens held after them."""
-
-    steps: int
-    blocks: int
-    entries: int
-    tokens: int
 
 
 class StepCost(Protocol):
@@ -223,6 +219,10 @@ class Engine:
         self.used = 0  # blocks referenced by running requests (shared ones once)
         self.entries = 0  # block-table entries of running requests (shared blocks once per request)
         self.tokens_held = 0  # computed tokens of running requests
+        # Running requests past their prompt, advanced together (their c, g, npriv, ncached lag behind; _sync).
+        self.group = DecodeGroup(self.b)
+        self.order = [0] * n  # place in the running list: admission count at the request's last admission
+        self.admissions = 0
 
     # ----------------------------------------------------------------- keys and blocks
     def shared_keys(self, r: int) -> list[int]:
@@ -323,8 +323,6 @@ class Engine:
         pool = self.pool
         b = self.b
         P, g, c = self.P, self.g, self.c
-        if not self.prefilling and len(running) <= budget and self._all_decodes_fit(scheduled):
-            return budget - len(running), False
         max_len = self.cfg.max_model_len
         preempted = False
         i = 0
@@ -364,35 +362,6 @@ class Engine:
             budget -= n
             i += 1
         return budget, preempted
-
-    def _all_decodes_fit(self, scheduled: list[tuple[int, int]]) -> bool:
-        """Phase 1 when every running request decodes within the budget: if the blocks they cross fit the free
-        queue, all of them are scheduled for one token (the loop would do the same, one by one)."""
-        b = self.b
-        c = self.c
-        running = self.running
-        crossing = [r for r in running if c[r] % b == 0]  # token c + 1 opens a new block
-        if len(crossing) > self.pool.num_free():
-            return False
-        if crossing:
-            before = self.pool.evictions
-            self.pool.consume(len(crossing))
-            self.run.evictions += self.pool.evictions - before
-            npriv = self.npriv
-            for r in crossing:
-                npriv[r] += 1
-            self.used += len(crossing)
-            self.entries += len(crossing)
-        if self.cfg.enable_prefix_caching:
-            ncached = self.ncached
-            for r in running:
-                if (c[r] + 1) % b == 0:
-                    ncached[r] = (c[r] + 1) // b
-        if self.rows is not None:
-            step = self.step
-            self.rows.extend((step, APPEND, r, int(c[r] % b == 0), 1, 0) for r in running)
-        scheduled.extend((r, 1) for r in running)
-        return True
 
     def _schedule_waiting(self, budget: int, lpt: int, scheduled: list[tuple[int, int]]) -> None:
         """Phase 2 of schedule(): admissions, FCFS, until one does not fit."""
@@ -438,6 +407,8 @@ class Engine:
             self.tokens_held += computed
             self._cache_full(r, min(computed + n, total))
             running.append(r)
+            self.order[r] = self.admissions
+            self.admissions += 1
             run.hit_tokens += computed
             run.queried_tokens += total
             if run.admit_step[r] < 0:
@@ -450,8 +421,9 @@ class Engine:
             scheduled.append((r, n))
             budget -= n
 
-    def _update_from_output(self, scheduled: list[tuple[int, int]]) -> None:
-        """After the step: computed tokens advance; requests at their end sample a token; finished ones free."""
+    def _update_from_output(self, scheduled: list[tuple[int, int]]) -> list[int]:
+        """After the step: computed tokens advance; requests at their end sample a token.  Returns those that
+        finished (in scheduled order)."""
         P, g, c, out = self.P, self.g, self.c, self.out
         run = self.run
         finished = []
@@ -468,8 +440,7 @@ class Engine:
                     finished.append(r)
             else:
                 self.prefilling.add(r)
-        if finished:
-            self._finish(finished)
+        return finished
 
     def _finish(self, finished: list[int]) -> None:
         """Free finished requests' blocks in the order they were scheduled; drop them from the running list."""
@@ -485,22 +456,47 @@ class Engine:
         self.running = [r for r in self.running if r not in done]
 
     def exact_step(self) -> None:
+        """One engine step: the decoding group's fast step when it can take the step alone (every running request
+        decodes within the budget and the blocks they open fit: no preemption), else the plain loop."""
+        group, pool = self.group, self.pool
+        if (
+            self.cfg.fast_path
+            and self.rows is None
+            and not self.prefilling
+            and len(self.running) <= self.cfg.max_num_batched_tokens
+            and group.opens_at[group.tick % self.b] <= pool.free_plain + pool.lru_blocks
+        ):
+            self._group_step()
+        else:
+            self._dissolve()
+            self._plain_step()
+            self._regroup()
+
+    def _plain_step(self) -> None:
+        """schedule(), the step's time and update_from_output, request by request."""
         self.step += 1
         budget = self.cfg.max_num_batched_tokens
-        n_eligible = len(self.running) + len(self.waiting)
-        lpt = self.cfg.long_prefill_token_threshold if n_eligible > 1 else 0
+        lpt = self._lpt()
         scheduled: list[tuple[int, int]] = []
         budget, preempted = self._schedule_running(budget, lpt, scheduled)
         if not preempted:
             self._schedule_waiting(budget, lpt, scheduled)
-        blocks_now = self.used
         c = self.c
         pairs = sum(n * (c[r] + (n + 1) / 2) for r, n in scheduled)
         total = sum(n for _, n in scheduled)
         dt = self.cost.time_s(total, len(scheduled), self.entries, pairs) if self.cost else 0.0
         tokens_now = self.tokens_held + total  # the step's tokens are held from its start (analyze's definition)
-        self._advance(dt, blocks_now, self.entries, tokens_now)
-        self._update_from_output(scheduled)
+        self._advance(dt, self.used, self.entries, tokens_now)
+        finished = self._update_from_output(scheduled)
+        if finished:
+            self._finish(finished)
+        self._first_tokens_out()
+
+    def _lpt(self) -> int:
+        """long_prefill_token_threshold, which applies only when more than one request is running or waiting."""
+        return self.cfg.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+
+    def _first_tokens_out(self) -> None:
         for r in self.first_now:
             self.run.first_token_s[r] = self.now
         self.first_now.clear()
@@ -522,63 +518,190 @@ class Engine:
             run.peak_blocks = blocks
         run.timeline_blocks.append(blocks)
 
-    # ----------------------------------------------------------------- decode jumps
-    def _quiet(self) -> bool:
-        """Every running request decodes, all fit the budget, and no admission can happen."""
+    # ----------------------------------------------------------------- the decoding group (decode_group.py)
+    def _sync(self, r: int, lag: int) -> None:
+        """Bring a group member's counters up to date: ``lag`` decode steps (private blocks opened at multiples of
+        the block size, full blocks cached)."""
+        if lag:
+            b = self.b
+            c0 = self.c[r]
+            self.npriv[r] += (c0 + lag - 1) // b - (c0 - 1) // b  # multiples of b in [c0, c0 + lag - 1]
+            self.c[r] = c0 + lag
+            self.g[r] += lag
+            if self.cfg.enable_prefix_caching:
+                self.ncached[r] = (c0 + lag) // b
+
+    def _dissolve(self) -> None:
+        for r, lag in self.group.clear():
+            self._sync(r, lag)
+
+    def _steps_left(self, r: int) -> int:
+        to_out = self.out[r] - self.g[r]
+        to_max_len = self.cfg.max_model_len - self.P[r] - self.g[r]
+        return to_out if to_out < to_max_len else to_max_len
+
+    def _regroup(self) -> None:
+        """After a plain step: every running request past its prompt joins the group."""
+        if not self.cfg.fast_path:
+            return
+        group, prefilling, c, order = self.group, self.prefilling, self.c, self.order
+        for r in self.running:
+            if r not in prefilling:
+                group.join(r, c[r], self._steps_left(r), order[r])
+
+    def _take(self, blocks: int) -> None:
+        """Blocks opened by decodes: private blocks off the free queue."""
+        before = self.pool.evictions
+        self.pool.consume(blocks)
+        self.run.evictions += self.pool.evictions - before
+        self.used += blocks
+        self.entries += blocks
+
+    def _group_step(self) -> None:
+        """The step when the running requests all decode (the group) and admissions may follow: as _plain_step,
+        with the group's decodes counted, not walked."""
+        group = self.group
+        self.step += 1
         n = len(self.running)
-        if not n or self.prefilling or n > self.cfg.max_num_batched_tokens:
+        opened = group.opens_at[group.tick % self.b]
+        if opened:
+            self._take(opened)
+        scheduled: list[tuple[int, int]] = []
+        if self.waiting:
+            self._schedule_waiting(self.cfg.max_num_batched_tokens - n, self._lpt(), scheduled)
+        c = self.c
+        # the decodes' pairs: sum of (c + 1), an integer, exact in a float as the plain loop's sum is
+        pairs = float(group.base_sum + n * group.tick + n)
+        total = n
+        for r, k in scheduled:
+            pairs += k * (c[r] + (k + 1) / 2)
+            total += k
+        dt = self.cost.time_s(total, n + len(scheduled), self.entries, pairs) if self.cost else 0.0
+        self._advance(dt, self.used, self.entries, self.tokens_held + total)
+        group.tick += 1
+        self.tokens_held += n
+        finished = self._pop_group_finished() if group.finish and group.finish[0][0] <= group.tick else []
+        if scheduled:
+            finished += self._update_from_output(scheduled)
+            self._join_admitted(scheduled)
+        if finished:
+            self._finish(finished)
+        if self.first_now:
+            self._first_tokens_out()
+
+    def _pop_group_finished(self) -> list[int]:
+        finished = []
+        for r, lag in self.group.pop_finished():
+            self._sync(r, lag)
+            finished.append(r)
+        return finished
+
+    def _join_admitted(self, scheduled: list[tuple[int, int]]) -> None:
+        """Admitted requests whose prompt is done and that go on decoding join the group."""
+        for r, _ in scheduled:
+            if r not in self.prefilling:
+                left = self._steps_left(r)
+                if left > 0:
+                    self.group.join(r, self.c[r], left, self.order[r])
+
+    # ----------------------------------------------------------------- decode jumps
+    def quiet(self) -> bool:
+        """Every running request decodes (all in the group), all fit the budget, and no admission can happen."""
+        n = len(self.running)
+        if not n or not self.cfg.fast_path or self.prefilling or n > self.cfg.max_num_batched_tokens:
             return False
         if not self.waiting or self.head_blocked:
             return True
-        if n >= self.cfg.max_num_seqs or n >= self.cfg.max_num_batched_tokens:
-            return True
-        return False
+        return n >= self.cfg.max_num_seqs or n >= self.cfg.max_num_batched_tokens
 
-    def _jump_length(self, limit: int) -> int:
-        """Steps that can run as pure decodes: before the first block shortage, up to and with the first finish."""
-        b = self.b
-        P, g, c, out = self.P, self.g, self.c, self.out
-        K = limit
-        max_len = self.cfg.max_model_len
+    def try_jump(self, limit: int, until_s: float = float("inf")) -> bool:
+        """Run pure-decode steps at once (when quiet): up to ``limit``, up to and with the first finish, before the
+        first step whose new blocks do not fit; stop after the step that reaches ``until_s`` (an arrival that may be
+        admitted).  False when not one step could run so (the caller takes an exact step)."""
+        group = self.group
+        steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
+        if limit < steps:
+            steps = limit
+        if steps < 2:
+            return False
+        n = len(self.running)
+        coefficients = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
+        # a memory-bound decode step takes fixed + memory0 + (read + kernel) x entries
+        rate = (coefficients[0] + coefficients[1], coefficients[2] + coefficients[3])
+        least = rate[0] + rate[1] * self.entries  # every step of the jump takes at least this
+        if least > 0 and (until_s - self.now) / least + 2 < steps:  # not listing openings past the arrival
+            steps = int((until_s - self.now) / least) + 2
+        first = self.step
+        computed = self._computed_before_jump() if self.run.event_jumps is not None else None
+        span = self._decode_span(group.openings(steps), until_s, coefficients, rate)
+        if not span.steps:
+            return False
+        if computed is not None:
+            self.run.event_jumps.append((first + 1, span.steps, list(self.running), computed))  # type: ignore[union-attr]
+        self._account(span)
+        self.tokens_held += n * span.steps
+        group.tick += span.steps
+        self.step = first + span.steps
+        if group.finish[0][0] <= group.tick:
+            self._finish(self._pop_group_finished())
+        return True
+
+    def _computed_before_jump(self) -> list[int]:
+        """With record_events: the running requests' computed tokens before the jump (the export's decode rows)."""
+        group = self.group
         for r in self.running:
-            k = out[r] - g[r]
-            if k < K:
-                K = k
-            k = max_len - P[r] - g[r]
-            if k < K:
-                K = k
-        # Step k (0-based) allocates one block for each request with (c + k) % b == 0: in K steps a request crosses
-        # the multiples of b in [c, c + K - 1].
-        free = self.pool.num_free()
-        cs = [c[r] for r in self.running]
-        if sum((x + K - 1) // b - (x - 1) // b for x in cs) <= free:
-            return K
-        lo, hi = 0, K  # the most steps whose crossings fit: in [lo, hi)
-        while lo + 1 < hi:
-            mid = (lo + hi) // 2
-            if sum((x + mid - 1) // b - (x - 1) // b for x in cs) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+            self._sync(r, group.lag(r))
+        return [self.c[r] for r in self.running]
 
-    def _jump_clock(self, K: int, grow_at: list[int], until_s: float) -> _JumpEnd:
-        """Times and integrals of a jump, step by step (blocks grow with the crossings, tokens by one per request per
+    def _account(self, span: DecodeSpan) -> None:
+        """A jump's blocks, time and integrals."""
+        run = self.run
+        run.timeline_s.append(self.now)
+        run.timeline_blocks.append(self.used)
+        if span.opened:
+            self._take(span.opened)
+        self.now += span.elapsed_s
+        run.busy_s += span.elapsed_s
+        run.steps += span.steps
+        run.block_seconds += span.block_s
+        run.entry_seconds += span.entry_s
+        run.token_seconds += span.token_s
+        if self.used > run.peak_blocks:
+            run.peak_blocks = self.used
+
+    def _decode_span(
+        self, openings: list[int], until_s: float, coefficients: tuple, rate: tuple[float, float]
+    ) -> DecodeSpan:
+        """Times and integrals of the jump: in closed form when every step is memory-bound (and step times need not
+        be recorded), else step by step (``coefficients``: the cost's decode_coefficients)."""
+        n = len(self.running)
+        start = DecodeStart(self.entries, self.used, self.tokens_held, n)
+        free = self.pool.free_plain + self.pool.lru_blocks
+        _, memory0, read_entry, _, compute0, per_pair = coefficients
+        # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
+        # the first step is at least compute at the last
+        if self.rows is None and memory0 + read_entry * self.entries >= compute0 + per_pair * (
+            self.tokens_held + n * len(openings)
+        ):
+            return decode_span(openings, start, rate, until_s - self.now, free)
+        grown = list(accumulate(openings))
+        if grown and grown[-1] > free:  # only the steps whose openings fit
+            del openings[bisect_right(grown, free) :]
+        return self._decode_steps(openings, start, until_s, coefficients)
+
+    def _decode_steps(self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple) -> DecodeSpan:
+        """Times and integrals of a jump step by step (blocks grow with the openings, tokens by one per request per
         step); stops after the step that reaches ``until_s``."""
         run = self.run
-        n = len(self.running)
-        blocks = self.used
-        entries = self.entries
-        tokens = self.tokens_held
+        n = start.requests
+        blocks, entries, tokens = start.blocks, start.entries, start.tokens
         attended = tokens + n
-        if self.cost is not None:
-            fixed, memory0, read_entry, kernel_entry, compute0, per_pair = self.cost.decode_coefficients(n)
-        else:
-            fixed = memory0 = read_entry = kernel_entry = compute0 = per_pair = 0.0
+        fixed, memory0, read_entry, kernel_entry, compute0, per_pair = coefficients
         keep_steps = run.event_rows is not None
-        now = start = self.now
+        now = self.now
         block_s = entry_s = token_s = 0.0
-        for k in range(K):
+        steps = len(grow_at)
+        for k in range(steps):
             grow = grow_at[k]
             blocks += grow
             entries += grow
@@ -595,64 +718,9 @@ class Engine:
             token_s += tokens * dt
             attended += n
             if now >= until_s:
-                K = k + 1
+                steps = k + 1
                 break
-        self.now = now
-        run.block_seconds += block_s
-        run.entry_seconds += entry_s
-        run.token_seconds += token_s
-        run.busy_s += now - start
-        run.steps += K
-        if blocks > run.peak_blocks:
-            run.peak_blocks = blocks
-        return _JumpEnd(K, blocks, entries, tokens)
-
-    def jump(self, K: int, until_s: float = float("inf")) -> None:
-        """Run K pure-decode steps at once (each running request gains K tokens); stop after the step that reaches
-        ``until_s`` (an arrival that may be admitted)."""
-        b = self.b
-        c, g = self.c, self.g
-        pool = self.pool
-        run = self.run
-        # Blocks allocated at each step of the jump: step k for each request with (c + k) % b == 0.
-        grow_at = [0] * K
-        for r in self.running:
-            for k in range((-c[r]) % b, K, b):
-                grow_at[k] += 1
-        first = self.step
-        run.timeline_s.append(self.now)
-        run.timeline_blocks.append(self.used)
-        clock = self._jump_clock(K, grow_at, until_s)
-        K, blocks, entries, tokens = clock.steps, clock.blocks, clock.entries, clock.tokens
-        # Blocks crossed, allocated per request in running order; full blocks get their keys.
-        if self.run.event_jumps is not None:
-            self.run.event_jumps.append((first + 1, K, list(self.running), [c[r] for r in self.running]))
-        # Decodes only ever add private blocks (past the full prompt blocks): counts, all at once.
-        before = pool.evictions
-        npriv, ncached = self.npriv, self.ncached
-        total = 0
-        caching = self.cfg.enable_prefix_caching
-        out, P, max_len = self.out, self.P, self.cfg.max_model_len
-        finished = []  # the last step may finish requests (the jump ends at the first finish)
-        for r in self.running:
-            c0 = c[r]
-            crossings = (c0 + K - 1) // b - (c0 - 1) // b  # multiples of b in [c0, c0 + K - 1]
-            npriv[r] += crossings
-            total += crossings
-            c[r] = c0 + K
-            gr = g[r] = g[r] + K
-            if caching:
-                ncached[r] = (c0 + K) // b
-            if gr >= out[r] or P[r] + gr >= max_len:
-                finished.append(r)
-        pool.consume(total)
-        run.evictions += pool.evictions - before
-        self.used = blocks
-        self.entries = entries
-        self.tokens_held = tokens
-        self.step = first + K
-        if finished:
-            self._finish(finished)
+        return DecodeSpan(steps, blocks - start.blocks, now - self.now, block_s, entry_s, token_s)
 
 
 def run_engine(
@@ -695,15 +763,13 @@ def run_engine(
             continue
         if not engine.running and engine.head_blocked:  # pragma: no cover - excluded by the fits filter
             break
-        K = 0
-        until = float("inf")
-        if engine._quiet():
+        jumped = False
+        if engine.quiet():
+            until = float("inf")
             if nxt < n and not engine.waiting and len(engine.running) < config.max_num_seqs:
                 until = arrival[order[nxt]]  # an arrival that could be admitted ends the jump
-            K = engine._jump_length(config.max_jump_steps)
-        if K >= 2:
-            engine.jump(K, until)
-        else:
+            jumped = engine.try_jump(config.max_jump_steps, until)
+        if not jumped:
             engine.exact_step()
         if progress is not None and engine.finished - done_reported >= 2000:
             done_reported = engine.finished

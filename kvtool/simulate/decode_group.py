@@ -1,0 +1,186 @@
+"""Decoding requests advanced together: the fast path of the simulated scheduler (:mod:`kvtool.simulate.scheduler`).
+
+Once a running request has computed its whole prompt, every step that schedules it gives it exactly one token, so
+its computed tokens are ``base + tick``, where ``tick`` counts the steps the group of decoding requests has taken.
+:class:`DecodeGroup` keeps what the scheduler needs of its members without touching each member at each step:
+
+- how many members open a new block at a step (those whose computed tokens are a multiple of the block size when the
+  step starts): a member count per phase, indexed by the ticks (mod the block size) at which they open one;
+- the sum of the members' computed tokens (a decode step's attention pairs);
+- which member finishes first: a heap of (tick after its last step, place in the running list).
+
+A member's own counters (tokens, blocks, cached blocks) are brought up to date only when they are needed: when it
+finishes, or when a step the group cannot take alone (a prefill chunk, a preemption) runs the plain loop.
+
+:func:`decode_span` gives the times and integrals of a run of decode steps in closed form when every step is
+memory-bound (time = fixed + per-entry cost x block-table entries, the entries growing at the steps where members
+open blocks): one term per stretch between openings instead of one per step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from bisect import bisect_right
+from itertools import accumulate
+from typing import NamedTuple
+
+
+class DecodeGroup:
+    """The running requests that decode one token per step, advanced lazily (module docstring)."""
+
+    __slots__ = ("block_size", "tick", "since", "base", "opens_at", "base_sum", "finish")
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.tick = 0  # steps taken by the group
+        self.since: dict[int, int] = {}  # member -> tick at which its own counters were last brought up to date
+        self.base: dict[int, int] = {}  # member -> computed tokens - tick (constant while a member)
+        # opens_at[t % block_size]: members that open a block at the step starting at tick t (-base % block_size)
+        self.opens_at = [0] * block_size
+        self.base_sum = 0
+        self.finish: list[tuple[int, int, int]] = []  # heap of (tick after its last step, running order, member)
+
+    def __len__(self) -> int:
+        return len(self.since)
+
+    def join(self, r: int, computed: int, steps_left: int, order: int) -> None:
+        """Request ``r`` decodes from now on: its computed tokens, the steps until it finishes (>= 1) and its place
+        in the running list (admission order)."""
+        base = computed - self.tick
+        self.since[r] = self.tick
+        self.base[r] = base
+        self.opens_at[-base % self.block_size] += 1
+        self.base_sum += base
+        heapq.heappush(self.finish, (self.tick + steps_left, order, r))
+
+    def _leave(self, r: int) -> int:
+        """Remove ``r``; returns the steps it decoded since its counters were last brought up to date."""
+        lag = self.tick - self.since.pop(r)
+        base = self.base.pop(r)
+        self.opens_at[-base % self.block_size] -= 1
+        self.base_sum -= base
+        return lag
+
+    def lag(self, r: int) -> int:
+        """Steps ``r`` decoded since its counters were last brought up to date (they count as up to date now)."""
+        t = self.since[r]
+        self.since[r] = self.tick
+        return self.tick - t
+
+    def pop_finished(self) -> list[tuple[int, int]]:
+        """Members whose last step has run, in running order, with their lags; they leave the group."""
+        heap = self.finish
+        out = []
+        while heap and heap[0][0] <= self.tick:
+            r = heapq.heappop(heap)[2]
+            out.append((r, self._leave(r)))
+        return out
+
+    def clear(self) -> list[tuple[int, int]]:
+        """Every member with its lag; the group is left empty."""
+        tick = self.tick
+        out = [(r, tick - t) for r, t in self.since.items()]
+        self.since.clear()
+        self.base.clear()
+        self.opens_at = [0] * self.block_size
+        self.base_sum = 0
+        self.finish.clear()
+        return out
+
+    def computed_sum(self) -> int:
+        """The members' computed tokens, summed."""
+        return self.base_sum + len(self.since) * self.tick
+
+    def steps_to_first_finish(self) -> int:
+        return self.finish[0][0] - self.tick if self.finish else 1 << 62
+
+    def opening_now(self) -> int:
+        """Members that open a block at the next step."""
+        return self.opens_at[self.tick % self.block_size]
+
+    def openings(self, steps: int) -> list[int]:
+        """Members opening a block at each of the next ``steps`` steps (index 0: the next one)."""
+        at = self.opens_at
+        s = self.tick % self.block_size
+        cycle = at[s:] + at[:s]
+        if steps <= len(cycle):
+            return cycle[:steps]
+        return (cycle * (steps // len(cycle) + 1))[:steps]
+
+
+class DecodeStart(NamedTuple):
+    """The state before a run of decode steps: block-table entries, blocks in use, tokens held, decoding requests."""
+
+    entries: int
+    blocks: int
+    tokens: int
+    requests: int
+
+
+class DecodeSpan(NamedTuple):
+    """A run of decode steps: how many ran, blocks opened, and the time and integrals over them."""
+
+    steps: int
+    opened: int
+    elapsed_s: float
+    block_s: float  # integral of blocks in use
+    entry_s: float  # integral of block-table entries
+    token_s: float  # integral of tokens held (each step's tokens counted from its start)
+
+
+def decode_span(
+    openings: list[int],
+    start: DecodeStart,
+    rate: tuple[float, float],
+    budget_s: float = math.inf,
+    free: int = 1 << 62,
+) -> DecodeSpan:
+    """``len(openings)`` decode steps of ``step_s + entry_s x entries`` seconds each (``rate``), the entries growing
+    by ``openings[k]`` at step k.  Ends before the first step whose openings exceed ``free`` blocks, and after the
+    step whose end reaches ``budget_s`` seconds from the start.  Integer sums over the steps (C-level iteration),
+    then the float figures: the step-by-step loop gives the same to rounding."""
+    step_s, entry_s = rate
+    grown = list(accumulate(openings))  # blocks opened by the end of each step
+    steps = len(grown)
+    if grown and grown[-1] > free:
+        steps = bisect_right(grown, free)
+        del grown[steps:]
+    e0 = start.entries
+    if budget_s < math.inf and step_s * steps + entry_s * (e0 * steps + sum(grown)) >= budget_s:
+        # the step whose end reaches the budget: elapsed after k + 1 steps, a nondecreasing function of k
+        entries_sum = list(accumulate(grown))
+        steps = 1 + _first_true(
+            steps, lambda k: step_s * (k + 1) + entry_s * (e0 * (k + 1) + entries_sum[k]) >= budget_s
+        )
+        del grown[steps:]
+    g1 = sum(grown)
+    g2 = sum(map(operator.mul, grown, grown))
+    gk = sum(map(operator.mul, grown, range(1, steps + 1)))
+    s1 = e0 * steps + g1  # sum of the entries over the steps
+    s2 = e0 * e0 * steps + 2 * e0 * g1 + g2  # of their squares
+    sk = e0 * (steps * (steps + 1) // 2) + gk  # of (k + 1) x entries at step k
+    elapsed = step_s * steps + entry_s * s1
+    entry_integral = step_s * s1 + entry_s * s2
+    tokens_dt = step_s * (steps * (steps + 1) // 2) + entry_s * sk  # sum of (k + 1) dt_k
+    return DecodeSpan(
+        steps,
+        grown[-1] if grown else 0,
+        elapsed,
+        entry_integral + (start.blocks - e0) * elapsed,
+        entry_integral,
+        start.tokens * elapsed + start.requests * tokens_dt,
+    )
+
+
+def _first_true(n: int, test) -> int:
+    """The first k in [0, n) where the nondecreasing ``test(k)`` holds (n - 1 if none: the caller checked)."""
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
