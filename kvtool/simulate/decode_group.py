@@ -142,45 +142,46 @@ def decode_span(
     step whose end reaches ``budget_s`` seconds from the start.  Integer sums over the steps (C-level iteration),
     then the float figures: the step-by-step loop gives the same to rounding."""
     step_s, entry_s = rate
-    grown = list(accumulate(openings))  # blocks opened by the end of each step
+    grown = list(accumulate(openings))  # G_k: blocks opened by the end of step k
+    if grown[-1] > free:
+        del grown[bisect_right(grown, free) :]
     steps = len(grown)
-    if grown and grown[-1] > free:
-        steps = bisect_right(grown, free)
+    if not steps:
+        return DecodeSpan(0, 0, 0.0, 0.0, 0.0, 0.0)
+    e0 = start.entries  # entries at step k: e0 + G_k
+    g1 = sum(grown) if grown[-1] else 0
+    if step_s * steps + entry_s * (e0 * steps + g1) >= budget_s:
+        steps = _steps_to_reach(grown, e0, rate, budget_s)
         del grown[steps:]
-    e0 = start.entries
-    if budget_s < math.inf and step_s * steps + entry_s * (e0 * steps + sum(grown)) >= budget_s:
-        # the step whose end reaches the budget: elapsed after k + 1 steps, a nondecreasing function of k
-        entries_sum = list(accumulate(grown))
-        steps = 1 + _first_true(
-            steps, lambda k: step_s * (k + 1) + entry_s * (e0 * (k + 1) + entries_sum[k]) >= budget_s
-        )
-        del grown[steps:]
-    g1 = sum(grown)
-    g2 = sum(map(operator.mul, grown, grown))
-    gk = sum(map(operator.mul, grown, range(1, steps + 1)))
-    s1 = e0 * steps + g1  # sum of the entries over the steps
-    s2 = e0 * e0 * steps + 2 * e0 * g1 + g2  # of their squares
-    sk = e0 * (steps * (steps + 1) // 2) + gk  # of (k + 1) x entries at step k
+        g1 = sum(grown)
+    if grown[-1]:
+        g2 = sum(map(operator.mul, grown, grown))
+        gk = sum(map(operator.mul, grown, range(1, steps + 1)))
+    else:
+        g2 = gk = 0
+    half = steps * (steps + 1) // 2
+    s1 = e0 * steps + g1  # sum over the steps of the entries
+    s2 = e0 * (e0 * steps + 2 * g1) + g2  # of their squares
+    sk = e0 * half + gk  # of (k + 1) x entries at step k
     elapsed = step_s * steps + entry_s * s1
     entry_integral = step_s * s1 + entry_s * s2
-    tokens_dt = step_s * (steps * (steps + 1) // 2) + entry_s * sk  # sum of (k + 1) dt_k
     return DecodeSpan(
         steps,
-        grown[-1] if grown else 0,
+        grown[-1],
         elapsed,
         entry_integral + (start.blocks - e0) * elapsed,
         entry_integral,
-        start.tokens * elapsed + start.requests * tokens_dt,
+        start.tokens * elapsed + start.requests * (step_s * half + entry_s * sk),  # tokens at step k: t0 + n (k + 1)
     )
 
 
-def _first_true(n: int, test) -> int:
-    """The first k in [0, n) where the nondecreasing ``test(k)`` holds (n - 1 if none: the caller checked)."""
-    lo, hi = 0, n - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if test(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+def _steps_to_reach(grown: list[int], e0: int, rate: tuple[float, float], budget_s: float) -> int:
+    """The fewest steps whose time reaches ``budget_s`` (all of them do): elapsed after k steps is step_s x k +
+    entry_s x (sum of the entries), nondecreasing in k.  Callers bound the steps by the budget over the least step
+    time, so the answer is among the last few: searched from the end."""
+    step_s, entry_s = rate
+    summed = list(accumulate(grown))  # summed[k - 1]: openings over the first k steps, summed over those steps
+    k = len(grown)
+    while k > 1 and step_s * (k - 1) + entry_s * (e0 * (k - 1) + summed[k - 2]) >= budget_s:
+        k -= 1
+    return k

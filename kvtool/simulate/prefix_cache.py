@@ -125,16 +125,18 @@ class BlockPool:
         lru = self.lru
         while n:
             entry = next(iter(lru))
-            if isinstance(entry, Run):
-                last = entry.ranges[-1]
-                k = min(n, last[1] - last[0])
-                last[1] -= k
-                n -= k
-                if last[1] == last[0]:
-                    entry.ranges.pop()
-                    if not entry.ranges:
-                        del lru[entry]
-                        self.runs[entry.request].remove(entry)
+            if entry.__class__ is Run:
+                ranges = entry.ranges  # type: ignore[attr-defined]
+                last = ranges[-1]
+                size = last[1] - last[0]
+                if n < size:  # the run's highest blocks go first
+                    last[1] -= n
+                    return
+                n -= size
+                ranges.pop()
+                if not ranges:
+                    del lru[entry]
+                    self.runs[entry.request].remove(entry)  # type: ignore[attr-defined]
             else:
                 del lru[entry]
                 self._forget(entry)  # type: ignore[arg-type]  # a shareable block id

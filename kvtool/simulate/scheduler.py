@@ -375,7 +375,7 @@ class Engine:
             r = waiting[0]
             total = self.P[r] + self.g[r]
             hits, private = self._lookup(r, total)
-            npriv = sum(j - i for _, i, j in private)
+            npriv = sum(j - i for _, i, j in private) if private else 0
             h = len(hits) + npriv
             computed = h * b
             if run.num_preemptions[r] == 0:
@@ -385,23 +385,24 @@ class Engine:
                 n = lpt
             if n > budget:
                 n = budget
-            evictable = sum(1 for x in hits if ref[x] == 0) + npriv
-            free = pool.num_free()
-            need_full = max(-(-min(total, max_len) // b) - h, 0) + evictable
-            need = max(-(-(computed + n) // b) - h, 0) + evictable
-            if need_full > free or need > free:
+            evictable = npriv + (sum(1 for x in hits if ref[x] == 0) if hits else 0)
+            free = pool.free_plain + pool.lru_blocks
+            need_full = -(-(total if total < max_len else max_len) // b) - h
+            new = -(-(computed + n) // b) - h
+            if (need_full if need_full > 0 else 0) + evictable > free or (new if new > 0 else 0) + evictable > free:
                 self.head_blocked = True  # stays blocked until blocks are freed (free only shrinks meanwhile)
                 break
             waiting.popleft()
             in_use_hits = h - evictable
-            pool.touch(hits, private)
+            if hits or private:
+                pool.touch(hits, private)
             self.blocks[r] = list(hits)
             self.npriv[r] = npriv
-            new = -(-(computed + n) // b) - h
             if new > 0:
                 self._allocate(r, new)
-            self.used += self.nblocks(r) - in_use_hits
-            self.entries += self.nblocks(r)
+            held = len(self.blocks[r]) + self.npriv[r]
+            self.used += held - in_use_hits
+            self.entries += held
             self.ncached[r] = h
             self.c[r] = computed
             self.tokens_held += computed
@@ -452,8 +453,9 @@ class Engine:
                 self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
             self._release(r)
         self.finished += len(finished)
-        done = set(finished)
-        self.running = [r for r in self.running if r not in done]
+        remove = self.running.remove
+        for r in finished:
+            remove(r)
 
     def exact_step(self) -> None:
         """One engine step: the decoding group's fast step when it can take the step alone (every running request
@@ -590,11 +592,11 @@ class Engine:
             self._first_tokens_out()
 
     def _pop_group_finished(self) -> list[int]:
-        finished = []
-        for r, lag in self.group.pop_finished():
+        """Group members whose last step has run, brought up to date, in running order."""
+        finished = self.group.pop_finished()
+        for r, lag in finished:
             self._sync(r, lag)
-            finished.append(r)
-        return finished
+        return [r for r, _ in finished]
 
     def _join_admitted(self, scheduled: list[tuple[int, int]]) -> None:
         """Admitted requests whose prompt is done and that go on decoding join the group."""
@@ -608,11 +610,12 @@ class Engine:
     def quiet(self) -> bool:
         """Every running request decodes (all in the group), all fit the budget, and no admission can happen."""
         n = len(self.running)
-        if not n or not self.cfg.fast_path or self.prefilling or n > self.cfg.max_num_batched_tokens:
+        if not n or self.prefilling or not self.cfg.fast_path:
             return False
-        if not self.waiting or self.head_blocked:
-            return True
-        return n >= self.cfg.max_num_seqs or n >= self.cfg.max_num_batched_tokens
+        budget = self.cfg.max_num_batched_tokens
+        if n > budget:
+            return False
+        return not self.waiting or self.head_blocked or n >= self.cfg.max_num_seqs or n >= budget
 
     def try_jump(self, limit: int, until_s: float = float("inf")) -> bool:
         """Run pure-decode steps at once (when quiet): up to ``limit``, up to and with the first finish, before the
@@ -625,23 +628,28 @@ class Engine:
         if steps < 2:
             return False
         n = len(self.running)
-        coefficients = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
-        # a memory-bound decode step takes fixed + memory0 + (read + kernel) x entries
-        rate = (coefficients[0] + coefficients[1], coefficients[2] + coefficients[3])
+        co = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
+        rate = (co[0] + co[1], co[2] + co[3])  # a memory-bound decode step: fixed + memory0 + (read + kernel) x entries
         least = rate[0] + rate[1] * self.entries  # every step of the jump takes at least this
         if least > 0 and (until_s - self.now) / least + 2 < steps:  # not listing openings past the arrival
             steps = int((until_s - self.now) / least) + 2
-        first = self.step
-        computed = self._computed_before_jump() if self.run.event_jumps is not None else None
-        span = self._decode_span(group.openings(steps), until_s, coefficients, rate)
+        start = DecodeStart(self.entries, self.used, self.tokens_held, n)
+        free = self.pool.free_plain + self.pool.lru_blocks
+        computed = self._computed_before_jump() if self.rows is not None else None
+        # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
+        # the first step is at least compute at the last (and step times need not be recorded one by one)
+        if computed is None and co[1] + co[2] * self.entries >= co[4] + co[5] * (self.tokens_held + n * steps):
+            span = decode_span(group.openings(steps), start, rate, until_s - self.now, free)
+        else:
+            span = self._decode_steps(group.openings(steps), start, until_s, co, free)
         if not span.steps:
             return False
         if computed is not None:
-            self.run.event_jumps.append((first + 1, span.steps, list(self.running), computed))  # type: ignore[union-attr]
+            self.run.event_jumps.append((self.step + 1, span.steps, list(self.running), computed))  # type: ignore[union-attr]
         self._account(span)
         self.tokens_held += n * span.steps
         group.tick += span.steps
-        self.step = first + span.steps
+        self.step += span.steps
         if group.finish[0][0] <= group.tick:
             self._finish(self._pop_group_finished())
         return True
@@ -669,29 +677,14 @@ class Engine:
         if self.used > run.peak_blocks:
             run.peak_blocks = self.used
 
-    def _decode_span(
-        self, openings: list[int], until_s: float, coefficients: tuple, rate: tuple[float, float]
+    def _decode_steps(
+        self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple, free: int
     ) -> DecodeSpan:
-        """Times and integrals of the jump: in closed form when every step is memory-bound (and step times need not
-        be recorded), else step by step (``coefficients``: the cost's decode_coefficients)."""
-        n = len(self.running)
-        start = DecodeStart(self.entries, self.used, self.tokens_held, n)
-        free = self.pool.free_plain + self.pool.lru_blocks
-        _, memory0, read_entry, _, compute0, per_pair = coefficients
-        # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
-        # the first step is at least compute at the last
-        if self.rows is None and memory0 + read_entry * self.entries >= compute0 + per_pair * (
-            self.tokens_held + n * len(openings)
-        ):
-            return decode_span(openings, start, rate, until_s - self.now, free)
-        grown = list(accumulate(openings))
-        if grown and grown[-1] > free:  # only the steps whose openings fit
-            del openings[bisect_right(grown, free) :]
-        return self._decode_steps(openings, start, until_s, coefficients)
-
-    def _decode_steps(self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple) -> DecodeSpan:
         """Times and integrals of a jump step by step (blocks grow with the openings, tokens by one per request per
-        step); stops after the step that reaches ``until_s``."""
+        step), as far as the openings fit ``free`` blocks; stops after the step that reaches ``until_s``."""
+        grown = list(accumulate(grow_at))
+        if grown and grown[-1] > free:  # only the steps whose openings fit
+            del grow_at[bisect_right(grown, free) :]
         run = self.run
         n = start.requests
         blocks, entries, tokens = start.blocks, start.entries, start.tokens
@@ -749,27 +742,27 @@ def run_engine(
     # The whole sequence (prompt + outputs - 1 tokens of KV) must fit the pool alone, else vLLM would preempt the
     # request forever; vLLM itself refuses a max_model_len beyond the pool.
     fits = [-(-min(p.tokens + o - 1, config.max_model_len) // b) <= usable for p, o in zip(prompts, engine.out)]
+    times = [arrival[i] for i in order]
+    times.append(float("inf"))  # times[nxt]: the next arrival
+    waiting, running = engine.waiting, engine.running
     done_reported = 0
     while True:
-        while nxt < n and arrival[order[nxt]] <= engine.now:
+        while times[nxt] <= engine.now:
             r = order[nxt]
             nxt += 1
             if fits[r]:
-                engine.waiting.append(r)
-        if not engine.running and not engine.waiting:
-            if nxt >= n:
+                waiting.append(r)
+        if not running:
+            if not waiting:
+                if nxt >= n:
+                    break
+                engine.now = max(engine.now, times[nxt])
+                continue
+            if engine.head_blocked:  # pragma: no cover - excluded by the fits filter
                 break
-            engine.now = max(engine.now, arrival[order[nxt]])
-            continue
-        if not engine.running and engine.head_blocked:  # pragma: no cover - excluded by the fits filter
-            break
-        jumped = False
-        if engine.quiet():
-            until = float("inf")
-            if nxt < n and not engine.waiting and len(engine.running) < config.max_num_seqs:
-                until = arrival[order[nxt]]  # an arrival that could be admitted ends the jump
-            jumped = engine.try_jump(config.max_jump_steps, until)
-        if not jumped:
+        # an arrival that could be admitted ends a jump
+        until = times[nxt] if not waiting and len(running) < config.max_num_seqs else float("inf")
+        if not engine.quiet() or not engine.try_jump(config.max_jump_steps, until):
             engine.exact_step()
         if progress is not None and engine.finished - done_reported >= 2000:
             done_reported = engine.finished
