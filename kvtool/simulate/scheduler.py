@@ -221,6 +221,7 @@ class Engine:
         self.tokens_held = 0  # computed tokens of running requests
         # Running requests past their prompt, advanced together (their c, g, npriv, ncached lag behind; _sync).
         self.group = DecodeGroup(self.b)
+        self._decode_coefficients: dict[int, tuple] = {}
         self.order = [0] * n  # place in the running list: admission count at the request's last admission
         self.admissions = 0
 
@@ -248,8 +249,11 @@ class Engine:
 
     def _allocate(self, r: int, m: int) -> None:
         """m new blocks at the request's next indices: ids for shareable ones, a count for private ones."""
-        have = len(self.blocks[r])
-        shareable = min(m, len(self.shared_keys(r)) - have) if not self.npriv[r] else 0
+        shareable = 0
+        if not self.npriv[r]:
+            shareable = len(self.shared_keys(r)) - len(self.blocks[r])
+            if shareable > m:
+                shareable = m
         before = self.pool.evictions
         if shareable > 0:
             self.pool.new_ids(shareable, self.blocks[r])
@@ -267,7 +271,7 @@ class Engine:
         done = self.ncached[r]
         if full > done:
             blocks = self.blocks[r]
-            top = min(full, len(blocks))
+            top = full if full < len(blocks) else len(blocks)
             if done < top:
                 sk = self.shared_keys(r)
                 for i in range(done, top):
@@ -280,7 +284,11 @@ class Engine:
         if not self.cfg.enable_prefix_caching:
             return [], []
         limit = (num_tokens - 1) // self.b
-        sk = self.shared_keys(r)
+        sk = self.skeys[r]
+        if sk is None:
+            sk = self.shared_keys(r)
+        if not sk and r not in self.pool.runs:  # nothing shareable and no blocks of its own cached
+            return [], []
         hits: list[int] = []
         lookup = self.pool.lookup
         for i in range(min(limit, len(sk))):
@@ -296,7 +304,11 @@ class Engine:
         blocks = self.blocks[r]
         p0 = len(blocks)
         total = p0 + self.npriv[r]
-        hashed_end = max(p0, min(self.ncached[r], total))
+        hashed_end = self.ncached[r]
+        if hashed_end > total:
+            hashed_end = total
+        if hashed_end < p0:
+            hashed_end = p0
         freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end)
         self.used -= freed
         self.entries -= total
@@ -406,7 +418,7 @@ class Engine:
             self.ncached[r] = h
             self.c[r] = computed
             self.tokens_held += computed
-            self._cache_full(r, min(computed + n, total))
+            self._cache_full(r, computed + n)  # computed + n <= total
             running.append(r)
             self.order[r] = self.admissions
             self.admissions += 1
@@ -628,31 +640,39 @@ class Engine:
         if steps < 2:
             return False
         n = len(self.running)
-        co = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
+        co = self._decode_coefficients.get(n) or self._coefficients(n)
+        entries, tokens = self.entries, self.tokens_held
         rate = (co[0] + co[1], co[2] + co[3])  # a memory-bound decode step: fixed + memory0 + (read + kernel) x entries
-        least = rate[0] + rate[1] * self.entries  # every step of the jump takes at least this
+        least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
         if least > 0 and (until_s - self.now) / least + 2 < steps:  # not listing openings past the arrival
             steps = int((until_s - self.now) / least) + 2
-        start = DecodeStart(self.entries, self.used, self.tokens_held, n)
+        start = DecodeStart(entries, self.used, tokens, n)
         free = self.pool.free_plain + self.pool.lru_blocks
         computed = self._computed_before_jump() if self.rows is not None else None
         # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
         # the first step is at least compute at the last (and step times need not be recorded one by one)
-        if computed is None and co[1] + co[2] * self.entries >= co[4] + co[5] * (self.tokens_held + n * steps):
+        if computed is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
             span = decode_span(group.openings(steps), start, rate, until_s - self.now, free)
         else:
             span = self._decode_steps(group.openings(steps), start, until_s, co, free)
-        if not span.steps:
+        k = span.steps
+        if not k:
             return False
         if computed is not None:
-            self.run.event_jumps.append((self.step + 1, span.steps, list(self.running), computed))  # type: ignore[union-attr]
+            self.run.event_jumps.append((self.step + 1, k, list(self.running), computed))  # type: ignore[union-attr]
         self._account(span)
-        self.tokens_held += n * span.steps
-        group.tick += span.steps
-        self.step += span.steps
+        self.tokens_held = tokens + n * k
+        group.tick += k
+        self.step += k
         if group.finish[0][0] <= group.tick:
             self._finish(self._pop_group_finished())
         return True
+
+    def _coefficients(self, n: int) -> tuple:
+        """The cost's decode coefficients for n requests (kept per n)."""
+        co = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
+        self._decode_coefficients[n] = co
+        return co
 
     def _computed_before_jump(self) -> list[int]:
         """With record_events: the running requests' computed tokens before the jump (the export's decode rows)."""
@@ -666,16 +686,17 @@ class Engine:
         run = self.run
         run.timeline_s.append(self.now)
         run.timeline_blocks.append(self.used)
-        if span.opened:
-            self._take(span.opened)
-        self.now += span.elapsed_s
-        run.busy_s += span.elapsed_s
-        run.steps += span.steps
-        run.block_seconds += span.block_s
-        run.entry_seconds += span.entry_s
-        run.token_seconds += span.token_s
-        if self.used > run.peak_blocks:
-            run.peak_blocks = self.used
+        steps, opened, elapsed, block_s, entry_s, token_s = span
+        if opened:
+            self._take(opened)
+            if self.used > run.peak_blocks:
+                run.peak_blocks = self.used
+        self.now += elapsed
+        run.busy_s += elapsed
+        run.steps += steps
+        run.block_seconds += block_s
+        run.entry_seconds += entry_s
+        run.token_seconds += token_s
 
     def _decode_steps(
         self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple, free: int
@@ -732,6 +753,20 @@ def run_engine(
     request whose whole sequence cannot fit the pool even alone is never admitted; the run stops when only such
     requests wait (their ``finish_step`` stays -1).
     """
+    import gc
+
+    # The loop makes many small tuples and lists that live until the run ends: the cyclic collector would walk
+    # them again and again and find nothing (the run holds no cycles it needs collected).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events) -> EngineRun:
     n = len(prompts)
     arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
     engine = Engine(config, prompts, max_tokens, arrival, cost, keys, record_events)
