@@ -23,10 +23,15 @@ decoding, KV connectors or LoRA, FCFS policy.  One engine step:
 Full blocks are cached as soon as their tokens are scheduled (prompt and generated tokens alike; generated tokens
 are taken as unique to their request).
 
-Speed: when every running request is decoding, the budget covers them all and no waiting request can be admitted
-(none waiting, ``max_num_seqs`` reached, or the head of the queue cannot fit: the free queue only shrinks until a
-request finishes), the loop jumps to the step before the first completion, block shortage or arrival, allocating
-the blocks crossed meanwhile in bulk.  The jump reproduces the step-by-step result exactly.
+Speed (the fast path, :mod:`kvtool.simulate.decode_group`; ``EngineConfig(fast_path=False)`` runs the plain loop
+above, request by request, and the tests hold the two equal on random workloads): running requests past their
+prompt form a group advanced by a tick, their own counters brought up to date only when they finish or when a step
+needs the plain loop (a prefill chunk, a preemption).  A step where the group decodes and requests may be admitted
+counts the group's decodes (blocks opened, attention pairs) instead of walking them.  When every running request
+decodes, the budget covers them all and no waiting request can be admitted (none waiting, ``max_num_seqs`` reached,
+or the head of the queue cannot fit: the free queue only shrinks until a request finishes), the loop jumps to the
+step before the first completion, block shortage or arrival, allocating the blocks opened meanwhile in bulk, with
+the time and integrals in closed form when the steps are memory-bound (step by step otherwise).
 """
 
 from __future__ import annotations
