@@ -800,9 +800,16 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
                 continue
             if engine.head_blocked:  # pragma: no cover - excluded by the fits filter
                 break
-        # an arrival that could be admitted ends a jump
-        until = times[nxt] if not waiting and len(running) < config.max_num_seqs else float("inf")
-        if not engine.quiet() or not engine.try_jump(config.max_jump_steps, until):
+        jumped = False
+        while engine.quiet():  # jumps back to back (past finishes) while no arrival is due
+            # an arrival that could be admitted ends a jump
+            until = times[nxt] if not waiting and len(running) < config.max_num_seqs else float("inf")
+            if not engine.try_jump(config.max_jump_steps, until):
+                break
+            jumped = True
+            if times[nxt] <= engine.now:
+                break
+        if not jumped:
             engine.exact_step()
         if progress is not None and engine.finished - done_reported >= 2000:
             done_reported = engine.finished
