@@ -33,11 +33,19 @@ def estimate(
     batch: int | Sequence[int] | None = None,
     kv_dtype: str = "auto",
     tp: int = 1,
+    pp: int = 1,
     gpu: str | None = None,
     gpu_memory: str | int | None = None,
     kv_memory: str | int | None = None,
     gpu_memory_utilization: float | None = None,
     reserve: str | int | None = None,
+    activation_memory: str | int | None = None,
+    non_torch_memory: str | int | None = None,
+    cudagraph_memory: str | int | None = None,
+    max_num_seqs: int | None = None,
+    enforce_eager: bool = False,
+    prefix_caching: bool = True,
+    quantization: str | None = None,
     block_size: int = 16,
     max_num_batched_tokens: int | None = None,
     compare: bool = False,
@@ -48,7 +56,8 @@ def estimate(
     The options are ``kvtool estimate``'s (docs/estimate.md), with the same defaults: ``model`` is a profile name
     (``kvtool models``), ``config`` a Hugging Face ``config.json`` or model folder, or give ``layers``,
     ``kv_heads`` and ``head_dim`` by hand.  ``seq_len`` and ``batch`` take one value or a sequence (a sweep);
-    sizes (``gpu_memory``, ``kv_memory``, ``reserve``) take ``"80GiB"``, ``"10GB"`` or a number of bytes.
+    sizes (``gpu_memory``, ``kv_memory``, ``reserve`` and the reserve terms ``activation_memory``,
+    ``non_torch_memory``, ``cudagraph_memory``) take ``"80GiB"``, ``"10GB"`` or a number of bytes.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
@@ -63,30 +72,12 @@ def estimate(
     >>> result.to_dict()["kv_gib"]
     1.0
     """
-    from kvtool.estimate.estimator import EstimateRequest
     from kvtool.estimate.estimator import estimate as run_estimate
+    from kvtool.estimate.estimator import request_from
 
-    request = EstimateRequest(
-        model=model,
-        config=config,
-        layers=layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        heads=heads,
-        hidden=hidden,
-        dtype=dtype,
-        seq_lens=_ints(seq_len),
-        batches=_ints(batch),
-        kv_dtype=kv_dtype,
-        tp=tp,
-        gpu=gpu,
-        gpu_memory=_size(gpu_memory),
-        kv_memory=_size(kv_memory),
-        gpu_memory_utilization=gpu_memory_utilization,
-        reserve=_size(reserve),
-        block_size=block_size,
-        max_num_batched_tokens=max_num_batched_tokens,
-        compare=compare,
-        profile_dirs=tuple(profiles),
-    )
+    given = dict(locals())  # every argument by its option name
+    given.update(seq_len=_ints(seq_len), batch=_ints(batch), profiles=tuple(profiles))
+    for name in ("gpu_memory", "kv_memory", "reserve", "activation_memory", "non_torch_memory", "cudagraph_memory"):
+        given[name] = _size(given[name])
+    request = request_from(given)
     return run_estimate(request)

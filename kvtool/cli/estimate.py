@@ -187,39 +187,13 @@ def estimate_command(
     if list_models:
         _print_models(tuple(profiles or ()), json_output)
         return
-    from kvtool.estimate.estimator import EstimateRequest, estimate
+    from kvtool.estimate.estimator import estimate, request_from
 
-    request = EstimateRequest(
-        model=model,
-        config=config,
-        layers=layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        heads=heads,
-        hidden=hidden,
-        dtype=dtype,
-        seq_lens=_int_list(seq_len, "--seq-len"),
-        batches=_int_list(batch, "--batch"),
-        kv_dtype=kv_dtype,
-        tp=tp,
-        pp=pp,
-        gpu=gpu,
-        gpu_memory=gpu_memory,
-        kv_memory=kv_memory,
-        gpu_memory_utilization=gpu_memory_utilization,
-        reserve=reserve,
-        activation_memory=activation_memory,
-        non_torch_memory=non_torch_memory,
-        cudagraph_memory=cudagraph_memory,
-        max_num_seqs=max_num_seqs,
-        enforce_eager=enforce_eager,
-        prefix_caching=prefix_caching,
-        quantization=quantization,
-        block_size=block_size,
-        max_num_batched_tokens=max_num_batched_tokens,
-        compare=compare,
-        profile_dirs=tuple(profiles or ()),
+    given = dict(locals())  # every option by its name
+    given.update(
+        seq_len=_int_list(seq_len, "--seq-len"), batch=_int_list(batch, "--batch"), profiles=tuple(profiles or ())
     )
+    request = request_from(given)
     _print_estimate(estimate(request), json_output)
 
 

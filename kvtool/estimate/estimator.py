@@ -71,6 +71,19 @@ class EstimateRequest:
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
+# option names that differ from EstimateRequest's field names
+_FIELD_OF_OPTION = {"seq_len": "seq_lens", "batch": "batches", "profiles": "profile_dirs"}
+
+
+def request_from(values: dict[str, Any]) -> EstimateRequest:
+    """The :class:`EstimateRequest` named in ``values`` (the CLI's or the API's arguments, by option name:
+    ``seq_len`` -> ``seq_lens``, ``batch`` -> ``batches``, ``profiles`` -> ``profile_dirs``); other names are ignored.
+    The caller has already turned each value into the field's type."""
+    fields = {f.name for f in dataclasses.fields(EstimateRequest)}
+    given = {_FIELD_OF_OPTION.get(name, name): value for name, value in values.items()}
+    return EstimateRequest(**{name: value for name, value in given.items() if name in fields})
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerGroupResult:
     kind: str

@@ -603,6 +603,10 @@ class _Columns:
         return name in self.table.column_names
 
     def take(self, name: str):
+        import pyarrow as pa
+
+        # the columns taken before are converted and gone: hand their memory back (Arrow's pool keeps freed pages)
+        pa.default_memory_pool().release_unused()
         col = self.table.column(name)
         self.table = self.table.drop_columns([name])
         return col

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ class TinyLM(nn.Module):
     def __init__(self, core: nn.Module, d_model: int = D_MODEL, vocab: int = VOCAB):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        self.core = core
+        self.core: Any = core  # the scenario's attention module: each has its own cache interface
         self.head = nn.Linear(d_model, vocab)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -69,10 +70,9 @@ class Engine:
         self.seen[rid] = self.seen.get(rid, 0) + n
 
     def _kv_shape(self, rid: int) -> tuple[int, ...]:
-        core = self.lm.core
-        heads = core.layers[0].n_heads if isinstance(core, m.LayerStack) else core.n_heads
-        d_head = core.d_model // heads
-        return (1, heads, self.seen[rid], d_head)
+        core = self.lm.core  # a LayerStack or one attention module: both carry n_heads and d_model
+        heads, d_model = int(core.n_heads), int(core.d_model)
+        return (1, heads, self.seen[rid], d_model // heads)
 
 
 def _kv_entries(cache, expected: tuple[int, ...]) -> list[CacheEntry]:

@@ -77,7 +77,8 @@ class MultiHeadAttentionWithCache(_Projections):
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__(d_model, n_heads)
-        self.shared_cache = None  # the bug: state on a module that every request shares
+        # the bug: state on a module that every request shares
+        self.shared_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         q, k, v = self.split(x)
@@ -205,6 +206,7 @@ class LayerStack(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_layers: int, off_by_one: bool):
         super().__init__()
         self.d_model = d_model
+        self.n_heads = n_heads
         self.off_by_one = off_by_one
         self.layers = nn.ModuleList(CorrectMHAWithCache(d_model, n_heads) for _ in range(n_layers))
 

@@ -20,6 +20,7 @@ def render(report: SimulateReport, console) -> None:
 
     st = report.static
     console.print(f"[bold]kvtool simulate[/bold]: {report.source}")
+    _render_recommendations(report, console)  # the answer first; the figures that back it follow
     console.print(
         f"{report.requests:,} requests; final length (prompt + output) mean {st.mean_length_tokens:,.1f}, "
         f"p99 {st.p99_length_tokens:,.1f}, max {st.max_length_tokens:,} tokens"
@@ -103,9 +104,13 @@ def render(report: SimulateReport, console) -> None:
         _render_serving(report.serve, report.serve_setup, console)
     for path in report.exported_events.values():
         console.print(f"Events written: {path}")
-    console.print()
+
+
+def _render_recommendations(report: SimulateReport, console) -> None:
     for rec in report.recommendations:
         console.print(f"Recommendation ({rec.objective}): block size {rec.block_size}: {rec.reason}")
+    if report.recommendations:
+        console.print()
 
 
 def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> None:

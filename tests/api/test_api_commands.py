@@ -78,10 +78,57 @@ def test_estimate_is_the_seed_articles_figure():
             {"config": str(DATA / "estimate" / "mistral-7b-v0.1"), "tp": 2},
             ["--config", str(DATA / "estimate" / "mistral-7b-v0.1"), "--tp", "2"],
         ),
+        (  # the vLLM reserve and scheduler options
+            {
+                "model": "llama-3.1-70b",
+                "gpu": "h100-80gb",
+                "tp": 2,
+                "pp": 2,
+                "max_num_seqs": 128,
+                "enforce_eager": True,
+                "prefix_caching": False,
+                "activation_memory": "3GiB",
+                "quantization": "fp8",
+            },
+            [
+                "--model",
+                "llama-3.1-70b",
+                "--gpu",
+                "h100-80gb",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--max-num-seqs",
+                "128",
+                "--enforce-eager",
+                "--no-enable-prefix-caching",
+                "--activation-memory",
+                "3GiB",
+                "--quantization",
+                "fp8",
+            ],
+        ),
     ],
 )
 def test_estimate_to_dict_equals_the_cli_json(run_cli, kwargs, argv):
     assert kvtool.api.estimate(**kwargs).to_dict() == _json(run_cli, "estimate", *argv)
+
+
+def test_every_estimate_option_is_an_argument_of_the_api():
+    # request_from() maps arguments by name: an option the API lacks (or names differently) would be a silent gap
+    import dataclasses
+    import inspect
+
+    from kvtool.cli import build_app
+    from kvtool.estimate.estimator import _FIELD_OF_OPTION, EstimateRequest
+
+    fields = {f.name for f in dataclasses.fields(EstimateRequest)} - {"suggest"}  # internal: the fit suggestions
+    renamed = {field: option for option, field in _FIELD_OF_OPTION.items()}
+    options = {renamed.get(name, name) for name in fields}
+    command = next(c for c in build_app("estimate").registered_commands if c.name == "estimate").callback
+    assert options <= set(inspect.signature(command).parameters)
+    assert options <= set(inspect.signature(kvtool.api.estimate).parameters)
 
 
 def test_estimate_errors_are_the_clis(run_cli):

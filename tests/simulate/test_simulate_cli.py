@@ -87,6 +87,11 @@ def test_table_output_and_recommendations(run_cli):
     ):
         assert text in res.stdout
     assert "rule: highest output throughput" in " ".join(res.stdout.split())
+    # the answer first: the pick is the line right after the title, before any table that backs it
+    lines = res.stdout.splitlines()
+    pick = next(i for i, line in enumerate(lines) if line.startswith("Recommendation (pick)"))
+    first_figures = next(i for i, line in enumerate(lines) if "requests; final length" in line)
+    assert lines[0].startswith("kvtool simulate") and pick <= 2 and pick < first_figures
 
 
 def test_json_has_the_specified_fields(run_cli, tmp_path):

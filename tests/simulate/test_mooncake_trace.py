@@ -1,0 +1,45 @@
+"""The Mooncake trace reader on the real trace's first 40 requests (tests/data/simulate/README.md): lengths,
+arrivals, and the prefix hits its hash ids imply, worked out by hand from the format (one id per 512 tokens; equal
+ids are equal tokens) and vLLM's rule that only full blocks are cached."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from kvtool.simulate.lengths import load_trace
+from kvtool.simulate.scheduler import EngineConfig, run_engine
+from kvtool.simulate.workloads import build_prompts
+from tests.support import DATA
+
+TRACE = DATA / "simulate" / "mooncake-conversation-head40.jsonl"
+
+
+def _rows() -> list[dict]:
+    return [json.loads(line) for line in TRACE.read_text().splitlines()]
+
+
+def test_real_mooncake_rows_are_read():
+    rows = _rows()
+    reqs = load_trace(TRACE)
+    assert reqs.prompt_tokens.tolist() == [r["input_length"] for r in rows]
+    assert reqs.output_tokens.tolist() == [r["output_length"] for r in rows]
+    # timestamps are milliseconds: the 11th request arrives at 3,000 ms, the 27th at 5,999 ms
+    assert reqs.arrival_s[10] == 3.0 and reqs.arrival_s[26] == 5.999
+    # the format's own invariant: one hash id per started 512-token block of the prompt
+    assert all(len(r["hash_ids"]) == math.ceil(r["input_length"] / 512) for r in rows)
+
+
+def test_shared_first_block_hits_only_with_blocks_inside_it():
+    # Every request of the conversation trace starts with hash id 0 (512 shared tokens); the rest are its own.
+    # One request at a time in a pool that never evicts: with 256-token blocks the shared 512 tokens are two full
+    # blocks, so every request after the first finds 512 cached tokens; with 1,024-token blocks the first block
+    # mixes id 0 with the request's own id, so no block ever matches.
+    reqs = load_trace(TRACE)
+    prompts = build_prompts(reqs)
+    outputs = reqs.output_tokens.tolist()
+    for block, hit in ((256, 512), (1024, 0)):
+        blocks = 200_000 // block  # more than the longest request needs (87,169 + 402 tokens): no eviction
+        run = run_engine(EngineConfig(num_blocks=blocks, block_size=block, max_num_seqs=1), prompts, outputs)
+        assert run.num_cached_tokens == [0] + [hit] * (len(outputs) - 1), block
+        assert run.preemptions == 0
