@@ -256,7 +256,8 @@ class Engine:
         """m new blocks at the request's next indices: ids for shareable ones, a count for private ones."""
         shareable = 0
         if not self.npriv[r]:
-            shareable = len(self.shared_keys(r)) - len(self.blocks[r])
+            sk = self.skeys[r]
+            shareable = len(sk if sk is not None else self.shared_keys(r)) - len(self.blocks[r])
             if shareable > m:
                 shareable = m
         before = self.pool.evictions
@@ -601,8 +602,7 @@ class Engine:
         self.tokens_held += n
         finished = self._pop_group_finished() if group.finish and group.finish[0][0] <= group.tick else []
         if scheduled:
-            finished += self._update_from_output(scheduled)
-            self._join_admitted(scheduled)
+            finished += self._update_admitted(scheduled)
         if finished:
             self._finish(finished)
         if self.first_now:
@@ -615,13 +615,17 @@ class Engine:
             self._sync(r, lag)
         return [r for r, _ in finished]
 
-    def _join_admitted(self, scheduled: list[tuple[int, int]]) -> None:
-        """Admitted requests whose prompt is done and that go on decoding join the group."""
+    def _update_admitted(self, scheduled: list[tuple[int, int]]) -> list[int]:
+        """_update_from_output for the requests admitted in a group step; those whose prompt is done and that go on
+        decoding join the group.  Returns those that finished."""
+        finished = self._update_from_output(scheduled)
+        prefilling, c, order, join = self.prefilling, self.c, self.order, self.group.join
         for r, _ in scheduled:
-            if r not in self.prefilling:
+            if r not in prefilling:
                 left = self._steps_left(r)
                 if left > 0:
-                    self.group.join(r, self.c[r], left, self.order[r])
+                    join(r, c[r], left, order[r])
+        return finished
 
     # ----------------------------------------------------------------- decode jumps
     def quiet(self) -> bool:
