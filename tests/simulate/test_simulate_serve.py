@@ -1,11 +1,10 @@
 """The simulated vLLM scheduler against scenarios worked out by hand from vLLM 0.32's scheduler source
-(vllm/v1/core/sched/scheduler.py, kv_cache_manager.py, block_pool.py), the roofline cost by hand, and the
-decode-jump fast path against plain step-by-step runs."""
+(vllm/v1/core/sched/scheduler.py, kv_cache_manager.py, block_pool.py) and the roofline cost by hand; the fast path
+against the plain step-by-step loop is in test_decode_group.py."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -121,53 +120,6 @@ def test_arrivals_join_at_the_next_step_boundary():
     run = run_engine(engine(20, 16), [Prompt(10), Prompt(10)], [10, 1], [0.0, 0.0025], cost=OneMs())
     assert run.admit_s == [0.0, pytest.approx(0.003)]
     assert run.first_token_s[1] == pytest.approx(0.004)
-
-
-def _random_case(rng: random.Random):
-    n = rng.randint(5, 40)
-    b = rng.choice([4, 8, 16, 32])
-    heads = [[rng.randrange(50) for _ in range(rng.randint(0, 90))] for _ in range(3)]
-    prompts = []
-    for _ in range(n):
-        head = rng.choice(heads)
-        ids = head + [rng.randrange(50) for _ in range(rng.randint(1, 120))]
-        prompts.append(Prompt(len(ids), ids, "tokens"))
-    outs = [rng.randint(1, 80) for _ in range(n)]
-    arrival = sorted(rng.uniform(0, 0.05) for _ in range(n)) if rng.random() < 0.5 else None
-    config = dict(
-        num_blocks=rng.randint(8, 60) * 32 // b + 2,
-        block_size=b,
-        max_num_seqs=rng.randint(1, 16),
-        max_num_batched_tokens=rng.choice([16, 64, 256, 4096]),
-        long_prefill_token_threshold=rng.choice([0, 0, 24]),
-        enable_prefix_caching=rng.random() < 0.8,
-    )
-    return prompts, outs, arrival, config
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_decode_jumps_equal_step_by_step_runs(seed):
-    """The decode-jump fast path against the same engine stepping one step at a time."""
-    prompts, outs, arrival, config = _random_case(random.Random(seed))
-
-    class Linear:
-        def time_s(self, tokens, requests, entries, pairs):
-            return 1e-3 + 1e-6 * tokens + 2e-7 * entries
-
-        def decode_coefficients(self, requests):
-            return (1e-3 + 1e-6 * requests, 0.0, 0.0, 2e-7, 0.0, 0.0)
-
-    fast = run_engine(EngineConfig(**config), prompts, outs, arrival, cost=Linear())
-    slow = run_engine(EngineConfig(**config, fast_path=False), prompts, outs, arrival, cost=Linear())
-    for field in ("num_cached_tokens", "num_preemptions", "first_token_step", "finish_step", "admit_step"):
-        assert getattr(fast, field) == getattr(slow, field), field
-    assert fast.steps == slow.steps and fast.peak_blocks == slow.peak_blocks
-    # every block comes back: the free queue holds the whole pool but the null block once all requests finished
-    if all(s > 0 for s in fast.finish_step):
-        assert fast.free_blocks_at_end == slow.free_blocks_at_end == config["num_blocks"] - 1
-    assert fast.finish_s == pytest.approx(slow.finish_s, rel=1e-9)
-    assert fast.block_seconds == pytest.approx(slow.block_seconds, rel=1e-9)
-    assert fast.token_seconds == pytest.approx(slow.token_seconds, rel=1e-9)
 
 
 # --------------------------------------------------------------------------- costs
