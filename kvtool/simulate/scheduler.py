@@ -659,9 +659,12 @@ class Engine:
         free = self.pool.free_plain + self.pool.lru_blocks
         computed = self._computed_before_jump() if self.rows is not None else None
         # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
-        # the first step is at least compute at the last (and step times need not be recorded one by one)
-        if computed is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
-            span = decode_span(group.openings(steps), start, rate, until_s - self.now, free)
+        # the first step is at least compute at the last
+        if co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
+            openings = group.openings(steps)
+            span = decode_span(openings, start, rate, until_s - self.now, free)
+            if computed is not None:
+                self._record_step_times(openings[: span.steps], entries, rate, span.elapsed_s)
         else:
             span = self._decode_steps(group.openings(steps), start, until_s, co, free)
         k = span.steps
@@ -682,6 +685,18 @@ class Engine:
         co = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
         self._decode_coefficients[n] = co
         return co
+
+    def _record_step_times(
+        self, openings: list[int], entries: int, rate: tuple[float, float], elapsed_s: float
+    ) -> None:
+        """With record_events: the start and end of each step of a closed-form jump (the export's timestamps).  The
+        run's clock and figures come from the closed form, as without events, so the last step ends exactly where
+        the clock goes (``elapsed_s`` on; the steps' own sum may differ in the last bits)."""
+        step_s, entry_s = rate
+        ends = list(accumulate((step_s + entry_s * (entries + g) for g in accumulate(openings)), initial=self.now))
+        ends[-1] = self.now + elapsed_s
+        self.run.step_start_s.extend(ends[:-1])
+        self.run.step_end_s.extend(ends[1:])
 
     def _computed_before_jump(self) -> list[int]:
         """With record_events: the running requests' computed tokens before the jump (the export's decode rows)."""
