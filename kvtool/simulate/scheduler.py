@@ -44,7 +44,7 @@ from itertools import accumulate
 from typing import Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
-from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span
+from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span, tuple_new
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
 
 # vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
@@ -655,7 +655,7 @@ class Engine:
         least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
         if least > 0 and (until_s - self.now) / least + 2 < steps:  # not listing openings past the arrival
             steps = int((until_s - self.now) / least) + 2
-        start = DecodeStart(entries, self.used, tokens, n)
+        start = tuple_new(DecodeStart, (entries, self.used, tokens, n))
         free = self.pool.free_plain + self.pool.lru_blocks
         computed = self._computed_before_jump() if self.rows is not None else None
         # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
