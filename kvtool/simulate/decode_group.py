@@ -53,14 +53,6 @@ class DecodeGroup:
         self.base_sum += base
         heapq.heappush(self.finish, (self.tick + steps_left, order, r))
 
-    def _leave(self, r: int) -> int:
-        """Remove ``r``; returns the steps it decoded since its counters were last brought up to date."""
-        lag = self.tick - self.since.pop(r)
-        base = self.base.pop(r)
-        self.opens_at[-base % self.block_size] -= 1
-        self.base_sum -= base
-        return lag
-
     def lag(self, r: int) -> int:
         """Steps ``r`` decoded since its counters were last brought up to date (they count as up to date now)."""
         t = self.since[r]
@@ -69,11 +61,21 @@ class DecodeGroup:
 
     def pop_finished(self) -> list[tuple[int, int]]:
         """Members whose last step has run, in running order, with their lags; they leave the group."""
-        heap = self.finish
+        heap, tick, since, base, opens_at, b = (
+            self.finish,
+            self.tick,
+            self.since,
+            self.base,
+            self.opens_at,
+            self.block_size,
+        )
         out = []
-        while heap and heap[0][0] <= self.tick:
+        while heap and heap[0][0] <= tick:
             r = heapq.heappop(heap)[2]
-            out.append((r, self._leave(r)))
+            out.append((r, tick - since.pop(r)))
+            q = base.pop(r)
+            opens_at[-q % b] -= 1
+            self.base_sum -= q
         return out
 
     def clear(self) -> list[tuple[int, int]]:

@@ -587,8 +587,10 @@ class Engine:
         if opened:
             self._take(opened)
         scheduled: list[tuple[int, int]] = []
-        if self.waiting:
-            self._schedule_waiting(self.cfg.max_num_batched_tokens - n, self._lpt(), scheduled)
+        waiting = self.waiting
+        if waiting:
+            lpt = self.cfg.long_prefill_token_threshold if n + len(waiting) > 1 else 0  # as _lpt()
+            self._schedule_waiting(self.cfg.max_num_batched_tokens - n, lpt, scheduled)
         c = self.c
         # the decodes' pairs: sum of (c + 1), an integer, exact in a float as the plain loop's sum is
         pairs = float(group.base_sum + n * group.tick + n)
