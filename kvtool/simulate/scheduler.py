@@ -184,7 +184,9 @@ class Engine:
         self.blocks: list[list[int]] = [[] for _ in range(n)]  # shareable blocks' ids (the first indices)
         self.npriv = [0] * n  # private blocks after them (counted only; prefix_cache.py)
         self.ncached = [0] * n  # blocks of the request that carry their hash (the first indices)
-        self.skeys: list[list[int] | None] = [None] * n  # keys of the shareable full prompt blocks
+        # keys of the shareable full prompt blocks (computed at the first lookup; none for prompts sharing nothing)
+        no_keys: list[int] = []
+        self.skeys: list[list[int] | None] = [None if p.shared else no_keys for p in prompts]
         self.running: list[int] = []
         self.waiting: collections.deque[int] = collections.deque()
         self.prefilling: set[int] = set()  # running requests still short of their last token
