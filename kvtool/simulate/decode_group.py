@@ -141,16 +141,15 @@ def decode_span(
     if not steps:
         return DecodeSpan(0, 0, 0.0, 0.0, 0.0, 0.0)
     e0 = start.entries  # entries at step k: e0 + G_k
-    g1 = sum(grown) if grown[-1] else 0
-    if step_s * steps + entry_s * (e0 * steps + g1) >= budget_s:
-        steps = _steps_to_reach(grown, e0, rate, budget_s)
-        del grown[steps:]
-        g1 = sum(grown)
-    if grown[-1]:
-        g2 = sum(map(operator.mul, grown, grown))
-        gk = sum(map(operator.mul, grown, range(1, steps + 1)))
-    else:
-        g2 = gk = 0
+    if not grown[-1]:  # no block opened: every step takes the same time
+        return _flat_span(steps, start, rate, budget_s)
+    summed = list(accumulate(grown))  # summed[k]: G_0 + ... + G_k
+    if step_s * steps + entry_s * (e0 * steps + summed[-1]) >= budget_s:
+        steps = _steps_to_reach(summed, e0, rate, budget_s)
+        del grown[steps:], summed[steps:]
+    g1 = summed[-1]
+    g2 = sum(map(operator.mul, grown, grown)) if grown[-1] else 0
+    gk = (steps + 1) * g1 - sum(summed)  # sum of (k + 1) G_k: each G_j counted K - j times in the partial sums
     half = steps * (steps + 1) // 2
     s1 = e0 * steps + g1  # sum over the steps of the entries
     s2 = e0 * (e0 * steps + 2 * g1) + g2  # of their squares
@@ -171,13 +170,36 @@ def decode_span(
     )
 
 
-def _steps_to_reach(grown: list[int], e0: int, rate: tuple[float, float], budget_s: float) -> int:
-    """The fewest steps whose time reaches ``budget_s`` (all of them do): elapsed after k steps is step_s x k +
-    entry_s x (sum of the entries), nondecreasing in k.  Callers bound the steps by the budget over the least step
-    time, so the answer is among the last few: searched from the end."""
+def _flat_span(steps: int, start: DecodeStart, rate: tuple[float, float], budget_s: float) -> DecodeSpan:
+    """decode_span when no step opens a block: ``steps`` steps of ``step_s + entry_s x entries`` each."""
     step_s, entry_s = rate
-    summed = list(accumulate(grown))  # summed[k - 1]: openings over the first k steps, summed over those steps
-    k = len(grown)
+    e0 = start.entries
+    if step_s * steps + entry_s * (e0 * steps) >= budget_s:
+        steps = _steps_to_reach([0] * steps, e0, rate, budget_s)
+    half = steps * (steps + 1) // 2
+    s1 = e0 * steps
+    elapsed = step_s * steps + entry_s * s1
+    entry_integral = step_s * s1 + entry_s * (e0 * s1)
+    return tuple_new(
+        DecodeSpan,
+        (
+            steps,
+            0,
+            elapsed,
+            entry_integral + (start.blocks - e0) * elapsed,
+            entry_integral,
+            start.tokens * elapsed + start.requests * (step_s * half + entry_s * (e0 * half)),
+        ),
+    )
+
+
+def _steps_to_reach(summed: list[int], e0: int, rate: tuple[float, float], budget_s: float) -> int:
+    """The fewest steps whose time reaches ``budget_s`` (all of them do): elapsed after k steps is step_s x k +
+    entry_s x (e0 x k + summed[k - 1]), nondecreasing in k (``summed``: the partial sums of the blocks opened).
+    Callers bound the steps by the budget over the least step time, so the answer is among the last few: searched
+    from the end."""
+    step_s, entry_s = rate
+    k = len(summed)
     while k > 1 and step_s * (k - 1) + entry_s * (e0 * (k - 1) + summed[k - 2]) >= budget_s:
         k -= 1
     return k

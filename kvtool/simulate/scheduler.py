@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from itertools import accumulate
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
 from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span, tuple_new
@@ -142,6 +143,14 @@ class EngineRun:
     event_jumps: list[tuple[int, int, list[int], list[int]]] | None = None
 
 
+class _DecodeRates(NamedTuple):
+    """A decode step's cost for one batch size: the cost's coefficients (StepCost.decode_coefficients), and a
+    memory-bound step as (seconds, seconds per block-table entry)."""
+
+    coefficients: tuple[float, float, float, float, float, float]
+    rate: tuple[float, float]
+
+
 class StepCost(Protocol):
     """The step-time model: seconds for a step that schedules ``tokens`` tokens of ``requests`` requests whose block
     tables hold ``entries`` blocks in all, attending ``pairs`` query-key pairs (:mod:`kvtool.simulate.costs`)."""
@@ -163,7 +172,6 @@ class Engine:
         config: EngineConfig,
         prompts: Sequence[Prompt],
         max_tokens: Sequence[int],
-        arrival_s: Sequence[float],
         cost: StepCost | None = None,
         keys: BlockKeys | None = None,
         record_events: bool = False,
@@ -174,8 +182,8 @@ class Engine:
         self.b = config.block_size
         self.prompts = prompts
         self.P = [p.tokens for p in prompts]
-        self.out = [max(1, int(o)) for o in max_tokens]
-        self.arrival = [float(a) for a in arrival_s]
+        out = list(map(int, max_tokens))
+        self.out = out if not out or min(out) >= 1 else [o if o > 1 else 1 for o in out]  # at least one token
         self.cost = cost
         self.keys = keys or BlockKeys()
         self.pool = BlockPool(config.num_blocks)
@@ -228,7 +236,7 @@ class Engine:
         self.tokens_held = 0  # computed tokens of running requests
         # Running requests past their prompt, advanced together (their c, g, npriv, ncached lag behind; _sync).
         self.group = DecodeGroup(self.b)
-        self._decode_coefficients: dict[int, tuple] = {}
+        self._decode_rates: dict[int, _DecodeRates] = {}
         self.order = [0] * n  # place in the running list: admission count at the request's last admission
         self.admissions = 0
 
@@ -653,25 +661,27 @@ class Engine:
         if steps < 2:
             return False
         n = len(self.running)
-        co = self._decode_coefficients.get(n) or self._coefficients(n)
-        entries, tokens = self.entries, self.tokens_held
-        rate = (co[0] + co[1], co[2] + co[3])  # a memory-bound decode step: fixed + memory0 + (read + kernel) x entries
+        rates = self._decode_rates.get(n) or self._rates(n)
+        entries, tokens, now = self.entries, self.tokens_held, self.now
+        rate = rates.rate
         least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
-        if least > 0 and (until_s - self.now) / least + 2 < steps:  # not listing openings past the arrival
-            steps = int((until_s - self.now) / least) + 2
+        if least > 0 and (until_s - now) / least + 2 < steps:  # not listing openings past the arrival
+            steps = int((until_s - now) / least) + 2
         start = tuple_new(DecodeStart, (entries, self.used, tokens, n))
-        free = self.pool.free_plain + self.pool.lru_blocks
+        pool = self.pool
+        free = pool.free_plain + pool.lru_blocks
         computed = self._computed_before_jump() if self.rows is not None else None
         # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
         # the first step is at least compute at the last
+        co = rates.coefficients
         if co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
             openings = group.openings(steps)
-            span = decode_span(openings, start, rate, until_s - self.now, free)
+            span = decode_span(openings, start, rate, until_s - now, free)
             if computed is not None:
                 self._record_step_times(openings[: span.steps], entries, rate, span.elapsed_s)
         else:
             span = self._decode_steps(group.openings(steps), start, until_s, co, free)
-        k = span.steps
+        k = span[0]
         if not k:
             return False
         if computed is not None:
@@ -684,11 +694,11 @@ class Engine:
             self._finish(self._pop_group_finished())
         return True
 
-    def _coefficients(self, n: int) -> tuple:
-        """The cost's decode coefficients for n requests (kept per n)."""
+    def _rates(self, n: int) -> _DecodeRates:
+        """The cost's decode coefficients for n requests, and the memory-bound step time they give (kept per n)."""
         co = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
-        self._decode_coefficients[n] = co
-        return co
+        rates = self._decode_rates[n] = _DecodeRates(co, (co[0] + co[1], co[2] + co[3]))
+        return rates
 
     def _record_step_times(
         self, openings: list[int], entries: int, rate: tuple[float, float], elapsed_s: float
@@ -712,13 +722,23 @@ class Engine:
     def _account(self, span: DecodeSpan) -> None:
         """A jump's blocks, time and integrals."""
         run = self.run
+        used = self.used
         run.timeline_s.append(self.now)
-        run.timeline_blocks.append(self.used)
+        run.timeline_blocks.append(used)
         steps, opened, elapsed, block_s, entry_s, token_s = span
         if opened:
-            self._take(opened)
-            if self.used > run.peak_blocks:
-                run.peak_blocks = self.used
+            pool = self.pool
+            if opened <= pool.free_plain:  # pool.consume's common case, inline
+                pool.free_plain -= opened
+            else:
+                before = pool.evictions
+                pool.consume(opened)
+                run.evictions += pool.evictions - before
+            used += opened
+            self.used = used
+            self.entries += opened
+            if used > run.peak_blocks:
+                run.peak_blocks = used
         self.now += elapsed
         run.busy_s += elapsed
         run.steps += steps
@@ -794,17 +814,23 @@ def run_engine(
             gc.enable()
 
 
+def _fits_alone(config: EngineConfig, prompt_tokens: list[int], max_tokens: list[int]) -> list[bool]:
+    """Per request: whether its whole sequence (prompt + outputs - 1 tokens of KV) fits the pool alone, else vLLM
+    would preempt it forever (vLLM itself refuses a max_model_len beyond the pool)."""
+    pool_tokens = (config.num_blocks - 1) * config.block_size  # blocks needed <= usable blocks: tokens <= this
+    if config.max_model_len <= pool_tokens:
+        return [True] * len(prompt_tokens)
+    # prompt + outputs - 1 <= pool_tokens, at C speed
+    return list(map((pool_tokens + 1).__ge__, map(operator.add, prompt_tokens, max_tokens)))
+
+
 def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events) -> EngineRun:
     n = len(prompts)
     arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
-    engine = Engine(config, prompts, max_tokens, arrival, cost, keys, record_events)
-    order = sorted(range(n), key=lambda i: arrival[i])
+    engine = Engine(config, prompts, max_tokens, cost, keys, record_events)
+    order = sorted(range(n), key=arrival.__getitem__)
     nxt = 0
-    usable = config.num_blocks - 1
-    b = config.block_size
-    # The whole sequence (prompt + outputs - 1 tokens of KV) must fit the pool alone, else vLLM would preempt the
-    # request forever; vLLM itself refuses a max_model_len beyond the pool.
-    fits = [-(-min(p.tokens + o - 1, config.max_model_len) // b) <= usable for p, o in zip(prompts, engine.out)]
+    fits = _fits_alone(config, engine.P, engine.out)
     times = [arrival[i] for i in order]
     times.append(float("inf"))  # times[nxt]: the next arrival
     waiting, running = engine.waiting, engine.running
