@@ -133,7 +133,7 @@ class EngineRun:
     token_seconds: float  # integral of tokens held (computed KV) over time
     peak_blocks: int
     preemptions: int
-    evictions: int  # cached blocks reused for new data
+    evictions: int  # cached blocks reused for new data (counted by the pool, filled in when the run ends)
     hit_tokens: int  # prefix-cache hits over all admissions (resumptions too)
     queried_tokens: int  # tokens looked up at admissions
     free_blocks_at_end: int = -1  # the free queue when the run ended (all blocks back when every request finished)
@@ -270,14 +270,12 @@ class Engine:
             shareable = len(sk if sk is not None else self.shared_keys(r)) - len(self.blocks[r])
             if shareable > m:
                 shareable = m
-        before = self.pool.evictions
         if shareable > 0:
             self.pool.new_ids(shareable, self.blocks[r])
             m -= shareable
         if m:
             self.pool.consume(m)
             self.npriv[r] += m
-        self.run.evictions += self.pool.evictions - before
 
     def _cache_full(self, r: int, tokens: int) -> None:
         """cache_full_blocks: the request's blocks full up to ``tokens`` get their keys."""
@@ -581,9 +579,7 @@ class Engine:
 
     def _take(self, blocks: int) -> None:
         """Blocks opened by decodes: private blocks off the free queue."""
-        before = self.pool.evictions
         self.pool.consume(blocks)
-        self.run.evictions += self.pool.evictions - before
         self.used += blocks
         self.entries += blocks
 
@@ -662,37 +658,66 @@ class Engine:
             return False
         n = len(self.running)
         rates = self._decode_rates.get(n) or self._rates(n)
-        entries, tokens, now = self.entries, self.tokens_held, self.now
+        entries, tokens, budget_s = self.entries, self.tokens_held, until_s - self.now
         rate = rates.rate
         least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
-        if least > 0 and (until_s - now) / least + 2 < steps:  # not listing openings past the arrival
-            steps = int((until_s - now) / least) + 2
-        start = tuple_new(DecodeStart, (entries, self.used, tokens, n))
-        pool = self.pool
-        free = pool.free_plain + pool.lru_blocks
-        computed = self._computed_before_jump() if self.rows is not None else None
+        if least > 0 and budget_s / least + 2 < steps:  # not listing openings past the arrival
+            steps = int(budget_s / least) + 2
+        co = rates.coefficients
+        pool, run, used = self.pool, self.run, self.used
+        start = tuple_new(DecodeStart, (entries, used, tokens, n))
         # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
         # the first step is at least compute at the last
-        co = rates.coefficients
-        if co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
-            openings = group.openings(steps)
-            span = decode_span(openings, start, rate, until_s - now, free)
-            if computed is not None:
-                self._record_step_times(openings[: span.steps], entries, rate, span.elapsed_s)
+        if self.rows is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
+            span = decode_span(group.openings(steps), start, rate, budget_s, pool.free_plain + pool.lru_blocks)
         else:
-            span = self._decode_steps(group.openings(steps), start, until_s, co, free)
-        k = span[0]
+            span = self._span_one_by_one(steps, start, rates, until_s)
+        k, opened, elapsed_s, block_s, entry_s, token_s = span
         if not k:
             return False
-        if computed is not None:
-            self.run.event_jumps.append((self.step + 1, k, list(self.running), computed))  # type: ignore[union-attr]
-        self._account(span)
+        # the jump's blocks, time and integrals
+        run.timeline_s.append(self.now)
+        run.timeline_blocks.append(used)
+        if opened:
+            if opened <= pool.free_plain:  # pool.consume's common case, inline
+                pool.free_plain -= opened
+            else:
+                pool.consume(opened)
+            self.used = used = used + opened
+            self.entries = entries + opened
+            if used > run.peak_blocks:
+                run.peak_blocks = used
+        self.now += elapsed_s
+        run.busy_s += elapsed_s
+        run.steps += k
+        run.block_seconds += block_s
+        run.entry_seconds += entry_s
+        run.token_seconds += token_s
         self.tokens_held = tokens + n * k
         group.tick += k
         self.step += k
         if group.finish[0][0] <= group.tick:
             self._finish(self._pop_group_finished())
         return True
+
+    def _span_one_by_one(self, steps: int, start: DecodeStart, rates: _DecodeRates, until_s: float) -> DecodeSpan:
+        """try_jump's span when steps may be compute-bound (taken one by one) or when events are recorded (the
+        step times and the decode rows of the export)."""
+        group = self.group
+        free = self.pool.free_plain + self.pool.lru_blocks
+        computed = self._computed_before_jump() if self.rows is not None else None
+        co, rate = rates
+        entries, tokens, n = start.entries, start.tokens, start.requests
+        if co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
+            openings = group.openings(steps)
+            span = decode_span(openings, start, rate, until_s - self.now, free)
+            if computed is not None:
+                self._record_step_times(openings[: span.steps], entries, rate, span.elapsed_s)
+        else:
+            span = self._decode_steps(group.openings(steps), start, until_s, co, free)
+        if computed is not None and span.steps:
+            self.run.event_jumps.append((self.step + 1, span.steps, list(self.running), computed))  # type: ignore[union-attr]
+        return span
 
     def _rates(self, n: int) -> _DecodeRates:
         """The cost's decode coefficients for n requests, and the memory-bound step time they give (kept per n)."""
@@ -718,33 +743,6 @@ class Engine:
         for r in self.running:
             self._sync(r, group.lag(r))
         return [self.c[r] for r in self.running]
-
-    def _account(self, span: DecodeSpan) -> None:
-        """A jump's blocks, time and integrals."""
-        run = self.run
-        used = self.used
-        run.timeline_s.append(self.now)
-        run.timeline_blocks.append(used)
-        steps, opened, elapsed, block_s, entry_s, token_s = span
-        if opened:
-            pool = self.pool
-            if opened <= pool.free_plain:  # pool.consume's common case, inline
-                pool.free_plain -= opened
-            else:
-                before = pool.evictions
-                pool.consume(opened)
-                run.evictions += pool.evictions - before
-            used += opened
-            self.used = used
-            self.entries += opened
-            if used > run.peak_blocks:
-                run.peak_blocks = used
-        self.now += elapsed
-        run.busy_s += elapsed
-        run.steps += steps
-        run.block_seconds += block_s
-        run.entry_seconds += entry_s
-        run.token_seconds += token_s
 
     def _decode_steps(
         self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple, free: int
@@ -866,4 +864,5 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
     if progress is not None:
         progress(engine.finished)
     engine.run.free_blocks_at_end = engine.pool.num_free()
+    engine.run.evictions = engine.pool.evictions
     return engine.run
