@@ -636,15 +636,20 @@ class Engine:
         return finished
 
     # ----------------------------------------------------------------- decode jumps
-    def quiet(self) -> bool:
-        """Every running request decodes (all in the group), all fit the budget, and no admission can happen."""
+    def jump(self, next_arrival_s: float) -> bool:
+        """A decode jump if the step is quiet: every running request decodes (all in the group), all fit the
+        budget, and no admission can happen.  An arrival at ``next_arrival_s`` that could be admitted ends it.
+        False when no jump ran (the caller takes an exact step)."""
         n = len(self.running)
-        if not n or self.prefilling or not self.cfg.fast_path:
+        cfg = self.cfg
+        if not n or self.prefilling or not cfg.fast_path or n > cfg.max_num_batched_tokens:
             return False
-        budget = self.cfg.max_num_batched_tokens
-        if n > budget:
-            return False
-        return not self.waiting or self.head_blocked or n >= self.cfg.max_num_seqs or n >= budget
+        room = n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens  # for one more request
+        if self.waiting:
+            if room and not self.head_blocked:
+                return False  # the head may be admitted
+            return self.try_jump(cfg.max_jump_steps)
+        return self.try_jump(cfg.max_jump_steps, next_arrival_s if n < cfg.max_num_seqs else float("inf"))
 
     def try_jump(self, limit: int, until_s: float = float("inf")) -> bool:
         """Run pure-decode steps at once (when quiet): up to ``limit``, up to and with the first finish, before the
@@ -847,16 +852,7 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
                 continue
             if engine.head_blocked:  # pragma: no cover - excluded by the fits filter
                 break
-        jumped = False
-        while engine.quiet():  # jumps back to back (past finishes) while no arrival is due
-            # an arrival that could be admitted ends a jump
-            until = times[nxt] if not waiting and len(running) < config.max_num_seqs else float("inf")
-            if not engine.try_jump(config.max_jump_steps, until):
-                break
-            jumped = True
-            if times[nxt] <= engine.now:
-                break
-        if not jumped:
+        if not engine.jump(times[nxt]):
             engine.exact_step()
         if progress is not None and engine.finished - done_reported >= 2000:
             done_reported = engine.finished
