@@ -314,7 +314,7 @@ class Engine:
             return hits, []
         return hits, self.pool.private_hits(r, len(sk), limit)
 
-    def _release(self, r: int) -> None:
+    def _release(self, r: int, finished: bool) -> None:
         blocks = self.blocks[r]
         p0 = len(blocks)
         total = p0 + self.npriv[r]
@@ -323,7 +323,7 @@ class Engine:
             hashed_end = total
         if hashed_end < p0:
             hashed_end = p0
-        freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end)
+        freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end, finished)
         self.used -= freed
         self.entries -= total
         self.tokens_held -= self.c[r]
@@ -335,7 +335,7 @@ class Engine:
     def _preempt(self, r: int) -> None:
         if self.rows is not None:
             self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 0))
-        self._release(r)
+        self._release(r, finished=False)
         self.prefilling.discard(r)
         self.c[r] = 0
         self.run.num_preemptions[r] += 1
@@ -477,7 +477,7 @@ class Engine:
             run.finish_s[r] = self.now
             if self.rows is not None:
                 self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
-            self._release(r)
+            self._release(r, finished=True)
         self.finished += len(finished)
         remove = self.running.remove
         for r in finished:
