@@ -133,6 +133,14 @@ class BlockPool:
         n -= plain
         self.lru_blocks -= n
         self.evictions += n
+        head = next(iter(self.lru))
+        if head.__class__ is Unreachable and n < head.size:  # type: ignore[attr-defined]  # the common case
+            head.size -= n  # type: ignore[attr-defined]
+            return
+        self._evict(n)
+
+    def _evict(self, n: int) -> None:
+        """Take n cached blocks off the LRU's head (counted as evictions by the caller)."""
         lru = self.lru
         while n:
             entry = next(iter(lru))
