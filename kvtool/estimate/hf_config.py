@@ -62,6 +62,7 @@ class ModelSpec:
     moe_intermediate_size: int | None = None
     n_shared_experts: int | None = None
     first_k_dense_replace: int = 0
+    moe_layers: tuple[int, ...] | None = None  # layers with experts (None: every layer from first_k_dense_replace)
     q_lora_rank: int | None = None
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
@@ -122,7 +123,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "sliding_window_pattern": _OPT_INT,
     "layer_types": (list,),
     "attention_chunk_size": _OPT_INT,
-    "no_rope_layers": (list,),
+    "no_rope_layers": (list, type(None)),
     "no_rope_layer_interval": _OPT_INT,
     "kv_lora_rank": _OPT_INT,
     "q_lora_rank": _OPT_INT,
@@ -144,6 +145,9 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "mamba_ssm_dtype": (str, type(None)),
     "n_shared_experts": _OPT_INT,
     "first_k_dense_replace": _OPT_INT,
+    "interleave_moe_layer_step": _OPT_INT,
+    "moe_layers": (list, type(None)),
+    "intermediate_size_mlp": _OPT_INT,
     "num_nextn_predict_layers": _OPT_INT,
     "parallel_attn": (bool,),
     "bias": (bool,),
@@ -361,7 +365,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
     experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
-    return ModelSpec(
+    llama4_mlp = _llama4_mlp(cfg, model_type, num_layers, notes)
+    spec = ModelSpec(
         name=name or model_type,
         source=where,
         model_type=model_type,
@@ -396,6 +401,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         state_layers=hybrid.state_layers if hybrid else 0,
         notes=tuple(notes),
     )
+    return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec
 
 
 # vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py
@@ -469,6 +475,25 @@ def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -
             where=f"{cfg.where}: field {key}",
         )
     return value
+
+
+def _llama4_mlp(cfg: _Reader, model_type: str, num_layers: int, notes: list[str]) -> dict[str, Any]:
+    """Llama 4's MLPs, for the weight estimate: the MoE layers (``moe_layers``, else every
+    ``interleave_moe_layer_step``-th) hold the routed experts and one shared expert, both of ``intermediate_size``;
+    the other layers a dense MLP of ``intermediate_size_mlp`` (transformers' Llama4TextMoe and Llama4TextMLP,
+    vLLM's llama4.py).  Empty for other models."""
+    if model_type not in LLAMA4_TYPES:
+        return {}
+    step = cfg.positive("interleave_moe_layer_step", required=False) or 1
+    listed = cfg.get("moe_layers")
+    moe = tuple(int(i) for i in listed) if listed else tuple(range(step - 1, num_layers, step))
+    inter = cfg.positive("intermediate_size", required=False)
+    dense = cfg.positive("intermediate_size_mlp", required=False) or inter
+    notes.append(
+        f"Llama 4 weights: {len(moe)} MoE layers (routed experts and 1 shared expert of {inter}), "
+        f"{num_layers - len(moe)} dense MLP layers of {dense}"
+    )
+    return {"moe_layers": moe, "moe_intermediate_size": inter, "intermediate_size": dense, "n_shared_experts": 1}
 
 
 def _chunked_layer_kinds(cfg: _Reader, model_type: str, n: int, notes: list[str]) -> tuple[tuple[str, ...], int] | None:
