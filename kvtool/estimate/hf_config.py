@@ -486,7 +486,11 @@ def _llama4_mlp(cfg: _Reader, model_type: str, num_layers: int, notes: list[str]
         return {}
     step = cfg.positive("interleave_moe_layer_step", required=False) or 1
     listed = cfg.get("moe_layers")
-    moe = tuple(int(i) for i in listed) if listed else tuple(range(step - 1, num_layers, step))
+    if listed and not all(type(i) is int and 0 <= i < num_layers for i in listed):
+        raise InputFileError(
+            f"moe_layers must list layer indices below {num_layers}", where=f"{cfg.where}: field moe_layers"
+        )
+    moe = tuple(listed) if listed else tuple(range(step - 1, num_layers, step))
     inter = cfg.positive("intermediate_size", required=False)
     dense = cfg.positive("intermediate_size_mlp", required=False) or inter
     notes.append(

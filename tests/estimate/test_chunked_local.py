@@ -113,3 +113,12 @@ def test_group_blocks_equal_vllm_spec_classes():
         kind, in_flight, seq = key.split()
         window = 8192 if kind == "chunked" else 128
         assert KvGroup(kind, 1, window).blocks_for(int(seq), 16, int(in_flight)) == blocks, key
+
+
+def test_moe_layers_that_are_not_layer_indices_are_refused_naming_the_field(run_cli, tmp_path):
+    config = json.loads((SCOUT / "config.json").read_text())
+    config["text_config"]["moe_layers"] = ["0..47"]  # as some scraped configs print it
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run_cli("estimate", "--config", str(tmp_path), "--kv-memory", "10GiB")
+    assert result.exit_code != 0
+    assert "moe_layers" in result.stderr and "Traceback" not in result.stderr
