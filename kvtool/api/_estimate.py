@@ -45,6 +45,7 @@ def estimate(
     max_num_seqs: int | None = None,
     enforce_eager: bool = False,
     prefix_caching: bool = True,
+    async_scheduling: bool = True,
     quantization: str | None = None,
     block_size: int = 16,
     max_num_batched_tokens: int | None = None,

@@ -16,6 +16,7 @@ from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
+from kvtool.core.memory import keep_freed_memory
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
 _STAGES = ("reading", "checking rows", "sorting", "integrating", "pool", "prefix reuse")
@@ -93,6 +94,7 @@ def register(app: typer.Typer) -> None:
             late_free_ms=late_free_ms,
         )
         output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
+        keep_freed_memory()  # this process is ours: large temporaries reuse their pages (see kvtool.core.memory)
         if not is_single_file(events):
             return _analyze_fleet(events, options, output, workers=workers, scheduler=scheduler)
         events_file = Path(events[0])

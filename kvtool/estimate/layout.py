@@ -1,7 +1,7 @@
 """KV-cache bytes per token, per layer kind, per GPU: the seed formula ``2 x L x H x S x D x P x B``, exactly.
 
-- attention layers (full or sliding): K and V, ``kv_heads_per_gpu`` heads of ``head_dim`` values each;
-  a sliding layer holds ``min(S, window)`` tokens;
+- attention layers (full, sliding or chunked local): K and V, ``kv_heads_per_gpu`` heads of ``head_dim`` values
+  each; a sliding layer holds ``min(S, window)`` tokens, a chunked local layer (Llama 4) ``min(S, chunk)``;
 - MLA layers: one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token, no factor 2, replicated on
   every tensor-parallel rank; ``fp8_ds_mla`` is vLLM's fixed 656 bytes per token per layer;
 - tensor parallelism: ``kv_heads_per_gpu = max(1, kv_heads // tp)`` (vLLM replicates KV heads when tp > kv_heads).
@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.dtypes import FP8_DS_MLA_BYTES_PER_TOKEN, KV_DTYPE_BYTES, kv_vector_bytes, resolve_kv_dtype
-from kvtool.estimate.hf_config import FULL, SLIDING, ModelSpec
+from kvtool.estimate.hf_config import CHUNKED, FULL, SLIDING, ModelSpec
 from kvtool.estimate.hybrid import MAMBA
 
 MLA = "mla"
@@ -27,12 +27,12 @@ MLA = "mla"
 class LayerGroup:
     """Layers that store the same thing per token."""
 
-    kind: str  # "full", "sliding" or "mla"
+    kind: str  # "full", "sliding", "chunked", "mla" or "mamba"
     num_layers: int
     kv_heads_per_gpu: int  # 1 for MLA (one latent)
     vector_elements: int  # head_dim, or the MLA latent width
     kv_factor: int  # 2 (K and V) or 1 (MLA latent)
-    window_tokens: int | None  # sliding layers keep this many tokens
+    window_tokens: int | None  # sliding (chunked local) layers keep at most this many tokens: the window (chunk)
     bytes_per_token_per_layer: Fraction  # one GPU, exact
     state_bytes_per_request: int = 0  # hybrid state layers: a fixed state per request and layer, one GPU
 
@@ -88,10 +88,10 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
         notes.append(f"{spec.num_kv_heads} KV heads do not divide evenly over tp {tp}; {heads} per GPU assumed")
     per_layer = 2 * heads * kv_vector_bytes(dtype, spec.head_dim)
     groups: list[LayerGroup] = []
-    for kind in (FULL, SLIDING):
+    windows = {FULL: None, SLIDING: spec.sliding_window, CHUNKED: spec.attention_chunk_size}
+    for kind, window in windows.items():
         n = spec.layer_kinds.count(kind)
         if n:
-            window = spec.sliding_window if kind == SLIDING else None
             groups.append(LayerGroup(kind, n, heads, spec.head_dim, 2, window, per_layer))
     if spec.mamba_state is not None and spec.state_layers:
         state = spec.mamba_state.bytes_per_gpu(tp)

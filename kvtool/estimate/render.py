@@ -31,7 +31,13 @@ def render_estimate(result: EstimateResult, console) -> None:
     table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", overflow="fold")
-    kinds = {"full": "full attention", "sliding": "sliding window", "mla": "MLA latent", "mamba": "state layers"}
+    kinds = {
+        "full": "full attention",
+        "sliding": "sliding window",
+        "chunked": "chunked local attention",
+        "mla": "MLA latent",
+        "mamba": "state layers",
+    }
     for g in r.layer_groups:
         label = f"{kinds[g.kind]} ({g.num_layers} layers)"
         if g.window_tokens:

@@ -77,8 +77,10 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     counts: dict[tuple[int, int], int] = {}
     experts = 0
     inter = spec.moe_intermediate_size or spec.intermediate_size or 0
+    moe_layers = set(spec.moe_layers) if spec.moe_layers is not None else None
     for layer in range(spec.num_layers):
-        if spec.num_experts and layer >= spec.first_k_dense_replace:
+        moe = layer >= spec.first_k_dense_replace if moe_layers is None else layer in moe_layers
+        if spec.num_experts and moe:
             shared = (spec.n_shared_experts or 0) * inter
             mlp = [(shared, h), (shared, h), (h, shared)] if shared else []
             experts += spec.num_experts

@@ -34,11 +34,12 @@ def _request_lines(analysis: Analysis) -> list[str]:
 def _row_lines(columns: list[tuple[str, Any]]) -> list[str]:
     """Rows of JSON objects from columns (text columns as lists of str, the others numpy arrays)."""
     import json
+    from json.encoder import encode_basestring_ascii  # what json.dumps does for one str, without its overhead
 
     encoded = []
     for name, values in columns:
         if isinstance(values, (list, tuple)):
-            encoded.append([json.dumps(v) for v in values])  # str: the encoder's fast path
+            encoded.append([encode_basestring_ascii(v) if isinstance(v, str) else json.dumps(v) for v in values])
             continue
         if name in FLOAT_COLUMNS:
             items = [None if v != v else v for v in values.astype(float).tolist()]

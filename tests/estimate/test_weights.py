@@ -144,3 +144,36 @@ def test_deepseek_v3_fp8_checkpoint_fits_eight_h200s(run_cli):
     )
     assert abs(out["weights_bytes"] - 673.0e9) / 673.0e9 < 0.005
     assert out["fits"] is True and out["kv_budget_bytes"] > 0  # it is served on 8 x H200 in practice
+
+
+def _llama4_params(text_overrides: dict) -> int:
+    from kvtool.estimate.hf_config import load_config_path, parse_config
+    from tests.support import DATA
+
+    data, path = load_config_path(DATA / "estimate" / "llama-4-scout" / "config.json")
+    data["text_config"].update(text_overrides)
+    params = estimate_params(parse_config(data, where=str(path)))
+    assert params is not None
+    return params
+
+
+def test_llama4_scout_counts_its_shared_expert_in_every_moe_layer():
+    # Hand count of the language model (transformers' Llama4TextMoe: 16 routed experts and 1 shared expert of
+    # intermediate_size 8192, gate/up/down; router 5120 x 16; attention q/o 5120 x 5120, k/v 1024 x 5120; two norms
+    # a layer; untied embeddings and head 202,048 x 5120; final norm).  Meta publishes 109B with the vision tower
+    # (~0.9B), which kvtool does not count.
+    h, inter, layers, vocab = 5120, 8192, 48, 202048
+    per_layer = 16 * 3 * inter * h + 3 * inter * h + h * 16 + 2 * 5120 * 5120 + 2 * 1024 * 5120 + 2 * h
+    assert _llama4_params({}) == layers * per_layer + 2 * vocab * h + h == 107_769_861_120
+
+
+def test_llama4_maverick_interleaves_moe_and_dense_layers():
+    # Maverick: 128 experts, interleave_moe_layer_step 2 (layers 1, 3, ..., 47 are MoE), dense layers use
+    # intermediate_size_mlp 16384.  Meta publishes 400B total parameters.
+    h, inter, dense, vocab = 5120, 8192, 16384, 202048
+    attention = 2 * 5120 * 5120 + 2 * 1024 * 5120
+    moe_layer = 128 * 3 * inter * h + 3 * inter * h + h * 128 + attention + 2 * h
+    dense_layer = 3 * dense * h + attention + 2 * h
+    params = _llama4_params({"num_local_experts": 128, "interleave_moe_layer_step": 2, "moe_layers": None})
+    assert params == 24 * moe_layer + 24 * dense_layer + 2 * vocab * h + h
+    assert abs(params - 400e9) / 400e9 < 0.01
