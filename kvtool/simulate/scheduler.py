@@ -395,12 +395,16 @@ class Engine:
         run = self.run
         ref = pool.ref
         max_len = self.cfg.max_model_len
+        skeys, caching = self.skeys, self.cfg.enable_prefix_caching
         while budget > 0 and waiting and not self.head_blocked:
             if len(running) >= self.cfg.max_num_seqs:
                 break
             r = waiting[0]
             total = self.P[r] + self.g[r]
-            hits, private = self._lookup(r, total)
+            if skeys[r] == [] and r not in pool.runs:  # nothing shareable, nothing of its own cached
+                hits, private = (), ()
+            else:
+                hits, private = self._lookup(r, total)
             npriv = sum(j - i for _, i, j in private) if private else 0
             h = len(hits) + npriv
             computed = h * b
@@ -422,17 +426,20 @@ class Engine:
             in_use_hits = h - evictable
             if hits or private:
                 pool.touch(hits, private)
-            self.blocks[r] = list(hits)
+                self.blocks[r] = list(hits)  # else still the empty list its last release left
             self.npriv[r] = npriv
             if new > 0:
                 self._allocate(r, new)
             held = len(self.blocks[r]) + self.npriv[r]
             self.used += held - in_use_hits
             self.entries += held
-            self.ncached[r] = h
             self.c[r] = computed
             self.tokens_held += computed
-            self._cache_full(r, computed + n)  # computed + n <= total
+            if self.blocks[r] or not caching:
+                self.ncached[r] = h
+                self._cache_full(r, computed + n)  # computed + n <= total
+            else:  # no shareable block to key: the blocks full up to computed + n count as cached
+                self.ncached[r] = (computed + n) // b
             running.append(r)
             self.order[r] = self.admissions
             self.admissions += 1
