@@ -636,46 +636,40 @@ class Engine:
         finished = self._update_from_output(scheduled)
         prefilling, c, order, join = self.prefilling, self.c, self.order, self.group.join
         for r, _ in scheduled:
-            if r not in prefilling:
-                left = self._steps_left(r)
-                if left > 0:
-                    join(r, c[r], left, order[r])
+            if r not in prefilling and r not in finished:
+                join(r, c[r], self._steps_left(r), order[r])
         return finished
 
     # ----------------------------------------------------------------- decode jumps
     def jump(self, next_arrival_s: float) -> bool:
-        """A decode jump if the step is quiet: every running request decodes (all in the group), all fit the
-        budget, and no admission can happen.  An arrival at ``next_arrival_s`` that could be admitted ends it.
-        False when no jump ran (the caller takes an exact step)."""
+        """Pure-decode steps at once, if the step is quiet: every running request decodes (all in the group), all
+        fit the budget, and no admission can happen.  The jump ends with the first finish (at most
+        ``max_jump_steps``), before the first step whose new blocks do not fit, or after the step that reaches an
+        arrival at ``next_arrival_s`` that could be admitted.  False when not one step could run so (the caller
+        takes an exact step)."""
         n = len(self.running)
         cfg = self.cfg
         if not n or self.prefilling or not cfg.fast_path or n > cfg.max_num_batched_tokens:
             return False
         room = n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens  # for one more request
+        until_s = float("inf")
         if self.waiting:
             if room and not self.head_blocked:
                 return False  # the head may be admitted
-            return self.try_jump(cfg.max_jump_steps)
-        return self.try_jump(cfg.max_jump_steps, next_arrival_s if n < cfg.max_num_seqs else float("inf"))
-
-    def try_jump(self, limit: int, until_s: float = float("inf")) -> bool:
-        """Run pure-decode steps at once (when quiet): up to ``limit``, up to and with the first finish, before the
-        first step whose new blocks do not fit; stop after the step that reaches ``until_s`` (an arrival that may be
-        admitted).  False when not one step could run so (the caller takes an exact step)."""
+        elif n < cfg.max_num_seqs:
+            until_s = next_arrival_s
         group = self.group
         steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
-        if limit < steps:
-            steps = limit
+        if cfg.max_jump_steps < steps:
+            steps = cfg.max_jump_steps
         if steps < 2:
             return False
-        n = len(self.running)
         rates = self._decode_rates.get(n) or self._rates(n)
         entries, tokens, budget_s = self.entries, self.tokens_held, until_s - self.now
-        rate = rates.rate
+        co, rate = rates
         least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
         if least > 0 and budget_s / least + 2 < steps:  # not listing openings past the arrival
             steps = int(budget_s / least) + 2
-        co = rates.coefficients
         pool, run, used = self.pool, self.run, self.used
         start = tuple_new(DecodeStart, (entries, used, tokens, n))
         # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
@@ -713,7 +707,7 @@ class Engine:
         return True
 
     def _span_one_by_one(self, steps: int, start: DecodeStart, rates: _DecodeRates, until_s: float) -> DecodeSpan:
-        """try_jump's span when steps may be compute-bound (taken one by one) or when events are recorded (the
+        """A jump's span when steps may be compute-bound (taken one by one) or when events are recorded (the
         step times and the decode rows of the export)."""
         group = self.group
         free = self.pool.free_plain + self.pool.lru_blocks
