@@ -46,7 +46,7 @@ from typing import NamedTuple, Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
 from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span, tuple_new
-from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
+from kvtool.simulate.prefix_cache import BlockKeys, BlockPool, Run
 
 # vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
 # budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
@@ -396,6 +396,8 @@ class Engine:
         ref = pool.ref
         max_len = self.cfg.max_model_len
         skeys, caching = self.skeys, self.cfg.enable_prefix_caching
+        hits: Sequence[int]
+        private: Sequence[tuple[Run, int, int]]
         while budget > 0 and waiting and not self.head_blocked:
             if len(running) >= self.cfg.max_num_seqs:
                 break
