@@ -840,6 +840,7 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
     times = [arrival[i] for i in order]
     times.append(float("inf"))  # times[nxt]: the next arrival
     waiting, running = engine.waiting, engine.running
+    room = min(config.max_num_seqs, config.max_num_batched_tokens)  # running requests that leave room for one more
     done_reported = 0
     while True:
         while times[nxt] <= engine.now:
@@ -855,7 +856,8 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
                 continue
             if engine.head_blocked:  # pragma: no cover - excluded by the fits filter
                 break
-        if not engine.jump(times[nxt]):
+        # the waiting head may be admitted (no jump then), else a jump if quiet, else an exact step
+        if waiting and not engine.head_blocked and len(running) < room or not engine.jump(times[nxt]):
             engine.exact_step()
         if progress is not None and engine.finished - done_reported >= 2000:
             done_reported = engine.finished
