@@ -644,69 +644,71 @@ class Engine:
 
     # ----------------------------------------------------------------- decode jumps
     def jump(self, next_arrival_s: float) -> bool:
-        """Pure-decode steps at once, if the step is quiet: every running request decodes (all in the group), all
-        fit the budget, and no admission can happen.  The jump ends with the first finish (at most
+        """Pure-decode steps at once, while the step is quiet: every running request decodes (all in the group),
+        all fit the budget, and no admission can happen.  A jump ends with the first finish (at most
         ``max_jump_steps``), before the first step whose new blocks do not fit, or after the step that reaches an
-        arrival at ``next_arrival_s`` that could be admitted.  False when not one step could run so (the caller
-        takes an exact step)."""
-        n = len(self.running)
-        cfg = self.cfg
-        if not n or self.prefilling or not cfg.fast_path or n > cfg.max_num_batched_tokens:
-            return False
-        room = n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens  # for one more request
-        until_s = float("inf")
-        if self.waiting:
-            if room and not self.head_blocked:
-                return False  # the head may be admitted
-        elif n < cfg.max_num_seqs:
-            until_s = next_arrival_s
-        group = self.group
-        steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
-        if cfg.max_jump_steps < steps:
-            steps = cfg.max_jump_steps
-        if steps < 2:
-            return False
-        rates = self._decode_rates.get(n) or self._rates(n)
-        entries, tokens, budget_s = self.entries, self.tokens_held, until_s - self.now
-        co, rate = rates
-        least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
-        if least > 0 and budget_s / least + 2 < steps:  # not listing openings past the arrival
-            steps = int(budget_s / least) + 2
-        pool, run, used = self.pool, self.run, self.used
-        start = tuple_new(DecodeStart, (entries, used, tokens, n))
-        # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
-        # the first step is at least compute at the last
-        if self.rows is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
-            span = decode_span(group.openings(steps), start, rate, budget_s, pool.free_plain + pool.lru_blocks)
-        else:
-            span = self._span_one_by_one(steps, start, rates, until_s)
-        k, opened, elapsed_s, block_s, entry_s, token_s = span
-        if not k:
-            return False
-        # the jump's blocks, time and integrals
-        run.timeline_s.append(self.now)
-        run.timeline_blocks.append(used)
-        if opened:
-            if opened <= pool.free_plain:  # pool.consume's common case, inline
-                pool.free_plain -= opened
+        arrival at ``next_arrival_s`` that could be admitted; after a finish, the next jump follows at once when no
+        arrival is due.  False when not one step could run so (the caller takes an exact step)."""
+        cfg, group, pool, run = self.cfg, self.group, self.pool, self.run
+        jumped = False
+        while True:
+            n = len(self.running)
+            if not n or self.prefilling or not cfg.fast_path or n > cfg.max_num_batched_tokens:
+                return jumped
+            until_s = float("inf")
+            if self.waiting:
+                if n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens and not self.head_blocked:
+                    return jumped  # the head may be admitted
+            elif n < cfg.max_num_seqs:
+                until_s = next_arrival_s
+            steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
+            if cfg.max_jump_steps < steps:
+                steps = cfg.max_jump_steps
+            if steps < 2:
+                return jumped
+            rates = self._decode_rates.get(n) or self._rates(n)
+            entries, tokens, used, budget_s = self.entries, self.tokens_held, self.used, until_s - self.now
+            co, rate = rates
+            least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
+            if least > 0 and budget_s / least + 2 < steps:  # not listing openings past the arrival
+                steps = int(budget_s / least) + 2
+            start = tuple_new(DecodeStart, (entries, used, tokens, n))
+            # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
+            # the first step is at least compute at the last
+            if self.rows is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
+                span = decode_span(group.openings(steps), start, rate, budget_s, pool.free_plain + pool.lru_blocks)
             else:
-                pool.consume(opened)
-            self.used = used = used + opened
-            self.entries = entries + opened
-            if used > run.peak_blocks:
-                run.peak_blocks = used
-        self.now += elapsed_s
-        run.busy_s += elapsed_s
-        run.steps += k
-        run.block_seconds += block_s
-        run.entry_seconds += entry_s
-        run.token_seconds += token_s
-        self.tokens_held = tokens + n * k
-        group.tick += k
-        self.step += k
-        if group.finish[0][0] <= group.tick:
+                span = self._span_one_by_one(steps, start, rates, until_s)
+            k, opened, elapsed_s, block_s, entry_s, token_s = span
+            if not k:
+                return jumped
+            # the jump's blocks, time and integrals
+            run.timeline_s.append(self.now)
+            run.timeline_blocks.append(used)
+            if opened:
+                if opened <= pool.free_plain:  # pool.consume's common case, inline
+                    pool.free_plain -= opened
+                else:
+                    pool.consume(opened)
+                self.used = used = used + opened
+                self.entries = entries + opened
+                if used > run.peak_blocks:
+                    run.peak_blocks = used
+            self.now += elapsed_s
+            run.busy_s += elapsed_s
+            run.steps += k
+            run.block_seconds += block_s
+            run.entry_seconds += entry_s
+            run.token_seconds += token_s
+            self.tokens_held = tokens + n * k
+            group.tick += k
+            self.step += k
+            if group.finish[0][0] > group.tick:
+                return True
             self._finish(self._pop_group_finished())
-        return True
+            if next_arrival_s <= self.now:
+                return True
+            jumped = True
 
     def _span_one_by_one(self, steps: int, start: DecodeStart, rates: _DecodeRates, until_s: float) -> DecodeSpan:
         """A jump's span when steps may be compute-bound (taken one by one) or when events are recorded (the
