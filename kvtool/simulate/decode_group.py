@@ -93,6 +93,8 @@ class DecodeGroup:
         """Members opening a block at each of the next ``steps`` steps (index 0: the next one)."""
         at = self.opens_at
         s = self.tick % self.block_size
+        if s + steps <= self.block_size:  # within one turn of the phases
+            return at[s : s + steps]
         cycle = at[s:] + at[:s]
         if steps <= len(cycle):
             return cycle[:steps]
