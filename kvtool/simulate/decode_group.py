@@ -126,14 +126,15 @@ class DecodeSpan(NamedTuple):
 
 def decode_span(
     openings: list[int],
-    start: DecodeStart,
+    start: tuple[int, int, int, int],
     rate: tuple[float, float],
     budget_s: float = math.inf,
     free: int = 1 << 62,
 ) -> DecodeSpan:
     """``len(openings)`` decode steps of ``step_s + entry_s x entries`` seconds each (``rate``), the entries growing
     by ``openings[k]`` at step k.  Ends before the first step whose openings exceed ``free`` blocks, and after the
-    step whose end reaches ``budget_s`` seconds from the start.  Integer sums over the steps (C-level iteration),
+    step whose end reaches ``budget_s`` seconds from the start.  ``start`` is a :class:`DecodeStart` or a plain tuple
+    in its order (cheaper to build at every jump).  Integer sums over the steps (C-level iteration),
     then the float figures: the step-by-step loop gives the same to rounding."""
     step_s, entry_s = rate
     grown = list(accumulate(openings))  # G_k: blocks opened by the end of step k
@@ -142,7 +143,7 @@ def decode_span(
     steps = len(grown)
     if not steps:
         return DecodeSpan(0, 0, 0.0, 0.0, 0.0, 0.0)
-    e0 = start.entries  # entries at step k: e0 + G_k
+    e0, blocks0, tokens0, requests = start  # entries at step k: e0 + G_k
     if not grown[-1]:  # no block opened: every step takes the same time
         return _flat_span(steps, start, rate, budget_s)
     summed = list(accumulate(grown))  # summed[k]: G_0 + ... + G_k
@@ -165,17 +166,17 @@ def decode_span(
             steps,
             grown[-1],
             elapsed,
-            entry_integral + (start.blocks - e0) * elapsed,
+            entry_integral + (blocks0 - e0) * elapsed,
             entry_integral,
-            start.tokens * elapsed + start.requests * (step_s * half + entry_s * sk),  # tokens at step k: t0 + n (k+1)
+            tokens0 * elapsed + requests * (step_s * half + entry_s * sk),  # tokens at step k: t0 + n (k+1)
         ),
     )
 
 
-def _flat_span(steps: int, start: DecodeStart, rate: tuple[float, float], budget_s: float) -> DecodeSpan:
+def _flat_span(steps: int, start: tuple[int, int, int, int], rate: tuple[float, float], budget_s: float) -> DecodeSpan:
     """decode_span when no step opens a block: ``steps`` steps of ``step_s + entry_s x entries`` each."""
     step_s, entry_s = rate
-    e0 = start.entries
+    e0, blocks0, tokens0, requests = start
     if step_s * steps + entry_s * (e0 * steps) >= budget_s:
         steps = _steps_to_reach([0] * steps, e0, rate, budget_s)
     half = steps * (steps + 1) // 2
@@ -188,9 +189,9 @@ def _flat_span(steps: int, start: DecodeStart, rate: tuple[float, float], budget
             steps,
             0,
             elapsed,
-            entry_integral + (start.blocks - e0) * elapsed,
+            entry_integral + (blocks0 - e0) * elapsed,
             entry_integral,
-            start.tokens * elapsed + start.requests * (step_s * half + entry_s * (e0 * half)),
+            tokens0 * elapsed + requests * (step_s * half + entry_s * (e0 * half)),
         ),
     )
 

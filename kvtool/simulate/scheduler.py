@@ -45,14 +45,15 @@ from itertools import accumulate
 from typing import NamedTuple, Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
-from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span, tuple_new
+from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, decode_span
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool, Run
 
 # vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
 # budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-_NO_COST = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # decode coefficients without a cost model: steps take no time
+_NO_COST = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_NEVER = float("inf")  # no arrival ends the jump  # decode coefficients without a cost model: steps take no time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -655,7 +656,7 @@ class Engine:
             n = len(self.running)
             if not n or self.prefilling or not cfg.fast_path or n > cfg.max_num_batched_tokens:
                 return jumped
-            until_s = float("inf")
+            until_s = _NEVER
             if self.waiting:
                 if n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens and not self.head_blocked:
                     return jumped  # the head may be admitted
@@ -672,7 +673,7 @@ class Engine:
             least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
             if least > 0 and budget_s / least + 2 < steps:  # not listing openings past the arrival
                 steps = int(budget_s / least) + 2
-            start = tuple_new(DecodeStart, (entries, used, tokens, n))
+            start = (entries, used, tokens, n)  # a DecodeStart's fields
             # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
             # the first step is at least compute at the last
             if self.rows is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
@@ -710,14 +711,16 @@ class Engine:
                 return True
             jumped = True
 
-    def _span_one_by_one(self, steps: int, start: DecodeStart, rates: _DecodeRates, until_s: float) -> DecodeSpan:
+    def _span_one_by_one(
+        self, steps: int, start: tuple[int, int, int, int], rates: _DecodeRates, until_s: float
+    ) -> DecodeSpan:
         """A jump's span when steps may be compute-bound (taken one by one) or when events are recorded (the
         step times and the decode rows of the export)."""
         group = self.group
         free = self.pool.free_plain + self.pool.lru_blocks
         computed = self._computed_before_jump() if self.rows is not None else None
         co, rate = rates
-        entries, tokens, n = start.entries, start.tokens, start.requests
+        entries, _, tokens, n = start
         if co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
             openings = group.openings(steps)
             span = decode_span(openings, start, rate, until_s - self.now, free)
@@ -755,7 +758,7 @@ class Engine:
         return [self.c[r] for r in self.running]
 
     def _decode_steps(
-        self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple, free: int
+        self, grow_at: list[int], start: tuple[int, int, int, int], until_s: float, coefficients: tuple, free: int
     ) -> DecodeSpan:
         """Times and integrals of a jump step by step (blocks grow with the openings, tokens by one per request per
         step), as far as the openings fit ``free`` blocks; stops after the step that reaches ``until_s``."""
@@ -763,8 +766,8 @@ class Engine:
         if grown and grown[-1] > free:  # only the steps whose openings fit
             del grow_at[bisect_right(grown, free) :]
         run = self.run
-        n = start.requests
-        blocks, entries, tokens = start.blocks, start.entries, start.tokens
+        entries, blocks, tokens, n = start
+        blocks0 = blocks
         attended = tokens + n
         fixed, memory0, read_entry, kernel_entry, compute0, per_pair = coefficients
         keep_steps = run.event_rows is not None
@@ -790,7 +793,7 @@ class Engine:
             if now >= until_s:
                 steps = k + 1
                 break
-        return DecodeSpan(steps, blocks - start.blocks, now - self.now, block_s, entry_s, token_s)
+        return DecodeSpan(steps, blocks - blocks0, now - self.now, block_s, entry_s, token_s)
 
 
 def run_engine(
