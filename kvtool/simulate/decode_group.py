@@ -93,6 +93,8 @@ class DecodeGroup:
         """Members opening a block at each of the next ``steps`` steps (index 0: the next one)."""
         at = self.opens_at
         s = self.tick % self.block_size
+        if s + steps <= self.block_size:  # within one turn of the phases
+            return at[s : s + steps]
         cycle = at[s:] + at[:s]
         if steps <= len(cycle):
             return cycle[:steps]
@@ -124,14 +126,15 @@ class DecodeSpan(NamedTuple):
 
 def decode_span(
     openings: list[int],
-    start: DecodeStart,
+    start: tuple[int, int, int, int],
     rate: tuple[float, float],
     budget_s: float = math.inf,
     free: int = 1 << 62,
 ) -> DecodeSpan:
     """``len(openings)`` decode steps of ``step_s + entry_s x entries`` seconds each (``rate``), the entries growing
     by ``openings[k]`` at step k.  Ends before the first step whose openings exceed ``free`` blocks, and after the
-    step whose end reaches ``budget_s`` seconds from the start.  Integer sums over the steps (C-level iteration),
+    step whose end reaches ``budget_s`` seconds from the start.  ``start`` is a :class:`DecodeStart` or a plain tuple
+    in its order (cheaper to build at every jump).  Integer sums over the steps (C-level iteration),
     then the float figures: the step-by-step loop gives the same to rounding."""
     step_s, entry_s = rate
     grown = list(accumulate(openings))  # G_k: blocks opened by the end of step k
@@ -140,17 +143,16 @@ def decode_span(
     steps = len(grown)
     if not steps:
         return DecodeSpan(0, 0, 0.0, 0.0, 0.0, 0.0)
-    e0 = start.entries  # entries at step k: e0 + G_k
-    g1 = sum(grown) if grown[-1] else 0
-    if step_s * steps + entry_s * (e0 * steps + g1) >= budget_s:
-        steps = _steps_to_reach(grown, e0, rate, budget_s)
-        del grown[steps:]
-        g1 = sum(grown)
-    if grown[-1]:
-        g2 = sum(map(operator.mul, grown, grown))
-        gk = sum(map(operator.mul, grown, range(1, steps + 1)))
-    else:
-        g2 = gk = 0
+    e0, blocks0, tokens0, requests = start  # entries at step k: e0 + G_k
+    if not grown[-1]:  # no block opened: every step takes the same time
+        return _flat_span(steps, start, rate, budget_s)
+    summed = list(accumulate(grown))  # summed[k]: G_0 + ... + G_k
+    if step_s * steps + entry_s * (e0 * steps + summed[-1]) >= budget_s:
+        steps = _steps_to_reach(summed, e0, rate, budget_s)
+        del grown[steps:], summed[steps:]
+    g1 = summed[-1]
+    g2 = sum(map(operator.mul, grown, grown)) if grown[-1] else 0
+    gk = (steps + 1) * g1 - sum(summed)  # sum of (k + 1) G_k: each G_j counted K - j times in the partial sums
     half = steps * (steps + 1) // 2
     s1 = e0 * steps + g1  # sum over the steps of the entries
     s2 = e0 * (e0 * steps + 2 * g1) + g2  # of their squares
@@ -164,20 +166,43 @@ def decode_span(
             steps,
             grown[-1],
             elapsed,
-            entry_integral + (start.blocks - e0) * elapsed,
+            entry_integral + (blocks0 - e0) * elapsed,
             entry_integral,
-            start.tokens * elapsed + start.requests * (step_s * half + entry_s * sk),  # tokens at step k: t0 + n (k+1)
+            tokens0 * elapsed + requests * (step_s * half + entry_s * sk),  # tokens at step k: t0 + n (k+1)
         ),
     )
 
 
-def _steps_to_reach(grown: list[int], e0: int, rate: tuple[float, float], budget_s: float) -> int:
-    """The fewest steps whose time reaches ``budget_s`` (all of them do): elapsed after k steps is step_s x k +
-    entry_s x (sum of the entries), nondecreasing in k.  Callers bound the steps by the budget over the least step
-    time, so the answer is among the last few: searched from the end."""
+def _flat_span(steps: int, start: tuple[int, int, int, int], rate: tuple[float, float], budget_s: float) -> DecodeSpan:
+    """decode_span when no step opens a block: ``steps`` steps of ``step_s + entry_s x entries`` each."""
     step_s, entry_s = rate
-    summed = list(accumulate(grown))  # summed[k - 1]: openings over the first k steps, summed over those steps
-    k = len(grown)
+    e0, blocks0, tokens0, requests = start
+    if step_s * steps + entry_s * (e0 * steps) >= budget_s:
+        steps = _steps_to_reach([0] * steps, e0, rate, budget_s)
+    half = steps * (steps + 1) // 2
+    s1 = e0 * steps
+    elapsed = step_s * steps + entry_s * s1
+    entry_integral = step_s * s1 + entry_s * (e0 * s1)
+    return tuple_new(
+        DecodeSpan,
+        (
+            steps,
+            0,
+            elapsed,
+            entry_integral + (blocks0 - e0) * elapsed,
+            entry_integral,
+            tokens0 * elapsed + requests * (step_s * half + entry_s * (e0 * half)),
+        ),
+    )
+
+
+def _steps_to_reach(summed: list[int], e0: int, rate: tuple[float, float], budget_s: float) -> int:
+    """The fewest steps whose time reaches ``budget_s`` (all of them do): elapsed after k steps is step_s x k +
+    entry_s x (e0 x k + summed[k - 1]), nondecreasing in k (``summed``: the partial sums of the blocks opened).
+    Callers bound the steps by the budget over the least step time, so the answer is among the last few: searched
+    from the end."""
+    step_s, entry_s = rate
+    k = len(summed)
     while k > 1 and step_s * (k - 1) + entry_s * (e0 * (k - 1) + summed[k - 2]) >= budget_s:
         k -= 1
     return k

@@ -91,6 +91,17 @@ class Run:
         return j - i
 
 
+class Unreachable:
+    """Cached free private blocks that no lookup can hit any more (their request finished): only their number and
+    their place in the LRU matter, so the ones freed one after another, with nothing between them, make one
+    entry."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int):
+        self.size = size
+
+
 class BlockPool:
     """The free queue, the cached blocks and the reference counts (``vllm/v1/core/block_pool.py``)."""
 
@@ -98,7 +109,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int):
         self.free_plain = num_blocks - 1  # unhashed free blocks (the null block is never free)
-        # LRU of cached free blocks, oldest first: a shareable block id (int) or a Run.
+        # LRU of cached free blocks, oldest first: a shareable block id (int), a Run or an Unreachable.
         self.lru: collections.OrderedDict[object, None] = collections.OrderedDict()
         self.lru_blocks = 0
         self.ref: dict[int, int] = {}  # shareable block id -> references
@@ -122,10 +133,25 @@ class BlockPool:
         n -= plain
         self.lru_blocks -= n
         self.evictions += n
+        head = next(iter(self.lru))
+        if head.__class__ is Unreachable and n < head.size:  # type: ignore[attr-defined]  # the common case
+            head.size -= n  # type: ignore[attr-defined]
+            return
+        self._evict(n)
+
+    def _evict(self, n: int) -> None:
+        """Take n cached blocks off the LRU's head (counted as evictions by the caller)."""
         lru = self.lru
         while n:
             entry = next(iter(lru))
-            if entry.__class__ is Run:
+            if entry.__class__ is Unreachable:
+                size = entry.size  # type: ignore[attr-defined]
+                if n < size:
+                    entry.size = size - n  # type: ignore[attr-defined]
+                    return
+                n -= size
+                del lru[entry]
+            elif entry.__class__ is Run:
                 ranges = entry.ranges  # type: ignore[attr-defined]
                 last = ranges[-1]
                 size = last[1] - last[0]
@@ -207,18 +233,30 @@ class BlockPool:
             holders[block] = None
 
     # ------------------------------------------------------------------ freeing
-    def free(self, request: int, blocks: Sequence[int], private_lo: int, private_hi: int, unhashed: int) -> int:
+    def free(
+        self, request: int, blocks: Sequence[int], private_lo: int, private_hi: int, unhashed: int, finished: bool
+    ) -> int:
         """A request's blocks back, tail first: ``unhashed`` trailing blocks (private or not) to the plain pool; cached
-        private blocks [private_lo, private_hi) as one run; then its shareable blocks, last first.  Returns the
-        blocks no longer referenced by anyone."""
+        private blocks [private_lo, private_hi) as one run (unreachable when the request ``finished``: no lookup of
+        its own will come); then its shareable blocks, last first.  Returns the blocks no longer referenced by
+        anyone."""
         self.free_plain += unhashed
         freed = unhashed
         if private_hi > private_lo:
-            run = Run(request, private_lo, private_hi)
-            self.lru[run] = None
-            self.lru_blocks += private_hi - private_lo
-            self.runs.setdefault(request, []).append(run)
-            freed += private_hi - private_lo
+            size = private_hi - private_lo
+            lru = self.lru
+            if not finished:
+                run = Run(request, private_lo, private_hi)
+                lru[run] = None
+                self.runs.setdefault(request, []).append(run)
+            else:
+                last = next(reversed(lru), None) if lru else None
+                if last.__class__ is Unreachable:
+                    last.size += size  # type: ignore[union-attr]
+                else:
+                    lru[Unreachable(size)] = None
+            self.lru_blocks += size
+            freed += size
         ref = self.ref
         for b in reversed(blocks):
             r = ref[b] - 1

@@ -38,20 +38,22 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from itertools import accumulate
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
-from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, DecodeStart, decode_span, tuple_new
-from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
+from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, decode_span
+from kvtool.simulate.prefix_cache import BlockKeys, BlockPool, Run
 
 # vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
 # budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-_NO_COST = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # decode coefficients without a cost model: steps take no time
+_NO_COST = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_NEVER = float("inf")  # no arrival ends the jump  # decode coefficients without a cost model: steps take no time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +134,7 @@ class EngineRun:
     token_seconds: float  # integral of tokens held (computed KV) over time
     peak_blocks: int
     preemptions: int
-    evictions: int  # cached blocks reused for new data
+    evictions: int  # cached blocks reused for new data (counted by the pool, filled in when the run ends)
     hit_tokens: int  # prefix-cache hits over all admissions (resumptions too)
     queried_tokens: int  # tokens looked up at admissions
     free_blocks_at_end: int = -1  # the free queue when the run ended (all blocks back when every request finished)
@@ -140,6 +142,14 @@ class EngineRun:
     # (first step, steps, requests, their computed tokens before the jump); see kvtool.simulate.export.
     event_rows: list[tuple[int, int, int, int, int, int]] | None = None
     event_jumps: list[tuple[int, int, list[int], list[int]]] | None = None
+
+
+class _DecodeRates(NamedTuple):
+    """A decode step's cost for one batch size: the cost's coefficients (StepCost.decode_coefficients), and a
+    memory-bound step as (seconds, seconds per block-table entry)."""
+
+    coefficients: tuple[float, float, float, float, float, float]
+    rate: tuple[float, float]
 
 
 class StepCost(Protocol):
@@ -163,7 +173,6 @@ class Engine:
         config: EngineConfig,
         prompts: Sequence[Prompt],
         max_tokens: Sequence[int],
-        arrival_s: Sequence[float],
         cost: StepCost | None = None,
         keys: BlockKeys | None = None,
         record_events: bool = False,
@@ -174,8 +183,8 @@ class Engine:
         self.b = config.block_size
         self.prompts = prompts
         self.P = [p.tokens for p in prompts]
-        self.out = [max(1, int(o)) for o in max_tokens]
-        self.arrival = [float(a) for a in arrival_s]
+        out = list(map(int, max_tokens))
+        self.out = out if not out or min(out) >= 1 else [o if o > 1 else 1 for o in out]  # at least one token
         self.cost = cost
         self.keys = keys or BlockKeys()
         self.pool = BlockPool(config.num_blocks)
@@ -228,7 +237,7 @@ class Engine:
         self.tokens_held = 0  # computed tokens of running requests
         # Running requests past their prompt, advanced together (their c, g, npriv, ncached lag behind; _sync).
         self.group = DecodeGroup(self.b)
-        self._decode_coefficients: dict[int, tuple] = {}
+        self._decode_rates: dict[int, _DecodeRates] = {}
         self.order = [0] * n  # place in the running list: admission count at the request's last admission
         self.admissions = 0
 
@@ -262,14 +271,12 @@ class Engine:
             shareable = len(sk if sk is not None else self.shared_keys(r)) - len(self.blocks[r])
             if shareable > m:
                 shareable = m
-        before = self.pool.evictions
         if shareable > 0:
             self.pool.new_ids(shareable, self.blocks[r])
             m -= shareable
         if m:
             self.pool.consume(m)
             self.npriv[r] += m
-        self.run.evictions += self.pool.evictions - before
 
     def _cache_full(self, r: int, tokens: int) -> None:
         """cache_full_blocks: the request's blocks full up to ``tokens`` get their keys."""
@@ -308,7 +315,7 @@ class Engine:
             return hits, []
         return hits, self.pool.private_hits(r, len(sk), limit)
 
-    def _release(self, r: int) -> None:
+    def _release(self, r: int, finished: bool) -> None:
         blocks = self.blocks[r]
         p0 = len(blocks)
         total = p0 + self.npriv[r]
@@ -317,7 +324,7 @@ class Engine:
             hashed_end = total
         if hashed_end < p0:
             hashed_end = p0
-        freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end)
+        freed = self.pool.free(r, blocks, p0, hashed_end, total - hashed_end, finished)
         self.used -= freed
         self.entries -= total
         self.tokens_held -= self.c[r]
@@ -329,7 +336,7 @@ class Engine:
     def _preempt(self, r: int) -> None:
         if self.rows is not None:
             self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 0))
-        self._release(r)
+        self._release(r, finished=False)
         self.prefilling.discard(r)
         self.c[r] = 0
         self.run.num_preemptions[r] += 1
@@ -389,12 +396,18 @@ class Engine:
         run = self.run
         ref = pool.ref
         max_len = self.cfg.max_model_len
+        skeys, caching = self.skeys, self.cfg.enable_prefix_caching
+        hits: Sequence[int]
+        private: Sequence[tuple[Run, int, int]]
         while budget > 0 and waiting and not self.head_blocked:
             if len(running) >= self.cfg.max_num_seqs:
                 break
             r = waiting[0]
             total = self.P[r] + self.g[r]
-            hits, private = self._lookup(r, total)
+            if skeys[r] == [] and r not in pool.runs:  # nothing shareable, nothing of its own cached
+                hits, private = (), ()
+            else:
+                hits, private = self._lookup(r, total)
             npriv = sum(j - i for _, i, j in private) if private else 0
             h = len(hits) + npriv
             computed = h * b
@@ -416,17 +429,20 @@ class Engine:
             in_use_hits = h - evictable
             if hits or private:
                 pool.touch(hits, private)
-            self.blocks[r] = list(hits)
+                self.blocks[r] = list(hits)  # else still the empty list its last release left
             self.npriv[r] = npriv
             if new > 0:
                 self._allocate(r, new)
             held = len(self.blocks[r]) + self.npriv[r]
             self.used += held - in_use_hits
             self.entries += held
-            self.ncached[r] = h
             self.c[r] = computed
             self.tokens_held += computed
-            self._cache_full(r, computed + n)  # computed + n <= total
+            if self.blocks[r] or not caching:
+                self.ncached[r] = h
+                self._cache_full(r, computed + n)  # computed + n <= total
+            else:  # no shareable block to key: the blocks full up to computed + n count as cached
+                self.ncached[r] = (computed + n) // b
             running.append(r)
             self.order[r] = self.admissions
             self.admissions += 1
@@ -471,7 +487,7 @@ class Engine:
             run.finish_s[r] = self.now
             if self.rows is not None:
                 self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
-            self._release(r)
+            self._release(r, finished=True)
         self.finished += len(finished)
         remove = self.running.remove
         for r in finished:
@@ -573,9 +589,7 @@ class Engine:
 
     def _take(self, blocks: int) -> None:
         """Blocks opened by decodes: private blocks off the free queue."""
-        before = self.pool.evictions
         self.pool.consume(blocks)
-        self.run.evictions += self.pool.evictions - before
         self.used += blocks
         self.entries += blocks
 
@@ -625,45 +639,88 @@ class Engine:
         finished = self._update_from_output(scheduled)
         prefilling, c, order, join = self.prefilling, self.c, self.order, self.group.join
         for r, _ in scheduled:
-            if r not in prefilling:
-                left = self._steps_left(r)
-                if left > 0:
-                    join(r, c[r], left, order[r])
+            if r not in prefilling and r not in finished:
+                join(r, c[r], self._steps_left(r), order[r])
         return finished
 
     # ----------------------------------------------------------------- decode jumps
-    def quiet(self) -> bool:
-        """Every running request decodes (all in the group), all fit the budget, and no admission can happen."""
-        n = len(self.running)
-        if not n or self.prefilling or not self.cfg.fast_path:
-            return False
-        budget = self.cfg.max_num_batched_tokens
-        if n > budget:
-            return False
-        return not self.waiting or self.head_blocked or n >= self.cfg.max_num_seqs or n >= budget
+    def jump(self, next_arrival_s: float) -> bool:
+        """Pure-decode steps at once, while the step is quiet: every running request decodes (all in the group),
+        all fit the budget, and no admission can happen.  A jump ends with the first finish (at most
+        ``max_jump_steps``), before the first step whose new blocks do not fit, or after the step that reaches an
+        arrival at ``next_arrival_s`` that could be admitted; after a finish, the next jump follows at once when no
+        arrival is due.  False when not one step could run so (the caller takes an exact step)."""
+        cfg, group, pool, run = self.cfg, self.group, self.pool, self.run
+        jumped = False
+        while True:
+            n = len(self.running)
+            if not n or self.prefilling or not cfg.fast_path or n > cfg.max_num_batched_tokens:
+                return jumped
+            until_s = _NEVER
+            if self.waiting:
+                if n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens and not self.head_blocked:
+                    return jumped  # the head may be admitted
+            elif n < cfg.max_num_seqs:
+                until_s = next_arrival_s
+            steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
+            if cfg.max_jump_steps < steps:
+                steps = cfg.max_jump_steps
+            if steps < 2:
+                return jumped
+            rates = self._decode_rates.get(n) or self._rates(n)
+            entries, tokens, used, budget_s = self.entries, self.tokens_held, self.used, until_s - self.now
+            co, rate = rates
+            least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
+            if least > 0 and budget_s / least + 2 < steps:  # not listing openings past the arrival
+                steps = int(budget_s / least) + 2
+            start = (entries, used, tokens, n)  # a DecodeStart's fields
+            # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
+            # the first step is at least compute at the last
+            if self.rows is None and co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
+                span = decode_span(group.openings(steps), start, rate, budget_s, pool.free_plain + pool.lru_blocks)
+            else:
+                span = self._span_one_by_one(steps, start, rates, until_s)
+            k, opened, elapsed_s, block_s, entry_s, token_s = span
+            if not k:
+                return jumped
+            # the jump's blocks, time and integrals
+            run.timeline_s.append(self.now)
+            run.timeline_blocks.append(used)
+            if opened:
+                if opened <= pool.free_plain:  # pool.consume's common case, inline
+                    pool.free_plain -= opened
+                else:
+                    pool.consume(opened)
+                self.used = used = used + opened
+                self.entries = entries + opened
+                if used > run.peak_blocks:
+                    run.peak_blocks = used
+            self.now += elapsed_s
+            run.busy_s += elapsed_s
+            run.steps += k
+            run.block_seconds += block_s
+            run.entry_seconds += entry_s
+            run.token_seconds += token_s
+            self.tokens_held = tokens + n * k
+            group.tick += k
+            self.step += k
+            if group.finish[0][0] > group.tick:
+                return True
+            self._finish(self._pop_group_finished())
+            if next_arrival_s <= self.now:
+                return True
+            jumped = True
 
-    def try_jump(self, limit: int, until_s: float = float("inf")) -> bool:
-        """Run pure-decode steps at once (when quiet): up to ``limit``, up to and with the first finish, before the
-        first step whose new blocks do not fit; stop after the step that reaches ``until_s`` (an arrival that may be
-        admitted).  False when not one step could run so (the caller takes an exact step)."""
+    def _span_one_by_one(
+        self, steps: int, start: tuple[int, int, int, int], rates: _DecodeRates, until_s: float
+    ) -> DecodeSpan:
+        """A jump's span when steps may be compute-bound (taken one by one) or when events are recorded (the
+        step times and the decode rows of the export)."""
         group = self.group
-        steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
-        if limit < steps:
-            steps = limit
-        if steps < 2:
-            return False
-        n = len(self.running)
-        co = self._decode_coefficients.get(n) or self._coefficients(n)
-        entries, tokens = self.entries, self.tokens_held
-        rate = (co[0] + co[1], co[2] + co[3])  # a memory-bound decode step: fixed + memory0 + (read + kernel) x entries
-        least = rate[0] + rate[1] * entries  # every step of the jump takes at least this
-        if least > 0 and (until_s - self.now) / least + 2 < steps:  # not listing openings past the arrival
-            steps = int((until_s - self.now) / least) + 2
-        start = tuple_new(DecodeStart, (entries, self.used, tokens, n))
         free = self.pool.free_plain + self.pool.lru_blocks
         computed = self._computed_before_jump() if self.rows is not None else None
-        # memory grows with the entries, compute with the attended tokens: memory-bound throughout if memory at
-        # the first step is at least compute at the last
+        co, rate = rates
+        entries, _, tokens, n = start
         if co[1] + co[2] * entries >= co[4] + co[5] * (tokens + n * steps):
             openings = group.openings(steps)
             span = decode_span(openings, start, rate, until_s - self.now, free)
@@ -671,24 +728,15 @@ class Engine:
                 self._record_step_times(openings[: span.steps], entries, rate, span.elapsed_s)
         else:
             span = self._decode_steps(group.openings(steps), start, until_s, co, free)
-        k = span.steps
-        if not k:
-            return False
-        if computed is not None:
-            self.run.event_jumps.append((self.step + 1, k, list(self.running), computed))  # type: ignore[union-attr]
-        self._account(span)
-        self.tokens_held = tokens + n * k
-        group.tick += k
-        self.step += k
-        if group.finish[0][0] <= group.tick:
-            self._finish(self._pop_group_finished())
-        return True
+        if computed is not None and span.steps:
+            self.run.event_jumps.append((self.step + 1, span.steps, list(self.running), computed))  # type: ignore[union-attr]
+        return span
 
-    def _coefficients(self, n: int) -> tuple:
-        """The cost's decode coefficients for n requests (kept per n)."""
+    def _rates(self, n: int) -> _DecodeRates:
+        """The cost's decode coefficients for n requests, and the memory-bound step time they give (kept per n)."""
         co = self.cost.decode_coefficients(n) if self.cost is not None else _NO_COST
-        self._decode_coefficients[n] = co
-        return co
+        rates = self._decode_rates[n] = _DecodeRates(co, (co[0] + co[1], co[2] + co[3]))
+        return rates
 
     def _record_step_times(
         self, openings: list[int], entries: int, rate: tuple[float, float], elapsed_s: float
@@ -709,25 +757,8 @@ class Engine:
             self._sync(r, group.lag(r))
         return [self.c[r] for r in self.running]
 
-    def _account(self, span: DecodeSpan) -> None:
-        """A jump's blocks, time and integrals."""
-        run = self.run
-        run.timeline_s.append(self.now)
-        run.timeline_blocks.append(self.used)
-        steps, opened, elapsed, block_s, entry_s, token_s = span
-        if opened:
-            self._take(opened)
-            if self.used > run.peak_blocks:
-                run.peak_blocks = self.used
-        self.now += elapsed
-        run.busy_s += elapsed
-        run.steps += steps
-        run.block_seconds += block_s
-        run.entry_seconds += entry_s
-        run.token_seconds += token_s
-
     def _decode_steps(
-        self, grow_at: list[int], start: DecodeStart, until_s: float, coefficients: tuple, free: int
+        self, grow_at: list[int], start: tuple[int, int, int, int], until_s: float, coefficients: tuple, free: int
     ) -> DecodeSpan:
         """Times and integrals of a jump step by step (blocks grow with the openings, tokens by one per request per
         step), as far as the openings fit ``free`` blocks; stops after the step that reaches ``until_s``."""
@@ -735,8 +766,8 @@ class Engine:
         if grown and grown[-1] > free:  # only the steps whose openings fit
             del grow_at[bisect_right(grown, free) :]
         run = self.run
-        n = start.requests
-        blocks, entries, tokens = start.blocks, start.entries, start.tokens
+        entries, blocks, tokens, n = start
+        blocks0 = blocks
         attended = tokens + n
         fixed, memory0, read_entry, kernel_entry, compute0, per_pair = coefficients
         keep_steps = run.event_rows is not None
@@ -762,7 +793,7 @@ class Engine:
             if now >= until_s:
                 steps = k + 1
                 break
-        return DecodeSpan(steps, blocks - start.blocks, now - self.now, block_s, entry_s, token_s)
+        return DecodeSpan(steps, blocks - blocks0, now - self.now, block_s, entry_s, token_s)
 
 
 def run_engine(
@@ -794,20 +825,27 @@ def run_engine(
             gc.enable()
 
 
+def _fits_alone(config: EngineConfig, prompt_tokens: list[int], max_tokens: list[int]) -> list[bool]:
+    """Per request: whether its whole sequence (prompt + outputs - 1 tokens of KV) fits the pool alone, else vLLM
+    would preempt it forever (vLLM itself refuses a max_model_len beyond the pool)."""
+    pool_tokens = (config.num_blocks - 1) * config.block_size  # blocks needed <= usable blocks: tokens <= this
+    if config.max_model_len <= pool_tokens:
+        return [True] * len(prompt_tokens)
+    # prompt + outputs - 1 <= pool_tokens, at C speed
+    return list(map((pool_tokens + 1).__ge__, map(operator.add, prompt_tokens, max_tokens)))
+
+
 def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events) -> EngineRun:
     n = len(prompts)
     arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
-    engine = Engine(config, prompts, max_tokens, arrival, cost, keys, record_events)
-    order = sorted(range(n), key=lambda i: arrival[i])
+    engine = Engine(config, prompts, max_tokens, cost, keys, record_events)
+    order = sorted(range(n), key=arrival.__getitem__)
     nxt = 0
-    usable = config.num_blocks - 1
-    b = config.block_size
-    # The whole sequence (prompt + outputs - 1 tokens of KV) must fit the pool alone, else vLLM would preempt the
-    # request forever; vLLM itself refuses a max_model_len beyond the pool.
-    fits = [-(-min(p.tokens + o - 1, config.max_model_len) // b) <= usable for p, o in zip(prompts, engine.out)]
+    fits = _fits_alone(config, engine.P, engine.out)
     times = [arrival[i] for i in order]
     times.append(float("inf"))  # times[nxt]: the next arrival
     waiting, running = engine.waiting, engine.running
+    room = min(config.max_num_seqs, config.max_num_batched_tokens)  # running requests that leave room for one more
     done_reported = 0
     while True:
         while times[nxt] <= engine.now:
@@ -823,16 +861,8 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
                 continue
             if engine.head_blocked:  # pragma: no cover - excluded by the fits filter
                 break
-        jumped = False
-        while engine.quiet():  # jumps back to back (past finishes) while no arrival is due
-            # an arrival that could be admitted ends a jump
-            until = times[nxt] if not waiting and len(running) < config.max_num_seqs else float("inf")
-            if not engine.try_jump(config.max_jump_steps, until):
-                break
-            jumped = True
-            if times[nxt] <= engine.now:
-                break
-        if not jumped:
+        # the waiting head may be admitted (no jump then), else a jump if quiet, else an exact step
+        if waiting and not engine.head_blocked and len(running) < room or not engine.jump(times[nxt]):
             engine.exact_step()
         if progress is not None and engine.finished - done_reported >= 2000:
             done_reported = engine.finished
@@ -840,4 +870,5 @@ def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_ev
     if progress is not None:
         progress(engine.finished)
     engine.run.free_blocks_at_end = engine.pool.num_free()
+    engine.run.evictions = engine.pool.evictions
     return engine.run

@@ -71,7 +71,7 @@ def test_every_step_matches(path):
 
     fx = json.loads(path.read_text())
     reqs = fx["requests"]
-    engine = Engine(_config(fx), _prompts(fx), [r["max_tokens"] for r in reqs], [0.0] * len(reqs))
+    engine = Engine(_config(fx), _prompts(fx), [r["max_tokens"] for r in reqs])
     engine.waiting.extend(range(len(reqs)))
     got = []
     while engine.running or engine.waiting:
