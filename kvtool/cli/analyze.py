@@ -94,9 +94,11 @@ def register(app: typer.Typer) -> None:
             late_free_ms=late_free_ms,
         )
         output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
-        keep_freed_memory()  # this process is ours: large temporaries reuse their pages (see kvtool.core.memory)
         if not is_single_file(events):
+            # no keep_freed_memory here: kept pages of one file's temporaries, between the per-request rows kept
+            # of every file, raised the 50-file peak from 1.4x to 1.7x pyarrow's read (docs/performance.md)
             return _analyze_fleet(events, options, output, workers=workers, scheduler=scheduler)
+        keep_freed_memory()  # this process is ours: large temporaries reuse their pages (see kvtool.core.memory)
         events_file = Path(events[0])
         if workers is not None or scheduler is not None:
             from kvtool.cli.output import warn
