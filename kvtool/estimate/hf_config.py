@@ -312,6 +312,41 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
     return data, file
 
 
+# Defaults of transformers' config classes for keys that published config.json files leave out (vLLM reads configs
+# through these classes, so it sees the defaults).  google/gemma-3-27b-it's text_config has no
+# sliding_window_pattern, vocab_size or max_position_embeddings: transformers' Gemma3TextConfig
+# (models/gemma3/configuration_gemma3.py) supplies vocab_size 262_208, max_position_embeddings 131_072 and
+# sliding_window_pattern 6 (its layer_types: every 6th layer full attention, the others sliding).
+_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+    },
+}
+
+
+def _with_class_defaults(reader: _Reader, notes: list[str]) -> _Reader:
+    """The config with its transformers class defaults filled in where keys are absent (see _CLASS_DEFAULTS)."""
+    defaults = _CLASS_DEFAULTS.get(str(reader.data.get("model_type")), {})
+    listed = "layer_types" in reader.data  # layer_types, when given, wins over any pattern
+    missing = {k: v for k, v in defaults.items() if k not in reader.data and not (listed and k.startswith("sliding"))}
+    if not missing:
+        return reader
+    notes.append(
+        f"{', '.join(f'{k} {v}' for k, v in missing.items())}: not in the config, transformers' "
+        f"{reader.data.get('model_type')} defaults (as vLLM reads it)"
+    )
+    return _Reader({**reader.data, **missing}, reader.where)
+
+
 def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -> ModelSpec:
     """Turn a config.json mapping into a ModelSpec (see the module docstring for the rules)."""
     refuse_unmodelled(data, where)
@@ -321,6 +356,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     notes: list[str] = []
     if cfg is not top:
         notes.append("read the language model from text_config")
+    cfg = _with_class_defaults(cfg, notes)
 
     model_type = cfg.get("model_type") or top.get("model_type") or "unknown"
     num_layers = cfg.need("num_hidden_layers", "n_layer", "num_layers", "n_layers")
