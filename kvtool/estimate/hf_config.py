@@ -400,7 +400,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     else:
         layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
-    experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
+    experts = _expert_count(cfg, "num_local_experts", "n_routed_experts", "num_experts")
     llama4_mlp = _llama4_mlp(cfg, model_type, num_layers, notes)
     spec = ModelSpec(
         name=name or model_type,
@@ -424,7 +424,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", True))),
         num_experts=experts,
-        num_experts_per_tok=cfg.positive("num_experts_per_tok", required=False),
+        num_experts_per_tok=_expert_count(cfg, "num_experts_per_tok"),
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
         n_shared_experts=cfg.get("n_shared_experts"),
         first_k_dense_replace=cfg.get("first_k_dense_replace") or 0,
@@ -438,6 +438,16 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         notes=tuple(notes),
     )
     return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec
+
+
+def _expert_count(cfg: _Reader, *keys: str) -> int | None:
+    """An expert count, None for a dense model.  0 means no experts: ibm-granite/granite-4.0-h-micro's config.json
+    says ``num_local_experts: 0`` and ``num_experts_per_tok: 0``, and vLLM's granitemoehybrid.py builds the MoE
+    block only ``if config.num_local_experts > 0``."""
+    key, value = cfg.first(*keys)
+    if value == 0:
+        return None
+    return cfg.positive(key, required=False) if key else None
 
 
 # vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py

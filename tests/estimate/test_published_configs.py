@@ -28,3 +28,15 @@ def test_gemma3_27b_published_config_is_five_sliding_to_one_full(run_cli):
     # 27.0B language-model parameters of the published 27.4B, which includes the 0.4B SigLIP tower)
     assert d["max_position_embeddings"] == 131072
     assert 26.8e9 < d["weights_params"] < 27.2e9
+
+
+def test_granite_4_h_micro_dense_hybrid(run_cli):
+    # ibm-granite/granite-4.0-h-micro: num_local_experts 0 (dense; vLLM's granitemoehybrid.py builds experts only when
+    # num_local_experts > 0) must not be refused.  4 attention layers x 2 x 8 KV heads x 64 x 2 B = 8,192 B per token;
+    # 36 Mamba-2 layers each keep conv (4 - 1) x (2 x 2048 + 2 x 1 x 128) x 2 B = 26,112 B and
+    # temporal 64 heads x 64 x 128 x 2 B = 1,048,576 B per request (MambaStateShapeCalculator).
+    d = _json(run_cli, "--config", EST / "granite-4.0-h-micro" / "config.json", "--seq-len", "131072")
+    assert d["bytes_per_token"] == 2 * 4 * 8 * 64 * 2 == 8192
+    state = 3 * (2 * 2048 + 2 * 128) * 2 + 64 * 64 * 128 * 2
+    assert state == 1_074_688
+    assert d["kv_bytes"] == 8192 * 131072 + 36 * state
