@@ -30,6 +30,17 @@ def test_gemma3_27b_published_config_is_five_sliding_to_one_full(run_cli):
     assert 26.8e9 < d["weights_params"] < 27.2e9
 
 
+def test_gemma3_4b_published_config_omits_heads(run_cli):
+    # google/gemma-3-4b-it's text_config leaves out num_attention_heads, num_key_value_heads and head_dim;
+    # transformers' Gemma3TextConfig defaults them to 8, 4 and 256.  34 layers: full at 5, 11, 17, 23, 29 (5), 29 sliding.
+    d = _json(run_cli, "--config", EST / "gemma-3-4b-it" / "config.json", "--seq-len", "131072")
+    full = 2 * 5 * 4 * 131072 * 256 * 2  # 2,684,354,560
+    sliding = 2 * 29 * 4 * 1024 * 256 * 2  # 121,634,816
+    assert d["kv_bytes"] == full + sliding == 2_805_989_376
+    # 3.88B language-model parameters (the published 4.3B includes the 0.4B SigLIP tower)
+    assert 3.8e9 < d["weights_params"] < 3.95e9
+
+
 def test_granite_4_h_micro_dense_hybrid(run_cli):
     # ibm-granite/granite-4.0-h-micro: num_local_experts 0 (dense; vLLM's granitemoehybrid.py builds experts only when
     # num_local_experts > 0) must not be refused.  4 attention layers x 2 x 8 KV heads x 64 x 2 B = 8,192 B per token;
