@@ -61,6 +61,9 @@ class ModelSpec:
     num_experts_per_tok: int | None = None
     moe_intermediate_size: int | None = None
     n_shared_experts: int | None = None
+    # one shared gated MLP of this width beside the routed experts (Qwen2-MoE / Qwen3-Next
+    # shared_expert_intermediate_size, Granite-4.0 shared_intermediate_size)
+    shared_expert_intermediate_size: int | None = None
     first_k_dense_replace: int = 0
     moe_layers: tuple[int, ...] | None = None  # layers with experts (None: every layer from first_k_dense_replace)
     q_lora_rank: int | None = None
@@ -144,6 +147,8 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "linear_num_value_heads": _OPT_INT,
     "mamba_ssm_dtype": (str, type(None)),
     "n_shared_experts": _OPT_INT,
+    "shared_expert_intermediate_size": _OPT_INT,
+    "shared_intermediate_size": _OPT_INT,
     "first_k_dense_replace": _OPT_INT,
     "interleave_moe_layer_step": _OPT_INT,
     "moe_layers": (list, type(None)),
@@ -427,6 +432,9 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         num_experts_per_tok=_expert_count(cfg, "num_experts_per_tok"),
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
         n_shared_experts=cfg.get("n_shared_experts"),
+        shared_expert_intermediate_size=cfg.positive(
+            "shared_expert_intermediate_size", "shared_intermediate_size", required=False
+        ),
         first_k_dense_replace=cfg.get("first_k_dense_replace") or 0,
         q_lora_rank=cfg.positive("q_lora_rank", required=False),
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),

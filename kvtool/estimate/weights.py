@@ -2,7 +2,9 @@
 
 Counts the matrices of a Llama-style decoder: embeddings (and an untied LM head), per layer the attention
 projections (q, k, v, o; or MLA's q/kv low-rank projections), the MLP (gated: 3 x hidden x intermediate;
-Falcon: 2 x hidden x 4 hidden; MoE: every expert, shared experts and the router) and the norms.  Biases other
+Falcon: 2 x hidden x 4 hidden; MoE: every expert, shared experts and the router) and the norms.  In hybrid models
+whose layers each hold attention or a state mixer (Granite-4.0-H, Qwen3-Next), a Mamba-2 or Gated DeltaNet layer
+counts its own projections instead of attention's (vLLM's MambaMixer2 and Qwen3NextGatedDeltaNet).  Biases other
 than Qwen2's q/k/v biases, rotary buffers and multi-token-prediction layers are not counted.  Within 2% of the
 published counts for dense Llama-family models (tests/estimate/test_weights.py cites them).
 
@@ -19,6 +21,7 @@ import dataclasses
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.hybrid import MAMBA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,33 @@ class _Parts:
     def params(self) -> int:
         expert = 3 * self.expert_inter * self.hidden * self.experts
         return sum(r * c * n for r, c, n in self.linear) + expert + self.other
+
+
+def _state_mixer(spec: ModelSpec) -> tuple[list[tuple[int, int]], int] | None:
+    """The linear matrices (rows, cols) and other parameters of one state layer's mixer, for hybrids whose
+    layer_kinds mark each layer as attention or state (None otherwise: such layers are counted as attention).
+
+    Mamba-2 (vLLM MambaMixer2): in_proj hidden -> 2 x intermediate + 2 x groups x state + heads (z, x, B, C, dt),
+    out_proj intermediate -> hidden; conv1d weight and bias over intermediate + 2 x groups x state channels; A, D and
+    dt_bias per head; a gated RMSNorm over intermediate.
+    Gated DeltaNet (vLLM Qwen3NextGatedDeltaNet): in_proj_qkvz hidden -> 2 x key_dim + 2 x value_dim, in_proj_ba
+    hidden -> 2 x value heads, out_proj value_dim -> hidden; conv1d (no bias) over 2 x key_dim + value_dim channels;
+    A and dt_bias per value head; an RMSNorm over the value head dim."""
+    st, h = spec.mamba_state, spec.hidden_size
+    if st is None or h is None or len(spec.layer_kinds) != spec.num_layers or MAMBA not in spec.layer_kinds:
+        return None
+    kernel = st.conv_rows + 1
+    if st.kind == "mamba2":
+        inter, conv_dim = st.conv_dim, st.conv_dim + 2 * st.groups * st.group_state
+        linear = [(inter + conv_dim + st.heads, h), (h, inter)]
+        return linear, conv_dim * kernel + conv_dim + 3 * st.heads + inter
+    if st.kind == "gated_deltanet":
+        v_dim = st.head_shape[0]
+        value_dim = st.heads * v_dim
+        key_dim = (st.conv_dim - value_dim) // 2
+        linear = [(2 * key_dim + 2 * value_dim, h), (2 * st.heads, h), (h, value_dim)]
+        return linear, st.conv_dim * kernel + 2 * st.heads + v_dim
+    return None
 
 
 def _parts(spec: ModelSpec) -> _Parts | None:
@@ -74,6 +104,14 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     else:
         dense_mlp = [(spec.intermediate_size, h)] * 2 + [(h, spec.intermediate_size)]  # gate, up, down
 
+    if spec.model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        attn[0] = (2 * heads * d, h)  # q_proj also yields the output gate (vLLM Qwen3NextAttention attn_output_gate)
+    mixer = _state_mixer(spec)
+    shared_mlp = spec.shared_expert_intermediate_size
+    if shared_mlp and spec.model_type == "granitemoehybrid":
+        # Granite-4.0: every layer's MLP is shared_mlp (input_linear, output_linear); experts only when configured
+        dense_mlp = [(shared_mlp, h)] * 2 + [(h, shared_mlp)]
+
     counts: dict[tuple[int, int], int] = {}
     experts = 0
     inter = spec.moe_intermediate_size or spec.intermediate_size or 0
@@ -81,15 +119,21 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     for layer in range(spec.num_layers):
         moe = layer >= spec.first_k_dense_replace if moe_layers is None else layer in moe_layers
         if spec.num_experts and moe:
-            shared = (spec.n_shared_experts or 0) * inter
+            shared = (spec.n_shared_experts or 0) * inter or (shared_mlp or 0)
             mlp = [(shared, h), (shared, h), (h, shared)] if shared else []
             experts += spec.num_experts
             other += h * spec.num_experts  # router
+            if spec.shared_expert_intermediate_size and spec.model_type != "granitemoehybrid":
+                other += h  # shared_expert_gate (Qwen2-MoE, Qwen3-Next)
         else:
             mlp = dense_mlp
-        for shape in attn + mlp:
+        if mixer is not None and spec.layer_kinds[layer] == MAMBA:
+            mixer_shapes, mixer_other = mixer
+        else:
+            mixer_shapes, mixer_other = attn, attn_other
+        for shape in mixer_shapes + mlp:
             counts[shape] = counts.get(shape, 0) + 1
-        other += attn_other + norms
+        other += mixer_other + norms
     return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other, experts, inter, h)
 
 

@@ -51,3 +51,19 @@ def test_granite_4_h_micro_dense_hybrid(run_cli):
     state = 3 * (2 * 2048 + 2 * 128) * 2 + 64 * 64 * 128 * 2
     assert state == 1_074_688
     assert d["kv_bytes"] == 8192 * 131072 + 36 * state
+
+
+def test_granite_4_h_small_weights_count_mamba_mixers_and_the_shared_mlp(run_cli):
+    # IBM: 32B total parameters; a third-party count from the live config: 32,188,252,160.  By hand (vLLM's
+    # GraniteMoeHybrid modules): tied embeddings 100,352 x 4096; per layer 72 experts x 3 x 4096 x 768, a router
+    # 72 x 4096, the shared MLP 3 x 4096 x 1536 and 2 norms; 4 attention layers 2 x 4096^2 + 2 x 1024 x 4096; 36 Mamba-2
+    # mixers: in_proj 4096 x (2 x 8192 + 2 x 128 + 128), out_proj 8192 x 4096, conv1d 8448 x 4 + 8448, A/D/dt_bias
+    # 3 x 128, norm 8192.  Counting the Mamba layers as attention and dropping the shared MLP gave 29.28B (-9 %).
+    d = _json(run_cli, "--config", EST / "granite-4.0-h-small" / "config.json", "--seq-len", "4096")
+    per_layer = 72 * 3 * 4096 * 768 + 72 * 4096 + 3 * 4096 * 1536 + 2 * 4096
+    attention = 2 * 4096 * 4096 + 2 * 1024 * 4096
+    mamba = 4096 * (2 * 8192 + 2 * 128 + 128) + 8192 * 4096 + 8448 * 4 + 8448 + 3 * 128 + 8192
+    hand = 100352 * 4096 + 4096 + 40 * per_layer + 4 * attention + 36 * mamba
+    assert d["weights_params"] == hand == 32_207_337_984
+    assert abs(d["weights_params"] / 32_188_252_160 - 1) < 0.001
+    assert d["bytes_per_token"] == 2 * 4 * 8 * 128 * 2 == 16384  # 4 attention layers (the source: 16,384)
