@@ -62,7 +62,8 @@ class ModelSpec:
     moe_intermediate_size: int | None = None
     n_shared_experts: int | None = None
     # one shared gated MLP of this width beside the routed experts (Qwen2-MoE / Qwen3-Next
-    # shared_expert_intermediate_size, Granite-4.0 shared_intermediate_size)
+    # shared_expert_intermediate_size, Granite-4.0 shared_intermediate_size; Nemotron-H's
+    # moe_shared_expert_intermediate_size, per shared expert)
     shared_expert_intermediate_size: int | None = None
     first_k_dense_replace: int = 0
     moe_layers: tuple[int, ...] | None = None  # layers with experts (None: every layer from first_k_dense_replace)
@@ -75,6 +76,8 @@ class ModelSpec:
     # hybrid models (kvtool.estimate.hybrid): each state layer keeps mamba_state per request, not per token
     mamba_state: MambaState | None = None
     state_layers: int = 0
+    # Nemotron-H: each layer's block from hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE); () otherwise
+    block_types: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -149,6 +152,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "n_shared_experts": _OPT_INT,
     "shared_expert_intermediate_size": _OPT_INT,
     "shared_intermediate_size": _OPT_INT,
+    "moe_shared_expert_intermediate_size": _OPT_INT,
     "first_k_dense_replace": _OPT_INT,
     "interleave_moe_layer_step": _OPT_INT,
     "moe_layers": (list, type(None)),
@@ -433,7 +437,10 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
         n_shared_experts=cfg.get("n_shared_experts"),
         shared_expert_intermediate_size=cfg.positive(
-            "shared_expert_intermediate_size", "shared_intermediate_size", required=False
+            "shared_expert_intermediate_size",
+            "shared_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+            required=False,
         ),
         first_k_dense_replace=cfg.get("first_k_dense_replace") or 0,
         q_lora_rank=cfg.positive("q_lora_rank", required=False),
@@ -443,6 +450,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         weight_quant=_weight_quant(top, dtype, notes),
         mamba_state=hybrid.state if hybrid else None,
         state_layers=hybrid.state_layers if hybrid else 0,
+        block_types=hybrid.blocks if hybrid else (),
         notes=tuple(notes),
     )
     return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec

@@ -38,10 +38,11 @@ class _Parts:
     experts: int = 0  # routed experts over all layers, each gate + up (inter x hidden) and down (hidden x inter)
     expert_inter: int = 0
     hidden: int = 0
+    expert_matrices: int = 3  # gate, up, down; 2 (up, down) for Nemotron-H's squared-ReLU experts
 
     @property
     def params(self) -> int:
-        expert = 3 * self.expert_inter * self.hidden * self.experts
+        expert = self.expert_matrices * self.expert_inter * self.hidden * self.experts
         return sum(r * c * n for r, c, n in self.linear) + expert + self.other
 
 
@@ -56,7 +57,7 @@ def _state_mixer(spec: ModelSpec) -> tuple[list[tuple[int, int]], int] | None:
     hidden -> 2 x value heads, out_proj value_dim -> hidden; conv1d (no bias) over 2 x key_dim + value_dim channels;
     A and dt_bias per value head; an RMSNorm over the value head dim."""
     st, h = spec.mamba_state, spec.hidden_size
-    if st is None or h is None or len(spec.layer_kinds) != spec.num_layers or MAMBA not in spec.layer_kinds:
+    if st is None or h is None:
         return None
     kernel = st.conv_rows + 1
     if st.kind == "mamba2":
@@ -107,6 +108,10 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     if spec.model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         attn[0] = (2 * heads * d, h)  # q_proj also yields the output gate (vLLM Qwen3NextAttention attn_output_gate)
     mixer = _state_mixer(spec)
+    if spec.block_types and mixer is not None:
+        return _nemotron_h_parts(spec, attn, mixer, other)
+    if len(spec.layer_kinds) != spec.num_layers:
+        mixer = None
     shared_mlp = spec.shared_expert_intermediate_size
     if shared_mlp and spec.model_type == "granitemoehybrid":
         # Granite-4.0: every layer's MLP is shared_mlp (input_linear, output_linear); experts only when configured
@@ -137,6 +142,36 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other, experts, inter, h)
 
 
+def _nemotron_h_parts(
+    spec: ModelSpec, attn: list[tuple[int, int]], mixer: tuple[list[tuple[int, int]], int], other: int
+) -> _Parts:
+    """Nemotron-H (vLLM nemotron_h.py): each layer is one block with one RMSNorm and one mixer: M a Mamba-2 mixer,
+    * attention, - a squared-ReLU MLP (up, down) of intermediate_size, E a MoE of n_routed_experts squared-ReLU
+    experts (up, down) of moe_intermediate_size, a router with a score-correction bias and n_shared_experts x
+    moe_shared_expert_intermediate_size shared (up, down)."""
+    h = spec.hidden_size or 0
+    counts: dict[tuple[int, int], int] = {}
+    experts = 0
+    for block in spec.block_types:
+        shapes: list[tuple[int, int]] = []
+        if block == "M":
+            shapes, other = mixer[0], other + mixer[1]
+        elif block == "*":
+            shapes = attn
+        elif block == "-" and spec.intermediate_size:
+            shapes = [(spec.intermediate_size, h), (h, spec.intermediate_size)]
+        elif block == "E" and spec.num_experts:
+            experts += spec.num_experts
+            other += (h + 1) * spec.num_experts  # router and e_score_correction_bias
+            shared = (spec.n_shared_experts or 0) * (spec.shared_expert_intermediate_size or 0)
+            shapes = [(shared, h), (h, shared)] if shared else []
+        for shape in shapes:
+            counts[shape] = counts.get(shape, 0) + 1
+        other += h  # the block's norm
+    inter = spec.moe_intermediate_size or 0
+    return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other, experts, inter, h, expert_matrices=2)
+
+
 def estimate_params(spec: ModelSpec) -> int | None:
     """Parameter count from the config; None when the config lacks the sizes needed."""
     parts = _parts(spec)
@@ -156,7 +191,8 @@ def estimate_weights(spec: ModelSpec) -> WeightEstimate | None:
     else:
         linear = sum(quant.matrix_bytes(r, c) * n for r, c, n in parts.linear)
     inter = -(-parts.expert_inter // quant.pad_intermediate_to) * quant.pad_intermediate_to
-    per_expert = 2 * quant.matrix_bytes(inter, parts.hidden) + quant.matrix_bytes(parts.hidden, inter)
+    up = quant.matrix_bytes(inter, parts.hidden)
+    per_expert = (parts.expert_matrices - 1) * up + quant.matrix_bytes(parts.hidden, inter)
     return WeightEstimate(
         parts.params,
         linear + per_expert * parts.experts + parts.other * dtype_bytes,

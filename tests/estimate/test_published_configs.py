@@ -67,3 +67,27 @@ def test_granite_4_h_small_weights_count_mamba_mixers_and_the_shared_mlp(run_cli
     assert d["weights_params"] == hand == 32_207_337_984
     assert abs(d["weights_params"] / 32_188_252_160 - 1) < 0.001
     assert d["bytes_per_token"] == 2 * 4 * 8 * 128 * 2 == 16384  # 4 attention layers (the source: 16,384)
+
+
+def test_nemotron_3_nano_weights_by_block_and_pipeline_stages(run_cli):
+    # NVIDIA: 31.6B total parameters.  vLLM nemotron_h.py: each of the 52 blocks holds one mixer and one norm.
+    # By hand: untied embeddings 2 x 131,072 x 2688; 23 Mamba-2 blocks (in_proj 2688 x (4096 + 6144 + 64), out_proj
+    # 4096 x 2688, conv1d 6144 x 4 + 6144, 3 x 64, norm 4096); 6 attention blocks (2 x 4096 x 2688 + 2 x 256 x 2688);
+    # 23 MoE blocks of 128 squared-ReLU experts (up, down: 2 x 1856 x 2688), a router 2688 x 128 + 128 bias and a
+    # shared expert 2 x 3712 x 2688.  Counting every block as attention + a 3-matrix MoE gave 102.3B, which made an
+    # H100 "refuse to start".
+    cfg = EST / "nemotron-3-nano-30b-a3b" / "config.json"
+    d = _json(run_cli, "--config", cfg, "--seq-len", "131072")
+    mamba = 2688 * (4096 + 6144 + 64) + 4096 * 2688 + 6144 * 4 + 6144 + 3 * 64 + 4096 + 2688
+    attention = 2 * 4096 * 2688 + 2 * 256 * 2688 + 2688
+    moe = 128 * 2 * 1856 * 2688 + 2688 * 128 + 128 + 2 * 3712 * 2688 + 2688
+    hand = 2 * 131072 * 2688 + 2688 + 23 * mamba + 6 * attention + 23 * moe
+    assert d["weights_params"] == hand == 31_577_940_288
+    # 6 attention layers x 2 x 2 KV heads x 128 x 2 B; 23 states: conv 3 x 6144 x 2 B + float32 64 x 64 x 128 x 4 B
+    assert d["bytes_per_token"] == 6 * 2 * 2 * 128 * 2 == 6144
+    assert d["kv_bytes"] == 6144 * 131072 + 23 * (3 * 6144 * 2 + 64 * 64 * 128 * 4)
+    # --pp 2 splits the 52 blocks 26 / 26 (get_pp_indices); each half holds 3 attention blocks
+    # ("MEMEM*EMEMEM*EMEMEM*EMEMEM" | "*EMEMEM*EMEMEMEM*EMEMEMEME"), so both stages get the same block count
+    pp = _json(run_cli, "--config", cfg, "--seq-len", "131072", "--kv-memory", "10GiB", "--pp", "2")
+    assert [s["num_layers"] for s in pp["stages"]] == [26, 26]
+    assert pp["stages"][0]["num_blocks"] == pp["stages"][1]["num_blocks"]
