@@ -170,6 +170,9 @@ READERS = {
     "qwen3_next": _qwen3_next,
     "qwen3_5": _qwen3_next,
     "qwen3_5_moe": _qwen3_next,
+    # the text_config of the published Qwen3.5 / Qwen3.6 checkpoints (Qwen3_5MoeForConditionalGeneration)
+    "qwen3_5_text": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_next,
     "nemotron_h": _nemotron_h,
     "granitemoehybrid": _granite,
     "falcon_h1": _falcon_h1,

@@ -98,14 +98,17 @@ def _parts(spec: ModelSpec) -> _Parts | None:
         attn_other = (heads + 2 * kv) * d if spec.model_type == "qwen2" else 0  # q/k/v biases
     norms = 4 * h if spec.model_type.startswith("gemma") else 2 * h
 
-    if spec.intermediate_size is None:
-        if spec.model_type != "falcon":
-            return None
-        dense_mlp = [(4 * h, h), (h, 4 * h)]  # Falcon: dense_h_to_4h and dense_4h_to_h
-    else:
+    dense_mlp: list[tuple[int, int]]
+    if spec.intermediate_size is not None:
         dense_mlp = [(spec.intermediate_size, h)] * 2 + [(h, spec.intermediate_size)]  # gate, up, down
+    elif spec.model_type == "falcon":
+        dense_mlp = [(4 * h, h), (h, 4 * h)]  # Falcon: dense_h_to_4h and dense_4h_to_h
+    elif spec.num_experts and spec.moe_intermediate_size and not spec.first_k_dense_replace and not spec.moe_layers:
+        dense_mlp = []  # every layer is MoE: Qwen3.5 / Qwen3.6 configs have no intermediate_size
+    else:
+        return None
 
-    if spec.model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+    if spec.model_type.startswith(("qwen3_next", "qwen3_5")):
         attn[0] = (2 * heads * d, h)  # q_proj also yields the output gate (vLLM Qwen3NextAttention attn_output_gate)
     mixer = _state_mixer(spec)
     if spec.block_types and mixer is not None:

@@ -91,3 +91,21 @@ def test_nemotron_3_nano_weights_by_block_and_pipeline_stages(run_cli):
     pp = _json(run_cli, "--config", cfg, "--seq-len", "131072", "--kv-memory", "10GiB", "--pp", "2")
     assert [s["num_layers"] for s in pp["stages"]] == [26, 26]
     assert pp["stages"][0]["num_blocks"] == pp["stages"][1]["num_blocks"]
+
+
+def test_qwen3_6_published_text_config_is_sized_not_refused(run_cli):
+    # The published Qwen3.5 / Qwen3.6 checkpoints nest the language model under text_config with model_type
+    # qwen3_5_moe_text (vLLM sizes it as Qwen3-Next: Gated DeltaNet states + 10 attention layers); it was refused.
+    # KV: 10 attention layers x 2 x 2 KV heads x 256 x 2 B = 20,480 B per token.  Weights by hand ("35B" total):
+    # untied embeddings 2 x 248,320 x 2048; per layer 256 experts x 3 x 2048 x 512, a router 256 x 2048, a shared
+    # expert 3 x 2048 x 512 and its gate 2048, 2 norms; 10 gated attention layers (q 2 x 16 x 256 rows, k, v 512,
+    # o 4096 cols); 30 Gated DeltaNet mixers (qkvz 12,288 x 2048, ba 64 x 2048, out 2048 x 4096, conv 8192 x 4,
+    # A and dt_bias 2 x 32, norm 128).  The config has no intermediate_size (every layer is MoE).
+    cfg = DATA / "gpu-logs" / "qwen3.6-35b-a3b-nvfp4-5090" / "config.json"
+    d = _json(run_cli, "--config", cfg, "--seq-len", "131072")
+    assert d["bytes_per_token"] == 10 * 2 * 2 * 256 * 2 == 20480
+    layer = 256 * 3 * 2048 * 512 + 256 * 2048 + 3 * 2048 * 512 + 2048 + 2 * 2048
+    attention = 8192 * 2048 + 2 * 512 * 2048 + 2048 * 4096
+    deltanet = 12288 * 2048 + 64 * 2048 + 2048 * 4096 + 8192 * 4 + 64 + 128
+    hand = 2 * 248320 * 2048 + 2048 + 40 * layer + 10 * attention + 30 * deltanet
+    assert d["weights_params"] == hand == 34_660_605_568
