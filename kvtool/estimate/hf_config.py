@@ -267,6 +267,7 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
+    _refuse_per_layer_kv_shapes(text, where)
     if model_type in READERS:
         return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
     hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
@@ -284,6 +285,27 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
             + (" (and vLLM 0.32 has no MiniMax-Text-01/M1 model class)" if model_type.startswith("minimax") else "")
             + f"; modelled: {', '.join(sorted(READERS))}",
             where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
+            tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
+        )
+
+
+# Keys that give some layers their own KV shape or no KV cache at all (Gemma 4: full-attention layers with
+# global_head_dim 512 and num_global_key_value_heads 4 where sliding ones have head_dim 256 and 16 KV heads;
+# num_kv_shared_layers reuse earlier layers' KV).  kvtool keeps one KV shape per model, so it refuses them rather than
+# size every layer with the sliding layers' shape.
+PER_LAYER_KV_KEYS = ("global_head_dim", "num_global_key_value_heads", "num_kv_shared_layers")
+
+
+def _refuse_per_layer_kv_shapes(text: dict[str, Any], where: str) -> None:
+    same = {"global_head_dim": text.get("head_dim"), "num_global_key_value_heads": text.get("num_key_value_heads")}
+    for key in PER_LAYER_KV_KEYS:
+        value = text.get(key)
+        if value in (None, 0) or value == same.get(key):
+            continue
+        raise InputFileError(
+            f"per-layer KV shapes not modelled: {key} {value} gives some layers another KV shape (or none), and "
+            "kvtool sizes every layer with one shape",
+            where=f"{where}: field {key}",
             tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
         )
 
