@@ -270,7 +270,7 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     _refuse_per_layer_kv_shapes(text, where)
     if model_type in READERS:
         return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
-    hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
+    hybrid_key = next((k for k in HYBRID_KEYS if k in text and not _all_full_attention(k, text[k])), None)
     if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
         why = (
             f"layer_types holds {', '.join(odd)}"
@@ -294,6 +294,12 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
 # num_kv_shared_layers reuse earlier layers' KV).  kvtool keeps one KV shape per model, so it refuses them rather than
 # size every layer with the sliding layers' shape.
 PER_LAYER_KV_KEYS = ("global_head_dim", "num_global_key_value_heads", "num_kv_shared_layers")
+
+
+def _all_full_attention(key: str, value: Any) -> bool:
+    """MiniMax-M2's config.json lists ``attn_type_list`` with 1 (softmax attention) on every layer; only a 0 marks
+    MiniMax-Text-01/M1's lightning (linear) attention.  vLLM's minimax_m2.py builds full attention on every layer."""
+    return key == "attn_type_list" and isinstance(value, list) and bool(value) and all(v == 1 for v in value)
 
 
 def _refuse_per_layer_kv_shapes(text: dict[str, Any], where: str) -> None:
@@ -458,11 +464,8 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         num_experts_per_tok=_expert_count(cfg, "num_experts_per_tok"),
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
         n_shared_experts=cfg.get("n_shared_experts"),
-        shared_expert_intermediate_size=cfg.positive(
-            "shared_expert_intermediate_size",
-            "shared_intermediate_size",
-            "moe_shared_expert_intermediate_size",
-            required=False,
+        shared_expert_intermediate_size=_expert_count(
+            cfg, "shared_expert_intermediate_size", "shared_intermediate_size", "moe_shared_expert_intermediate_size"
         ),
         first_k_dense_replace=cfg.get("first_k_dense_replace") or 0,
         q_lora_rank=cfg.positive("q_lora_rank", required=False),
@@ -479,9 +482,9 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
 
 
 def _expert_count(cfg: _Reader, *keys: str) -> int | None:
-    """An expert count, None for a dense model.  0 means no experts: ibm-granite/granite-4.0-h-micro's config.json
-    says ``num_local_experts: 0`` and ``num_experts_per_tok: 0``, and vLLM's granitemoehybrid.py builds the MoE
-    block only ``if config.num_local_experts > 0``."""
+    """An expert count or size, None when absent or 0.  0 means none: ibm-granite/granite-4.0-h-micro's config.json
+    says ``num_local_experts: 0`` and ``num_experts_per_tok: 0`` (vLLM's granitemoehybrid.py builds the MoE block only
+    ``if config.num_local_experts > 0``); MiniMax-M2's says ``shared_intermediate_size: 0`` (no shared expert)."""
     key, value = cfg.first(*keys)
     if value == 0:
         return None

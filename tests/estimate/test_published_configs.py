@@ -109,3 +109,38 @@ def test_qwen3_6_published_text_config_is_sized_not_refused(run_cli):
     deltanet = 12288 * 2048 + 64 * 2048 + 2048 * 4096 + 8192 * 4 + 64 + 128
     hand = 2 * 248320 * 2048 + 2048 + 40 * layer + 10 * attention + 30 * deltanet
     assert d["weights_params"] == hand == 34_660_605_568
+
+
+def test_minimax_m2_all_full_attention_type_list_and_no_shared_expert(run_cli, tmp_path):
+    # MiniMax-M2.x's official config (its values as a public vLLM plugin's tests pin "the official contract"):
+    # attn_type_list [1] * 62 (1 = softmax attention on every layer; only MiniMax-Text-01/M1 use 0, lightning
+    # attention) and shared_intermediate_size 0.  kvtool refused the first as a hybrid and the second as "must be
+    # positive".  KV: 2 x 62 x 8 x 128 x 2 B = 253,952 B per token.  Weights by hand (MiniMax: "230B total"):
+    # untied embeddings 2 x 200,064 x 3072; per layer q 6144 x 3072, k, v 1024 x 3072, o 3072 x 6144, 256 experts
+    # x 3 x 3072 x 1536, a router 256 x 3072, 2 norms (the 3 MTP modules are not loaded without speculative decoding).
+    config = {
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "model_type": "minimax_m2",
+        "hidden_size": 3072,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 48,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rotary_dim": 64,
+        "num_local_experts": 256,
+        "num_experts_per_tok": 8,
+        "shared_intermediate_size": 0,
+        "max_position_embeddings": 204800,
+        "vocab_size": 200064,
+        "num_mtp_modules": 3,
+        "use_mtp": True,
+        "tie_word_embeddings": False,
+        "attn_type_list": [1] * 62,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    d = _json(run_cli, "--config", tmp_path, "--seq-len", "32768")
+    assert d["bytes_per_token"] == 2 * 62 * 8 * 128 * 2 == 253952
+    layer = 6144 * 3072 + 2 * 1024 * 3072 + 3072 * 6144 + 256 * 3 * 3072 * 1536 + 256 * 3072 + 2 * 3072
+    assert d["weights_params"] == 2 * 200064 * 3072 + 3072 + 62 * layer == 228_689_304_576
