@@ -370,6 +370,22 @@ _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# model_type values whose transformers config class defaults tie_word_embeddings to False (transformers 5.19,
+# models/*/configuration_*.py); PretrainedConfig's own default, and Gemma's, is True.  A config.json without the key
+# (the published Mistral-Small-3.2-24B text_config, model_type mistral) has an untied LM head in vLLM.
+UNTIED_BY_DEFAULT = frozenset(
+    {
+        "llama", "llama4_text", "mistral", "mixtral", "ministral", "ministral3", "mistral4",
+        "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+        "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+        "gpt_oss", "gpt_neox", "phi", "phi3", "phimoe", "minimax", "minimax_m2", "nemotron", "nemotron_h",
+        "granite", "granitemoe", "granitemoehybrid", "granitemoeshared", "olmo", "olmo2", "olmo3", "olmoe",
+        "falcon_h1", "jamba", "dbrx", "exaone4", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "stablelm",
+        "dots1", "longcat_flash",
+    }
+)  # fmt: skip
+
+
 def _with_class_defaults(reader: _Reader, notes: list[str]) -> _Reader:
     """The config with its transformers class defaults filled in where keys are absent (see _CLASS_DEFAULTS)."""
     defaults = _CLASS_DEFAULTS.get(str(reader.data.get("model_type")), {})
@@ -458,8 +474,10 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         max_position_embeddings=_context_length(cfg, notes),
         vocab_size=vocab,
         intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
-        # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", True))),
+        # absent from the config: the default of the model's transformers config class (see UNTIED_BY_DEFAULT)
+        tie_word_embeddings=bool(
+            cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT))
+        ),
         num_experts=experts,
         num_experts_per_tok=_expert_count(cfg, "num_experts_per_tok"),
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),

@@ -144,3 +144,15 @@ def test_minimax_m2_all_full_attention_type_list_and_no_shared_expert(run_cli, t
     assert d["bytes_per_token"] == 2 * 62 * 8 * 128 * 2 == 253952
     layer = 6144 * 3072 + 2 * 1024 * 3072 + 3072 * 6144 + 256 * 3 * 3072 * 1536 + 256 * 3072 + 2 * 3072
     assert d["weights_params"] == 2 * 200064 * 3072 + 3072 + 62 * layer == 228_689_304_576
+
+
+def test_mistral_small_3_2_published_config_has_an_untied_head(run_cli):
+    # The published Mistral Small 3.2 config says nothing about tie_word_embeddings; transformers' MistralConfig
+    # defaults it to False (vLLM loads a separate lm_head).  By hand: 2 x 131,072 x 5120 embeddings + 40 layers of
+    # q/o 2 x 4096 x 5120, k/v 2 x 1024 x 5120, MLP 3 x 5120 x 32,768 and 2 norms + the final norm.
+    d = _json(run_cli, "--config", EST / "mistral-small-3.2-24b" / "config.json", "--seq-len", "131072")
+    layer = 2 * 4096 * 5120 + 2 * 1024 * 5120 + 3 * 5120 * 32768 + 2 * 5120
+    assert d["weights_params"] == 2 * 131072 * 5120 + 40 * layer + 5120 == 23_572_403_200
+    # vLLM 0.11 on an H100 logged "Model loading took 44.76 GiB" (tests/data/gpu-logs/mistral-small-3.2-24b-h100),
+    # which also holds the ~0.4B-parameter Pixtral tower kvtool does not count; a tied head gave 42.66 GiB
+    assert 0 < 44.76 - d["weights_bytes"] / 1024**3 < 1.0
