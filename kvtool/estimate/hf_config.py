@@ -61,6 +61,10 @@ class ModelSpec:
     num_experts_per_tok: int | None = None
     moe_intermediate_size: int | None = None
     n_shared_experts: int | None = None
+    # one shared gated MLP of this width beside the routed experts (Qwen2-MoE / Qwen3-Next
+    # shared_expert_intermediate_size, Granite-4.0 shared_intermediate_size; Nemotron-H's
+    # moe_shared_expert_intermediate_size, per shared expert)
+    shared_expert_intermediate_size: int | None = None
     first_k_dense_replace: int = 0
     moe_layers: tuple[int, ...] | None = None  # layers with experts (None: every layer from first_k_dense_replace)
     q_lora_rank: int | None = None
@@ -72,6 +76,8 @@ class ModelSpec:
     # hybrid models (kvtool.estimate.hybrid): each state layer keeps mamba_state per request, not per token
     mamba_state: MambaState | None = None
     state_layers: int = 0
+    # Nemotron-H: each layer's block from hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE); () otherwise
+    block_types: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
 
     @property
@@ -144,6 +150,9 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "linear_num_value_heads": _OPT_INT,
     "mamba_ssm_dtype": (str, type(None)),
     "n_shared_experts": _OPT_INT,
+    "shared_expert_intermediate_size": _OPT_INT,
+    "shared_intermediate_size": _OPT_INT,
+    "moe_shared_expert_intermediate_size": _OPT_INT,
     "first_k_dense_replace": _OPT_INT,
     "interleave_moe_layer_step": _OPT_INT,
     "moe_layers": (list, type(None)),
@@ -258,9 +267,10 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
+    _refuse_per_layer_kv_shapes(text, where)
     if model_type in READERS:
         return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
-    hybrid_key = next((k for k in HYBRID_KEYS if k in text), None)
+    hybrid_key = next((k for k in HYBRID_KEYS if k in text and not _all_full_attention(k, text[k])), None)
     if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
         why = (
             f"layer_types holds {', '.join(odd)}"
@@ -275,6 +285,33 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
             + (" (and vLLM 0.32 has no MiniMax-Text-01/M1 model class)" if model_type.startswith("minimax") else "")
             + f"; modelled: {', '.join(sorted(READERS))}",
             where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
+            tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
+        )
+
+
+# Keys that give some layers their own KV shape or no KV cache at all (Gemma 4: full-attention layers with
+# global_head_dim 512 and num_global_key_value_heads 4 where sliding ones have head_dim 256 and 16 KV heads;
+# num_kv_shared_layers reuse earlier layers' KV).  kvtool keeps one KV shape per model, so it refuses them rather than
+# size every layer with the sliding layers' shape.
+PER_LAYER_KV_KEYS = ("global_head_dim", "num_global_key_value_heads", "num_kv_shared_layers")
+
+
+def _all_full_attention(key: str, value: Any) -> bool:
+    """MiniMax-M2's config.json lists ``attn_type_list`` with 1 (softmax attention) on every layer; only a 0 marks
+    MiniMax-Text-01/M1's lightning (linear) attention.  vLLM's minimax_m2.py builds full attention on every layer."""
+    return key == "attn_type_list" and isinstance(value, list) and bool(value) and all(v == 1 for v in value)
+
+
+def _refuse_per_layer_kv_shapes(text: dict[str, Any], where: str) -> None:
+    same = {"global_head_dim": text.get("head_dim"), "num_global_key_value_heads": text.get("num_key_value_heads")}
+    for key in PER_LAYER_KV_KEYS:
+        value = text.get(key)
+        if value in (None, 0) or value == same.get(key):
+            continue
+        raise InputFileError(
+            f"per-layer KV shapes not modelled: {key} {value} gives some layers another KV shape (or none), and "
+            "kvtool sizes every layer with one shape",
+            where=f"{where}: field {key}",
             tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
         )
 
@@ -312,6 +349,57 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
     return data, file
 
 
+# Defaults of transformers' config classes for keys that published config.json files leave out (vLLM reads configs
+# through these classes, so it sees the defaults).  google/gemma-3-27b-it's text_config has no
+# sliding_window_pattern, vocab_size or max_position_embeddings: transformers' Gemma3TextConfig
+# (models/gemma3/configuration_gemma3.py) supplies vocab_size 262_208, max_position_embeddings 131_072 and
+# sliding_window_pattern 6 (its layer_types: every 6th layer full attention, the others sliding).
+_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+    },
+}
+
+
+# model_type values whose transformers config class defaults tie_word_embeddings to False (transformers 5.19,
+# models/*/configuration_*.py); PretrainedConfig's own default, and Gemma's, is True.  A config.json without the key
+# (the published Mistral-Small-3.2-24B text_config, model_type mistral) has an untied LM head in vLLM.
+UNTIED_BY_DEFAULT = frozenset(
+    {
+        "llama", "llama4_text", "mistral", "mixtral", "ministral", "ministral3", "mistral4",
+        "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+        "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+        "gpt_oss", "gpt_neox", "phi", "phi3", "phimoe", "minimax", "minimax_m2", "nemotron", "nemotron_h",
+        "granite", "granitemoe", "granitemoehybrid", "granitemoeshared", "olmo", "olmo2", "olmo3", "olmoe",
+        "falcon_h1", "jamba", "dbrx", "exaone4", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "stablelm",
+        "dots1", "longcat_flash",
+    }
+)  # fmt: skip
+
+
+def _with_class_defaults(reader: _Reader, notes: list[str]) -> _Reader:
+    """The config with its transformers class defaults filled in where keys are absent (see _CLASS_DEFAULTS)."""
+    defaults = _CLASS_DEFAULTS.get(str(reader.data.get("model_type")), {})
+    listed = "layer_types" in reader.data  # layer_types, when given, wins over any pattern
+    missing = {k: v for k, v in defaults.items() if k not in reader.data and not (listed and k.startswith("sliding"))}
+    if not missing:
+        return reader
+    notes.append(
+        f"{', '.join(f'{k} {v}' for k, v in missing.items())}: not in the config, transformers' "
+        f"{reader.data.get('model_type')} defaults (as vLLM reads it)"
+    )
+    return _Reader({**reader.data, **missing}, reader.where)
+
+
 def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -> ModelSpec:
     """Turn a config.json mapping into a ModelSpec (see the module docstring for the rules)."""
     refuse_unmodelled(data, where)
@@ -321,6 +409,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     notes: list[str] = []
     if cfg is not top:
         notes.append("read the language model from text_config")
+    cfg = _with_class_defaults(cfg, notes)
 
     model_type = cfg.get("model_type") or top.get("model_type") or "unknown"
     num_layers = cfg.need("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -364,7 +453,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     else:
         layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
-    experts = cfg.positive("num_local_experts", "n_routed_experts", "num_experts", required=False)
+    experts = _expert_count(cfg, "num_local_experts", "n_routed_experts", "num_experts")
     llama4_mlp = _llama4_mlp(cfg, model_type, num_layers, notes)
     spec = ModelSpec(
         name=name or model_type,
@@ -385,12 +474,17 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         max_position_embeddings=_context_length(cfg, notes),
         vocab_size=vocab,
         intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
-        # transformers' PretrainedConfig default is True; Llama-family configs write false explicitly
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", True))),
+        # absent from the config: the default of the model's transformers config class (see UNTIED_BY_DEFAULT)
+        tie_word_embeddings=bool(
+            cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT))
+        ),
         num_experts=experts,
-        num_experts_per_tok=cfg.positive("num_experts_per_tok", required=False),
+        num_experts_per_tok=_expert_count(cfg, "num_experts_per_tok"),
         moe_intermediate_size=cfg.positive("moe_intermediate_size", required=False),
         n_shared_experts=cfg.get("n_shared_experts"),
+        shared_expert_intermediate_size=_expert_count(
+            cfg, "shared_expert_intermediate_size", "shared_intermediate_size", "moe_shared_expert_intermediate_size"
+        ),
         first_k_dense_replace=cfg.get("first_k_dense_replace") or 0,
         q_lora_rank=cfg.positive("q_lora_rank", required=False),
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
@@ -399,9 +493,20 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         weight_quant=_weight_quant(top, dtype, notes),
         mamba_state=hybrid.state if hybrid else None,
         state_layers=hybrid.state_layers if hybrid else 0,
+        block_types=hybrid.blocks if hybrid else (),
         notes=tuple(notes),
     )
     return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec
+
+
+def _expert_count(cfg: _Reader, *keys: str) -> int | None:
+    """An expert count or size, None when absent or 0.  0 means none: ibm-granite/granite-4.0-h-micro's config.json
+    says ``num_local_experts: 0`` and ``num_experts_per_tok: 0`` (vLLM's granitemoehybrid.py builds the MoE block only
+    ``if config.num_local_experts > 0``); MiniMax-M2's says ``shared_intermediate_size: 0`` (no shared expert)."""
+    key, value = cfg.first(*keys)
+    if value == 0:
+        return None
+    return cfg.positive(key, required=False) if key else None
 
 
 # vLLM's keys for the model's context (vllm/transformers_utils/model_arch_config_convertor.py

@@ -59,6 +59,7 @@ class HybridLayout:
     state: MambaState
     state_layers: int  # layers with a state (Falcon-H1: every layer, besides its attention)
     note: str
+    blocks: tuple[str, ...] = ()  # Nemotron-H: each layer's block (M Mamba-2, * attention, - MLP, E MoE)
 
 
 def _need(cfg: dict[str, Any], key: str, where: str) -> int:
@@ -115,7 +116,8 @@ def _nemotron_h(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) 
     keys["conv"] = "conv_kernel"
     inter = _need(cfg, "mamba_num_heads", where) * _need(cfg, "mamba_head_dim", where)
     state = _mamba2(cfg, where, keys, inter, dtype_bytes, 4)  # float32 SSM state by default for Nemotron-H
-    return HybridLayout(kinds, state, kinds.count(MAMBA), "Mamba-2 layers keep a per-request state (Nemotron-H)")
+    note = "Mamba-2 layers keep a per-request state (Nemotron-H)"
+    return HybridLayout(kinds, state, kinds.count(MAMBA), note, blocks=tuple(pattern))
 
 
 def _granite(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -> HybridLayout:
@@ -168,6 +170,9 @@ READERS = {
     "qwen3_next": _qwen3_next,
     "qwen3_5": _qwen3_next,
     "qwen3_5_moe": _qwen3_next,
+    # the text_config of the published Qwen3.5 / Qwen3.6 checkpoints (Qwen3_5MoeForConditionalGeneration)
+    "qwen3_5_text": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_next,
     "nemotron_h": _nemotron_h,
     "granitemoehybrid": _granite,
     "falcon_h1": _falcon_h1,

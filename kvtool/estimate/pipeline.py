@@ -41,10 +41,18 @@ class Stage:
 
 def stage_spec(spec: ModelSpec, first: int, count: int) -> ModelSpec:
     """The model as one stage sees it: its layers only (and their recurrent states, for hybrid models)."""
-    kinds = spec.layer_kinds[first : first + count]
+    blocks = spec.block_types[first : first + count]
+    if blocks:  # Nemotron-H: layer_kinds lists only the Mamba and attention blocks, so split the blocks
+        kinds = tuple("full" if b == "*" else MAMBA for b in blocks if b in "M*")
+    else:
+        kinds = spec.layer_kinds[first : first + count]
     states = count if spec.state_layers == spec.num_layers else kinds.count(MAMBA)
     return dataclasses.replace(
-        spec, num_layers=count, layer_kinds=kinds, state_layers=states if spec.state_layers else 0
+        spec,
+        num_layers=count,
+        layer_kinds=kinds,
+        state_layers=states if spec.state_layers else 0,
+        block_types=blocks,
     )
 
 

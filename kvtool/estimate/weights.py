@@ -2,7 +2,9 @@
 
 Counts the matrices of a Llama-style decoder: embeddings (and an untied LM head), per layer the attention
 projections (q, k, v, o; or MLA's q/kv low-rank projections), the MLP (gated: 3 x hidden x intermediate;
-Falcon: 2 x hidden x 4 hidden; MoE: every expert, shared experts and the router) and the norms.  Biases other
+Falcon: 2 x hidden x 4 hidden; MoE: every expert, shared experts and the router) and the norms.  In hybrid models
+whose layers each hold attention or a state mixer (Granite-4.0-H, Qwen3-Next), a Mamba-2 or Gated DeltaNet layer
+counts its own projections instead of attention's (vLLM's MambaMixer2 and Qwen3NextGatedDeltaNet).  Biases other
 than Qwen2's q/k/v biases, rotary buffers and multi-token-prediction layers are not counted.  Within 2% of the
 published counts for dense Llama-family models (tests/estimate/test_weights.py cites them).
 
@@ -19,6 +21,7 @@ import dataclasses
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.hybrid import MAMBA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,11 +38,39 @@ class _Parts:
     experts: int = 0  # routed experts over all layers, each gate + up (inter x hidden) and down (hidden x inter)
     expert_inter: int = 0
     hidden: int = 0
+    expert_matrices: int = 3  # gate, up, down; 2 (up, down) for Nemotron-H's squared-ReLU experts
 
     @property
     def params(self) -> int:
-        expert = 3 * self.expert_inter * self.hidden * self.experts
+        expert = self.expert_matrices * self.expert_inter * self.hidden * self.experts
         return sum(r * c * n for r, c, n in self.linear) + expert + self.other
+
+
+def _state_mixer(spec: ModelSpec) -> tuple[list[tuple[int, int]], int] | None:
+    """The linear matrices (rows, cols) and other parameters of one state layer's mixer, for hybrids whose
+    layer_kinds mark each layer as attention or state (None otherwise: such layers are counted as attention).
+
+    Mamba-2 (vLLM MambaMixer2): in_proj hidden -> 2 x intermediate + 2 x groups x state + heads (z, x, B, C, dt),
+    out_proj intermediate -> hidden; conv1d weight and bias over intermediate + 2 x groups x state channels; A, D and
+    dt_bias per head; a gated RMSNorm over intermediate.
+    Gated DeltaNet (vLLM Qwen3NextGatedDeltaNet): in_proj_qkvz hidden -> 2 x key_dim + 2 x value_dim, in_proj_ba
+    hidden -> 2 x value heads, out_proj value_dim -> hidden; conv1d (no bias) over 2 x key_dim + value_dim channels;
+    A and dt_bias per value head; an RMSNorm over the value head dim."""
+    st, h = spec.mamba_state, spec.hidden_size
+    if st is None or h is None:
+        return None
+    kernel = st.conv_rows + 1
+    if st.kind == "mamba2":
+        inter, conv_dim = st.conv_dim, st.conv_dim + 2 * st.groups * st.group_state
+        linear = [(inter + conv_dim + st.heads, h), (h, inter)]
+        return linear, conv_dim * kernel + conv_dim + 3 * st.heads + inter
+    if st.kind == "gated_deltanet":
+        v_dim = st.head_shape[0]
+        value_dim = st.heads * v_dim
+        key_dim = (st.conv_dim - value_dim) // 2
+        linear = [(2 * key_dim + 2 * value_dim, h), (2 * st.heads, h), (h, value_dim)]
+        return linear, st.conv_dim * kernel + 2 * st.heads + v_dim
+    return None
 
 
 def _parts(spec: ModelSpec) -> _Parts | None:
@@ -67,12 +98,27 @@ def _parts(spec: ModelSpec) -> _Parts | None:
         attn_other = (heads + 2 * kv) * d if spec.model_type == "qwen2" else 0  # q/k/v biases
     norms = 4 * h if spec.model_type.startswith("gemma") else 2 * h
 
-    if spec.intermediate_size is None:
-        if spec.model_type != "falcon":
-            return None
-        dense_mlp = [(4 * h, h), (h, 4 * h)]  # Falcon: dense_h_to_4h and dense_4h_to_h
-    else:
+    dense_mlp: list[tuple[int, int]]
+    if spec.intermediate_size is not None:
         dense_mlp = [(spec.intermediate_size, h)] * 2 + [(h, spec.intermediate_size)]  # gate, up, down
+    elif spec.model_type == "falcon":
+        dense_mlp = [(4 * h, h), (h, 4 * h)]  # Falcon: dense_h_to_4h and dense_4h_to_h
+    elif spec.num_experts and spec.moe_intermediate_size and not spec.first_k_dense_replace and not spec.moe_layers:
+        dense_mlp = []  # every layer is MoE: Qwen3.5 / Qwen3.6 configs have no intermediate_size
+    else:
+        return None
+
+    if spec.model_type.startswith(("qwen3_next", "qwen3_5")):
+        attn[0] = (2 * heads * d, h)  # q_proj also yields the output gate (vLLM Qwen3NextAttention attn_output_gate)
+    mixer = _state_mixer(spec)
+    if spec.block_types and mixer is not None:
+        return _nemotron_h_parts(spec, attn, mixer, other)
+    if len(spec.layer_kinds) != spec.num_layers:
+        mixer = None
+    shared_mlp = spec.shared_expert_intermediate_size
+    if shared_mlp and spec.model_type == "granitemoehybrid":
+        # Granite-4.0: every layer's MLP is shared_mlp (input_linear, output_linear); experts only when configured
+        dense_mlp = [(shared_mlp, h)] * 2 + [(h, shared_mlp)]
 
     counts: dict[tuple[int, int], int] = {}
     experts = 0
@@ -81,16 +127,52 @@ def _parts(spec: ModelSpec) -> _Parts | None:
     for layer in range(spec.num_layers):
         moe = layer >= spec.first_k_dense_replace if moe_layers is None else layer in moe_layers
         if spec.num_experts and moe:
-            shared = (spec.n_shared_experts or 0) * inter
+            shared = (spec.n_shared_experts or 0) * inter or (shared_mlp or 0)
             mlp = [(shared, h), (shared, h), (h, shared)] if shared else []
             experts += spec.num_experts
             other += h * spec.num_experts  # router
+            if spec.shared_expert_intermediate_size and spec.model_type != "granitemoehybrid":
+                other += h  # shared_expert_gate (Qwen2-MoE, Qwen3-Next)
         else:
             mlp = dense_mlp
-        for shape in attn + mlp:
+        if mixer is not None and spec.layer_kinds[layer] == MAMBA:
+            mixer_shapes, mixer_other = mixer
+        else:
+            mixer_shapes, mixer_other = attn, attn_other
+        for shape in mixer_shapes + mlp:
             counts[shape] = counts.get(shape, 0) + 1
-        other += attn_other + norms
+        other += mixer_other + norms
     return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other, experts, inter, h)
+
+
+def _nemotron_h_parts(
+    spec: ModelSpec, attn: list[tuple[int, int]], mixer: tuple[list[tuple[int, int]], int], other: int
+) -> _Parts:
+    """Nemotron-H (vLLM nemotron_h.py): each layer is one block with one RMSNorm and one mixer: M a Mamba-2 mixer,
+    * attention, - a squared-ReLU MLP (up, down) of intermediate_size, E a MoE of n_routed_experts squared-ReLU
+    experts (up, down) of moe_intermediate_size, a router with a score-correction bias and n_shared_experts x
+    moe_shared_expert_intermediate_size shared (up, down)."""
+    h = spec.hidden_size or 0
+    counts: dict[tuple[int, int], int] = {}
+    experts = 0
+    for block in spec.block_types:
+        shapes: list[tuple[int, int]] = []
+        if block == "M":
+            shapes, other = mixer[0], other + mixer[1]
+        elif block == "*":
+            shapes = attn
+        elif block == "-" and spec.intermediate_size:
+            shapes = [(spec.intermediate_size, h), (h, spec.intermediate_size)]
+        elif block == "E" and spec.num_experts:
+            experts += spec.num_experts
+            other += (h + 1) * spec.num_experts  # router and e_score_correction_bias
+            shared = (spec.n_shared_experts or 0) * (spec.shared_expert_intermediate_size or 0)
+            shapes = [(shared, h), (h, shared)] if shared else []
+        for shape in shapes:
+            counts[shape] = counts.get(shape, 0) + 1
+        other += h  # the block's norm
+    inter = spec.moe_intermediate_size or 0
+    return _Parts(tuple((r, c, n) for (r, c), n in counts.items()), other, experts, inter, h, expert_matrices=2)
 
 
 def estimate_params(spec: ModelSpec) -> int | None:
@@ -112,7 +194,8 @@ def estimate_weights(spec: ModelSpec) -> WeightEstimate | None:
     else:
         linear = sum(quant.matrix_bytes(r, c) * n for r, c, n in parts.linear)
     inter = -(-parts.expert_inter // quant.pad_intermediate_to) * quant.pad_intermediate_to
-    per_expert = 2 * quant.matrix_bytes(inter, parts.hidden) + quant.matrix_bytes(parts.hidden, inter)
+    up = quant.matrix_bytes(inter, parts.hidden)
+    per_expert = (parts.expert_matrices - 1) * up + quant.matrix_bytes(parts.hidden, inter)
     return WeightEstimate(
         parts.params,
         linear + per_expert * parts.experts + parts.other * dtype_bytes,

@@ -35,6 +35,15 @@ def _config(tmp_path, **changes):
         # Qwen3-Next: layer_types with linear_attention (huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct)
         ({"layer_types": ["linear_attention"] * 3 * 8 + ["full_attention"] * 8}, "linear_attention"),
         ({"model_type": "zamba2"}, "model_type zamba2"),
+        # Gemma 4 31B's text_config: full-attention layers have global_head_dim 512 and num_global_key_value_heads 4,
+        # sliding layers head_dim 256 and 16 KV heads (values quoted from its published config.json in public code);
+        # kvtool sized every layer 16 x 256, twice the full layers' real KV
+        (
+            {"model_type": "gemma4_text", "head_dim": 256, "num_key_value_heads": 16, "global_head_dim": 512},
+            "per-layer KV shapes not modelled: global_head_dim 512",
+        ),
+        # Gemma 3n: its last num_kv_shared_layers layers reuse earlier layers' KV cache
+        ({"model_type": "gemma3n_text", "num_kv_shared_layers": 15}, "num_kv_shared_layers 15"),
         ({"model_type": "jamba"}, "hybrid config needs a positive integer attn_layer_period"),
     ],
 )
