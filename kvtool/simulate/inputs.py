@@ -4,6 +4,7 @@ lengths from a trace, an events file or a distribution, turned into :class:`~kvt
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -126,8 +127,8 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
 
 def _check_costs(i: SimulateInputs) -> None:
     for fixed, name in ((i.step_overhead_ms, "--step-overhead-ms"), (i.table_entry_us, "--table-entry-us")):
-        if fixed is not None and not fixed >= 0:
-            raise UsageError(f"{name} must be 0 or more, got {fixed:g}", where=name)
+        if fixed is not None and not 0 <= fixed < math.inf:  # inf ended in an IndexError traceback
+            raise UsageError(f"{name} must be a finite number, 0 or more, got {fixed:g}", where=name)
     for value, name in (
         (i.bandwidth_gb_s, "--bandwidth-gb-s"),
         (i.peak_tflops, "--peak-tflops"),
@@ -220,6 +221,14 @@ def _check_options(
             raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
         if value is not None and most is not None and value > most:
             raise UsageError(f"{name} is too large: {value:,} (at most {most:,})", where=name)
+    if src.seed < 0:  # numpy's generators take none: it was a ValueError traceback
+        raise UsageError(f"--seed must be 0 or more, got {src.seed}", where="--seed")
+    threshold = serve_only["--long-prefill-token-threshold"]
+    if threshold is not None and threshold < 0:  # was taken as 0 (off) without a word
+        raise UsageError(
+            f"--long-prefill-token-threshold must be 0 (off) or more tokens, got {threshold}",
+            where="--long-prefill-token-threshold",
+        )
     if shared_prefix < 0:
         raise UsageError(f"--shared-prefix must be 0 or more tokens, got {shared_prefix}", where="--shared-prefix")
     if shared_prefix > MAX_REQUEST_TOKENS:

@@ -569,3 +569,33 @@ def test_every_simulate_input_is_an_option_of_the_command_and_the_api():
     command = next(c for c in build_app("simulate").registered_commands if c.name == "simulate").callback
     assert fields <= set(inspect.signature(command).parameters)
     assert fields <= set(inspect.signature(simulate).parameters) | {"trace"}
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        # numpy's generators take no negative seed: a ValueError traceback
+        (["--seed", "-1"], "Error: --seed must be 0 or more, got -1 (--seed)"),
+        # an infinite step time ended in an IndexError traceback
+        (
+            ["--serve", "--step-overhead-ms", "inf"],
+            "Error: --step-overhead-ms must be a finite number, 0 or more, got inf (--step-overhead-ms)",
+        ),
+        (
+            ["--serve", "--table-entry-us", "inf"],
+            "Error: --table-entry-us must be a finite number, 0 or more, got inf (--table-entry-us)",
+        ),
+        # was taken as 0 (off) without a word
+        (
+            ["--serve", "--long-prefill-token-threshold", "-5"],
+            "Error: --long-prefill-token-threshold must be 0 (off) or more tokens, got -5 (--long-prefill-token-threshold)",
+        ),
+    ],
+)
+def test_bad_seed_costs_and_threshold_are_one_usage_line(run_cli, args, line):
+    res = run_cli(
+        "simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--kv-tokens", "4000", *args, "--json"
+    )
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr == line + "\n"
