@@ -218,6 +218,7 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     if not first_line.strip():
         raise InputFileError("empty trace file (no header row)", where=str(path))
     header = [c.strip() for c in next(csv.reader([first_line]))]
+    _refuse_duplicate_columns(header, path)
     try:
         table = pacsv.read_csv(
             path,
@@ -225,17 +226,53 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
             convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in header}),
         )
     except (pa.ArrowInvalid, OSError) as err:
-        raise InputFileError(f"cannot read the CSV: {str(err).splitlines()[0]}", where=str(path)) from None
-    return header, {
-        name.strip().lstrip("\ufeff").lower(): table.column(name).to_pylist() for name in table.column_names
-    }
+        raise _unreadable_csv(path, len(header), err) from None
+    columns: dict[str, list[str]] = {}
+    for i, name in enumerate(table.column_names):  # by position: an unknown column may be named twice
+        columns.setdefault(name.strip().lstrip("\ufeff").lower(), table.column(i).to_pylist())
+    return header, columns
+
+
+_TRACE_COLUMNS = frozenset(
+    c
+    for f in TRACE_FORMATS
+    for c in (f.prompt_column, f.output_column, f.length_column, f.arrival_column)
+    if c is not None
+)
+
+
+def _refuse_duplicate_columns(header: list[str], path: Path) -> None:
+    """A column a trace format reads, named twice (case-insensitively): which one holds the data is ambiguous.
+
+    It used to end in pyarrow's KeyError (a traceback) or, differing only in case, take one silently."""
+    names = [c.lstrip("\ufeff").lower() for c in header]
+    for name in dict.fromkeys(names):
+        if name in _TRACE_COLUMNS and names.count(name) > 1:
+            at = ", ".join(str(i + 1) for i, n in enumerate(names) if n == name)
+            raise InputFileError(
+                f"column '{header[names.index(name)].lstrip(chr(0xFEFF))}' appears {names.count(name)} times in the "
+                f"header (columns {at})",
+                where=str(path),
+                tip="keep one column of that name",
+            )
+
+
+def _unreadable_csv(path: Path, columns: int, err: BaseException) -> InputFileError:
+    """pyarrow's parse error in kvtool's words, naming the first line whose field count differs from the header."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        for lineno, row in enumerate(csv.reader(fh), start=1):
+            if row and len(row) != columns:
+                return InputFileError(
+                    f"the row has {len(row)} fields, the header {columns}", where=f"{path}, line {lineno}"
+                )
+    return InputFileError(f"cannot read the CSV: {str(err).splitlines()[0]}", where=str(path))
 
 
 def _read_json_lines(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
     columns: dict[str, list[Any]] = {}
     order: list[str] = []
     rows = 0
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    with open(path, encoding="utf-8-sig", errors="strict") as fh:  # -sig: a byte order mark is not the data
         try:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
@@ -282,7 +319,7 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         raise InputFileError("trace path is a directory, not a file", where=str(path))
     try:
         with open(path, "rb") as fh:
-            start = fh.read(4096).lstrip()
+            start = fh.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
     except OSError as err:
         raise InputFileError(f"cannot read the trace: {err.strerror}", where=str(path)) from None
     if not start:

@@ -599,3 +599,43 @@ def test_bad_seed_costs_and_threshold_are_one_usage_line(run_cli, args, line):
     assert res.exit_code == 2
     assert res.stdout == ""
     assert res.stderr == line + "\n"
+
+
+AZURE_HEAD = (SIM / "azure-2023-code-head20.csv").read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    "text,message,where",
+    [
+        # pyarrow's KeyError ('Field "ContextTokens" exists 2 times in schema') was a traceback
+        (
+            AZURE_HEAD[0] + ",ContextTokens\n" + "\n".join(line + ",1" for line in AZURE_HEAD[1:]) + "\n",
+            "column 'ContextTokens' appears 2 times in the header (columns 2, 4)",
+            "",
+        ),
+        # pyarrow's "CSV parse error: Expected 3 columns, got 2: ..." named no line
+        (
+            "\n".join(AZURE_HEAD[:4] + ["2023-11-16 18:17:04.1206440,7433"] + AZURE_HEAD[5:]) + "\n",
+            "the row has 2 fields, the header 3",
+            ", line 5",
+        ),
+    ],
+    ids=["duplicate-column", "short-row"],
+)
+def test_duplicate_columns_and_ragged_rows_name_the_column_or_line(run_cli, tmp_path, text, message, where):
+    path = tmp_path / "azure.csv"
+    path.write_text(text)
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0] == f"Error: {message} ({path}{where})"
+    assert "Traceback" not in res.stderr
+
+
+def test_json_lines_trace_with_a_byte_order_mark(run_cli, tmp_path):
+    # the BOM hid the leading "{": the file was read as a CSV and refused with pyarrow's parse error
+    path = tmp_path / "mooncake.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (SIM / "mooncake-conversation-head40.jsonl").read_bytes())
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["requests"] == 40
