@@ -131,8 +131,7 @@ def load_events(
     malformed file and for missing required columns; rows with bad values are rejected and counted, not raised.
     No message of the reading library reaches the user as is: each known failure is said in kvtool's words.
     """
-    if default_block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
+    _check_default_block_size(default_block_size)
     import pyarrow as pa
 
     source = EventSource.of(path)
@@ -158,6 +157,18 @@ def load_events(
         # OS now that every column is converted, so the analysis that follows does not stack on top of them
         # (5M-event benchmark: a quarter less peak RSS and half the page faults of the system allocator).
         pa.default_memory_pool().release_unused()
+
+
+def _check_default_block_size(value: int) -> None:
+    """The block size of rows without one: positive, and no larger than a row's own block_size may be (a larger
+    one overflowed int64 in the analysis: an OverflowError traceback)."""
+    if value <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, got {value}", where="--block-size")
+    if value > MAX_COUNT:
+        raise UsageError(
+            f"--block-size is too large: {value:,} tokens (at most {MAX_COUNT:,})",
+            where="--block-size",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,8 +499,7 @@ def events_from_arrow(table, where: str = "<table>", default_block_size: int = D
 
     Row numbers of rejected rows are 1-based row indices (as for Parquet).
     """
-    if default_block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
+    _check_default_block_size(default_block_size)
     import pyarrow as pa
 
     names = _normalise_names([str(n) for n in table.column_names])
