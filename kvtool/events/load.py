@@ -150,6 +150,10 @@ def load_events(
     note("checking rows")
     try:
         return _convert(source.name, read, default_block_size)
+    except InputFileError as err:
+        if err.where is None:  # a column check knows the column, not the file
+            err.where = source.name
+        raise
     except pa.ArrowException as err:
         raise InputFileError(_plain_reason("cannot convert the events file", err), where=source.name) from None
     finally:
@@ -511,6 +515,10 @@ def events_from_arrow(table, where: str = "<table>", default_block_size: int = D
         raise InputFileError("the events table has no rows: it has no events", where=where)
     try:
         return _convert(where, _Read(selected, tuple(names), [], 0, first_row_number=1), default_block_size)
+    except InputFileError as err:
+        if err.where is None:
+            err.where = where
+        raise
     except pa.ArrowException as err:
         raise InputFileError(_plain_reason("cannot convert the events table", err), where=where) from None
 
@@ -969,11 +977,16 @@ def _numbers(col, name: str, integer: bool = False):
         col = col.cast(pa.float64())
         typ = col.type
     elif not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
-        raise InputFileError(f"column {name} has type {typ}, expected numbers")
+        raise InputFileError(
+            f"column {name} has type {typ}, expected numbers",
+            tip=f"store {name} as an integer or floating-point column (docs/events-schema.md)",
+        )
     if integer and pa.types.is_integer(typ):
         if typ == pa.int32():  # the typed CSV read: every value already fits
             values = _fixed_np(col, np.int32)
         else:
+            if typ == pa.uint64():  # above int64's range the cast fails: clamp, so such a row is rejected alone
+                col = pc.min_element_wise(col, pa.scalar(MAX_COUNT + 1, pa.uint64()), skip_nulls=False)
             values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
         null = ~_valid_np(col)
         bad = values > MAX_COUNT
@@ -981,7 +994,9 @@ def _numbers(col, name: str, integer: bool = False):
             values[null | bad] = 0
         return values, null, bad
     if typ != pa.float64():
-        col = col.cast(pa.float64())
+        # unsafe: an integer above 2**53 (epoch nanoseconds in an int64 ts) loses digits instead of failing the
+        # whole file; such values are out of range and rejected row by row anyway
+        col = col.cast(pa.float64(), safe=False)
     v = _fixed_np(col, np.float64)
     null = ~_valid_np(col)
     v[null] = np.nan

@@ -8,6 +8,7 @@ read off the hand-written files below (one bad row each), not from the program's
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import warnings
 
@@ -124,6 +125,55 @@ def test_corrupt_parquet_message_is_kvtools(tmp_path):
     with pytest.raises(InputFileError) as err:
         load_events(_file(tmp_path, b"PAR1" + b"\x00" * 64, "e.parquet"))
     assert "thrift" not in err.value.message.lower() and "magic" not in err.value.message.lower()
+
+
+def _parquet(tmp_path, **columns):
+    """basic.csv's request A in Parquet, with some columns replaced (pyarrow arrays)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = {
+        "ts": pa.array([0.0, 1.0, 4.0]),
+        "event": pa.array(["allocate", "append", "free"]),
+        "request_id": pa.array(["A", "A", "A"]),
+        "num_blocks": pa.array([2, 0, 2]),
+        "num_tokens": pa.array([20, 1, None]),
+        **columns,
+    }
+    path = tmp_path / "e.parquet"
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+def test_a_parquet_column_of_the_wrong_type_names_the_file(tmp_path, run_cli):
+    # the error named the column but not the file, and gave no tip
+    import datetime
+
+    import pyarrow as pa
+
+    stamps = [datetime.datetime(2026, 11, 30, 0, 0, s) for s in (0, 1, 4)]
+    path = _parquet(tmp_path, ts=pa.array(stamps, type=pa.timestamp("us")))
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: column ts has type timestamp[us], expected numbers ({path})\n"
+        "Tip: store ts as an integer or floating-point column (docs/events-schema.md)\n"
+    )
+
+
+def test_parquet_integers_out_of_range_reject_their_rows_not_the_file(tmp_path, run_cli):
+    # int64 epoch nanoseconds (above 2**53) and a uint64 count above int64 failed pyarrow's casts: the whole file
+    # was refused as "not a CSV or Parquet events file the reader can parse"
+    import pyarrow as pa
+
+    ns = pa.array([1_700_000_000_000_000_000, 1, 4], type=pa.int64())
+    blocks = pa.array([2, 2**64 - 1, 2], type=pa.uint64())
+    result = run_cli("analyze", _parquet(tmp_path, ts=ns, num_blocks=blocks), "--json")
+    assert result.exit_code == 0, result.stderr
+    anomalies = json.loads(result.stdout)["anomalies"]
+    assert anomalies["rejected_by_reason"] == {"ts out of range": 1, "unparseable num_blocks": 1}
+    assert [r["row"] for r in anomalies["first_rejected"]] == [1, 2]
 
 
 # ---------------------------------------------------------------------------------------------------- fuzz
