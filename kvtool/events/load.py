@@ -230,6 +230,7 @@ _ARROW_MESSAGES = (
     ("invalid utf8", "invalid UTF-8 bytes where text was expected"),
     ("couldn't deserialize thrift", "not a valid Parquet file (corrupt metadata)"),
     ("no such file", "the file disappeared while being read"),
+    ("truncated compressed stream", "not a valid gzip file (corrupt or truncated)"),
 )
 
 
@@ -264,6 +265,7 @@ def _sniff(source: EventSource) -> tuple[str, list[str]]:
         names = next(csv.reader(io.StringIO(first)))
     except (csv.Error, StopIteration):
         names = [first]
+    _refuse_duplicate_columns(source.name, names)
     return "csv", _normalise_names(names)
 
 
@@ -319,6 +321,21 @@ def _normalise_names(names: list[str]) -> list[str]:
             seen[name] = 1
         out.append(name)
     return out
+
+
+def _refuse_duplicate_columns(where: str, raw_names: list[str]) -> None:
+    """A column of the schema named twice (after stripping and lower-casing): which one holds the data is ambiguous.
+    A CSV used to take the first silently and a Parquet file was refused in pyarrow's words; columns the schema does
+    not name may repeat (they are ignored)."""
+    names = [raw.strip().lower() for raw in raw_names]
+    for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS):
+        if names.count(name) > 1:
+            at = ", ".join(str(i + 1) for i, n in enumerate(names) if n == name)
+            raise InputFileError(
+                f"column {name} appears {names.count(name)} times in the header (columns {at})",
+                where=where,
+                tip="keep one column of that name",
+            )
 
 
 def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
@@ -486,6 +503,7 @@ def _read_parquet(source: EventSource) -> _Read:
     with source.arrow_file() as fh:
         parquet = pq.ParquetFile(fh)
         schema = parquet.schema_arrow
+        _refuse_duplicate_columns(source.name, list(schema.names))
         names = _normalise_names(list(schema.names))
         _check_columns(source.name, names)
         known = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
@@ -506,6 +524,7 @@ def events_from_arrow(table, where: str = "<table>", default_block_size: int = D
     _check_default_block_size(default_block_size)
     import pyarrow as pa
 
+    _refuse_duplicate_columns(where, [str(n) for n in table.column_names])
     names = _normalise_names([str(n) for n in table.column_names])
     _check_columns(where, names)
     wanted = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)

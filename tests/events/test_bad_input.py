@@ -176,6 +176,65 @@ def test_parquet_integers_out_of_range_reject_their_rows_not_the_file(tmp_path, 
     assert [r["row"] for r in anomalies["first_rejected"]] == [1, 2]
 
 
+@pytest.mark.parametrize("second", ["ts", " TS "])
+def test_a_schema_column_named_twice_is_refused(tmp_path, run_cli, second):
+    # the CSV reader renamed the second one ts_2 and read the first without a word
+    rows = [row.rstrip(b"\n") + b",99\n" for row in GOOD]
+    path = _file(tmp_path, HEADER.rstrip(b"\n") + b"," + second.encode() + b"\n" + b"".join(rows))
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: column ts appears 2 times in the header (columns 1, 8) ({path})\nTip: keep one column of that name\n"
+    )
+
+
+def test_a_parquet_schema_column_named_twice_is_refused_in_kvtools_words(tmp_path, run_cli):
+    # pyarrow's read failed: "the content is not a CSV or Parquet events file the reader can parse"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        [
+            pa.array([0.0, 4.0]),
+            pa.array(["allocate", "free"]),
+            pa.array(["A", "A"]),
+            pa.array([1, 1]),
+            pa.array([5, None]),
+        ]
+        + [pa.array([2, 2])],
+        names=["ts", "event", "request_id", "num_blocks", "num_tokens", "num_blocks"],
+    )
+    path = tmp_path / "e.parquet"
+    pq.write_table(table, path)
+    result = run_cli("analyze", path)
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[0] == (
+        f"Error: column num_blocks appears 2 times in the header (columns 4, 6) ({path})"
+    )
+
+
+def test_an_unknown_column_may_repeat(tmp_path, run_cli):
+    rows = [row.rstrip(b"\n") + b",x,y\n" for row in GOOD]
+    result = run_cli("analyze", _file(tmp_path, HEADER.rstrip(b"\n") + b",note,note\n" + b"".join(rows)), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["events"] == len(GOOD)
+
+
+def test_a_gzip_file_cut_mid_stream_says_so(tmp_path, run_cli):
+    # pyarrow's "Truncated compressed stream" became "the content is not a CSV or Parquet events file ..."
+    rows = [f"{i * 0.01:.2f},allocate,r{i},1,{i % 16 + 1},{i},0.{i % 10}\n".encode() for i in range(20_000)]
+    packed = gzip.compress(HEADER + b"".join(rows))
+    path = _file(tmp_path, packed[: len(packed) // 2], "e.csv.gz")
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert (
+        result.stderr == f"Error: cannot read the events file: not a valid gzip file (corrupt or truncated) ({path})\n"
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- fuzz
 
 
