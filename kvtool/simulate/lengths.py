@@ -148,6 +148,7 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
     if unit == "datetime":
         import warnings
 
+        _require_dates(values, column, path, where_rows)
         try:
             # numpy converts a UTC offset ("+00:00", "Z": the Azure 2024 traces) to UTC, which is what arrival
             # differences need, but warns about it on stderr; the warning is not the user's concern.
@@ -178,6 +179,35 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
     if unit == "ns":
         arr = arr / 1e9
     return arr - arr.min()
+
+
+# A date and time starts with a full date: numpy also parses "2023" (a year), "-5" and "0" (years counted from
+# 1970 in some unit), so an Azure trace with arrival seconds in TIMESTAMP was read as years apart, without a word.
+_DATE_RE = r"^\s*\d{4}-\d{1,2}-\d{1,2}"
+_DATE_TIP = (
+    "an Azure TIMESTAMP is a date and time (2023-11-16 18:17:03.98); arrival seconds go in a generic trace: "
+    "prompt_tokens,output_tokens,arrival_s"
+)
+
+
+def _require_dates(values: list[Any], column: str, path: str, where_rows) -> None:
+    """Every value starts with a date (YYYY-MM-DD); the first one that does not is an error naming its row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        texts = pa.array(values, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # JSON numbers
+        texts = pa.array([None if v is None else str(v) for v in values], pa.string())
+    dated = pc.fill_null(pc.match_substring_regex(texts, _DATE_RE), True)  # blanks: reported as empty later
+    if not pc.all(dated).as_py():
+        i = int(np.flatnonzero(~dated.to_numpy(zero_copy_only=False))[0])
+        raise InputFileError(
+            f"'{column}' is not a date and time: {str(values[i])[:40]!r}",
+            where=f"{path}, {where_rows(i)}",
+            tip=_DATE_TIP,
+        )
 
 
 def _match_format(columns: list[str]) -> TraceFormat | None:

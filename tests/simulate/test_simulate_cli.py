@@ -639,3 +639,19 @@ def test_json_lines_trace_with_a_byte_order_mark(run_cli, tmp_path):
     res = run_cli("simulate", "--trace", path, "--json")
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["requests"] == 40
+
+
+@pytest.mark.parametrize("stamp", ["0", "-5", "2023"])
+def test_azure_timestamps_that_are_not_dates_are_refused(run_cli, tmp_path, stamp):
+    # numpy parses "0" and "-5" as years counted from 1970 and "2023" as a year: arrival seconds in TIMESTAMP
+    # gave requests years apart (span_s 63,158,400 for 0, 1, 2) without a word
+    path = tmp_path / "azure.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,100,10\n{stamp},200,20\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: 'timestamp' is not a date and time: '{stamp}' ({path}, line 3)\n"
+        "Tip: an Azure TIMESTAMP is a date and time (2023-11-16 18:17:03.98); arrival seconds go in a generic trace: "
+        "prompt_tokens,output_tokens,arrival_s\n"
+    )
