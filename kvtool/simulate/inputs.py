@@ -209,6 +209,8 @@ def _check_options(
     from kvtool.simulate.lengths import MAX_REQUEST_TOKENS, MAX_REQUESTS
     from kvtool.simulate.run import MAX_KV_TOKENS
 
+    _refuse_unused_parameters(src)
+
     for value, name, most in (
         (src.requests, "--requests", MAX_REQUESTS),
         (max_model_len, "--max-model-len", None),
@@ -244,6 +246,36 @@ def _check_options(
     for flag, value in serve_only.items():
         if value is not None and not serve:
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
+
+
+# The parameters each --dist reads (parametric_lengths); the others would be ignored.
+_DIST_PARAMETERS = {
+    "lognormal": ("--mean", "--p99"),
+    "uniform": ("--min", "--max"),
+    "fixed": ("--length",),
+    "zipf": ("--alpha", "--min", "--max"),
+}
+
+
+def _refuse_unused_parameters(src: _LengthSource) -> None:
+    """A distribution parameter that the chosen source does not read is an error, not silently ignored (``--trace
+    t.csv --length 100`` looked like a cap on the lengths and did nothing)."""
+    if src.dist is not None and src.dist not in _DIST_PARAMETERS:
+        return  # the unknown name is the error to report (parametric_lengths)
+    used = _DIST_PARAMETERS.get(src.dist or "", ())
+    source = f"--dist {src.dist}" if src.dist else ("--trace" if src.trace is not None else "--from-events")
+    given = {
+        "--mean": src.mean,
+        "--p99": src.p99,
+        "--min": src.min_tokens,
+        "--max": src.max_tokens,
+        "--length": src.length,
+        "--alpha": src.alpha,
+    }
+    for flag, value in given.items():
+        if value is not None and flag not in used:
+            owners = " and ".join(f"--dist {name}" for name, names in _DIST_PARAMETERS.items() if flag in names)
+            raise UsageError(f"{flag} is a parameter of {owners}, not of {source}: it would be ignored", where=flag)
 
 
 def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_prefix, export_events) -> None:

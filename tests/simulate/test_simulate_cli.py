@@ -655,3 +655,30 @@ def test_azure_timestamps_that_are_not_dates_are_refused(run_cli, tmp_path, stam
         "Tip: an Azure TIMESTAMP is a date and time (2023-11-16 18:17:03.98); arrival seconds go in a generic trace: "
         "prompt_tokens,output_tokens,arrival_s\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        # --length looked like a cap on the trace's lengths and did nothing
+        (
+            ["--trace", SIM / "azure-2023-code-head20.csv", "--length", "100"],
+            "Error: --length is a parameter of --dist fixed, not of --trace: it would be ignored (--length)",
+        ),
+        (
+            ["--dist", "fixed", "--length", "100", "--mean", "5"],
+            "Error: --mean is a parameter of --dist lognormal, not of --dist fixed: it would be ignored (--mean)",
+        ),
+        (
+            ["--from-events", DATA / "analyze" / "basic.csv", "--min", "3"],
+            "Error: --min is a parameter of --dist uniform and --dist zipf, not of --from-events: it would be ignored "
+            "(--min)",
+        ),
+    ],
+    ids=["trace-length", "fixed-mean", "events-min"],
+)
+def test_a_parameter_the_source_does_not_read_is_a_usage_error(run_cli, args, line):
+    res = run_cli("simulate", *args, "--json")
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr == line + "\n"
