@@ -260,6 +260,12 @@ def _sniff(source: EventSource) -> tuple[str, list[str]]:
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")  # a bad byte rejects its row, not the file
     if not text.strip():
         raise InputFileError("the events file is empty: it has no events", where=source.name)
+    if text.lstrip().startswith("{"):  # its "columns found" were a whole JSON line
+        raise InputFileError(
+            "not a CSV or Parquet events file: it is JSON lines",
+            where=source.name,
+            tip="vLLM's KV events (.jsonl) are analysed one file at a time: kvtool analyze FILE.jsonl",
+        )
     first = text.lstrip("\r\n").splitlines()[0]
     try:
         names = next(csv.reader(io.StringIO(first)))

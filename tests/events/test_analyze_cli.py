@@ -210,6 +210,26 @@ def test_export_to_a_folder_is_refused_before_reading(run_cli, tmp_path):
     )
 
 
+def test_an_empty_events_argument_is_a_usage_error(run_cli):
+    # Path("") is the current folder: every events file below it was analysed as a fleet
+    result = run_cli("analyze", "", "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == (
+        "Error: an empty argument names no events file (EVENTS)\n"
+        "Tip: give files, a directory ('.' for the current one) or a glob\n"
+    )
+
+
+def test_vllm_events_in_a_fleet_are_refused_in_one_short_line(run_cli):
+    # the refusal listed a whole JSON line as the "columns found"
+    vllm = DATA / "vllm-events" / "small-cache-evictions-incremental.jsonl"
+    result = run_cli("analyze", D / "basic.csv", vllm, "--json")
+    assert result.exit_code == 0, result.stderr
+    refused = [f for f in json.loads(result.stdout)["files"] if f["refused"]]
+    assert [f["refused"] for f in refused] == [f"not a CSV or Parquet events file: it is JSON lines ({vllm})"]
+
+
 def test_subprocess_json_and_exit_code():
     proc = run_subprocess("analyze", D / "leak_preempt.csv", "--json", "--strict")
     assert proc.returncode == EXIT_CHECK_FAILED
