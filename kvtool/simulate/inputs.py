@@ -281,6 +281,13 @@ def _refuse_unused_parameters(src: _LengthSource) -> None:
 def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_prefix, export_events) -> None:
     if model is not None and config is not None:
         raise UsageError("give either --model or --config, not both", where="--model/--config")
+    for value, flag, tip in (
+        (model, "--model", "'kvtool models' lists the models"),
+        (config, "--config", "give a config.json or its folder"),
+        (gpu, "--gpu", "'kvtool models' lists the GPUs"),
+    ):
+        if value is not None and not value.strip():  # an empty --gpu fell back to the default GPU without a word
+            raise UsageError(f"{flag} is empty", where=flag, tip=tip)
     if tp <= 0:
         raise UsageError(f"--tp must be a positive integer, got {tp}", where="--tp")
     if not 0 <= variant_share <= 1:

@@ -682,3 +682,13 @@ def test_a_parameter_the_source_does_not_read_is_a_usage_error(run_cli, args, li
     assert res.exit_code == 2
     assert res.stdout == ""
     assert res.stderr == line + "\n"
+
+
+@pytest.mark.parametrize("flag", ["--gpu", "--model", "--config"])
+def test_an_empty_model_or_gpu_is_a_usage_error(run_cli, flag):
+    # --gpu '' fell back to the default H100 without a word
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve", flag, "", "--json")
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0] == f"Error: {flag} is empty ({flag})"
+    assert res.stderr.splitlines()[1].startswith("Tip: ")
