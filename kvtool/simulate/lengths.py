@@ -402,11 +402,16 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     arrival = None
     if fmt.arrival_column is not None and fmt.arrival_column in cols:
         values = cols[fmt.arrival_column]
-        if all(v is not None and v != "" for v in values):
+        blank = [v is None or v == "" for v in values]
+        if not any(blank):
             arrival = _arrivals(values, fmt.arrival_unit, fmt.arrival_column, str(path), where_rows)
-        elif fmt.arrival_required:
-            i = next(i for i, v in enumerate(values) if v is None or v == "")
-            raise InputFileError(f"'{fmt.arrival_column}' is empty", where=f"{path}, {where_rows(i)}")
+        elif fmt.arrival_required or not all(blank):  # a few blanks used to drop every arrival without a word
+            i = blank.index(True)
+            raise InputFileError(
+                f"'{fmt.arrival_column}' is empty",
+                where=f"{path}, {where_rows(i)}",
+                tip=None if fmt.arrival_required else "give every row an arrival time, or none (all at t=0)",
+            )
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
         prompt, output, arrival = prompt[order], output[order], arrival[order]

@@ -692,3 +692,17 @@ def test_an_empty_model_or_gpu_is_a_usage_error(run_cli, flag):
     assert res.stdout == ""
     assert res.stderr.splitlines()[0] == f"Error: {flag} is empty ({flag})"
     assert res.stderr.splitlines()[1].startswith("Tip: ")
+
+
+def test_a_few_blank_arrivals_are_an_error_not_an_offline_batch(run_cli, tmp_path):
+    # one blank arrival_s dropped every arrival: the trace ran as an offline batch, all at t=0, without a word
+    path = tmp_path / "generic.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n5,5,0\n5,5,\n5,5,2\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: 'arrival_s' is empty ({path}, line 3)\nTip: give every row an arrival time, or none (all at t=0)\n"
+    )
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n5,5,\n5,5,\n")  # none at all: an offline batch
+    assert load_trace(path).arrival_s is None
