@@ -120,3 +120,11 @@ def test_a_truncated_gzip_capture_says_so(run_cli, tmp_path):
         assert result.exit_code == EXIT_INPUT
         assert result.stdout == ""
         assert result.stderr == f"Error: not a valid gzip file (corrupt or truncated) ({path})\n"
+
+
+def test_the_data_parallel_row_reads_as_rank_ids_not_a_count(run_cli):
+    # "data-parallel ranks  0" read as "no ranks" for a capture of one engine, rank 0
+    result = run_cli("analyze", INCREMENTAL)
+    assert result.exit_code == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "data-parallel" in line)
+    assert [cell.strip() for cell in row.strip("│ ").split("│")] == ["data-parallel rank ids", "0"]
