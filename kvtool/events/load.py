@@ -351,8 +351,19 @@ def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
         raise InputFileError(
             f"missing required column(s) {', '.join(missing)}; columns found: {shown or '(none)'}",
             where=where,
-            tip=_SCHEMA_TIP,
+            tip=_separator_tip(found) or _SCHEMA_TIP,
         )
+
+
+def _separator_tip(found: list[str] | tuple[str, ...]) -> str | None:
+    """A one-column header that another separator would split into the schema's columns (a semicolon CSV from a
+    European spreadsheet, a TSV): say so, rather than only listing the columns."""
+    if len(found) != 1:
+        return None
+    for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'")):
+        if set(REQUIRED_COLUMNS) <= {c.strip() for c in found[0].split(separator)}:
+            return f"the header is separated by {name}: an events file is comma-separated (docs/events-schema.md)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- reading

@@ -227,6 +227,10 @@ def _unrecognised(path: str, columns: list[str]) -> InputFileError:
     tip = None
     if {"ts", "event", "request_id"} <= names:
         tip = "this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
+    elif len(columns) == 1:  # a semicolon CSV (a European spreadsheet's) or a TSV: one column named all of them
+        for separator, word in ((";", "semicolons"), ("\t", "tabs")):
+            if _match_format(columns[0].split(separator)) is not None:
+                tip = f"the header is separated by {word}: a CSV trace is comma-separated"
     return InputFileError(
         f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path, tip=tip
     )

@@ -315,3 +315,18 @@ def test_fuzz_every_data_row_is_an_event_or_a_rejected_row(tmp_path_factory, dat
         return
     accounted = table.events + table.rejected.count + table.rejected.blank_rows
     assert accounted == expected, (table.events, table.rejected, expected)
+
+
+@pytest.mark.parametrize("separator, word", [(b";", "semicolons"), (b"\t", "tabs")])
+def test_a_header_with_another_separator_says_so(tmp_path, run_cli, separator, word):
+    # the tip only repeated the required columns, which the header already lists
+    body = (HEADER + b"".join(GOOD)).replace(b",", separator)
+    path = _file(tmp_path, body)
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Error: missing required column(s) ts, event")
+    assert (
+        lines[1] == f"Tip: the header is separated by {word}: an events file is comma-separated (docs/events-schema.md)"
+    )

@@ -706,3 +706,13 @@ def test_a_few_blank_arrivals_are_an_error_not_an_offline_batch(run_cli, tmp_pat
     )
     path.write_text("prompt_tokens,output_tokens,arrival_s\n5,5,\n5,5,\n")  # none at all: an offline batch
     assert load_trace(path).arrival_s is None
+
+
+def test_a_semicolon_trace_says_so(run_cli, tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("\n".join(line.replace(",", ";") for line in AZURE_HEAD) + "\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0].startswith("Error: unrecognised trace format: columns found 'TIMESTAMP;")
+    assert res.stderr.splitlines()[1] == "Tip: the header is separated by semicolons: a CSV trace is comma-separated"
