@@ -243,6 +243,12 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
 
     with open(path, "rb") as fh:
         head = fh.read(65536)
+    if head[:2] == b"\x1f\x8b":  # was "binary content", which a .csv.gz is not to its owner
+        raise InputFileError(
+            "the trace is gzip-compressed; traces are read as plain CSV or JSON lines",
+            where=str(path),
+            tip=f"decompress it first: gunzip -k {path}",
+        )
     if b"\x00" in head:
         raise InputFileError("not a text CSV file (binary content)", where=str(path))
     try:

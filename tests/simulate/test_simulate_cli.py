@@ -716,3 +716,18 @@ def test_a_semicolon_trace_says_so(run_cli, tmp_path):
     assert res.stdout == ""
     assert res.stderr.splitlines()[0].startswith("Error: unrecognised trace format: columns found 'TIMESTAMP;")
     assert res.stderr.splitlines()[1] == "Tip: the header is separated by semicolons: a CSV trace is comma-separated"
+
+
+def test_a_gzip_trace_says_it_is_compressed(run_cli, tmp_path):
+    # it was "not a text CSV file (binary content)"
+    import gzip
+
+    path = tmp_path / "azure.csv.gz"
+    path.write_bytes(gzip.compress((SIM / "azure-2023-code-head20.csv").read_bytes()))
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: the trace is gzip-compressed; traces are read as plain CSV or JSON lines ({path})\n"
+        f"Tip: decompress it first: gunzip -k {path}\n"
+    )
