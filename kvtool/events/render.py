@@ -90,6 +90,9 @@ def check_export_path(path: Path) -> None:
             "--export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder",
             where=f"--export {str(path) if str(path) != '.' else repr('')}",
         )
+    folder = next((p for p in path.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():  # was "[Errno 17] File exists: '...'" after the analysis
+        raise UsageError(f"{folder} is a file, not a folder", where=f"--export {path}")
 
 
 def export_paths(path: Path, names: tuple[str, ...] = EXPORT_TABLES) -> dict[str, Path]:

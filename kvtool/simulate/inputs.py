@@ -300,5 +300,7 @@ def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_pref
         raise UsageError(
             "--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events {export_events}"
         )
+    if export_events is not None and export_events.parent.is_file():  # was "the folder ... does not exist"
+        raise UsageError(f"{export_events.parent} is a file, not a folder", where=f"--export-events {export_events}")
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")

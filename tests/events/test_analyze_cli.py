@@ -230,6 +230,18 @@ def test_vllm_events_in_a_fleet_are_refused_in_one_short_line(run_cli):
     assert [f["refused"] for f in refused] == [f"not a CSV or Parquet events file: it is JSON lines ({vllm})"]
 
 
+def test_export_below_a_file_names_the_file(run_cli, tmp_path):
+    # it was "cannot write the export file: [Errno 17] File exists: '...'", after the whole analysis
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    result = run_cli("analyze", D / "basic.csv", "--export", blocker / "out" / "requests.csv", "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: {blocker} is a file, not a folder (--export {blocker / 'out' / 'requests.csv'})\n"
+    )
+
+
 def test_subprocess_json_and_exit_code():
     proc = run_subprocess("analyze", D / "leak_preempt.csv", "--json", "--strict")
     assert proc.returncode == EXIT_CHECK_FAILED

@@ -731,3 +731,14 @@ def test_a_gzip_trace_says_it_is_compressed(run_cli, tmp_path):
         f"Error: the trace is gzip-compressed; traces are read as plain CSV or JSON lines ({path})\n"
         f"Tip: decompress it first: gunzip -k {path}\n"
     )
+
+
+def test_export_events_below_a_file_names_the_file(run_cli, tmp_path):
+    # it said "the folder for the events file does not exist"
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    target = blocker / "events.csv"
+    res = run_cli("simulate", "--dist", "fixed", "--length", "10", "--serve", "--export-events", target, "--json")
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr == f"Error: {blocker} is a file, not a folder (--export-events {target})\n"
