@@ -30,6 +30,10 @@ DEFAULT_PARAMETRIC_REQUESTS = 10_000
 # context window of any released model, and low enough that a billion such requests still sum inside int64.
 MAX_REQUEST_TOKENS = 1_000_000_000
 
+# The largest arrival time accepted, in seconds from the trace's time 0 (about 31,700 years, as analyze's ts):
+# an epoch in seconds or milliseconds fits, and arrival differences stay finite.
+MAX_ARRIVAL_S = 1e12
+
 # The most requests --requests may ask for (a billion: the arrays alone take tens of GB).
 MAX_REQUESTS = 1_000_000_000
 
@@ -178,6 +182,13 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
         raise InputFileError(f"'{column}' is not a finite number", where=f"{path}, {where_rows(i)}")
     if unit == "ns":
         arr = arr / 1e9
+    far = np.flatnonzero(np.abs(arr) > MAX_ARRIVAL_S)  # 1e308 and -1e308 overflowed the subtraction below
+    if len(far):
+        i = int(far[0])
+        raise InputFileError(
+            f"'{column}' is out of range: {str(values[i])[:40]!r} (at most {MAX_ARRIVAL_S:.0e} s from time 0)",
+            where=f"{path}, {where_rows(i)}",
+        )
     return arr - arr.min()
 
 

@@ -124,6 +124,11 @@ def _count(value: Any, name: str, path: Path, i: int, number: bool = False):
         shown = json.dumps(value)[:40] if isinstance(value, (bool, list, dict)) else repr(value)[:40]
         raise InputFileError(f"'{name}' must be a finite {kind} >= 0, got {shown}", where=where)
     if number:
+        from kvtool.simulate.lengths import MAX_ARRIVAL_S
+
+        most, unit = (MAX_ARRIVAL_S * 1e3, "ms") if name == "timestamp" else (MAX_ARRIVAL_S, "s")  # Mooncake: ms
+        if value > most:  # a larger one overflowed the arrival arithmetic
+            raise InputFileError(f"'{name}' is out of range: {value!r} (at most {most:.0e} {unit})", where=where)
         return value
     if isinstance(value, float) and not value.is_integer():
         raise InputFileError(f"'{name}' must be a whole number of tokens, got {value!r}", where=where)

@@ -101,3 +101,10 @@ def test_token_id_prompts_refuse_a_fractional_max_tokens(run_cli, tmp_path):
     res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "1000", "--block-sizes", "16")
     assert res.exit_code == 3 and res.stdout == ""
     assert res.stderr == f"Error: 'max_tokens' must be a whole number of tokens, got 3.5 ({path}, record 2)\n"
+
+
+def test_a_timestamp_beyond_the_arrival_range_is_an_error(run_cli, tmp_path):
+    path = _one_bad_record(tmp_path, '{"timestamp": 1e300, "input_length": 100, "output_length": 3, "hash_ids": [0]}')
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3 and res.stdout == ""
+    assert res.stderr == f"Error: 'timestamp' is out of range: 1e+300 (at most 1e+15 ms) ({path}, record 4)\n"

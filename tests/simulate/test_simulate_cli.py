@@ -742,3 +742,16 @@ def test_export_events_below_a_file_names_the_file(run_cli, tmp_path):
     assert res.exit_code == 2
     assert res.stdout == ""
     assert res.stderr == f"Error: {blocker} is a file, not a folder (--export-events {target})\n"
+
+
+def test_arrivals_too_far_apart_are_an_error(run_cli, tmp_path):
+    # 1e308 and -1e308 overflowed the arrival subtraction: a RuntimeWarning on stderr, then (with --serve) an
+    # IndexError traceback
+    path = tmp_path / "vidur.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1e308,5,5\n-1e308,5,5\n")
+    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "10000", "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert (
+        res.stderr == f"Error: 'arrived_at' is out of range: '1e308' (at most 1e+12 s from time 0) ({path}, line 3)\n"
+    )
