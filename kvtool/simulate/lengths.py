@@ -648,13 +648,20 @@ def load_event_lengths(path: str | Path) -> RequestSet:
         )
     table = events_csv.load_events(path)
     rejected = f"{table.rejected.count:,} rows rejected by the events loader" if table.rejected.count else ""
-    return lengths_from_events(
-        table.ts,
-        table.request,
-        table.event == events_csv.APPEND,
-        table.event == events_csv.FREE,
-        table.num_tokens,
-        table.num_blocks,
-        Path(path).name,
-        rejected,
-    )
+    try:
+        return lengths_from_events(
+            table.ts,
+            table.request,
+            table.event == events_csv.APPEND,
+            table.event == events_csv.FREE,
+            table.num_tokens,
+            table.num_blocks,
+            Path(path).name,
+            rejected,
+        )
+    except InputFileError as err:  # named the file's base name only, and not the rows rejected
+        err.where = str(path)
+        if rejected:
+            err.message = f"{err.message} ({rejected})"
+            err.tip = f"kvtool analyze {path} lists the rejected rows and why"
+        raise

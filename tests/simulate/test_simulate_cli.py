@@ -755,3 +755,16 @@ def test_arrivals_too_far_apart_are_an_error(run_cli, tmp_path):
     assert (
         res.stderr == f"Error: 'arrived_at' is out of range: '1e308' (at most 1e+12 s from time 0) ({path}, line 3)\n"
     )
+
+
+def test_from_events_with_only_bad_rows_names_the_file_and_the_rejections(run_cli, tmp_path):
+    # it named only the file's base name and not that every row had been rejected
+    path = tmp_path / "events.csv"
+    path.write_text("ts,event,request_id,num_blocks,num_tokens\nx,allocate,A,1,5\n0,evict,A,1,5\n")
+    res = run_cli("simulate", "--from-events", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: the events file has no accepted rows (2 rows rejected by the events loader) ({path})\n"
+        f"Tip: kvtool analyze {path} lists the rejected rows and why\n"
+    )
