@@ -68,6 +68,7 @@ SEQ_BYTES = 8
 
 # The first keys of every row, in this order; the event's own fields follow.
 ROW_PREFIX = ("seq", "batch_ts", "dp_rank", "type")
+MAX_ABS_BATCH_TS_S = 1e12  # as analyze's ts: about 31,700 years; epoch milliseconds or nanoseconds are caught
 
 
 class MalformedFrame(ValueError):
@@ -234,6 +235,8 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
     ts = row.get("batch_ts", row.get("ts"))
     if isinstance(ts, bool) or not isinstance(ts, (int, float)):
         raise field_error("batch_ts", "is missing or not a number")
+    if not -MAX_ABS_BATCH_TS_S <= ts <= MAX_ABS_BATCH_TS_S:  # NaN and +-inf too: they ended in numpy tracebacks
+        raise field_error("batch_ts", f"is not a time in seconds (finite, at most {MAX_ABS_BATCH_TS_S:.0e}): {ts!r}")
     dp_rank = row.get("dp_rank")
     if dp_rank is None:
         dp_rank = 0

@@ -128,3 +128,19 @@ def test_the_data_parallel_row_reads_as_rank_ids_not_a_count(run_cli):
     assert result.exit_code == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if "data-parallel" in line)
     assert [cell.strip() for cell in row.strip("│ ").split("│")] == ["data-parallel rank ids", "0"]
+
+
+def test_a_non_finite_batch_time_is_one_error_line(run_cli, tmp_path):
+    # NaN, Infinity and -1e308 reached numpy: "autodetected range of [nan, nan] is not finite" tracebacks, or
+    # (NaN after a few good lines) a report with a meaningless duration
+    good = INCREMENTAL.read_text().splitlines()[:3]
+    for value, shown in (("NaN", "nan"), ("Infinity", "inf"), ("-1e308", "-1e+308")):
+        path = tmp_path / f"events-{shown}.jsonl"
+        bad = f'{{"seq": 99, "batch_ts": {value}, "dp_rank": 0, "type": "BlockRemoved", "block_hashes": [1]}}'
+        path.write_text("\n".join([*good, bad]) + "\n")
+        result = run_cli("analyze", path, "--json")
+        assert result.exit_code == EXIT_INPUT
+        assert result.stdout == ""
+        assert result.stderr == (
+            f"Error: field 'batch_ts' is not a time in seconds (finite, at most 1e+12): {shown} ({path}, line 4)\n"
+        )
