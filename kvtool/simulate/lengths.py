@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.simulate.limits import MAX_ARRIVAL_S, MAX_REQUEST_TOKENS
 
 # The default share of output tokens in a request's final length, used when a source gives only a total length
 # (a `length` trace column or a parametric distribution): 0.15, the generated share of the Azure LLM inference
@@ -25,14 +26,6 @@ DEFAULT_OUTPUT_SHARE = 0.15
 
 # Requests drawn from a parametric distribution when --requests is not given.
 DEFAULT_PARAMETRIC_REQUESTS = 10_000
-
-# The longest request length accepted (tokens), from a trace or a parameter: 10^9, a hundred times the longest
-# context window of any released model, and low enough that a billion such requests still sum inside int64.
-MAX_REQUEST_TOKENS = 1_000_000_000
-
-# The largest arrival time accepted, in seconds from the trace's time 0 (about 31,700 years, as analyze's ts):
-# an epoch in seconds or milliseconds fits, and arrival differences stay finite.
-MAX_ARRIVAL_S = 1e12
 
 # The most requests --requests may ask for (a billion: the arrays alone take tens of GB).
 MAX_REQUESTS = 1_000_000_000

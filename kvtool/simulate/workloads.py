@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import InputFileError
+from kvtool.simulate.limits import MAX_ARRIVAL_S, MAX_REQUEST_TOKENS
 from kvtool.simulate.scheduler import Prompt
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids cover 512 tokens each (FAST'25 trace release)
@@ -109,8 +110,6 @@ def _count(value: Any, name: str, path: Path, i: int, number: bool = False):
     an infinite length ended in an OverflowError; a fractional count is refused rather than truncated."""
     import math
 
-    from kvtool.simulate.lengths import MAX_REQUEST_TOKENS
-
     where = f"{path}, record {i + 1}"
     kind = "number" if number else "count"
     if value is None:
@@ -124,8 +123,6 @@ def _count(value: Any, name: str, path: Path, i: int, number: bool = False):
         shown = json.dumps(value)[:40] if isinstance(value, (bool, list, dict)) else repr(value)[:40]
         raise InputFileError(f"'{name}' must be a finite {kind} >= 0, got {shown}", where=where)
     if number:
-        from kvtool.simulate.lengths import MAX_ARRIVAL_S
-
         most, unit = (MAX_ARRIVAL_S * 1e3, "ms") if name == "timestamp" else (MAX_ARRIVAL_S, "s")  # Mooncake: ms
         if value > most:  # a larger one overflowed the arrival arithmetic
             raise InputFileError(f"'{name}' is out of range: {value!r} (at most {most:.0e} {unit})", where=where)
