@@ -242,6 +242,27 @@ def test_export_below_a_file_names_the_file(run_cli, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "args, lines",
+    [
+        # distributed's ValueError ("missing port number in address ''") was a traceback
+        (["--scheduler", ""], ["Error: not a Dask scheduler address: '' (--scheduler)", "Tip: give tcp://HOST:8786"]),
+        (
+            ["--scheduler", "nonsense"],
+            ["Error: not a Dask scheduler address: 'nonsense' (--scheduler)", "Tip: give tcp://HOST:8786"],
+        ),
+        (["--workers", "0"], ["Error: --workers must be a positive number of processes, got 0 (--workers)"]),
+    ],
+    ids=["empty-scheduler", "scheduler-without-port", "zero-workers"],
+)
+def test_bad_dask_options_are_one_usage_line(run_cli, args, lines):
+    pytest.importorskip("dask.distributed")
+    result = run_cli("analyze", D / "basic.csv", D / "reuse.csv", *args, "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert [line for line in result.stderr.splitlines() if not line.startswith("analyze: file")] == lines
+
+
 def test_subprocess_json_and_exit_code():
     proc = run_subprocess("analyze", D / "leak_preempt.csv", "--json", "--strict")
     assert proc.returncode == EXIT_CHECK_FAILED
