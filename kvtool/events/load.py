@@ -1007,6 +1007,9 @@ def _numbers(col, name: str, integer: bool = False):
             _fixed_np(pc.utf8_length(text), np.int64 if pa.types.is_large_string(typ) else np.int32) == 0
         )
         matched = _bool_np(is_number)
+        # "nan" reads as blank on the typed read (pyarrow parses it as NaN): the same here, or whether a row with
+        # nan is accepted would depend on whether another row of the file sent the column through this text check
+        blank |= _bool_np(pc.fill_null(pc.match_substring_regex(text, r"(?i)^[+-]?nan$"), False))
         col = pc.if_else(is_number, text, pa.nulls(1, typ)[0]).cast(pa.float64())
         typ = col.type
     elif pa.types.is_boolean(typ) or pa.types.is_null(typ):

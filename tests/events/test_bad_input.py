@@ -330,3 +330,14 @@ def test_a_header_with_another_separator_says_so(tmp_path, run_cli, separator, w
     assert (
         lines[1] == f"Tip: the header is separated by {word}: an events file is comma-separated (docs/events-schema.md)"
     )
+
+
+def test_nan_reads_as_blank_whatever_the_other_rows_hold(tmp_path):
+    # "nan" in latency_ms was blank when the column parsed as numbers, but "unparseable" when another row's "x" sent
+    # the column through the text check: the same row accepted or rejected depending on a different row
+    alone = _with_row(b"2.5,free,c,0,,,nan\n")
+    with_junk = _with_row(b"2.5,free,c,0,,,nan\n") + b"3.5,free,d,0,,,x\n"
+    for body, rejected in ((alone, {}), (with_junk, {"unparseable latency_ms": 1})):
+        table = load_events(_file(tmp_path, body))
+        assert dict(table.rejected.by_reason) == rejected
+        assert table.events == len(GOOD) + 1
