@@ -386,6 +386,12 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     if n == 0:
         raise InputFileError("the trace has a header but no rows", where=str(path))
 
+    # messages name a column as the file spells it (ContextTokens, not contexttokens)
+    spelled = {name.lstrip("\ufeff").strip().lower(): name.lstrip("\ufeff").strip() for name in reversed(header)}
+
+    def shown(column: str) -> str:
+        return spelled.get(column, column)
+
     # CSV row numbers count the header as row 1, so data row i is file line i + 2.
     def where_rows(i: int) -> str:
         return f"line {i + 2}" if not json_lines else f"record {i + 1}"
@@ -393,14 +399,14 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     if json_lines:
         for c in (fmt.prompt_column, fmt.output_column, fmt.length_column, fmt.arrival_column):
             if c is not None and c in cols:
-                _check_json_scalars(cols[c], c, str(path), where_rows)
+                _check_json_scalars(cols[c], shown(c), str(path), where_rows)
     for c in (fmt.prompt_column, fmt.output_column, fmt.length_column):
         if c is not None:
             missing = [i for i, v in enumerate(cols[c]) if v is None or v == ""]
             if missing:
-                raise InputFileError(f"'{c}' is empty", where=f"{path}, {where_rows(missing[0])}")
+                raise InputFileError(f"'{shown(c)}' is empty", where=f"{path}, {where_rows(missing[0])}")
     if fmt.length_column:
-        lengths = _to_int_tokens(cols[fmt.length_column], fmt.length_column, str(path), where_rows)
+        lengths = _to_int_tokens(cols[fmt.length_column], shown(fmt.length_column), str(path), where_rows)
         bad = np.flatnonzero(lengths <= 0)
         if len(bad):
             i = int(bad[0])
@@ -410,19 +416,19 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         prompt, output = split_lengths(lengths, output_share)
     else:
         assert fmt.prompt_column is not None and fmt.output_column is not None  # every format names both or length
-        prompt = _to_int_tokens(cols[fmt.prompt_column], fmt.prompt_column, str(path), where_rows)
-        output = _to_int_tokens(cols[fmt.output_column], fmt.output_column, str(path), where_rows)
+        prompt = _to_int_tokens(cols[fmt.prompt_column], shown(fmt.prompt_column), str(path), where_rows)
+        output = _to_int_tokens(cols[fmt.output_column], shown(fmt.output_column), str(path), where_rows)
         _check_lengths(prompt, output, where_rows, str(path))
     arrival = None
     if fmt.arrival_column is not None and fmt.arrival_column in cols:
         values = cols[fmt.arrival_column]
         blank = [v is None or v == "" for v in values]
         if not any(blank):
-            arrival = _arrivals(values, fmt.arrival_unit, fmt.arrival_column, str(path), where_rows)
+            arrival = _arrivals(values, fmt.arrival_unit, shown(fmt.arrival_column), str(path), where_rows)
         elif fmt.arrival_required or not all(blank):  # a few blanks used to drop every arrival without a word
             i = blank.index(True)
             raise InputFileError(
-                f"'{fmt.arrival_column}' is empty",
+                f"'{shown(fmt.arrival_column)}' is empty",
                 where=f"{path}, {where_rows(i)}",
                 tip=None if fmt.arrival_required else "give every row an arrival time, or none (all at t=0)",
             )

@@ -651,7 +651,7 @@ def test_azure_timestamps_that_are_not_dates_are_refused(run_cli, tmp_path, stam
     assert res.exit_code == 3
     assert res.stdout == ""
     assert res.stderr == (
-        f"Error: 'timestamp' is not a date and time: '{stamp}' ({path}, line 3)\n"
+        f"Error: 'TIMESTAMP' is not a date and time: '{stamp}' ({path}, line 3)\n"
         "Tip: an Azure TIMESTAMP is a date and time (2023-11-16 18:17:03.98); arrival seconds go in a generic trace: "
         "prompt_tokens,output_tokens,arrival_s\n"
     )
@@ -767,4 +767,15 @@ def test_from_events_with_only_bad_rows_names_the_file_and_the_rejections(run_cl
     assert res.stderr == (
         f"Error: the events file has no accepted rows (2 rows rejected by the events loader) ({path})\n"
         f"Tip: kvtool analyze {path} lists the rejected rows and why\n"
+    )
+
+
+def test_errors_name_a_column_as_the_file_spells_it(run_cli, tmp_path):
+    # it said 'contexttokens' for the Azure trace's ContextTokens
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,1e300,10\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3 and res.stdout == ""
+    assert res.stderr == (
+        f"Error: 'ContextTokens' is too large: '1e300' tokens (at most 1,000,000,000) ({path}, line 2)\n"
     )
