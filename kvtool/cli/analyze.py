@@ -94,6 +94,10 @@ def register(app: typer.Typer) -> None:
             late_free_ms=late_free_ms,
         )
         output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
+        if export is not None:
+            from kvtool.events.render import check_export_path
+
+            check_export_path(export)  # before a long read, not after it
         if not is_single_file(events):
             # no keep_freed_memory here: kept pages of one file's temporaries, between the per-request rows kept
             # of every file, raised the 50-file peak from 1.4x to 1.7x pyarrow's read (docs/performance.md)

@@ -20,7 +20,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 def stdout_console():
     from rich.console import Console
 
-    return Console(soft_wrap=False)
+    class _StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 here, which reads as "checks failed" (README exit codes) when a table is piped into
+            # `head`; stop writing and let handle_errors end the command as --json output does (exit 0)
+            import os
+
+            self.quiet = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise BrokenPipeError
+
+    return _StdoutConsole(soft_wrap=False)
 
 
 def stderr_console():

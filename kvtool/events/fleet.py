@@ -564,7 +564,7 @@ def analyze_fleet(
 ) -> FleetAnalysis:
     """Analyse every engine's files and reduce: in this process, or on Dask with ``workers``/``scheduler``."""
     if workers is not None and workers <= 0:
-        raise UsageError(f"--workers must be a positive number of processes, got {workers}")
+        raise UsageError(f"--workers must be a positive number of processes, got {workers}", where="--workers")
     note = progress or (lambda done, total, result, files: None)
     if workers is None and scheduler is None:
         results = []
@@ -574,6 +574,21 @@ def analyze_fleet(
     else:
         results = _on_dask(units, options, workers, scheduler, note)
     return reduce_fleet(results, options)
+
+
+def _check_scheduler_address(scheduler: str) -> None:
+    """A malformed --scheduler address is a usage error, checked the way distributed parses it before any Client
+    is made (distributed's "missing port number in address ''" was a traceback)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(scheduler)
+        if scheme in ("tcp", "tls"):
+            parse_host_port(location)
+    except ValueError:
+        raise UsageError(
+            f"not a Dask scheduler address: {scheduler!r}", where="--scheduler", tip="give tcp://HOST:8786"
+        ) from None
 
 
 def _on_dask(units, options, workers, scheduler, note) -> list[UnitResult]:
@@ -587,6 +602,8 @@ def _on_dask(units, options, workers, scheduler, note) -> list[UnitResult]:
     import contextlib
     import logging
 
+    if scheduler is not None:
+        _check_scheduler_address(scheduler)
     with contextlib.ExitStack() as stack:
         try:
             if scheduler is not None:
@@ -604,6 +621,7 @@ def _on_dask(units, options, workers, scheduler, note) -> list[UnitResult]:
                 client = stack.enter_context(Client(cluster))
         except (OSError, TimeoutError) as err:
             raise UsageError(f"cannot reach the Dask scheduler: {type(err).__name__}", where=scheduler) from None
+
         futures = {client.submit(analyze_pool, unit, options, pure=False): i for i, unit in enumerate(units)}
         results: list[Any] = [None] * len(units)
         done = 0

@@ -131,8 +131,7 @@ def load_events(
     malformed file and for missing required columns; rows with bad values are rejected and counted, not raised.
     No message of the reading library reaches the user as is: each known failure is said in kvtool's words.
     """
-    if default_block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
+    _check_default_block_size(default_block_size)
     import pyarrow as pa
 
     source = EventSource.of(path)
@@ -151,6 +150,10 @@ def load_events(
     note("checking rows")
     try:
         return _convert(source.name, read, default_block_size)
+    except InputFileError as err:
+        if err.where is None:  # a column check knows the column, not the file
+            err.where = source.name
+        raise
     except pa.ArrowException as err:
         raise InputFileError(_plain_reason("cannot convert the events file", err), where=source.name) from None
     finally:
@@ -158,6 +161,18 @@ def load_events(
         # OS now that every column is converted, so the analysis that follows does not stack on top of them
         # (5M-event benchmark: a quarter less peak RSS and half the page faults of the system allocator).
         pa.default_memory_pool().release_unused()
+
+
+def _check_default_block_size(value: int) -> None:
+    """The block size of rows without one: positive, and no larger than a row's own block_size may be (a larger
+    one overflowed int64 in the analysis: an OverflowError traceback)."""
+    if value <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, got {value}", where="--block-size")
+    if value > MAX_COUNT:
+        raise UsageError(
+            f"--block-size is too large: {value:,} tokens (at most {MAX_COUNT:,})",
+            where="--block-size",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +230,7 @@ _ARROW_MESSAGES = (
     ("invalid utf8", "invalid UTF-8 bytes where text was expected"),
     ("couldn't deserialize thrift", "not a valid Parquet file (corrupt metadata)"),
     ("no such file", "the file disappeared while being read"),
+    ("truncated compressed stream", "not a valid gzip file (corrupt or truncated)"),
 )
 
 
@@ -244,11 +260,18 @@ def _sniff(source: EventSource) -> tuple[str, list[str]]:
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")  # a bad byte rejects its row, not the file
     if not text.strip():
         raise InputFileError("the events file is empty: it has no events", where=source.name)
+    if text.lstrip().startswith("{"):  # its "columns found" were a whole JSON line
+        raise InputFileError(
+            "not a CSV or Parquet events file: it is JSON lines",
+            where=source.name,
+            tip="vLLM's KV events (.jsonl) are analysed one file at a time: kvtool analyze FILE.jsonl",
+        )
     first = text.lstrip("\r\n").splitlines()[0]
     try:
         names = next(csv.reader(io.StringIO(first)))
     except (csv.Error, StopIteration):
         names = [first]
+    _refuse_duplicate_columns(source.name, names)
     return "csv", _normalise_names(names)
 
 
@@ -306,6 +329,21 @@ def _normalise_names(names: list[str]) -> list[str]:
     return out
 
 
+def _refuse_duplicate_columns(where: str, raw_names: list[str]) -> None:
+    """A column of the schema named twice (after stripping and lower-casing): which one holds the data is ambiguous.
+    A CSV used to take the first silently and a Parquet file was refused in pyarrow's words; columns the schema does
+    not name may repeat (they are ignored)."""
+    names = [raw.strip().lower() for raw in raw_names]
+    for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS):
+        if names.count(name) > 1:
+            at = ", ".join(str(i + 1) for i, n in enumerate(names) if n == name)
+            raise InputFileError(
+                f"column {name} appears {names.count(name)} times in the header (columns {at})",
+                where=where,
+                tip="keep one column of that name",
+            )
+
+
 def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
     missing = [c for c in REQUIRED_COLUMNS if c not in found]
     if missing:
@@ -313,8 +351,19 @@ def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
         raise InputFileError(
             f"missing required column(s) {', '.join(missing)}; columns found: {shown or '(none)'}",
             where=where,
-            tip=_SCHEMA_TIP,
+            tip=_separator_tip(found) or _SCHEMA_TIP,
         )
+
+
+def _separator_tip(found: list[str] | tuple[str, ...]) -> str | None:
+    """A one-column header that another separator would split into the schema's columns (a semicolon CSV from a
+    European spreadsheet, a TSV): say so, rather than only listing the columns."""
+    if len(found) != 1:
+        return None
+    for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'")):
+        if set(REQUIRED_COLUMNS) <= {c.strip() for c in found[0].split(separator)}:
+            return f"the header is separated by {name}: an events file is comma-separated (docs/events-schema.md)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -471,6 +520,7 @@ def _read_parquet(source: EventSource) -> _Read:
     with source.arrow_file() as fh:
         parquet = pq.ParquetFile(fh)
         schema = parquet.schema_arrow
+        _refuse_duplicate_columns(source.name, list(schema.names))
         names = _normalise_names(list(schema.names))
         _check_columns(source.name, names)
         known = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
@@ -488,10 +538,10 @@ def events_from_arrow(table, where: str = "<table>", default_block_size: int = D
 
     Row numbers of rejected rows are 1-based row indices (as for Parquet).
     """
-    if default_block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, got {default_block_size}")
+    _check_default_block_size(default_block_size)
     import pyarrow as pa
 
+    _refuse_duplicate_columns(where, [str(n) for n in table.column_names])
     names = _normalise_names([str(n) for n in table.column_names])
     _check_columns(where, names)
     wanted = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS)
@@ -501,6 +551,10 @@ def events_from_arrow(table, where: str = "<table>", default_block_size: int = D
         raise InputFileError("the events table has no rows: it has no events", where=where)
     try:
         return _convert(where, _Read(selected, tuple(names), [], 0, first_row_number=1), default_block_size)
+    except InputFileError as err:
+        if err.where is None:
+            err.where = where
+        raise
     except pa.ArrowException as err:
         raise InputFileError(_plain_reason("cannot convert the events table", err), where=where) from None
 
@@ -953,17 +1007,25 @@ def _numbers(col, name: str, integer: bool = False):
             _fixed_np(pc.utf8_length(text), np.int64 if pa.types.is_large_string(typ) else np.int32) == 0
         )
         matched = _bool_np(is_number)
+        # "nan" reads as blank on the typed read (pyarrow parses it as NaN): the same here, or whether a row with
+        # nan is accepted would depend on whether another row of the file sent the column through this text check
+        blank |= _bool_np(pc.fill_null(pc.match_substring_regex(text, r"(?i)^[+-]?nan$"), False))
         col = pc.if_else(is_number, text, pa.nulls(1, typ)[0]).cast(pa.float64())
         typ = col.type
     elif pa.types.is_boolean(typ) or pa.types.is_null(typ):
         col = col.cast(pa.float64())
         typ = col.type
     elif not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
-        raise InputFileError(f"column {name} has type {typ}, expected numbers")
+        raise InputFileError(
+            f"column {name} has type {typ}, expected numbers",
+            tip=f"store {name} as an integer or floating-point column (docs/events-schema.md)",
+        )
     if integer and pa.types.is_integer(typ):
         if typ == pa.int32():  # the typed CSV read: every value already fits
             values = _fixed_np(col, np.int32)
         else:
+            if typ == pa.uint64():  # above int64's range the cast fails: clamp, so such a row is rejected alone
+                col = pc.min_element_wise(col, pa.scalar(MAX_COUNT + 1, pa.uint64()), skip_nulls=False)
             values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
         null = ~_valid_np(col)
         bad = values > MAX_COUNT
@@ -971,7 +1033,9 @@ def _numbers(col, name: str, integer: bool = False):
             values[null | bad] = 0
         return values, null, bad
     if typ != pa.float64():
-        col = col.cast(pa.float64())
+        # unsafe: an integer above 2**53 (epoch nanoseconds in an int64 ts) loses digits instead of failing the
+        # whole file; such values are out of range and rejected row by row anyway
+        col = col.cast(pa.float64(), safe=False)
     v = _fixed_np(col, np.float64)
     null = ~_valid_np(col)
     v[null] = np.nan

@@ -82,6 +82,19 @@ def _write_with_rows(doc: dict[str, Any], columns: list[tuple[str, Any]], stream
     stream.flush()
 
 
+def check_export_path(path: Path) -> None:
+    """``--export`` needs a file name: an empty one (``''`` is the current folder, a traceback in ``with_name``) or a
+    folder is a usage error, said before any file is read."""
+    if not path.name or path.is_dir():
+        raise UsageError(
+            "--export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder",
+            where=f"--export {str(path) if str(path) != '.' else repr('')}",
+        )
+    folder = next((p for p in path.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():  # was "[Errno 17] File exists: '...'" after the analysis
+        raise UsageError(f"{folder} is a file, not a folder", where=f"--export {path}")
+
+
 def export_paths(path: Path, names: tuple[str, ...] = EXPORT_TABLES) -> dict[str, Path]:
     """Where ``--export PATH`` writes each table: the per-request table at PATH, each other one beside it with the
     table's name added to the stem (``out.csv`` -> ``out-pool_timeline.csv``; ``.csv.gz`` and ``.parquet`` alike)."""
@@ -103,6 +116,7 @@ def export_tables(tables: dict, path: Path) -> list[Path]:
     import pyarrow.parquet as pq
 
     written = []
+    check_export_path(path)
     paths = export_paths(path, tuple(tables))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

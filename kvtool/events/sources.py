@@ -33,6 +33,12 @@ def find_pool_files(arguments: Sequence[str]) -> tuple[PoolFiles, ...]:
     """Expand the arguments into files and group them into pools (see the module docstring), sorted by name."""
     paths: list[str] = []
     for argument in arguments:
+        if argument == "":  # Path("") is the current folder: every events file below it was analysed
+            raise UsageError(
+                "an empty argument names no events file",
+                where="EVENTS",
+                tip="give files, a directory ('.' for the current one) or a glob",
+            )
         found = _expand_url(argument) if _is_remote(argument) else _expand_local(argument)
         if not found:
             raise UsageError(

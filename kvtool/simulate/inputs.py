@@ -4,6 +4,7 @@ lengths from a trace, an events file or a distribution, turned into :class:`~kvt
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -126,8 +127,8 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
 
 def _check_costs(i: SimulateInputs) -> None:
     for fixed, name in ((i.step_overhead_ms, "--step-overhead-ms"), (i.table_entry_us, "--table-entry-us")):
-        if fixed is not None and not fixed >= 0:
-            raise UsageError(f"{name} must be 0 or more, got {fixed:g}", where=name)
+        if fixed is not None and not 0 <= fixed < math.inf:  # inf ended in an IndexError traceback
+            raise UsageError(f"{name} must be a finite number, 0 or more, got {fixed:g}", where=name)
     for value, name in (
         (i.bandwidth_gb_s, "--bandwidth-gb-s"),
         (i.peak_tflops, "--peak-tflops"),
@@ -208,6 +209,8 @@ def _check_options(
     from kvtool.simulate.lengths import MAX_REQUEST_TOKENS, MAX_REQUESTS
     from kvtool.simulate.run import MAX_KV_TOKENS
 
+    _refuse_unused_parameters(src)
+
     for value, name, most in (
         (src.requests, "--requests", MAX_REQUESTS),
         (max_model_len, "--max-model-len", None),
@@ -220,6 +223,14 @@ def _check_options(
             raise UsageError(f"{name} must be a positive integer, got {value}", where=name)
         if value is not None and most is not None and value > most:
             raise UsageError(f"{name} is too large: {value:,} (at most {most:,})", where=name)
+    if src.seed < 0:  # numpy's generators take none: it was a ValueError traceback
+        raise UsageError(f"--seed must be 0 or more, got {src.seed}", where="--seed")
+    threshold = serve_only["--long-prefill-token-threshold"]
+    if threshold is not None and threshold < 0:  # was taken as 0 (off) without a word
+        raise UsageError(
+            f"--long-prefill-token-threshold must be 0 (off) or more tokens, got {threshold}",
+            where="--long-prefill-token-threshold",
+        )
     if shared_prefix < 0:
         raise UsageError(f"--shared-prefix must be 0 or more tokens, got {shared_prefix}", where="--shared-prefix")
     if shared_prefix > MAX_REQUEST_TOKENS:
@@ -237,9 +248,46 @@ def _check_options(
             raise UsageError(f"{flag} applies to the serving simulation: add --serve", where=flag)
 
 
+# The parameters each --dist reads (parametric_lengths); the others would be ignored.
+_DIST_PARAMETERS = {
+    "lognormal": ("--mean", "--p99"),
+    "uniform": ("--min", "--max"),
+    "fixed": ("--length",),
+    "zipf": ("--alpha", "--min", "--max"),
+}
+
+
+def _refuse_unused_parameters(src: _LengthSource) -> None:
+    """A distribution parameter that the chosen source does not read is an error, not silently ignored (``--trace
+    t.csv --length 100`` looked like a cap on the lengths and did nothing)."""
+    if src.dist is not None and src.dist not in _DIST_PARAMETERS:
+        return  # the unknown name is the error to report (parametric_lengths)
+    used = _DIST_PARAMETERS.get(src.dist or "", ())
+    source = f"--dist {src.dist}" if src.dist else ("--trace" if src.trace is not None else "--from-events")
+    given = {
+        "--mean": src.mean,
+        "--p99": src.p99,
+        "--min": src.min_tokens,
+        "--max": src.max_tokens,
+        "--length": src.length,
+        "--alpha": src.alpha,
+    }
+    for flag, value in given.items():
+        if value is not None and flag not in used:
+            owners = " and ".join(f"--dist {name}" for name, names in _DIST_PARAMETERS.items() if flag in names)
+            raise UsageError(f"{flag} is a parameter of {owners}, not of {source}: it would be ignored", where=flag)
+
+
 def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_prefix, export_events) -> None:
     if model is not None and config is not None:
         raise UsageError("give either --model or --config, not both", where="--model/--config")
+    for value, flag, tip in (
+        (model, "--model", "'kvtool models' lists the models"),
+        (config, "--config", "give a config.json or its folder"),
+        (gpu, "--gpu", "'kvtool models' lists the GPUs"),
+    ):
+        if value is not None and not value.strip():  # an empty --gpu fell back to the default GPU without a word
+            raise UsageError(f"{flag} is empty", where=flag, tip=tip)
     if tp <= 0:
         raise UsageError(f"--tp must be a positive integer, got {tp}", where="--tp")
     if not 0 <= variant_share <= 1:
@@ -252,5 +300,7 @@ def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_pref
         raise UsageError(
             "--export-events takes a file name (NAME.csv), not a folder", where=f"--export-events {export_events}"
         )
+    if export_events is not None and export_events.parent.is_file():  # was "the folder ... does not exist"
+        raise UsageError(f"{export_events.parent} is a file, not a folder", where=f"--export-events {export_events}")
     if export_events is not None and not export_events.parent.is_dir():
         raise UsageError("the folder for the events file does not exist", where=f"--export-events {export_events}")

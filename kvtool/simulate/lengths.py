@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.simulate.limits import MAX_ARRIVAL_S, MAX_REQUEST_TOKENS
 
 # The default share of output tokens in a request's final length, used when a source gives only a total length
 # (a `length` trace column or a parametric distribution): 0.15, the generated share of the Azure LLM inference
@@ -25,10 +26,6 @@ DEFAULT_OUTPUT_SHARE = 0.15
 
 # Requests drawn from a parametric distribution when --requests is not given.
 DEFAULT_PARAMETRIC_REQUESTS = 10_000
-
-# The longest request length accepted (tokens), from a trace or a parameter: 10^9, a hundred times the longest
-# context window of any released model, and low enough that a billion such requests still sum inside int64.
-MAX_REQUEST_TOKENS = 1_000_000_000
 
 # The most requests --requests may ask for (a billion: the arrays alone take tens of GB).
 MAX_REQUESTS = 1_000_000_000
@@ -148,6 +145,7 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
     if unit == "datetime":
         import warnings
 
+        _require_dates(values, column, path, where_rows)
         try:
             # numpy converts a UTC offset ("+00:00", "Z": the Azure 2024 traces) to UTC, which is what arrival
             # differences need, but warns about it on stderr; the warning is not the user's concern.
@@ -177,7 +175,43 @@ def _arrivals(values: list[str], unit: str, column: str, path: str, where_rows):
         raise InputFileError(f"'{column}' is not a finite number", where=f"{path}, {where_rows(i)}")
     if unit == "ns":
         arr = arr / 1e9
+    far = np.flatnonzero(np.abs(arr) > MAX_ARRIVAL_S)  # 1e308 and -1e308 overflowed the subtraction below
+    if len(far):
+        i = int(far[0])
+        raise InputFileError(
+            f"'{column}' is out of range: {str(values[i])[:40]!r} (at most {MAX_ARRIVAL_S:.0e} s from time 0)",
+            where=f"{path}, {where_rows(i)}",
+        )
     return arr - arr.min()
+
+
+# A date and time starts with a full date: numpy also parses "2023" (a year), "-5" and "0" (years counted from
+# 1970 in some unit), so an Azure trace with arrival seconds in TIMESTAMP was read as years apart, without a word.
+_DATE_RE = r"^\s*\d{4}-\d{1,2}-\d{1,2}"
+_DATE_TIP = (
+    "an Azure TIMESTAMP is a date and time (2023-11-16 18:17:03.98); arrival seconds go in a generic trace: "
+    "prompt_tokens,output_tokens,arrival_s"
+)
+
+
+def _require_dates(values: list[Any], column: str, path: str, where_rows) -> None:
+    """Every value starts with a date (YYYY-MM-DD); the first one that does not is an error naming its row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        texts = pa.array(values, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # JSON numbers
+        texts = pa.array([None if v is None else str(v) for v in values], pa.string())
+    dated = pc.fill_null(pc.match_substring_regex(texts, _DATE_RE), True)  # blanks: reported as empty later
+    if not pc.all(dated).as_py():
+        i = int(np.flatnonzero(~dated.to_numpy(zero_copy_only=False))[0])
+        raise InputFileError(
+            f"'{column}' is not a date and time: {str(values[i])[:40]!r}",
+            where=f"{path}, {where_rows(i)}",
+            tip=_DATE_TIP,
+        )
 
 
 def _match_format(columns: list[str]) -> TraceFormat | None:
@@ -197,6 +231,10 @@ def _unrecognised(path: str, columns: list[str]) -> InputFileError:
     tip = None
     if {"ts", "event", "request_id"} <= names:
         tip = "this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
+    elif len(columns) == 1:  # a semicolon CSV (a European spreadsheet's) or a TSV: one column named all of them
+        for separator, word in ((";", "semicolons"), ("\t", "tabs")):
+            if _match_format(columns[0].split(separator)) is not None:
+                tip = f"the header is separated by {word}: a CSV trace is comma-separated"
     return InputFileError(
         f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path, tip=tip
     )
@@ -209,6 +247,12 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
 
     with open(path, "rb") as fh:
         head = fh.read(65536)
+    if head[:2] == b"\x1f\x8b":  # was "binary content", which a .csv.gz is not to its owner
+        raise InputFileError(
+            "the trace is gzip-compressed; traces are read as plain CSV or JSON lines",
+            where=str(path),
+            tip=f"decompress it first: gunzip -k {path}",
+        )
     if b"\x00" in head:
         raise InputFileError("not a text CSV file (binary content)", where=str(path))
     try:
@@ -218,6 +262,7 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     if not first_line.strip():
         raise InputFileError("empty trace file (no header row)", where=str(path))
     header = [c.strip() for c in next(csv.reader([first_line]))]
+    _refuse_duplicate_columns(header, path)
     try:
         table = pacsv.read_csv(
             path,
@@ -225,17 +270,53 @@ def _read_csv_columns(path: Path) -> tuple[list[str], dict[str, list[str]]]:
             convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in header}),
         )
     except (pa.ArrowInvalid, OSError) as err:
-        raise InputFileError(f"cannot read the CSV: {str(err).splitlines()[0]}", where=str(path)) from None
-    return header, {
-        name.strip().lstrip("\ufeff").lower(): table.column(name).to_pylist() for name in table.column_names
-    }
+        raise _unreadable_csv(path, len(header), err) from None
+    columns: dict[str, list[str]] = {}
+    for i, name in enumerate(table.column_names):  # by position: an unknown column may be named twice
+        columns.setdefault(name.strip().lstrip("\ufeff").lower(), table.column(i).to_pylist())
+    return header, columns
+
+
+_TRACE_COLUMNS = frozenset(
+    c
+    for f in TRACE_FORMATS
+    for c in (f.prompt_column, f.output_column, f.length_column, f.arrival_column)
+    if c is not None
+)
+
+
+def _refuse_duplicate_columns(header: list[str], path: Path) -> None:
+    """A column a trace format reads, named twice (case-insensitively): which one holds the data is ambiguous.
+
+    It used to end in pyarrow's KeyError (a traceback) or, differing only in case, take one silently."""
+    names = [c.lstrip("\ufeff").lower() for c in header]
+    for name in dict.fromkeys(names):
+        if name in _TRACE_COLUMNS and names.count(name) > 1:
+            at = ", ".join(str(i + 1) for i, n in enumerate(names) if n == name)
+            raise InputFileError(
+                f"column '{header[names.index(name)].lstrip(chr(0xFEFF))}' appears {names.count(name)} times in the "
+                f"header (columns {at})",
+                where=str(path),
+                tip="keep one column of that name",
+            )
+
+
+def _unreadable_csv(path: Path, columns: int, err: BaseException) -> InputFileError:
+    """pyarrow's parse error in kvtool's words, naming the first line whose field count differs from the header."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        for lineno, row in enumerate(csv.reader(fh), start=1):
+            if row and len(row) != columns:
+                return InputFileError(
+                    f"the row has {len(row)} fields, the header {columns}", where=f"{path}, line {lineno}"
+                )
+    return InputFileError(f"cannot read the CSV: {str(err).splitlines()[0]}", where=str(path))
 
 
 def _read_json_lines(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
     columns: dict[str, list[Any]] = {}
     order: list[str] = []
     rows = 0
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    with open(path, encoding="utf-8-sig", errors="strict") as fh:  # -sig: a byte order mark is not the data
         try:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
@@ -282,7 +363,7 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         raise InputFileError("trace path is a directory, not a file", where=str(path))
     try:
         with open(path, "rb") as fh:
-            start = fh.read(4096).lstrip()
+            start = fh.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
     except OSError as err:
         raise InputFileError(f"cannot read the trace: {err.strerror}", where=str(path)) from None
     if not start:
@@ -305,6 +386,12 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     if n == 0:
         raise InputFileError("the trace has a header but no rows", where=str(path))
 
+    # messages name a column as the file spells it (ContextTokens, not contexttokens)
+    spelled = {name.lstrip("\ufeff").strip().lower(): name.lstrip("\ufeff").strip() for name in reversed(header)}
+
+    def shown(column: str) -> str:
+        return spelled.get(column, column)
+
     # CSV row numbers count the header as row 1, so data row i is file line i + 2.
     def where_rows(i: int) -> str:
         return f"line {i + 2}" if not json_lines else f"record {i + 1}"
@@ -312,14 +399,14 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
     if json_lines:
         for c in (fmt.prompt_column, fmt.output_column, fmt.length_column, fmt.arrival_column):
             if c is not None and c in cols:
-                _check_json_scalars(cols[c], c, str(path), where_rows)
+                _check_json_scalars(cols[c], shown(c), str(path), where_rows)
     for c in (fmt.prompt_column, fmt.output_column, fmt.length_column):
         if c is not None:
             missing = [i for i, v in enumerate(cols[c]) if v is None or v == ""]
             if missing:
-                raise InputFileError(f"'{c}' is empty", where=f"{path}, {where_rows(missing[0])}")
+                raise InputFileError(f"'{shown(c)}' is empty", where=f"{path}, {where_rows(missing[0])}")
     if fmt.length_column:
-        lengths = _to_int_tokens(cols[fmt.length_column], fmt.length_column, str(path), where_rows)
+        lengths = _to_int_tokens(cols[fmt.length_column], shown(fmt.length_column), str(path), where_rows)
         bad = np.flatnonzero(lengths <= 0)
         if len(bad):
             i = int(bad[0])
@@ -329,17 +416,22 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
         prompt, output = split_lengths(lengths, output_share)
     else:
         assert fmt.prompt_column is not None and fmt.output_column is not None  # every format names both or length
-        prompt = _to_int_tokens(cols[fmt.prompt_column], fmt.prompt_column, str(path), where_rows)
-        output = _to_int_tokens(cols[fmt.output_column], fmt.output_column, str(path), where_rows)
+        prompt = _to_int_tokens(cols[fmt.prompt_column], shown(fmt.prompt_column), str(path), where_rows)
+        output = _to_int_tokens(cols[fmt.output_column], shown(fmt.output_column), str(path), where_rows)
         _check_lengths(prompt, output, where_rows, str(path))
     arrival = None
     if fmt.arrival_column is not None and fmt.arrival_column in cols:
         values = cols[fmt.arrival_column]
-        if all(v is not None and v != "" for v in values):
-            arrival = _arrivals(values, fmt.arrival_unit, fmt.arrival_column, str(path), where_rows)
-        elif fmt.arrival_required:
-            i = next(i for i, v in enumerate(values) if v is None or v == "")
-            raise InputFileError(f"'{fmt.arrival_column}' is empty", where=f"{path}, {where_rows(i)}")
+        blank = [v is None or v == "" for v in values]
+        if not any(blank):
+            arrival = _arrivals(values, fmt.arrival_unit, shown(fmt.arrival_column), str(path), where_rows)
+        elif fmt.arrival_required or not all(blank):  # a few blanks used to drop every arrival without a word
+            i = blank.index(True)
+            raise InputFileError(
+                f"'{shown(fmt.arrival_column)}' is empty",
+                where=f"{path}, {where_rows(i)}",
+                tip=None if fmt.arrival_required else "give every row an arrival time, or none (all at t=0)",
+            )
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
         prompt, output, arrival = prompt[order], output[order], arrival[order]
@@ -555,13 +647,20 @@ def load_event_lengths(path: str | Path) -> RequestSet:
         )
     table = events_csv.load_events(path)
     rejected = f"{table.rejected.count:,} rows rejected by the events loader" if table.rejected.count else ""
-    return lengths_from_events(
-        table.ts,
-        table.request,
-        table.event == events_csv.APPEND,
-        table.event == events_csv.FREE,
-        table.num_tokens,
-        table.num_blocks,
-        Path(path).name,
-        rejected,
-    )
+    try:
+        return lengths_from_events(
+            table.ts,
+            table.request,
+            table.event == events_csv.APPEND,
+            table.event == events_csv.FREE,
+            table.num_tokens,
+            table.num_blocks,
+            Path(path).name,
+            rejected,
+        )
+    except InputFileError as err:  # named the file's base name only, and not the rows rejected
+        err.where = str(path)
+        if rejected:
+            err.message = f"{err.message} ({rejected})"
+            err.tip = f"kvtool analyze {path} lists the rejected rows and why"
+        raise

@@ -16,10 +16,12 @@ tokens may be shared with other requests):
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import InputFileError
+from kvtool.simulate.limits import MAX_ARRIVAL_S, MAX_REQUEST_TOKENS
 from kvtool.simulate.scheduler import Prompt
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids cover 512 tokens each (FAST'25 trace release)
@@ -102,11 +104,34 @@ def prefix_trace_requests(columns: dict[str, list[Any]], path: Path) -> PrefixTr
 
 
 def _count(value: Any, name: str, path: Path, i: int, number: bool = False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise InputFileError(
-            f"'{name}' must be a {'number' if number else 'count'} >= 0", where=f"{path}, record {i + 1}"
-        )
-    return value if number else int(value)
+    """A JSON count (whole, >= 0, at most MAX_REQUEST_TOKENS) or, with ``number``, a finite number >= 0.
+
+    NaN and Infinity (which Python's json reads) are refused: a NaN arrival made the serving loop spin forever and
+    an infinite length ended in an OverflowError; a fractional count is refused rather than truncated."""
+    import math
+
+    where = f"{path}, record {i + 1}"
+    kind = "number" if number else "count"
+    if value is None:
+        raise InputFileError(f"'{name}' is missing", where=where)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not math.isfinite(value))
+        or value < 0
+    ):
+        shown = json.dumps(value)[:40] if isinstance(value, (bool, list, dict)) else repr(value)[:40]
+        raise InputFileError(f"'{name}' must be a finite {kind} >= 0, got {shown}", where=where)
+    if number:
+        most, unit = (MAX_ARRIVAL_S * 1e3, "ms") if name == "timestamp" else (MAX_ARRIVAL_S, "s")  # Mooncake: ms
+        if value > most:  # a larger one overflowed the arrival arithmetic
+            raise InputFileError(f"'{name}' is out of range: {value!r} (at most {most:.0e} {unit})", where=where)
+        return value
+    if isinstance(value, float) and not value.is_integer():
+        raise InputFileError(f"'{name}' must be a whole number of tokens, got {value!r}", where=where)
+    if value > MAX_REQUEST_TOKENS:
+        raise InputFileError(f"'{name}' is too large: {value:,} tokens (at most {MAX_REQUEST_TOKENS:,})", where=where)
+    return int(value)
 
 
 def build_prompts(requests, shared_prefix_tokens: int = 0, variant_share: float = 0.0, seed: int = 0) -> list[Prompt]:

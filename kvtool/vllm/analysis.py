@@ -30,6 +30,7 @@ from kvtool.vllm.wire import (
     BLOCK_STORED,
     EVENT_TYPES,
     VllmEvent,
+    check_readable_head,
     open_text,
     read_event_file,
 )
@@ -472,6 +473,7 @@ def analyze_vllm_events(path: Path) -> VllmAnalysis:
     if not path.exists():
         raise InputFileError("no such file", where=str(path))
     if not looks_like_vllm_events(path):
+        check_readable_head(path, SNIFF_BYTES)  # a truncated .gz is not "not a vLLM file"
         raise InputFileError(
             "not a vLLM KV-event file: its first line is not a JSON object with 'seq' and a 'type' of "
             + ", ".join(EVENT_TYPES),

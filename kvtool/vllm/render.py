@@ -98,7 +98,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
         ("other events (not analysed)", _num(c.other_events)),
         ("batches (seq range)", f"{c.batches:,} ({c.first_seq} .. {c.last_seq})"),
         ("missing sequence numbers", _num(c.missing_seqs)),
-        ("data-parallel ranks", ", ".join(map(str, c.dp_ranks))),
+        ("data-parallel rank ids", ", ".join(map(str, c.dp_ranks))),
         ("duration (s)", _num(c.duration_s)),
         ("block size (tokens)", _num(analysis.block_size)),
         ("distinct blocks stored", _num(analysis.distinct_blocks)),

@@ -68,6 +68,7 @@ SEQ_BYTES = 8
 
 # The first keys of every row, in this order; the event's own fields follow.
 ROW_PREFIX = ("seq", "batch_ts", "dp_rank", "type")
+MAX_ABS_BATCH_TS_S = 1e12  # as analyze's ts: about 31,700 years; epoch milliseconds or nanoseconds are caught
 
 
 class MalformedFrame(ValueError):
@@ -234,6 +235,8 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
     ts = row.get("batch_ts", row.get("ts"))
     if isinstance(ts, bool) or not isinstance(ts, (int, float)):
         raise field_error("batch_ts", "is missing or not a number")
+    if not -MAX_ABS_BATCH_TS_S <= ts <= MAX_ABS_BATCH_TS_S:  # NaN and +-inf too: they ended in numpy tracebacks
+        raise field_error("batch_ts", f"is not a time in seconds (finite, at most {MAX_ABS_BATCH_TS_S:.0e}): {ts!r}")
     dp_rank = row.get("dp_rank")
     if dp_rank is None:
         dp_rank = 0
@@ -277,12 +280,33 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
 
 
 def open_text(path: Path) -> TextIO:
-    """Open an event file for reading as UTF-8 text; ``.gz`` files are decompressed."""
+    """Open an event file for reading as UTF-8 text (a leading byte order mark skipped); ``.gz`` files are
+    decompressed."""
     if str(path).endswith(".gz"):
         import gzip
 
-        return gzip.open(path, "rt", encoding="utf-8")
-    return Path(path).open("r", encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return Path(path).open("r", encoding="utf-8-sig")
+
+
+_BAD_GZIP = "not a valid gzip file (corrupt or truncated)"
+
+
+def check_readable_head(path: Path, chars: int) -> None:
+    """Raise InputFileError when the first ``chars`` characters cannot be read: a corrupt or truncated ``.gz`` or
+    bytes that are not UTF-8 say so, rather than "not a vLLM KV-event file"."""
+    import zlib
+
+    try:
+        with open_text(path) as handle:
+            handle.read(chars)
+    except UnicodeDecodeError:
+        raise InputFileError("not a UTF-8 text file", where=str(path)) from None
+    except (EOFError, zlib.error):
+        raise InputFileError(_BAD_GZIP, where=str(path)) from None
+    except OSError as err:  # gzip.BadGzipFile is one
+        message = _BAD_GZIP if str(path).endswith(".gz") else f"cannot read the file: {err.strerror or err}"
+        raise InputFileError(message, where=str(path)) from None
 
 
 def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -303,7 +327,8 @@ def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
         except UnicodeDecodeError:
             raise InputFileError("not a UTF-8 text file", where=str(path)) from None
         except (OSError, EOFError) as err:  # a truncated or corrupt .gz
-            raise InputFileError(f"cannot read the file: {err}", where=str(path)) from None
+            message = _BAD_GZIP if str(path).endswith(".gz") else f"cannot read the file: {err}"
+            raise InputFileError(message, where=str(path)) from None
 
 
 def read_event_file(path: Path) -> tuple[VllmEvent, ...]:

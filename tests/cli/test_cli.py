@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import kvtool
 from kvtool.core.errors import EXIT_USAGE
 from tests.support import heavy_modules_loaded_by, run_subprocess
@@ -56,3 +58,40 @@ def test_argument_help_is_shown(run_cli):
     result = run_cli("repro", "--help")
     assert result.exit_code == 0
     assert "Scenarios to run" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["analyze", "tests/data/analyze/leak_preempt.csv"],
+        ["simulate", "--trace", "tests/data/simulate/azure-2023-code-head20.csv"],
+        ["analyze", "tests/data/vllm-events/small-cache-evictions-incremental.jsonl"],
+    ],
+    ids=["analyze", "simulate", "analyze-vllm"],
+)
+def test_tables_into_a_closed_pipe_exit_0_like_json(args):
+    # rich's Console exits 1 on a broken pipe, which reads as "checks failed" (`kvtool analyze f.csv | head`),
+    # while --json output into the same pipe exits 0
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import REPO_ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written: every write is a broken pipe
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0
+    assert proc.stderr == ""

@@ -177,6 +177,92 @@ def test_bad_option_values_exit_2(run_cli, option, value):
     assert result.stderr.startswith("Error: ")
 
 
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        # beyond int64 it overflowed in the analysis: an OverflowError traceback
+        (
+            ["--block-size", "99999999999999999999"],
+            "Error: --block-size is too large: 99,999,999,999,999,999,999 tokens (at most 2,147,483,647) "
+            "(--block-size)",
+        ),
+        # '' is the current folder: a ValueError traceback from Path.with_name after the whole analysis
+        (
+            ["--export", ""],
+            "Error: --export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder (--export '')",
+        ),
+    ],
+    ids=["huge-block-size", "empty-export"],
+)
+def test_out_of_range_block_size_and_empty_export_are_one_usage_line(run_cli, args, line):
+    result = run_cli("analyze", D / "basic.csv", *args, "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == line + "\n"
+
+
+def test_export_to_a_folder_is_refused_before_reading(run_cli, tmp_path):
+    result = run_cli("analyze", D / "basic.csv", "--export", tmp_path, "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: --export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder (--export {tmp_path})\n"
+    )
+
+
+def test_an_empty_events_argument_is_a_usage_error(run_cli):
+    # Path("") is the current folder: every events file below it was analysed as a fleet
+    result = run_cli("analyze", "", "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == (
+        "Error: an empty argument names no events file (EVENTS)\n"
+        "Tip: give files, a directory ('.' for the current one) or a glob\n"
+    )
+
+
+def test_vllm_events_in_a_fleet_are_refused_in_one_short_line(run_cli):
+    # the refusal listed a whole JSON line as the "columns found"
+    vllm = DATA / "vllm-events" / "small-cache-evictions-incremental.jsonl"
+    result = run_cli("analyze", D / "basic.csv", vllm, "--json")
+    assert result.exit_code == 0, result.stderr
+    refused = [f for f in json.loads(result.stdout)["files"] if f["refused"]]
+    assert [f["refused"] for f in refused] == [f"not a CSV or Parquet events file: it is JSON lines ({vllm})"]
+
+
+def test_export_below_a_file_names_the_file(run_cli, tmp_path):
+    # it was "cannot write the export file: [Errno 17] File exists: '...'", after the whole analysis
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    result = run_cli("analyze", D / "basic.csv", "--export", blocker / "out" / "requests.csv", "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: {blocker} is a file, not a folder (--export {blocker / 'out' / 'requests.csv'})\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, lines",
+    [
+        # distributed's ValueError ("missing port number in address ''") was a traceback
+        (["--scheduler", ""], ["Error: not a Dask scheduler address: '' (--scheduler)", "Tip: give tcp://HOST:8786"]),
+        (
+            ["--scheduler", "nonsense"],
+            ["Error: not a Dask scheduler address: 'nonsense' (--scheduler)", "Tip: give tcp://HOST:8786"],
+        ),
+        (["--workers", "0"], ["Error: --workers must be a positive number of processes, got 0 (--workers)"]),
+    ],
+    ids=["empty-scheduler", "scheduler-without-port", "zero-workers"],
+)
+def test_bad_dask_options_are_one_usage_line(run_cli, args, lines):
+    pytest.importorskip("dask.distributed")
+    result = run_cli("analyze", D / "basic.csv", D / "reuse.csv", *args, "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert [line for line in result.stderr.splitlines() if not line.startswith("analyze: file")] == lines
+
+
 def test_subprocess_json_and_exit_code():
     proc = run_subprocess("analyze", D / "leak_preempt.csv", "--json", "--strict")
     assert proc.returncode == EXIT_CHECK_FAILED

@@ -95,3 +95,52 @@ def test_vllm_lifetime_metric_is_told_apart_from_residency(run_cli):
     result = run_cli("analyze", INCREMENTAL, "--json")
     notes = " ".join(json.loads(result.stdout)["notes"])
     assert "kv_block_lifetime_seconds" in notes and "residency plus turnover" in notes
+
+
+def test_vllm_events_with_a_byte_order_mark_are_read(run_cli, tmp_path):
+    # json.loads refused the BOM: "not a vLLM KV-event file: its first line is not a JSON object ..."
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + INCREMENTAL.read_bytes())
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    counts = json.loads(result.stdout)["counts"]
+    assert counts["block_stored_events"] == _count_types(INCREMENTAL)["BlockStored"]
+
+
+def test_a_truncated_gzip_capture_says_so(run_cli, tmp_path):
+    # cut inside the first line it was "not a vLLM KV-event file"; cut later, "cannot read the file: Compressed file
+    # ended before the end-of-stream marker was reached"
+    import gzip
+
+    packed = gzip.compress(INCREMENTAL.read_bytes())
+    for cut in (200, len(packed) * 2 // 3):
+        path = tmp_path / f"cut{cut}.jsonl.gz"
+        path.write_bytes(packed[:cut])
+        result = run_cli("analyze", path, "--json")
+        assert result.exit_code == EXIT_INPUT
+        assert result.stdout == ""
+        assert result.stderr == f"Error: not a valid gzip file (corrupt or truncated) ({path})\n"
+
+
+def test_the_data_parallel_row_reads_as_rank_ids_not_a_count(run_cli):
+    # "data-parallel ranks  0" read as "no ranks" for a capture of one engine, rank 0
+    result = run_cli("analyze", INCREMENTAL)
+    assert result.exit_code == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "data-parallel" in line)
+    assert [cell.strip() for cell in row.strip("│ ").split("│")] == ["data-parallel rank ids", "0"]
+
+
+def test_a_non_finite_batch_time_is_one_error_line(run_cli, tmp_path):
+    # NaN, Infinity and -1e308 reached numpy: "autodetected range of [nan, nan] is not finite" tracebacks, or
+    # (NaN after a few good lines) a report with a meaningless duration
+    good = INCREMENTAL.read_text().splitlines()[:3]
+    for value, shown in (("NaN", "nan"), ("Infinity", "inf"), ("-1e308", "-1e+308")):
+        path = tmp_path / f"events-{shown}.jsonl"
+        bad = f'{{"seq": 99, "batch_ts": {value}, "dp_rank": 0, "type": "BlockRemoved", "block_hashes": [1]}}'
+        path.write_text("\n".join([*good, bad]) + "\n")
+        result = run_cli("analyze", path, "--json")
+        assert result.exit_code == EXIT_INPUT
+        assert result.stdout == ""
+        assert result.stderr == (
+            f"Error: field 'batch_ts' is not a time in seconds (finite, at most 1e+12): {shown} ({path}, line 4)\n"
+        )

@@ -71,4 +71,4 @@ def test_unwritable_export_is_a_usage_error(run_cli, tmp_path):
     blocker.write_text("")
     result = run_cli("analyze", D / "basic.csv", "--export", blocker / "x.csv")
     assert result.exit_code == 2
-    assert result.stderr.startswith("Error: cannot write the export file")
+    assert result.stderr == f"Error: {blocker} is a file, not a folder (--export {blocker / 'x.csv'})\n"

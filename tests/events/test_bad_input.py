@@ -8,6 +8,7 @@ read off the hand-written files below (one bad row each), not from the program's
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import warnings
 
@@ -126,6 +127,114 @@ def test_corrupt_parquet_message_is_kvtools(tmp_path):
     assert "thrift" not in err.value.message.lower() and "magic" not in err.value.message.lower()
 
 
+def _parquet(tmp_path, **columns):
+    """basic.csv's request A in Parquet, with some columns replaced (pyarrow arrays)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = {
+        "ts": pa.array([0.0, 1.0, 4.0]),
+        "event": pa.array(["allocate", "append", "free"]),
+        "request_id": pa.array(["A", "A", "A"]),
+        "num_blocks": pa.array([2, 0, 2]),
+        "num_tokens": pa.array([20, 1, None]),
+        **columns,
+    }
+    path = tmp_path / "e.parquet"
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+def test_a_parquet_column_of_the_wrong_type_names_the_file(tmp_path, run_cli):
+    # the error named the column but not the file, and gave no tip
+    import datetime
+
+    import pyarrow as pa
+
+    stamps = [datetime.datetime(2026, 11, 30, 0, 0, s) for s in (0, 1, 4)]
+    path = _parquet(tmp_path, ts=pa.array(stamps, type=pa.timestamp("us")))
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: column ts has type timestamp[us], expected numbers ({path})\n"
+        "Tip: store ts as an integer or floating-point column (docs/events-schema.md)\n"
+    )
+
+
+def test_parquet_integers_out_of_range_reject_their_rows_not_the_file(tmp_path, run_cli):
+    # int64 epoch nanoseconds (above 2**53) and a uint64 count above int64 failed pyarrow's casts: the whole file
+    # was refused as "not a CSV or Parquet events file the reader can parse"
+    import pyarrow as pa
+
+    ns = pa.array([1_700_000_000_000_000_000, 1, 4], type=pa.int64())
+    blocks = pa.array([2, 2**64 - 1, 2], type=pa.uint64())
+    result = run_cli("analyze", _parquet(tmp_path, ts=ns, num_blocks=blocks), "--json")
+    assert result.exit_code == 0, result.stderr
+    anomalies = json.loads(result.stdout)["anomalies"]
+    assert anomalies["rejected_by_reason"] == {"ts out of range": 1, "unparseable num_blocks": 1}
+    assert [r["row"] for r in anomalies["first_rejected"]] == [1, 2]
+
+
+@pytest.mark.parametrize("second", ["ts", " TS "])
+def test_a_schema_column_named_twice_is_refused(tmp_path, run_cli, second):
+    # the CSV reader renamed the second one ts_2 and read the first without a word
+    rows = [row.rstrip(b"\n") + b",99\n" for row in GOOD]
+    path = _file(tmp_path, HEADER.rstrip(b"\n") + b"," + second.encode() + b"\n" + b"".join(rows))
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: column ts appears 2 times in the header (columns 1, 8) ({path})\nTip: keep one column of that name\n"
+    )
+
+
+def test_a_parquet_schema_column_named_twice_is_refused_in_kvtools_words(tmp_path, run_cli):
+    # pyarrow's read failed: "the content is not a CSV or Parquet events file the reader can parse"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        [
+            pa.array([0.0, 4.0]),
+            pa.array(["allocate", "free"]),
+            pa.array(["A", "A"]),
+            pa.array([1, 1]),
+            pa.array([5, None]),
+        ]
+        + [pa.array([2, 2])],
+        names=["ts", "event", "request_id", "num_blocks", "num_tokens", "num_blocks"],
+    )
+    path = tmp_path / "e.parquet"
+    pq.write_table(table, path)
+    result = run_cli("analyze", path)
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[0] == (
+        f"Error: column num_blocks appears 2 times in the header (columns 4, 6) ({path})"
+    )
+
+
+def test_an_unknown_column_may_repeat(tmp_path, run_cli):
+    rows = [row.rstrip(b"\n") + b",x,y\n" for row in GOOD]
+    result = run_cli("analyze", _file(tmp_path, HEADER.rstrip(b"\n") + b",note,note\n" + b"".join(rows)), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["events"] == len(GOOD)
+
+
+def test_a_gzip_file_cut_mid_stream_says_so(tmp_path, run_cli):
+    # pyarrow's "Truncated compressed stream" became "the content is not a CSV or Parquet events file ..."
+    rows = [f"{i * 0.01:.2f},allocate,r{i},1,{i % 16 + 1},{i},0.{i % 10}\n".encode() for i in range(20_000)]
+    packed = gzip.compress(HEADER + b"".join(rows))
+    path = _file(tmp_path, packed[: len(packed) // 2], "e.csv.gz")
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert (
+        result.stderr == f"Error: cannot read the events file: not a valid gzip file (corrupt or truncated) ({path})\n"
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- fuzz
 
 
@@ -206,3 +315,29 @@ def test_fuzz_every_data_row_is_an_event_or_a_rejected_row(tmp_path_factory, dat
         return
     accounted = table.events + table.rejected.count + table.rejected.blank_rows
     assert accounted == expected, (table.events, table.rejected, expected)
+
+
+@pytest.mark.parametrize("separator, word", [(b";", "semicolons"), (b"\t", "tabs")])
+def test_a_header_with_another_separator_says_so(tmp_path, run_cli, separator, word):
+    # the tip only repeated the required columns, which the header already lists
+    body = (HEADER + b"".join(GOOD)).replace(b",", separator)
+    path = _file(tmp_path, body)
+    result = run_cli("analyze", path, "--json")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Error: missing required column(s) ts, event")
+    assert (
+        lines[1] == f"Tip: the header is separated by {word}: an events file is comma-separated (docs/events-schema.md)"
+    )
+
+
+def test_nan_reads_as_blank_whatever_the_other_rows_hold(tmp_path):
+    # "nan" in latency_ms was blank when the column parsed as numbers, but "unparseable" when another row's "x" sent
+    # the column through the text check: the same row accepted or rejected depending on a different row
+    alone = _with_row(b"2.5,free,c,0,,,nan\n")
+    with_junk = _with_row(b"2.5,free,c,0,,,nan\n") + b"3.5,free,d,0,,,x\n"
+    for body, rejected in ((alone, {}), (with_junk, {"unparseable latency_ms": 1})):
+        table = load_events(_file(tmp_path, body))
+        assert dict(table.rejected.by_reason) == rejected
+        assert table.events == len(GOOD) + 1

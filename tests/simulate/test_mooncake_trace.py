@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from kvtool.simulate.lengths import load_trace
 from kvtool.simulate.scheduler import EngineConfig, run_engine
 from kvtool.simulate.workloads import build_prompts
@@ -43,3 +45,66 @@ def test_shared_first_block_hits_only_with_blocks_inside_it():
         run = run_engine(EngineConfig(num_blocks=blocks, block_size=block, max_num_seqs=1), prompts, outputs)
         assert run.num_cached_tokens == [0] + [hit] * (len(outputs) - 1), block
         assert run.preemptions == 0
+
+
+def _one_bad_record(tmp_path, record: str):
+    """The real trace's first three rows, then ``record`` (written as is: Python's json reads NaN and Infinity)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(TRACE.read_text().splitlines()[:3] + [record]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "record,message",
+    [
+        # a NaN arrival made the serving loop spin forever (found by the CLI audit)
+        (
+            '{"timestamp": NaN, "input_length": 100, "output_length": 3, "hash_ids": [0]}',
+            "'timestamp' must be a finite number >= 0, got nan",
+        ),
+        # was an OverflowError traceback (int(inf))
+        (
+            '{"timestamp": 0, "input_length": Infinity, "output_length": 3, "hash_ids": [0]}',
+            "'input_length' must be a finite count >= 0, got inf",
+        ),
+        # was silently truncated to 3 tokens
+        (
+            '{"timestamp": 0, "input_length": 100, "output_length": 3.5, "hash_ids": [0]}',
+            "'output_length' must be a whole number of tokens, got 3.5",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 100, "hash_ids": [0]}',
+            "'output_length' is missing",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1e30, "output_length": 3, "hash_ids": [0]}',
+            "'input_length' is too large",
+        ),
+    ],
+    ids=["nan-timestamp", "infinite-length", "fractional-count", "missing-count", "huge-count"],
+)
+def test_non_finite_fractional_or_missing_values_are_one_error_line(run_cli, tmp_path, record, message):
+    path = _one_bad_record(tmp_path, record)
+    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "100000", "--block-sizes", "16", "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert lines[0].startswith(f"Error: {message}") and lines[0].endswith(f"({path}, record 4)")
+
+
+def test_token_id_prompts_refuse_a_fractional_max_tokens(run_cli, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"prompt_token_ids": [1, 2, 3], "max_tokens": 5}\n{"prompt_token_ids": [1, 2], "max_tokens": 3.5}\n'
+    )
+    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "1000", "--block-sizes", "16")
+    assert res.exit_code == 3 and res.stdout == ""
+    assert res.stderr == f"Error: 'max_tokens' must be a whole number of tokens, got 3.5 ({path}, record 2)\n"
+
+
+def test_a_timestamp_beyond_the_arrival_range_is_an_error(run_cli, tmp_path):
+    path = _one_bad_record(tmp_path, '{"timestamp": 1e300, "input_length": 100, "output_length": 3, "hash_ids": [0]}')
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3 and res.stdout == ""
+    assert res.stderr == f"Error: 'timestamp' is out of range: 1e+300 (at most 1e+15 ms) ({path}, record 4)\n"

@@ -569,3 +569,213 @@ def test_every_simulate_input_is_an_option_of_the_command_and_the_api():
     command = next(c for c in build_app("simulate").registered_commands if c.name == "simulate").callback
     assert fields <= set(inspect.signature(command).parameters)
     assert fields <= set(inspect.signature(simulate).parameters) | {"trace"}
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        # numpy's generators take no negative seed: a ValueError traceback
+        (["--seed", "-1"], "Error: --seed must be 0 or more, got -1 (--seed)"),
+        # an infinite step time ended in an IndexError traceback
+        (
+            ["--serve", "--step-overhead-ms", "inf"],
+            "Error: --step-overhead-ms must be a finite number, 0 or more, got inf (--step-overhead-ms)",
+        ),
+        (
+            ["--serve", "--table-entry-us", "inf"],
+            "Error: --table-entry-us must be a finite number, 0 or more, got inf (--table-entry-us)",
+        ),
+        # was taken as 0 (off) without a word
+        (
+            ["--serve", "--long-prefill-token-threshold", "-5"],
+            "Error: --long-prefill-token-threshold must be 0 (off) or more tokens, got -5 (--long-prefill-token-threshold)",
+        ),
+    ],
+)
+def test_bad_seed_costs_and_threshold_are_one_usage_line(run_cli, args, line):
+    res = run_cli(
+        "simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--kv-tokens", "4000", *args, "--json"
+    )
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr == line + "\n"
+
+
+AZURE_HEAD = (SIM / "azure-2023-code-head20.csv").read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    "text,message,where",
+    [
+        # pyarrow's KeyError ('Field "ContextTokens" exists 2 times in schema') was a traceback
+        (
+            AZURE_HEAD[0] + ",ContextTokens\n" + "\n".join(line + ",1" for line in AZURE_HEAD[1:]) + "\n",
+            "column 'ContextTokens' appears 2 times in the header (columns 2, 4)",
+            "",
+        ),
+        # pyarrow's "CSV parse error: Expected 3 columns, got 2: ..." named no line
+        (
+            "\n".join(AZURE_HEAD[:4] + ["2023-11-16 18:17:04.1206440,7433"] + AZURE_HEAD[5:]) + "\n",
+            "the row has 2 fields, the header 3",
+            ", line 5",
+        ),
+    ],
+    ids=["duplicate-column", "short-row"],
+)
+def test_duplicate_columns_and_ragged_rows_name_the_column_or_line(run_cli, tmp_path, text, message, where):
+    path = tmp_path / "azure.csv"
+    path.write_text(text)
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0] == f"Error: {message} ({path}{where})"
+    assert "Traceback" not in res.stderr
+
+
+def test_json_lines_trace_with_a_byte_order_mark(run_cli, tmp_path):
+    # the BOM hid the leading "{": the file was read as a CSV and refused with pyarrow's parse error
+    path = tmp_path / "mooncake.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (SIM / "mooncake-conversation-head40.jsonl").read_bytes())
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["requests"] == 40
+
+
+@pytest.mark.parametrize("stamp", ["0", "-5", "2023"])
+def test_azure_timestamps_that_are_not_dates_are_refused(run_cli, tmp_path, stamp):
+    # numpy parses "0" and "-5" as years counted from 1970 and "2023" as a year: arrival seconds in TIMESTAMP
+    # gave requests years apart (span_s 63,158,400 for 0, 1, 2) without a word
+    path = tmp_path / "azure.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,100,10\n{stamp},200,20\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: 'TIMESTAMP' is not a date and time: '{stamp}' ({path}, line 3)\n"
+        "Tip: an Azure TIMESTAMP is a date and time (2023-11-16 18:17:03.98); arrival seconds go in a generic trace: "
+        "prompt_tokens,output_tokens,arrival_s\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        # --length looked like a cap on the trace's lengths and did nothing
+        (
+            ["--trace", SIM / "azure-2023-code-head20.csv", "--length", "100"],
+            "Error: --length is a parameter of --dist fixed, not of --trace: it would be ignored (--length)",
+        ),
+        (
+            ["--dist", "fixed", "--length", "100", "--mean", "5"],
+            "Error: --mean is a parameter of --dist lognormal, not of --dist fixed: it would be ignored (--mean)",
+        ),
+        (
+            ["--from-events", DATA / "analyze" / "basic.csv", "--min", "3"],
+            "Error: --min is a parameter of --dist uniform and --dist zipf, not of --from-events: it would be ignored "
+            "(--min)",
+        ),
+    ],
+    ids=["trace-length", "fixed-mean", "events-min"],
+)
+def test_a_parameter_the_source_does_not_read_is_a_usage_error(run_cli, args, line):
+    res = run_cli("simulate", *args, "--json")
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr == line + "\n"
+
+
+@pytest.mark.parametrize("flag", ["--gpu", "--model", "--config"])
+def test_an_empty_model_or_gpu_is_a_usage_error(run_cli, flag):
+    # --gpu '' fell back to the default H100 without a word
+    res = run_cli("simulate", "--dist", "fixed", "--length", "100", "--requests", "5", "--serve", flag, "", "--json")
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0] == f"Error: {flag} is empty ({flag})"
+    assert res.stderr.splitlines()[1].startswith("Tip: ")
+
+
+def test_a_few_blank_arrivals_are_an_error_not_an_offline_batch(run_cli, tmp_path):
+    # one blank arrival_s dropped every arrival: the trace ran as an offline batch, all at t=0, without a word
+    path = tmp_path / "generic.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n5,5,0\n5,5,\n5,5,2\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: 'arrival_s' is empty ({path}, line 3)\nTip: give every row an arrival time, or none (all at t=0)\n"
+    )
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n5,5,\n5,5,\n")  # none at all: an offline batch
+    assert load_trace(path).arrival_s is None
+
+
+def test_a_semicolon_trace_says_so(run_cli, tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("\n".join(line.replace(",", ";") for line in AZURE_HEAD) + "\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0].startswith("Error: unrecognised trace format: columns found 'TIMESTAMP;")
+    assert res.stderr.splitlines()[1] == "Tip: the header is separated by semicolons: a CSV trace is comma-separated"
+
+
+def test_a_gzip_trace_says_it_is_compressed(run_cli, tmp_path):
+    # it was "not a text CSV file (binary content)"
+    import gzip
+
+    path = tmp_path / "azure.csv.gz"
+    path.write_bytes(gzip.compress((SIM / "azure-2023-code-head20.csv").read_bytes()))
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: the trace is gzip-compressed; traces are read as plain CSV or JSON lines ({path})\n"
+        f"Tip: decompress it first: gunzip -k {path}\n"
+    )
+
+
+def test_export_events_below_a_file_names_the_file(run_cli, tmp_path):
+    # it said "the folder for the events file does not exist"
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    target = blocker / "events.csv"
+    res = run_cli("simulate", "--dist", "fixed", "--length", "10", "--serve", "--export-events", target, "--json")
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert res.stderr == f"Error: {blocker} is a file, not a folder (--export-events {target})\n"
+
+
+def test_arrivals_too_far_apart_are_an_error(run_cli, tmp_path):
+    # 1e308 and -1e308 overflowed the arrival subtraction: a RuntimeWarning on stderr, then (with --serve) an
+    # IndexError traceback
+    path = tmp_path / "vidur.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1e308,5,5\n-1e308,5,5\n")
+    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "10000", "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert (
+        res.stderr == f"Error: 'arrived_at' is out of range: '1e308' (at most 1e+12 s from time 0) ({path}, line 3)\n"
+    )
+
+
+def test_from_events_with_only_bad_rows_names_the_file_and_the_rejections(run_cli, tmp_path):
+    # it named only the file's base name and not that every row had been rejected
+    path = tmp_path / "events.csv"
+    path.write_text("ts,event,request_id,num_blocks,num_tokens\nx,allocate,A,1,5\n0,evict,A,1,5\n")
+    res = run_cli("simulate", "--from-events", path, "--json")
+    assert res.exit_code == 3
+    assert res.stdout == ""
+    assert res.stderr == (
+        f"Error: the events file has no accepted rows (2 rows rejected by the events loader) ({path})\n"
+        f"Tip: kvtool analyze {path} lists the rejected rows and why\n"
+    )
+
+
+def test_errors_name_a_column_as_the_file_spells_it(run_cli, tmp_path):
+    # it said 'contexttokens' for the Azure trace's ContextTokens
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,1e300,10\n")
+    res = run_cli("simulate", "--trace", path, "--json")
+    assert res.exit_code == 3 and res.stdout == ""
+    assert res.stderr == (
+        f"Error: 'ContextTokens' is too large: '1e300' tokens (at most 1,000,000,000) ({path}, line 2)\n"
+    )

@@ -296,4 +296,4 @@ def test_gzip_event_files(tmp_path):
     broken.write_bytes(gzip.compress(INCREMENTAL.read_bytes())[:3000])
     with pytest.raises(InputFileError) as info:
         analyze_vllm_events(broken)
-    assert info.value.exit_code == 3 and "cannot read the file" in info.value.message
+    assert info.value.exit_code == 3 and info.value.message == "not a valid gzip file (corrupt or truncated)"
