@@ -128,6 +128,12 @@ def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> Non
         + f"; {setup.extras}"
     )
     console.print(f"Step time: {setup.cost_text}")
+    refused = serve[0].refused_too_long if serve else 0
+    if refused:
+        console.print(
+            f"{refused:,} of {serve[0].requests:,} requests refused: a prompt of --max-model-len tokens or more, "
+            "which vLLM 0.32 rejects at input (never scheduled, not in the figures below)"
+        )
     t = Table(title="Serving: the block pool", title_justify="left")
     for col in ("block", "pool blocks", "peak", "mean", "util.", "prefix hits", "evicted", "preemptions", "never fit"):
         t.add_column(col, justify="right")

@@ -826,13 +826,21 @@ def run_engine(
 
 
 def _fits_alone(config: EngineConfig, prompt_tokens: list[int], max_tokens: list[int]) -> list[bool]:
-    """Per request: whether its whole sequence (prompt + outputs - 1 tokens of KV) fits the pool alone, else vLLM
-    would preempt it forever (vLLM itself refuses a max_model_len beyond the pool)."""
+    """Per request: whether the engine ever takes it.
+
+    Its prompt must be shorter than max_model_len: vLLM 0.32's input processor refuses a prompt of max_model_len
+    tokens or more (``InputProcessor._validate_model_input``: "plus the number of requested output tokens (at least
+    1) is longer than the maximum model length"), so such a request never reaches the scheduler.  And its whole
+    sequence (prompt + outputs - 1 tokens of KV) must fit the pool alone, else vLLM would preempt it forever (vLLM
+    itself refuses a max_model_len beyond the pool)."""
     pool_tokens = (config.num_blocks - 1) * config.block_size  # blocks needed <= usable blocks: tokens <= this
     if config.max_model_len <= pool_tokens:
-        return [True] * len(prompt_tokens)
-    # prompt + outputs - 1 <= pool_tokens, at C speed
-    return list(map((pool_tokens + 1).__ge__, map(operator.add, prompt_tokens, max_tokens)))
+        fits = [True] * len(prompt_tokens)
+    else:  # prompt + outputs - 1 <= pool_tokens, at C speed
+        fits = list(map((pool_tokens + 1).__ge__, map(operator.add, prompt_tokens, max_tokens)))
+    if prompt_tokens and max(prompt_tokens) >= config.max_model_len:
+        fits = list(map(operator.and_, fits, map(config.max_model_len.__gt__, prompt_tokens)))
+    return fits
 
 
 def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events) -> EngineRun:

@@ -64,6 +64,7 @@ class ServeResult:
     requests: int
     completed: int
     never_fit: int  # requests whose whole sequence needs more blocks than their pool has: never run
+    refused_too_long: int  # prompts of max_model_len tokens or more: vLLM refuses them at input, never run
     peak_blocks: int  # most blocks in use at any step (shared prefix blocks once)
     mean_blocks: float  # time-weighted blocks in use over the span (first arrival to last completion)
     utilization: float  # integral of tokens held / (block_size x integral of block-table entries): per request
@@ -160,7 +161,7 @@ def simulate_serving(
                 record_events=config.record_events,
             )
         )
-    return _summarise(block_size, total_blocks, plans, runs, prompt_len, out, arrival)
+    return _summarise(block_size, total_blocks, plans, runs, prompt_len, out, arrival, config.max_model_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,14 +202,19 @@ def _percentiles(values, qs):
     return [float(x) for x in np.percentile(v, qs)]
 
 
-def _summarise(b, total_blocks, plans, runs, prompt_len, out, arrival) -> tuple[ServeResult, ServeTrace]:
+def _summarise(
+    b, total_blocks, plans, runs, prompt_len, out, arrival, max_model_len: int | None
+) -> tuple[ServeResult, ServeTrace]:
     import numpy as np
 
     n = len(prompt_len)
     per = _gather(plans, runs, n)
     finished = np.isfinite(per.finish_s)
-    never = ~np.isfinite(per.admit_s)
-    ran = ~never
+    refused = prompt_len >= max_model_len if max_model_len is not None else np.zeros(n, dtype=bool)
+    if max_model_len is not None:  # outputs stop at max_model_len (vLLM's check_stop): the tokens really generated
+        out = np.maximum(np.minimum(out, max_model_len - prompt_len), 1)
+    never = ~np.isfinite(per.admit_s) & ~refused
+    ran = ~never & ~refused
     first_arrival = float(arrival[ran].min()) if ran.any() else 0.0
     span = float(np.nanmax(per.finish_s)) - first_arrival if finished.any() else 0.0
     ttft = per.first_token_s - arrival
@@ -244,6 +250,7 @@ def _summarise(b, total_blocks, plans, runs, prompt_len, out, arrival) -> tuple[
         requests=n,
         completed=int(finished.sum()),
         never_fit=int(never.sum()),
+        refused_too_long=int(refused.sum()),
         peak_blocks=_peak(runs),
         mean_blocks=block_s / span if span > 0 else float("nan"),
         utilization=token_s / (b * entry_s) if entry_s > 0 else float("nan"),

@@ -779,3 +779,16 @@ def test_errors_name_a_column_as_the_file_spells_it(run_cli, tmp_path):
     assert res.stderr == (
         f"Error: 'ContextTokens' is too large: '1e300' tokens (at most 1,000,000,000) ({path}, line 2)\n"
     )
+
+
+def test_serve_refuses_prompts_of_max_model_len_and_counts_generated_tokens(run_cli, tmp_path):
+    # max_model_len 500: prompts 600, 1000 and 500 are refused at input by vLLM 0.32 (InputProcessor.
+    # _validate_model_input: a prompt of max_model_len tokens or more); 100+10, 300+10, 50+5 run whole; 499+30
+    # stops after 1 token (check_stop at num_tokens >= 500).  Generated tokens: 10 + 10 + 5 + 1 = 26.
+    trace = tmp_path / "t.csv"
+    trace.write_text("prompt_tokens,output_tokens\n100,10\n300,10\n600,5\n1000,20\n50,5\n500,3\n499,30\n")
+    args = ("simulate", "--trace", trace, "--serve", "--max-model-len", "500", "--block-sizes", "16")
+    r = json.loads(run_cli(*args, "--json").stdout)["results"][0]
+    assert (r["requests"], r["completed"], r["refused_too_long"], r["never_fit"]) == (7, 4, 3, 0)
+    assert r["throughput_tokens_per_s"] == pytest.approx(26 / r["span_s"])
+    assert "3 of 7 requests refused: a prompt of --max-model-len tokens or more" in run_cli(*args).stdout

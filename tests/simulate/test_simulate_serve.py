@@ -115,6 +115,16 @@ def test_requests_that_can_never_fit_are_left_out():
     assert run.finish_step == [-1, 1]
 
 
+def test_prompts_of_max_model_len_or_more_are_refused():
+    # vLLM 0.32's InputProcessor._validate_model_input refuses a prompt longer than max_model_len, and one of exactly
+    # max_model_len ("plus the number of requested output tokens (at least 1) is longer than the maximum model
+    # length"): such requests never reach the scheduler.  A prompt of max_model_len - 1 runs and stops after one
+    # token (check_stop: num_tokens >= max_model_len).
+    run = run_engine(engine(100, 16, max_model_len=64), [Prompt(70), Prompt(64), Prompt(63), Prompt(10)], [5] * 4)
+    assert run.finish_step == [-1, -1, 1, 5]
+    assert run.admit_s[0] != run.admit_s[0] and run.admit_s[1] != run.admit_s[1]  # nan: never admitted
+
+
 def test_arrivals_join_at_the_next_step_boundary():
     # 1 ms steps: B arrives at 2.5 ms while A decodes; it is admitted at the step starting at 3 ms.
     run = run_engine(engine(20, 16), [Prompt(10), Prompt(10)], [10, 1], [0.0, 0.0025], cost=OneMs())
