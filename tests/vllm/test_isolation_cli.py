@@ -45,6 +45,17 @@ def test_an_unreachable_endpoint_is_a_clear_error(run_cli):
     assert result.exit_code == 2 and "cannot reach http://127.0.0.1:9" in result.stderr
 
 
+@pytest.mark.parametrize("endpoint", ["junk", "ftp://x", "http://", "http://[::1", "http://127.0.0.1:99999"])
+def test_an_endpoint_that_is_not_an_http_url_is_one_line_exit_2(run_cli, endpoint):
+    # urllib's ValueError ('unknown url type', 'Invalid IPv6 URL', port out of range) was a traceback
+    result = run_cli("vllm", "isolation", "--endpoint", endpoint)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: --endpoint must be an http(s) URL with a host, not {endpoint!r} (--endpoint)\n"
+        "Tip: give the server's base URL, for example http://127.0.0.1:8000\n"
+    )
+
+
 def test_a_file_that_is_not_a_record_exits_3(run_cli, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "other"}')
