@@ -21,7 +21,7 @@ from kvtool.estimate.capacity import (
     plan_capacity,
     serve_max_num_batched_tokens,
 )
-from kvtool.estimate.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
+from kvtool.estimate.hf_config import ModelSpec, kv_heads_not_dividing, load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
 from kvtool.estimate.pipeline import Stage, stage_spec, stages
 from kvtool.estimate.reserve import (
@@ -297,6 +297,9 @@ def _model_from_options(request: EstimateRequest) -> ModelSpec:
         raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
     if request.heads is not None and kv_heads > request.heads:
         raise UsageError(f"--kv-heads {kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
+    refused = None if request.heads is None else kv_heads_not_dividing(kv_heads, request.heads)
+    if refused:
+        raise UsageError(f"--kv-heads {refused}", where="--kv-heads")
     spec = manual_spec(
         layers=layers,
         kv_heads=kv_heads,

@@ -441,3 +441,24 @@ def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli)
     assert (
         json.loads(run_cli(*args, "--json").stdout)["max_seq_len"] == 116_064
     )  # the JSON keeps vLLM's figure  # the JSON keeps vLLM's memory figure
+
+
+def test_kv_heads_that_do_not_divide_the_attention_heads_are_refused(run_cli, tmp_path):
+    # vLLM's Attention layer asserts num_heads % num_kv_heads == 0 (vllm/attention/layer.py): 12 KV heads for 32
+    # query heads cannot serve whole groups. Both a config and manual mode sized it as GQA-12.
+    config = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 12}))
+    r = run_cli("estimate", "--config", tmp_path)
+    assert (r.exit_code, r.stdout) == (EXIT_INPUT, "")
+    assert r.stderr == (
+        "Error: num_key_value_heads 12 does not divide the 32 attention heads; vLLM's attention asserts "
+        f"num_heads % num_kv_heads == 0 ({tmp_path / 'config.json'}: field num_key_value_heads)\n"
+    )
+    r = run_cli("estimate", "--layers", "2", "--kv-heads", "12", "--head-dim", "128", "--heads", "32", "--json")
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == (
+        "Error: --kv-heads 12 does not divide the 32 attention heads; vLLM's attention asserts "
+        "num_heads % num_kv_heads == 0 (--kv-heads)\n"
+    )
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 8}))
+    assert run_cli("estimate", "--config", tmp_path).exit_code == 0
