@@ -491,6 +491,26 @@ def _parse_reserve(text: str, option: str = "--reserve") -> int:
     return parse_size(text, option=option)
 
 
+def _check_not_empty(request: EstimateRequest) -> None:
+    """An empty --model, --config, --gpu or --gpu-memory is a mistake (an unset shell variable), not
+    the option left out: it was silently ignored (no GPU planning for ``--gpu ""``)."""
+    tips = {
+        "--model": "'kvtool models' lists the known models",
+        "--config": "give a config.json or a model folder holding one",
+        "--gpu": "'kvtool models' lists the known GPUs",
+        "--gpu-memory": "give a size such as 80GiB",
+    }
+    given = {
+        "--model": request.model,
+        "--config": request.config,
+        "--gpu": request.gpu,
+        "--gpu-memory": request.gpu_memory,
+    }
+    for option, value in given.items():
+        if value is not None and not str(value).strip():
+            raise UsageError(f"{option} is empty", where=option, tip=tips[option])
+
+
 def _check_positive(request: EstimateRequest) -> None:
     for option, values in (("--seq-len", request.seq_lens), ("--batch", request.batches)):
         for v in values:
@@ -689,6 +709,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     Steps: read the model and its weights; lay out its KV cache per GPU; find the GPU and vLLM's scheduler
     defaults for it; size the reserve and the KV budget; count blocks and requests for every length asked.
     """
+    _check_not_empty(request)
     _check_positive(request)
     spec, weights = resolve_model(request)
     check_tp(spec, request.tp)

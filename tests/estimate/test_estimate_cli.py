@@ -462,3 +462,27 @@ def test_kv_heads_that_do_not_divide_the_attention_heads_are_refused(run_cli, tm
     )
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 8}))
     assert run_cli("estimate", "--config", tmp_path).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "tip"),
+    [
+        # an empty --gpu (an unset shell variable) dropped the GPU planning silently, exit 0
+        (("--model", "llama-2-7b", "--gpu", ""), "--gpu", "'kvtool models' lists the known GPUs"),
+        (("--model", "llama-2-7b", "--gpu-memory", " "), "--gpu-memory", "give a size such as 80GiB"),
+        (("--model", ""), "--model", "'kvtool models' lists the known models"),
+        (("--model", "llama-2-7b", "--config", ""), "--config", "give a config.json or a model folder holding one"),
+        # Path("") is the current folder: an empty --profiles read "." for profiles
+        (("--model", "llama-2-7b", "--profiles", ""), "--profiles", "give a folder of profile YAML files"),
+    ],
+)
+def test_an_empty_option_is_an_error_not_left_out(run_cli, args, option, tip):
+    r = run_cli("estimate", *args, "--json")
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == f"Error: {option} is empty ({option})\nTip: {tip}\n"
+
+
+def test_models_refuses_an_empty_profiles_folder(run_cli):
+    r = run_cli("models", "--profiles", "")
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == "Error: --profiles is empty (--profiles)\nTip: give a folder of profile YAML files\n"
