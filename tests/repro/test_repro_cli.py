@@ -185,6 +185,17 @@ def test_exception_in_forward_fails_the_checks_with_its_message(run_cli, targets
     assert det["message"] == "forward raised RuntimeError: cache layout [B, H, S, d] not supported"
 
 
+def test_nan_outputs_are_said_not_read_as_a_leak(run_cli, targets_on_path):
+    # NaN never equals itself: determinism said "state survives between requests" of a stateless module
+    result = run_cli("repro", "--target", "repro_targets:nan_outputs", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    det = next(c for c in target["checks"] if c["name"] == "determinism")
+    assert det["message"] == (
+        "forward returned NaN or inf for 5 new token(s) after 0 seen; outputs that are not finite cannot be compared"
+    )
+
+
 def test_d_model_from_option(run_cli, targets_on_path):
     missing = run_cli("repro", "--target", "repro_targets:no_d_model")
     assert missing.exit_code == EXIT_USAGE

@@ -106,6 +106,14 @@ class RaisingAttention(Attention):
         return super().forward(x, cache)
 
 
+class NanAttention(Attention):
+    """Its outputs are NaN (a diverged checkpoint, a division by zero): nothing leaks, nothing can be compared."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, cache)
+        return out * float("nan"), new
+
+
 class ChattyAttention(Attention):
     """Correct, and prints each step's cache shape and data_ptr, as the article's third habit advises."""
 
@@ -179,6 +187,7 @@ scratch_alias = _seeded(ScratchAliasAttention)
 trimmed = _seeded(TrimmedCacheAttention)
 instance_cache = _seeded(InstanceCacheAttention)
 raising = _seeded(RaisingAttention)
+nan_outputs = _seeded(NanAttention)
 object_cache = _seeded(ObjectCacheAttention)
 handle_cache = _seeded(HandleCacheAttention)
 no_d_model = _seeded(NoDModel)
