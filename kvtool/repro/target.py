@@ -155,7 +155,7 @@ def check_target(
     dtype: str = "float32",
     seed: int = 0,
     interleavings: int = 20,
-    hf_cache: str = "dynamic",
+    hf_cache: str | None = None,
     on_check: Callable[[TargetCheck], None] | None = None,
 ) -> TargetResult:
     """Load the target and run the checks; UsageError if it cannot be loaded or its inputs cannot be told.
@@ -284,13 +284,20 @@ def _declared_window(module: torch.nn.Module) -> int | None:
     return None
 
 
-def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, hf_cache: str) -> _Setup:
+def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, hf_cache: str | None) -> _Setup:
     loaded = load_target(spec, device=device, dtype=dtype, seed=seed)
     dev, torch_dtype = torch.device(device), DTYPES[dtype]
     try:
         module = loaded.module.to(device=dev, dtype=torch_dtype).eval()
     except _USER_ERRORS as err:  # noqa: BLE001
         raise UsageError(f"cannot move target '{spec}' to {device}/{dtype}: {err}", where="--target") from None
+    if hf_cache is not None and not is_hf_model(module):
+        raise UsageError(
+            f"--hf-cache applies to transformers models; target '{spec}' is a {type(module).__name__}",
+            where="--hf-cache",
+            tip="drop --hf-cache: kvtool uses the cache the module makes",
+        )
+    hf_cache = hf_cache or "dynamic"
     probe = make_driver(module, hf_cache, 1)
     d_model, vocab = _inputs_of(module, probe, spec, d_model)
     work = make_workload(seed, d_model=d_model, vocab=vocab, dtype=torch_dtype, device=dev)

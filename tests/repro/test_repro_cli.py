@@ -280,3 +280,17 @@ def test_cache_scan_skips_modules_weights_and_cycles():
         ("cache['layer0'].fn", "a function or class"),
     }
     assert [(a.path, a.same_as) for a in scan.aliases] == [("cache['layer0'].me", "cache['layer0']")]
+
+
+def test_hf_cache_is_never_ignored_silently(run_cli, targets_on_path):
+    # --hf-cache without --target ran the scenarios, and on a non-transformers target did nothing, both silently
+    # (--d-model without --target was already refused)
+    alone = run_cli("repro", "--hf-cache", "static", "--json")
+    assert (alone.exit_code, alone.stdout) == (EXIT_USAGE, "")
+    assert alone.stderr == "Error: --hf-cache only applies with --target (--hf-cache)\n"
+    plain = run_cli("repro", "--target", "repro_targets:correct", "--hf-cache", "static", "--json")
+    assert (plain.exit_code, plain.stdout) == (EXIT_USAGE, "")
+    assert plain.stderr == (
+        "Error: --hf-cache applies to transformers models; target 'repro_targets:correct' is a Attention "
+        "(--hf-cache)\nTip: drop --hf-cache: kvtool uses the cache the module makes\n"
+    )
