@@ -294,3 +294,12 @@ def test_hf_cache_is_never_ignored_silently(run_cli, targets_on_path):
         "Error: --hf-cache applies to transformers models; target 'repro_targets:correct' is a Attention "
         "(--hf-cache)\nTip: drop --hf-cache: kvtool uses the cache the module makes\n"
     )
+
+
+def test_the_summary_does_not_count_a_skipped_check_as_passed(run_cli, targets_on_path):
+    # scratch_alias (embeds protocol): 4 checks pass, isolation and no-shared-storage fail, batch is skipped; the
+    # summary said "5 of 7 checks passed"
+    result = run_cli("repro", "--target", "repro_targets:scratch_alias", "--interleavings", "2")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    assert "skip batch: not run: the embeds protocol is driven with batch 1" in result.stdout
+    assert "\n4 of 7 checks passed, 1 skipped; failed: isolation, no-shared-storage\n" in result.stdout
