@@ -89,7 +89,15 @@ def _import(module_name: str, spec: str) -> tuple[Any, tuple[str, ...]]:
 
 def _import_error(module_name: str, spec: str, err: BaseException) -> UsageError:
     tip = None
-    if isinstance(err, ModuleNotFoundError):
+    if isinstance(err, ModuleNotFoundError) and (module_name.endswith(".py") or "/" in module_name):
+        # a file path: importlib read it as a dotted name ('No module named /path/to/file')
+        folder, file = os.path.split(module_name)
+        attribute = spec.rsplit(":", 1)[1] if ":" in spec else "FACTORY"
+        tip = (
+            f"--target takes a module name, not a file path: cd {folder or '.'} && kvtool repro --target "
+            f"{file.removesuffix('.py')}:{attribute}"
+        )
+    elif isinstance(err, ModuleNotFoundError):
         tip = (
             f"run kvtool with your environment's Python: python -m kvtool repro --target {spec} "
             "(or pip install kvtool into that environment)"

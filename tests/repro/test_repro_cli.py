@@ -303,3 +303,16 @@ def test_the_summary_does_not_count_a_skipped_check_as_passed(run_cli, targets_o
     assert result.exit_code == EXIT_CHECK_FAILED
     assert "skip batch: not run: the embeds protocol is driven with batch 1" in result.stdout
     assert "\n4 of 7 checks passed, 1 skipped; failed: isolation, no-shared-storage\n" in result.stdout
+
+
+def test_a_file_path_target_gets_the_module_name_to_use(run_cli):
+    # the tip was to run kvtool with another Python, which cannot help: --target names a module, not a file
+    path = TARGETS / "repro_targets.py"
+    result = run_cli("repro", "--target", f"{path}:correct")
+    assert (result.exit_code, result.stdout) == (EXIT_USAGE, "")
+    assert result.stderr == (
+        f"Error: cannot import module '{path}' of target '{path}:correct': ModuleNotFoundError: No module named "
+        f"'{str(path).removesuffix('.py')}' (--target)\n"
+        f"Tip: --target takes a module name, not a file path: cd {TARGETS} && kvtool repro --target "
+        "repro_targets:correct\n"
+    )
