@@ -570,7 +570,7 @@ class _Lengths:
 def _lengths(request: EstimateRequest, spec: ModelSpec) -> _Lengths:
     """The sequence lengths and batches asked, or the model's context and batch 1."""
     said: list[str] = []
-    seq_lens = request.seq_lens
+    seq_lens = tuple(dict.fromkeys(request.seq_lens))  # a value given twice is one row of the sweep, not two
     if not seq_lens:
         default_len = spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN
         seq_lens = (default_len,)
@@ -582,7 +582,7 @@ def _lengths(request: EstimateRequest, spec: ModelSpec) -> _Lengths:
         said.append(f"seq-len {default_len:,} ({why})")
     if not request.batches:
         said.append("batch 1")
-    return _Lengths(seq_lens, request.batches or (1,), tuple(said))
+    return _Lengths(seq_lens, tuple(dict.fromkeys(request.batches)) or (1,), tuple(said))
 
 
 def _defaults(

@@ -486,3 +486,14 @@ def test_models_refuses_an_empty_profiles_folder(run_cli):
     r = run_cli("models", "--profiles", "")
     assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
     assert r.stderr == "Error: --profiles is empty (--profiles)\nTip: give a folder of profile YAML files\n"
+
+
+def test_a_length_given_twice_is_one_sweep_row(run_cli):
+    # --seq-len 1024,1024 --batch 2,2 printed four identical rows
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048,1024", "--batch", "2,2", "--json")
+    points = json.loads(r.stdout)["sweep"]
+    # llama-2-7b: 2 x 32 layers x 32 heads x 128 x 2 B = 524,288 B per token; x 1024 x 2 = 1 GiB
+    assert [(p["seq_len"], p["batch"], p["kv_bytes"]) for p in points] == [
+        (1024, 2, 1_073_741_824),
+        (2048, 2, 2_147_483_648),
+    ]
