@@ -338,6 +338,8 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InputFileError(f"cannot read: {err}", where=str(file)) from None
+    if not text.strip():  # json's "Expecting value at line 1 column 1" did not say the file is empty
+        raise InputFileError("the file is empty", where=str(file), tip="a config.json holds one JSON object")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

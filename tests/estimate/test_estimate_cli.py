@@ -497,3 +497,13 @@ def test_a_length_given_twice_is_one_sweep_row(run_cli):
         (1024, 2, 1_073_741_824),
         (2048, 2, 2_147_483_648),
     ]
+
+
+def test_an_empty_config_file_is_said_to_be_empty(run_cli, tmp_path):
+    # it was "not valid JSON: Expecting value at line 1 column 1"
+    (tmp_path / "config.json").write_text("\n")
+    r = run_cli("estimate", "--config", tmp_path, "--json")
+    assert (r.exit_code, r.stdout) == (EXIT_INPUT, "")
+    assert r.stderr == (
+        f"Error: the file is empty ({tmp_path / 'config.json'})\nTip: a config.json holds one JSON object\n"
+    )
