@@ -90,3 +90,24 @@ def test_labels_are_printed_as_they_are(run_cli):
     result = run_cli("vllm", "isolation", "--replay", ISOLATION / "vllm-0.32-broken-salt.json")
     assert result.exit_code == 1
     assert "salt:a -> salt:b: reused 128 tokens of salt:a" in " ".join(result.stdout.split())
+
+
+MODEL_DIR = DATA / "repro" / "hf_llama"  # any folder with a config.json
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        # each was used as given: sent to the server, passed to vLLM, or waited on
+        (("--endpoint", "http://127.0.0.1:9", "--hidden-size", "0"), "--hidden-size must be positive, not 0"),
+        (("--endpoint", "http://127.0.0.1:9", "--events", "junk"), "--events 'junk' is not a ZMQ endpoint"),
+        (("--model", MODEL_DIR, "--port", "99999"), "--port must be one of 1 to 65535, not 99999"),
+        (("--model", MODEL_DIR, "--events-port", "-5"), "--events-port must be one of 1 to 65535, not -5"),
+        (("--model", MODEL_DIR, "--startup-timeout", "nan"), "--startup-timeout must be positive, not nan"),
+    ],
+)
+def test_bad_values_are_refused_before_any_request_or_launch(run_cli, args, line):
+    result = run_cli("vllm", "isolation", *args)
+    assert (result.exit_code, result.stdout) == (2, "")
+    option = line.split()[0]
+    assert result.stderr.splitlines()[0] == f"Error: {line} ({option})"
