@@ -226,6 +226,7 @@ def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, We
             return _model_from_config(request, str(snapshot))
         profile = find_model_by_repo(name, request.profile_dirs)
         if profile is None:
+            _refuse_local_path(name)
             from kvtool.estimate.hf_cache import cache_dir
 
             raise UsageError(
@@ -235,11 +236,26 @@ def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, We
                 tip=f"fetch its config first (huggingface-cli download {name} config.json), or pass --config DIR",
             )
     else:
-        profile = find_model(name, request.profile_dirs)
+        try:
+            profile = find_model(name, request.profile_dirs)
+        except UsageError:
+            _refuse_local_path(name)
+            raise
     spec = model_spec(profile)
     spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
     spec = _with_dtype(spec, request.dtype)
     return spec, estimate_weights(spec)
+
+
+def _refuse_local_path(name: str) -> None:
+    """A --model that names no profile or cached repository but an existing file or folder: vLLM's --model takes
+    a local folder, kvtool's --config does (the tip was 'huggingface-cli download /the/path config.json')."""
+    if Path(name).exists():
+        raise UsageError(
+            f"{name} is a local path; --model takes a profile name or a Hugging Face id",
+            where="--model",
+            tip=f"pass it as --config {name}",
+        )
 
 
 def _model_from_config(request: EstimateRequest, path: str) -> tuple[ModelSpec, WeightEstimate | None]:

@@ -507,3 +507,19 @@ def test_an_empty_config_file_is_said_to_be_empty(run_cli, tmp_path):
     assert r.stderr == (
         f"Error: the file is empty ({tmp_path / 'config.json'})\nTip: a config.json holds one JSON object\n"
     )
+
+
+def test_a_local_path_given_to_model_points_to_config(run_cli, tmp_path, monkeypatch):
+    # vLLM's --model takes a folder; kvtool's tip was "huggingface-cli download /that/folder config.json"
+    (tmp_path / "config.json").write_text("{}")
+    r = run_cli("estimate", "--model", tmp_path)
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == (
+        f"Error: {tmp_path} is a local path; --model takes a profile name or a Hugging Face id (--model)\n"
+        f"Tip: pass it as --config {tmp_path}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("estimate", "--model", "config.json")
+    assert r.stderr.splitlines()[1] == "Tip: pass it as --config config.json"
+    (tmp_path / "llama-2-7b").mkdir()  # a folder named like a profile does not shadow the profile
+    assert run_cli("estimate", "--model", "llama-2-7b").exit_code == 0
