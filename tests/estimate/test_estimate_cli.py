@@ -523,3 +523,16 @@ def test_a_local_path_given_to_model_points_to_config(run_cli, tmp_path, monkeyp
     assert r.stderr.splitlines()[1] == "Tip: pass it as --config config.json"
     (tmp_path / "llama-2-7b").mkdir()  # a folder named like a profile does not shadow the profile
     assert run_cli("estimate", "--model", "llama-2-7b").exit_code == 0
+
+
+def test_without_a_gpu_the_first_line_is_the_kv_bytes(run_cli):
+    # the seed articles' worked example: Llama-2-7B (MHA, fp16) at 2,048 tokens = 1,073,741,824 bytes; the first
+    # line was the table's title (layers and heads), the bytes three rows down
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048")
+    assert r.exit_code == 0
+    assert r.stdout.splitlines()[0] == "KV cache of 1 request of 2,048 tokens: 1,073,741,824 B (1.00 GiB, 1.07 GB)"
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--batch", "2", "--tp", "2")
+    assert r.stdout.splitlines()[0] == (
+        "KV cache of 2 requests of 2,048 tokens: 2,147,483,648 B (2.00 GiB, 2.15 GB); 1,073,741,824 B (1.00 GiB, "
+        "1.07 GB) per GPU (tp 2)"
+    )
