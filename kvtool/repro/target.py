@@ -279,7 +279,14 @@ def make_driver(module: torch.nn.Module, hf_cache: str, max_tokens: int) -> Driv
     """The driver for ``module``'s protocol: HF when it is a PreTrainedModel, else its ``kvtool_protocol``."""
     if is_hf_model(module):
         return HfDriver(module, hf_cache, max_tokens)
-    if getattr(module, PROTOCOL_ATTRIBUTE, "embeds") == "tokens":
+    protocol = getattr(module, PROTOCOL_ATTRIBUTE, "embeds")
+    if protocol not in ("tokens", "embeds"):  # a typo ('token') was driven as embeds, silently
+        raise UsageError(
+            f"{type(module).__name__}.{PROTOCOL_ATTRIBUTE} is {protocol!r}; kvtool knows 'tokens' and 'embeds'",
+            where="--target",
+            tip="see docs/repro.md, 'How kvtool calls it (protocols)'",
+        )
+    if protocol == "tokens":
         return TokensDriver(module)
     return Driver(module)
 
@@ -307,8 +314,16 @@ def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: i
         )
     hf_cache = hf_cache or "dynamic"
     probe = make_driver(module, hf_cache, 1)
+    option = "--d-model" if d_model is not None else "--target"  # where a d_model too large for memory came from
     d_model, vocab = _inputs_of(module, probe, spec, d_model)
-    work = make_workload(seed, d_model=d_model, vocab=vocab, dtype=torch_dtype, device=dev)
+    try:
+        work = make_workload(seed, d_model=d_model, vocab=vocab, dtype=torch_dtype, device=dev)
+    except (RuntimeError, MemoryError) as err:  # d_model 10**12: the allocator's error was a traceback
+        raise UsageError(
+            f"cannot make the inputs of target '{spec}' (d_model {d_model}): {type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}",
+            where=option,
+        ) from None
     driver = make_driver(module, hf_cache, work.max_tokens)
     ctx = tc.Context(
         driver=driver,

@@ -316,3 +316,42 @@ def test_a_file_path_target_gets_the_module_name_to_use(run_cli):
         f"Tip: --target takes a module name, not a file path: cd {TARGETS} && kvtool repro --target "
         "repro_targets:correct\n"
     )
+
+
+def test_an_output_not_shaped_batch_seq_fails_the_checks_saying_so(run_cli, targets_on_path):
+    # a flat output was an IndexError traceback in the consistency check (torch.cat along dim 1)
+    result = run_cli("repro", "--target", "repro_targets:scalar_out", "--json", "--interleavings", "2")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    consistency = next(c for c in target["checks"] if c["name"] == "consistency")
+    # r0's prompt is 5 positions of d_model 16 (repro_targets.D_MODEL): 80 values flattened
+    assert consistency["message"] == (
+        "forward returned an output of shape [80] for inputs of shape [1, 5, 16]; expected [batch, seq, ...]"
+    )
+
+
+def test_a_misspelt_protocol_is_refused(run_cli, targets_on_path):
+    # kvtool_protocol = "token" was driven as embeds, silently
+    result = run_cli("repro", "--target", "repro_targets:typo_protocol")
+    assert (result.exit_code, result.stdout) == (EXIT_USAGE, "")
+    assert result.stderr == (
+        "Error: TypoProtocolAttention.kvtool_protocol is 'token'; kvtool knows 'tokens' and 'embeds' (--target)\n"
+        "Tip: see docs/repro.md, 'How kvtool calls it (protocols)'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (("--target", "repro_targets:huge"), "--target"),
+        (("--target", "repro_targets:no_d_model", "--d-model", str(10**15)), "--d-model"),
+    ],
+)
+def test_a_d_model_too_large_for_memory_is_one_line(run_cli, targets_on_path, args, where):
+    # the allocator's RuntimeError was a traceback
+    result = run_cli("repro", *args)
+    assert (result.exit_code, result.stdout) == (EXIT_USAGE, "")
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("Error: cannot make the inputs of target 'repro_targets:")
+    assert "(d_model 1000000000000000): RuntimeError: " in result.stderr
+    assert result.stderr.endswith(f" ({where})\n")

@@ -114,6 +114,28 @@ class NanAttention(Attention):
         return out * float("nan"), new
 
 
+class ScalarOutAttention(Attention):
+    """Returns a flat vector instead of [batch, seq, d_model]."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, cache)
+        return out.flatten(), new
+
+
+class TypoProtocolAttention(Attention):
+    """Correct, but its protocol attribute is misspelt."""
+
+    kvtool_protocol = "token"
+
+
+class HugeAttention(Attention):
+    """Claims a d_model no memory holds inputs for."""
+
+    def __init__(self):
+        super().__init__()
+        self.d_model = 10**15  # more bytes of inputs than any address space holds
+
+
 class ChattyAttention(Attention):
     """Correct, and prints each step's cache shape and data_ptr, as the article's third habit advises."""
 
@@ -188,6 +210,9 @@ trimmed = _seeded(TrimmedCacheAttention)
 instance_cache = _seeded(InstanceCacheAttention)
 raising = _seeded(RaisingAttention)
 nan_outputs = _seeded(NanAttention)
+scalar_out = _seeded(ScalarOutAttention)
+typo_protocol = _seeded(TypoProtocolAttention)
+huge = _seeded(HugeAttention)
 object_cache = _seeded(ObjectCacheAttention)
 handle_cache = _seeded(HandleCacheAttention)
 no_d_model = _seeded(NoDModel)
