@@ -355,3 +355,12 @@ def test_a_d_model_too_large_for_memory_is_one_line(run_cli, targets_on_path, ar
     assert result.stderr.startswith("Error: cannot make the inputs of target 'repro_targets:")
     assert "(d_model 1000000000000000): RuntimeError: " in result.stderr
     assert result.stderr.endswith(f" ({where})\n")
+
+
+def test_a_cache_nested_too_deep_is_skipped_and_said(run_cli, targets_on_path):
+    # 5,000 nested lists were a RecursionError traceback in the cache walk
+    result = run_cli("repro", "--target", "repro_targets:deep_cache", "--json", "--interleavings", "2")
+    assert result.exit_code == EXIT_CHECK_FAILED and result.stderr == ""
+    target = json.loads(result.stdout)["target"]
+    assert any(note.endswith(": nested deeper than 64 levels") for note in target["cache_notes"])
+    assert "Traceback" not in result.stdout

@@ -136,6 +136,19 @@ class HugeAttention(Attention):
         self.d_model = 10**15  # more bytes of inputs than any address space holds
 
 
+class DeepCacheAttention(Attention):
+    """Correct, its cache wrapped in 5,000 nested lists."""
+
+    def forward(self, x, cache=None):
+        inner = cache
+        while isinstance(inner, list):
+            inner = inner[0]
+        out, new = super().forward(x, inner)
+        for _ in range(5000):
+            new = [new]
+        return out, new
+
+
 class ChattyAttention(Attention):
     """Correct, and prints each step's cache shape and data_ptr, as the article's third habit advises."""
 
@@ -213,6 +226,7 @@ nan_outputs = _seeded(NanAttention)
 scalar_out = _seeded(ScalarOutAttention)
 typo_protocol = _seeded(TypoProtocolAttention)
 huge = _seeded(HugeAttention)
+deep_cache = _seeded(DeepCacheAttention)
 object_cache = _seeded(ObjectCacheAttention)
 handle_cache = _seeded(HandleCacheAttention)
 no_d_model = _seeded(NoDModel)
