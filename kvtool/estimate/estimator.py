@@ -932,11 +932,13 @@ def _compare(
     else:
         plain = spec
     heads = spec.num_attention_heads
+    # fp8_ds_mla is MLA's own layout: the rows without MLA take plain fp8 (it refused the whole command)
+    plain_dtype = "fp8" if request.kv_dtype == "fp8_ds_mla" else request.kv_dtype
     variants: list[tuple[str, ModelSpec, str]] = [("as-is", spec, request.kv_dtype)]
-    variants.append(("MHA", dataclasses.replace(plain, num_kv_heads=heads), request.kv_dtype))
+    variants.append(("MHA", dataclasses.replace(plain, num_kv_heads=heads), plain_dtype))
     if heads >= 8:
-        variants.append(("GQA-8", dataclasses.replace(plain, num_kv_heads=8), request.kv_dtype))
-    variants.append(("MQA", dataclasses.replace(plain, num_kv_heads=1), request.kv_dtype))
+        variants.append(("GQA-8", dataclasses.replace(plain, num_kv_heads=8), plain_dtype))
+    variants.append(("MQA", dataclasses.replace(plain, num_kv_heads=1), plain_dtype))
     variants.append(("fp8 KV", spec, "fp8"))
     variants.append(("int8 KV", spec, "int8"))
     rows = []

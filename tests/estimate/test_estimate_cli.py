@@ -536,3 +536,14 @@ def test_without_a_gpu_the_first_line_is_the_kv_bytes(run_cli):
         "KV cache of 2 requests of 2,048 tokens: 2,147,483,648 B (2.00 GiB, 2.15 GB); 1,073,741,824 B (1.00 GiB, "
         "1.07 GB) per GPU (tp 2)"
     )
+
+
+def test_compare_with_fp8_ds_mla_gives_plain_fp8_to_the_rows_without_mla(run_cli):
+    # --kv-dtype fp8_ds_mla --compare on DeepSeek-V3 refused the whole command ("applies only to MLA models")
+    r = run_cli("estimate", "--model", "deepseek-v3", "--kv-dtype", "fp8_ds_mla", "--compare", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = {row["label"]: (row["kv_dtype"], row["bytes_per_token"]) for row in json.loads(r.stdout)["compare"]}
+    # as-is: vLLM's fp8_ds_mla, 656 B per token per layer x 61 layers = 40,016 B; MHA without MLA: K and V of
+    # 128 heads x (qk_nope 128 + qk_rope 64) x 61 layers x 1 B = 2,998,272 B (DeepSeek-V3 config.json)
+    assert rows["as-is"] == ("fp8_ds_mla", 40_016)
+    assert rows["MHA"] == ("fp8", 2_998_272)
