@@ -37,10 +37,10 @@ def register(app: typer.Typer) -> None:
             "transformers PreTrainedModel), or hf:DIR, a local Hugging Face model folder (random weights from "
             "config.json alone).  See docs/repro.md.",
         ),
-        hf_cache: str = typer.Option(
-            "dynamic",
+        hf_cache: Optional[str] = typer.Option(
+            None,
             "--hf-cache",
-            help="Cache of a transformers target: dynamic (DynamicCache) or static (StaticCache).",
+            help="Cache of a transformers target: dynamic (DynamicCache, the default) or static (StaticCache).",
         ),
         d_model: Optional[int] = typer.Option(
             None, "--d-model", help="d_model of the --target module (default: its d_model attribute)."
@@ -86,6 +86,7 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 interleavings=interleavings,
                 d_model=d_model,
+                hf_cache=hf_cache,
                 progress=None if line is None else (lambda text: line.update(f"kvtool repro: {text}")),
             )
         if json_output:

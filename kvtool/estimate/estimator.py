@@ -21,7 +21,7 @@ from kvtool.estimate.capacity import (
     plan_capacity,
     serve_max_num_batched_tokens,
 )
-from kvtool.estimate.hf_config import ModelSpec, load_config_path, manual_spec, parse_config
+from kvtool.estimate.hf_config import ModelSpec, kv_heads_not_dividing, load_config_path, manual_spec, parse_config
 from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
 from kvtool.estimate.pipeline import Stage, stage_spec, stages
 from kvtool.estimate.reserve import (
@@ -226,6 +226,7 @@ def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, We
             return _model_from_config(request, str(snapshot))
         profile = find_model_by_repo(name, request.profile_dirs)
         if profile is None:
+            _refuse_local_path(name)
             from kvtool.estimate.hf_cache import cache_dir
 
             raise UsageError(
@@ -235,11 +236,26 @@ def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, We
                 tip=f"fetch its config first (huggingface-cli download {name} config.json), or pass --config DIR",
             )
     else:
-        profile = find_model(name, request.profile_dirs)
+        try:
+            profile = find_model(name, request.profile_dirs)
+        except UsageError:
+            _refuse_local_path(name)
+            raise
     spec = model_spec(profile)
     spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
     spec = _with_dtype(spec, request.dtype)
     return spec, estimate_weights(spec)
+
+
+def _refuse_local_path(name: str) -> None:
+    """A --model that names no profile or cached repository but an existing file or folder: vLLM's --model takes
+    a local folder, kvtool's --config does (the tip was 'huggingface-cli download /the/path config.json')."""
+    if Path(name).exists():
+        raise UsageError(
+            f"{name} is a local path; --model takes a profile name or a Hugging Face id",
+            where="--model",
+            tip=f"pass it as --config {name}",
+        )
 
 
 def _model_from_config(request: EstimateRequest, path: str) -> tuple[ModelSpec, WeightEstimate | None]:
@@ -297,6 +313,9 @@ def _model_from_options(request: EstimateRequest) -> ModelSpec:
         raise UsageError("manual mode needs all of --layers, --kv-heads and --head-dim", where="--layers")
     if request.heads is not None and kv_heads > request.heads:
         raise UsageError(f"--kv-heads {kv_heads} exceeds --heads {request.heads}", where="--kv-heads")
+    refused = None if request.heads is None else kv_heads_not_dividing(kv_heads, request.heads)
+    if refused:
+        raise UsageError(f"--kv-heads {refused}", where="--kv-heads")
     spec = manual_spec(
         layers=layers,
         kv_heads=kv_heads,
@@ -488,6 +507,26 @@ def _parse_reserve(text: str, option: str = "--reserve") -> int:
     return parse_size(text, option=option)
 
 
+def _check_not_empty(request: EstimateRequest) -> None:
+    """An empty --model, --config, --gpu or --gpu-memory is a mistake (an unset shell variable), not
+    the option left out: it was silently ignored (no GPU planning for ``--gpu ""``)."""
+    tips = {
+        "--model": "'kvtool models' lists the known models",
+        "--config": "give a config.json or a model folder holding one",
+        "--gpu": "'kvtool models' lists the known GPUs",
+        "--gpu-memory": "give a size such as 80GiB",
+    }
+    given = {
+        "--model": request.model,
+        "--config": request.config,
+        "--gpu": request.gpu,
+        "--gpu-memory": request.gpu_memory,
+    }
+    for option, value in given.items():
+        if value is not None and not str(value).strip():
+            raise UsageError(f"{option} is empty", where=option, tip=tips[option])
+
+
 def _check_positive(request: EstimateRequest) -> None:
     for option, values in (("--seq-len", request.seq_lens), ("--batch", request.batches)):
         for v in values:
@@ -547,7 +586,7 @@ class _Lengths:
 def _lengths(request: EstimateRequest, spec: ModelSpec) -> _Lengths:
     """The sequence lengths and batches asked, or the model's context and batch 1."""
     said: list[str] = []
-    seq_lens = request.seq_lens
+    seq_lens = tuple(dict.fromkeys(request.seq_lens))  # a value given twice is one row of the sweep, not two
     if not seq_lens:
         default_len = spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN
         seq_lens = (default_len,)
@@ -559,7 +598,7 @@ def _lengths(request: EstimateRequest, spec: ModelSpec) -> _Lengths:
         said.append(f"seq-len {default_len:,} ({why})")
     if not request.batches:
         said.append("batch 1")
-    return _Lengths(seq_lens, request.batches or (1,), tuple(said))
+    return _Lengths(seq_lens, tuple(dict.fromkeys(request.batches)) or (1,), tuple(said))
 
 
 def _defaults(
@@ -686,6 +725,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     Steps: read the model and its weights; lay out its KV cache per GPU; find the GPU and vLLM's scheduler
     defaults for it; size the reserve and the KV budget; count blocks and requests for every length asked.
     """
+    _check_not_empty(request)
     _check_positive(request)
     spec, weights = resolve_model(request)
     check_tp(spec, request.tp)
@@ -892,11 +932,13 @@ def _compare(
     else:
         plain = spec
     heads = spec.num_attention_heads
+    # fp8_ds_mla is MLA's own layout: the rows without MLA take plain fp8 (it refused the whole command)
+    plain_dtype = "fp8" if request.kv_dtype == "fp8_ds_mla" else request.kv_dtype
     variants: list[tuple[str, ModelSpec, str]] = [("as-is", spec, request.kv_dtype)]
-    variants.append(("MHA", dataclasses.replace(plain, num_kv_heads=heads), request.kv_dtype))
+    variants.append(("MHA", dataclasses.replace(plain, num_kv_heads=heads), plain_dtype))
     if heads >= 8:
-        variants.append(("GQA-8", dataclasses.replace(plain, num_kv_heads=8), request.kv_dtype))
-    variants.append(("MQA", dataclasses.replace(plain, num_kv_heads=1), request.kv_dtype))
+        variants.append(("GQA-8", dataclasses.replace(plain, num_kv_heads=8), plain_dtype))
+    variants.append(("MQA", dataclasses.replace(plain, num_kv_heads=1), plain_dtype))
     variants.append(("fp8 KV", spec, "fp8"))
     variants.append(("int8 KV", spec, "int8"))
     rows = []

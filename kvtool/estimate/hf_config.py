@@ -338,6 +338,8 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InputFileError(f"cannot read: {err}", where=str(file)) from None
+    if not text.strip():  # json's "Expecting value at line 1 column 1" did not say the file is empty
+        raise InputFileError("the file is empty", where=str(file), tip="a config.json holds one JSON object")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -566,6 +568,17 @@ def _weight_quant(top: _Reader, dtype: str, notes: list[str]) -> WeightQuant | N
     return quant
 
 
+def kv_heads_not_dividing(kv_heads: int, num_heads: int) -> str | None:
+    """Why vLLM refuses ``kv_heads`` for ``num_heads`` query heads, or None: its Attention layer asserts
+    ``num_heads % num_kv_heads == 0`` (each KV head serves a whole group of query heads)."""
+    if num_heads % kv_heads == 0:
+        return None
+    return (
+        f"{kv_heads} does not divide the {num_heads} attention heads; vLLM's attention asserts "
+        "num_heads % num_kv_heads == 0"
+    )
+
+
 def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -> int:
     new_arch = model_type in _FALCON_TYPES and bool(cfg.get("new_decoder_architecture", False))
     if not new_arch and cfg.get("multi_query", False):
@@ -579,6 +592,9 @@ def _kv_heads(cfg: _Reader, model_type: str, num_heads: int, notes: list[str]) -
             f"{key} must be between 1 and the {num_heads} attention heads, not {value}",
             where=f"{cfg.where}: field {key}",
         )
+    refused = kv_heads_not_dividing(value, num_heads)
+    if refused:
+        raise InputFileError(f"{key} {refused}", where=f"{cfg.where}: field {key}")
     return value
 
 

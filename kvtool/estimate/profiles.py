@@ -109,6 +109,8 @@ def search_dirs(extra: Iterable[str | Path] = ()) -> list[Path]:
     """Profile roots, highest precedence first: ``--profiles`` dirs, then ``KVTOOL_PROFILES``, then built-in."""
     roots: list[Path] = []
     for item in extra:
+        if not str(item).strip():  # Path("") is the current folder: an empty --profiles was read as "."
+            raise UsageError("--profiles is empty", where="--profiles", tip="give a folder of profile YAML files")
         path = Path(item).expanduser()
         if not path.is_dir():
             raise UsageError(f"profile directory not found: {item}", where="--profiles")

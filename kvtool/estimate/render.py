@@ -26,8 +26,7 @@ def render_estimate(result: EstimateResult, console) -> None:
         f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {heads}, "
         f"model {r.model_dtype} -> KV {r.kv_dtype}"
     )
-    if r.fits is not None:
-        console.print(headline(r))
+    console.print(headline(r) if r.fits is not None else kv_headline(r))
     table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", overflow="fold")
@@ -165,6 +164,13 @@ def headline(r: EstimateResult) -> str:
     if r.fits:
         return f"[bold]{asked}: [green]yes[/green], up to {r.max_batch:,}[/bold]"
     return f"[bold]{asked}: [red]no[/red], {r.max_batch:,} do[/bold]"
+
+
+def kv_headline(r: EstimateResult) -> str:
+    """Without a GPU the answer is the KV bytes: "KV cache of 1 request of 4,096 tokens: 2,147,483,648 B (...)"."""
+    asked = f"{r.batch:,} request{'s' if r.batch != 1 else ''} of {r.seq_len:,} tokens"
+    per_gpu = f"; {_bytes(r.kv_bytes_per_gpu)} per GPU (tp {r.tp})" if r.tp > 1 else ""
+    return f"[bold]KV cache of {asked}: {_bytes(r.kv_bytes)}{per_gpu}[/bold]"
 
 
 def _beyond_context(r: EstimateResult) -> bool:

@@ -77,14 +77,28 @@ def read_header(file: Path) -> dict:
 def _tensor_bits(name: str, info: object, file: Path) -> tuple[int, int]:
     if not isinstance(info, dict) or "dtype" not in info or "shape" not in info:
         raise InputFileError(f"tensor {name!r} lacks dtype or shape", where=f"{file}: tensor {name}")
-    bits = SAFETENSORS_DTYPE_BITS.get(info["dtype"])
-    shape = info["shape"]
+    dtype, shape = info["dtype"], info["shape"]
+    bits = SAFETENSORS_DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
     if bits is None:
-        raise InputFileError(f"unknown dtype {info['dtype']!r}", where=f"{file}: tensor {name}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InputFileError(f"unknown dtype {dtype!r}", where=f"{file}: tensor {name}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise InputFileError(f"bad shape {shape!r}", where=f"{file}: tensor {name}")
     count = math.prod(shape)
+    offsets = info.get("data_offsets")
+    if offsets is not None:  # the reference implementation refuses a header whose offsets and shape disagree
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+            raise InputFileError(f"bad data_offsets {offsets!r}", where=f"{file}: tensor {name}")
+        size = (count * bits + 7) // 8
+        if offsets[1] - offsets[0] != size:
+            raise InputFileError(
+                f"shape {shape} of {dtype} is {size:,} bytes but data_offsets {offsets} span {offsets[1] - offsets[0]:,}",
+                where=f"{file}: tensor {name}",
+            )
     return count, count * bits
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def weights_from_files(files: list[Path]) -> SafetensorsWeights:
@@ -107,14 +121,20 @@ def weights_from_dir(directory: Path) -> SafetensorsWeights | None:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
             weight_map = data["weight_map"]
-            if not isinstance(weight_map, dict):
+            if not isinstance(weight_map, dict) or not weight_map:
                 raise TypeError
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-            raise InputFileError("not a safetensors index (needs a weight_map object)", where=str(index)) from None
+            raise InputFileError(
+                "not a safetensors index (needs a weight_map object naming the shards)", where=str(index)
+            ) from None
+        for tensor, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard:
+                raise InputFileError(f"shard {shard!r} is not a file name", where=f"{index}: weight_map {tensor}")
         shards = [directory / name for name in dict.fromkeys(weight_map.values())]
         if all(s.is_file() for s in shards):
             return weights_from_files(shards)
-        total = (data.get("metadata") or {}).get("total_size")
+        metadata = data.get("metadata")
+        total = metadata.get("total_size") if isinstance(metadata, dict) else None
         if isinstance(total, int) and total > 0:
             return SafetensorsWeights(total, 0, len(weight_map), (str(index),), "index.json total_size")
         missing = next(s for s in shards if not s.is_file())

@@ -60,6 +60,11 @@ class _Walk:
     skipped: list[Skipped] = field(default_factory=list)
     aliases: list[Alias] = field(default_factory=list)
     first_path: dict[int, str] = field(default_factory=dict)  # id(object) -> where it was met first
+    depth: int = 0  # nesting of the object being visited
+
+
+# Deeper nesting is skipped and said: a cache nested thousands of lists deep was a RecursionError traceback.
+MAX_DEPTH = 64
 
 
 def scan_cache(cache: Any, weights: set[int] | None = None, root: str = "cache") -> CacheScan:
@@ -78,6 +83,17 @@ _PLAIN = (str, bytes, int, float, bool, complex)
 
 
 def _visit(obj: Any, path: str, walk: _Walk, window: int | None) -> None:
+    if walk.depth >= MAX_DEPTH:
+        walk.skipped.append(Skipped(path, f"nested deeper than {MAX_DEPTH} levels"))
+        return
+    walk.depth += 1
+    try:
+        _visit_one(obj, path, walk, window)
+    finally:
+        walk.depth -= 1
+
+
+def _visit_one(obj: Any, path: str, walk: _Walk, window: int | None) -> None:
     if obj is None:
         return
     if isinstance(obj, _PLAIN):

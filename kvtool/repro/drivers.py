@@ -91,6 +91,17 @@ class Driver:
             raise
         except USER_ERRORS as err:  # noqa: BLE001 - the target's exception is the finding
             raise TargetFailure(f"forward raised {_one_line(err)}") from None
+        if out.dim() < 2 or tuple(out.shape[:2]) != tuple(inputs.shape[:2]):  # the checks slice [batch, seq, ...]
+            raise TargetFailure(
+                f"forward returned an output of shape {list(out.shape)} for inputs of shape {list(inputs.shape)}; "
+                "expected [batch, seq, ...]"
+            )
+        if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+            # every check compares outputs: NaN never equals itself, so a NaN output read as a leak between requests
+            raise TargetFailure(
+                f"forward returned NaN or inf for {inputs.shape[1]} new token(s) after {live.seen} seen; "
+                "outputs that are not finite cannot be compared"
+            )
         live.seen += inputs.shape[1]
         # clone: a later step must not change this output
         return out.detach().clone(), tuple(h.detach().clone() for h in states)

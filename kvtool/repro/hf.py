@@ -10,13 +10,14 @@ its layers are sliding-window layers) or a ``StaticCache`` preallocated for the 
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvtool.core.errors import UsageError
+from kvtool.core.errors import InputFileError, UsageError
 from kvtool.repro.drivers import USER_ERRORS, Driver, Live, TargetFailure
 
 HF_CACHES = ("dynamic", "static")
@@ -33,12 +34,32 @@ def is_hf_model(module: torch.nn.Module) -> bool:
     return transformers is not None and isinstance(module, transformers.PreTrainedModel)
 
 
+def _check_config_json(file: Path) -> None:
+    """An empty, unreadable or non-JSON config.json is an input file error (exit 3) in kvtool's words; transformers
+    said "OSError: It looks like the config file ... is not a valid JSON file" for an empty one, exit 2."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputFileError(f"cannot read: {err}", where=str(file)) from None
+    if not text.strip():
+        raise InputFileError("the file is empty", where=str(file), tip="a config.json holds one JSON object")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputFileError(
+            f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}", where=str(file)
+        ) from None
+    if not isinstance(data, dict):
+        raise InputFileError("config.json must hold a JSON object", where=str(file))
+
+
 def load_hf_dir(path: str, *, seed: int, dtype: torch.dtype) -> tuple[torch.nn.Module, str]:
     """A causal LM from a local folder: its weights when there are any, else random weights (seeded) from
     config.json alone.  Returns (model, how it was built)."""
     folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"no config.json in '{folder}'", where="--target", tip="hf:DIR names a local model folder")
+    if not (folder / "config.json").is_file():  # a missing input file: exit 3, as estimate --config DIR
+        raise InputFileError(f"no config.json in '{folder}'", where="--target", tip="hf:DIR names a local model folder")
+    _check_config_json(folder / "config.json")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:

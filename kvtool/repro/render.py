@@ -171,7 +171,9 @@ def _render_target(t: TargetResult, console, streamed: bool = False) -> None:
     if not streamed:
         for c in t.checks:
             render_check(c, console)
-    passed = sum(c.passed for c in t.checks)
+    passed = sum(c.passed and not c.skipped for c in t.checks)  # a skipped check is no pass ("5 of 7" for 4 + 1)
+    skipped = sum(c.skipped for c in t.checks)
+    counts = f"{passed} of {len(t.checks)} checks passed" + (f", {skipped} skipped" if skipped else "")
     failed = f"; failed: {', '.join(t.failed_checks)}" if t.failed_checks else ""
     stop = " (interrupted: the checks above finished)" if t.interrupted else ""
-    console.print(f"{passed} of {len(t.checks)} checks passed{failed}{stop}", highlight=False)
+    console.print(f"{counts}{failed}{stop}", highlight=False)

@@ -44,10 +44,10 @@ def _validate(
     interleavings: int,
     target: str | None,
     d_model: int | None,
-    hf_cache: str,
+    hf_cache: str | None,
 ) -> None:
     """UsageError for the first bad option value."""
-    if hf_cache not in HF_CACHES:
+    if hf_cache is not None and hf_cache not in HF_CACHES:
         raise UsageError(f"unknown --hf-cache '{hf_cache}'; use dynamic or static", where="--hf-cache")
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
@@ -61,6 +61,8 @@ def _validate(
         raise UsageError("give scenario names or --target, not both", where="--target")
     if target is None and d_model is not None:
         raise UsageError("--d-model only applies with --target", where="--d-model")
+    if target is None and hf_cache is not None:
+        raise UsageError("--hf-cache only applies with --target", where="--hf-cache")
     unknown = [n for n in names or [] if n not in SCENARIO_NAMES]
     if unknown:
         raise UsageError(
@@ -77,7 +79,7 @@ def run_repro(
     interleavings: int | None = None,
     target: str | None = None,
     d_model: int | None = None,
-    hf_cache: str = "dynamic",
+    hf_cache: str | None = None,
     progress: Callable[[str], None] | None = None,
     on_check: Callable[[TargetCheck], None] | None = None,
 ) -> ReproReport:

@@ -89,7 +89,15 @@ def _import(module_name: str, spec: str) -> tuple[Any, tuple[str, ...]]:
 
 def _import_error(module_name: str, spec: str, err: BaseException) -> UsageError:
     tip = None
-    if isinstance(err, ModuleNotFoundError):
+    if isinstance(err, ModuleNotFoundError) and (module_name.endswith(".py") or "/" in module_name):
+        # a file path: importlib read it as a dotted name ('No module named /path/to/file')
+        folder, file = os.path.split(module_name)
+        attribute = spec.rsplit(":", 1)[1] if ":" in spec else "FACTORY"
+        tip = (
+            f"--target takes a module name, not a file path: cd {folder or '.'} && kvtool repro --target "
+            f"{file.removesuffix('.py')}:{attribute}"
+        )
+    elif isinstance(err, ModuleNotFoundError):
         tip = (
             f"run kvtool with your environment's Python: python -m kvtool repro --target {spec} "
             "(or pip install kvtool into that environment)"
@@ -155,7 +163,7 @@ def check_target(
     dtype: str = "float32",
     seed: int = 0,
     interleavings: int = 20,
-    hf_cache: str = "dynamic",
+    hf_cache: str | None = None,
     on_check: Callable[[TargetCheck], None] | None = None,
 ) -> TargetResult:
     """Load the target and run the checks; UsageError if it cannot be loaded or its inputs cannot be told.
@@ -271,7 +279,14 @@ def make_driver(module: torch.nn.Module, hf_cache: str, max_tokens: int) -> Driv
     """The driver for ``module``'s protocol: HF when it is a PreTrainedModel, else its ``kvtool_protocol``."""
     if is_hf_model(module):
         return HfDriver(module, hf_cache, max_tokens)
-    if getattr(module, PROTOCOL_ATTRIBUTE, "embeds") == "tokens":
+    protocol = getattr(module, PROTOCOL_ATTRIBUTE, "embeds")
+    if protocol not in ("tokens", "embeds"):  # a typo ('token') was driven as embeds, silently
+        raise UsageError(
+            f"{type(module).__name__}.{PROTOCOL_ATTRIBUTE} is {protocol!r}; kvtool knows 'tokens' and 'embeds'",
+            where="--target",
+            tip="see docs/repro.md, 'How kvtool calls it (protocols)'",
+        )
+    if protocol == "tokens":
         return TokensDriver(module)
     return Driver(module)
 
@@ -284,16 +299,31 @@ def _declared_window(module: torch.nn.Module) -> int | None:
     return None
 
 
-def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, hf_cache: str) -> _Setup:
+def _prepare(spec: str, *, d_model: int | None, device: str, dtype: str, seed: int, hf_cache: str | None) -> _Setup:
     loaded = load_target(spec, device=device, dtype=dtype, seed=seed)
     dev, torch_dtype = torch.device(device), DTYPES[dtype]
     try:
         module = loaded.module.to(device=dev, dtype=torch_dtype).eval()
     except _USER_ERRORS as err:  # noqa: BLE001
         raise UsageError(f"cannot move target '{spec}' to {device}/{dtype}: {err}", where="--target") from None
+    if hf_cache is not None and not is_hf_model(module):
+        raise UsageError(
+            f"--hf-cache applies to transformers models; target '{spec}' is a {type(module).__name__}",
+            where="--hf-cache",
+            tip="drop --hf-cache: kvtool uses the cache the module makes",
+        )
+    hf_cache = hf_cache or "dynamic"
     probe = make_driver(module, hf_cache, 1)
+    option = "--d-model" if d_model is not None else "--target"  # where a d_model too large for memory came from
     d_model, vocab = _inputs_of(module, probe, spec, d_model)
-    work = make_workload(seed, d_model=d_model, vocab=vocab, dtype=torch_dtype, device=dev)
+    try:
+        work = make_workload(seed, d_model=d_model, vocab=vocab, dtype=torch_dtype, device=dev)
+    except (RuntimeError, MemoryError) as err:  # d_model 10**12: the allocator's error was a traceback
+        raise UsageError(
+            f"cannot make the inputs of target '{spec}' (d_model {d_model}): {type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}",
+            where=option,
+        ) from None
     driver = make_driver(module, hf_cache, work.max_tokens)
     ctx = tc.Context(
         driver=driver,

@@ -95,9 +95,16 @@ def validate_endpoint(endpoint: str, option: str = "--endpoint") -> None:
     if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
         return
     match = _TCP.match(endpoint)
-    if match is None or not 0 < int(match["port"]) < 65536:
+    if match is not None and not 0 < int(match["port"]) < 65536:
+        raise UsageError(
+            f"{option} '{endpoint}': port {int(match['port'])} is not one of 1 to 65535",
+            where=option,
+            tip="use the port of vLLM's KVEventsConfig endpoint (vLLM's default tcp://*:5557)",
+        )
+    if match is None:
         raise UsageError(
             f"{option} '{endpoint}' is not a ZMQ endpoint",
+            where=option,
             tip="use tcp://HOST:PORT (for example tcp://127.0.0.1:5557) or ipc://PATH",
         )
 
@@ -132,7 +139,7 @@ def _bind_address(endpoint: str) -> str:
 def resolve_role(endpoint: str, role: str) -> tuple[str, str]:
     """(our role, the address our socket uses); ``auto`` does the opposite of what vLLM does."""
     if role not in ROLES:
-        raise UsageError(f"--role must be one of {', '.join(ROLES)}, not '{role}'")
+        raise UsageError(f"--role must be one of {', '.join(ROLES)}, not '{role}'", where="--role")
     if role == "auto":
         role = "connect" if vllm_binds(endpoint) else "bind"
     address = _connect_address(endpoint) if role == "connect" else _bind_address(endpoint)
@@ -303,9 +310,9 @@ def check_options(options: CaptureOptions) -> None:
     if options.replay_endpoint is not None:
         validate_endpoint(options.replay_endpoint, "--replay-endpoint")
     if options.duration_s is not None and not options.duration_s > 0:
-        raise UsageError(f"--duration must be positive, not {options.duration_s}")
+        raise UsageError(f"--duration must be positive, not {options.duration_s}", where="--duration")
     if options.max_events is not None and options.max_events <= 0:
-        raise UsageError(f"--max-events must be positive, not {options.max_events}")
+        raise UsageError(f"--max-events must be positive, not {options.max_events}", where="--max-events")
 
 
 @dataclasses.dataclass

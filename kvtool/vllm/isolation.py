@@ -77,9 +77,23 @@ def _validate(options: IsolationOptions) -> None:
             f"unknown dimension {unknown[0]!r}", where="--dimension", tip=f"one of {', '.join(DIMENSIONS)}"
         )
     if options.repeats < 1:
-        raise UsageError(f"--repeats must be at least 1, not {options.repeats}")
+        raise UsageError(f"--repeats must be at least 1, not {options.repeats}", where="--repeats")
     if options.block_size is not None and options.block_size < 1:
-        raise UsageError(f"--block-size must be positive, not {options.block_size}")
+        raise UsageError(f"--block-size must be positive, not {options.block_size}", where="--block-size")
+    # checked before any request or launch: these were used as given (a 0 hidden size, port 99999, a NaN timeout)
+    if options.hidden_size is not None and options.hidden_size < 1:
+        raise UsageError(f"--hidden-size must be positive, not {options.hidden_size}", where="--hidden-size")
+    for option, port in (("--port", options.port), ("--events-port", options.events_port)):
+        if port is not None and not 0 < port < 65536:
+            raise UsageError(f"{option} must be one of 1 to 65535, not {port}", where=option)
+    if not options.startup_timeout_s > 0:
+        raise UsageError(
+            f"--startup-timeout must be positive, not {options.startup_timeout_s:g}", where="--startup-timeout"
+        )
+    if options.events_endpoint is not None:
+        from kvtool.vllm.capture import validate_endpoint
+
+        validate_endpoint(options.events_endpoint, "--events")
     if len(options.adapter_versions) not in (0, 2):
         raise UsageError("--adapter-version takes exactly two paths (given twice)", where="--adapter-version")
     if len(options.api_keys) == 1:

@@ -21,6 +21,7 @@ import random
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -82,11 +83,29 @@ def prompt_embeds_b64(probe: Probe, plan: Plan, hidden_size: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def _http_base_url(url: str) -> str:
+    """``url`` without a trailing / or /v1, refused unless it is an http(s) URL with a host (urllib's own error
+    for ``junk`` or ``http://[::1`` was a traceback)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  (raises ValueError on a port that is not a number from 0 to 65535)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise UsageError(
+            f"--endpoint must be an http(s) URL with a host, not {url!r}",
+            where="--endpoint",
+            tip="give the server's base URL, for example http://127.0.0.1:8000",
+        )
+    return url.rstrip("/").removesuffix("/v1")
+
+
 class Client:
     """HTTP to one OpenAI-compatible server (the base URL without /v1)."""
 
     def __init__(self, base_url: str, *, base_model: str, timeout_s: float = 120.0, api_key: str | None = None):
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.base_url = _http_base_url(base_url)
         self.base_model = base_model
         self.timeout_s = timeout_s
         self.api_key = api_key  # used when a partition brings none

@@ -145,7 +145,14 @@ def _remove_previous(output: Path) -> None:
     for path in _candidates(output):
         for stale in (path, path.with_name(path.name + META_SUFFIX), path.with_name(path.name + SPOOL_SUFFIX)):
             if stale.exists():
-                stale.unlink()
+                try:
+                    stale.unlink()
+                except OSError as err:  # a folder of that name was an IsADirectoryError traceback
+                    raise UsageError(
+                        f"cannot replace {stale}: {err.strerror or err}",
+                        where="--output",
+                        tip="choose another output name, or move that folder away",
+                    ) from None
 
 
 def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:

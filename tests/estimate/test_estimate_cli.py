@@ -441,3 +441,109 @@ def test_longest_request_is_capped_by_the_models_context_in_the_verdict(run_cli)
     assert (
         json.loads(run_cli(*args, "--json").stdout)["max_seq_len"] == 116_064
     )  # the JSON keeps vLLM's figure  # the JSON keeps vLLM's memory figure
+
+
+def test_kv_heads_that_do_not_divide_the_attention_heads_are_refused(run_cli, tmp_path):
+    # vLLM's Attention layer asserts num_heads % num_kv_heads == 0 (vllm/attention/layer.py): 12 KV heads for 32
+    # query heads cannot serve whole groups. Both a config and manual mode sized it as GQA-12.
+    config = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 12}))
+    r = run_cli("estimate", "--config", tmp_path)
+    assert (r.exit_code, r.stdout) == (EXIT_INPUT, "")
+    assert r.stderr == (
+        "Error: num_key_value_heads 12 does not divide the 32 attention heads; vLLM's attention asserts "
+        f"num_heads % num_kv_heads == 0 ({tmp_path / 'config.json'}: field num_key_value_heads)\n"
+    )
+    r = run_cli("estimate", "--layers", "2", "--kv-heads", "12", "--head-dim", "128", "--heads", "32", "--json")
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == (
+        "Error: --kv-heads 12 does not divide the 32 attention heads; vLLM's attention asserts "
+        "num_heads % num_kv_heads == 0 (--kv-heads)\n"
+    )
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 8}))
+    assert run_cli("estimate", "--config", tmp_path).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "tip"),
+    [
+        # an empty --gpu (an unset shell variable) dropped the GPU planning silently, exit 0
+        (("--model", "llama-2-7b", "--gpu", ""), "--gpu", "'kvtool models' lists the known GPUs"),
+        (("--model", "llama-2-7b", "--gpu-memory", " "), "--gpu-memory", "give a size such as 80GiB"),
+        (("--model", ""), "--model", "'kvtool models' lists the known models"),
+        (("--model", "llama-2-7b", "--config", ""), "--config", "give a config.json or a model folder holding one"),
+        # Path("") is the current folder: an empty --profiles read "." for profiles
+        (("--model", "llama-2-7b", "--profiles", ""), "--profiles", "give a folder of profile YAML files"),
+    ],
+)
+def test_an_empty_option_is_an_error_not_left_out(run_cli, args, option, tip):
+    r = run_cli("estimate", *args, "--json")
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == f"Error: {option} is empty ({option})\nTip: {tip}\n"
+
+
+def test_models_refuses_an_empty_profiles_folder(run_cli):
+    r = run_cli("models", "--profiles", "")
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == "Error: --profiles is empty (--profiles)\nTip: give a folder of profile YAML files\n"
+
+
+def test_a_length_given_twice_is_one_sweep_row(run_cli):
+    # --seq-len 1024,1024 --batch 2,2 printed four identical rows
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "1024,2048,1024", "--batch", "2,2", "--json")
+    points = json.loads(r.stdout)["sweep"]
+    # llama-2-7b: 2 x 32 layers x 32 heads x 128 x 2 B = 524,288 B per token; x 1024 x 2 = 1 GiB
+    assert [(p["seq_len"], p["batch"], p["kv_bytes"]) for p in points] == [
+        (1024, 2, 1_073_741_824),
+        (2048, 2, 2_147_483_648),
+    ]
+
+
+def test_an_empty_config_file_is_said_to_be_empty(run_cli, tmp_path):
+    # it was "not valid JSON: Expecting value at line 1 column 1"
+    (tmp_path / "config.json").write_text("\n")
+    r = run_cli("estimate", "--config", tmp_path, "--json")
+    assert (r.exit_code, r.stdout) == (EXIT_INPUT, "")
+    assert r.stderr == (
+        f"Error: the file is empty ({tmp_path / 'config.json'})\nTip: a config.json holds one JSON object\n"
+    )
+
+
+def test_a_local_path_given_to_model_points_to_config(run_cli, tmp_path, monkeypatch):
+    # vLLM's --model takes a folder; kvtool's tip was "huggingface-cli download /that/folder config.json"
+    (tmp_path / "config.json").write_text("{}")
+    r = run_cli("estimate", "--model", tmp_path)
+    assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
+    assert r.stderr == (
+        f"Error: {tmp_path} is a local path; --model takes a profile name or a Hugging Face id (--model)\n"
+        f"Tip: pass it as --config {tmp_path}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("estimate", "--model", "config.json")
+    assert r.stderr.splitlines()[1] == "Tip: pass it as --config config.json"
+    (tmp_path / "llama-2-7b").mkdir()  # a folder named like a profile does not shadow the profile
+    assert run_cli("estimate", "--model", "llama-2-7b").exit_code == 0
+
+
+def test_without_a_gpu_the_first_line_is_the_kv_bytes(run_cli):
+    # the seed articles' worked example: Llama-2-7B (MHA, fp16) at 2,048 tokens = 1,073,741,824 bytes; the first
+    # line was the table's title (layers and heads), the bytes three rows down
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048")
+    assert r.exit_code == 0
+    assert r.stdout.splitlines()[0] == "KV cache of 1 request of 2,048 tokens: 1,073,741,824 B (1.00 GiB, 1.07 GB)"
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "--batch", "2", "--tp", "2")
+    assert r.stdout.splitlines()[0] == (
+        "KV cache of 2 requests of 2,048 tokens: 2,147,483,648 B (2.00 GiB, 2.15 GB); 1,073,741,824 B (1.00 GiB, "
+        "1.07 GB) per GPU (tp 2)"
+    )
+
+
+def test_compare_with_fp8_ds_mla_gives_plain_fp8_to_the_rows_without_mla(run_cli):
+    # --kv-dtype fp8_ds_mla --compare on DeepSeek-V3 refused the whole command ("applies only to MLA models")
+    r = run_cli("estimate", "--model", "deepseek-v3", "--kv-dtype", "fp8_ds_mla", "--compare", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = {row["label"]: (row["kv_dtype"], row["bytes_per_token"]) for row in json.loads(r.stdout)["compare"]}
+    # as-is: vLLM's fp8_ds_mla, 656 B per token per layer x 61 layers = 40,016 B; MHA without MLA: K and V of
+    # 128 heads x (qk_nope 128 + qk_rope 64) x 61 layers x 1 B = 2,998,272 B (DeepSeek-V3 config.json)
+    assert rows["as-is"] == ("fp8_ds_mla", 40_016)
+    assert rows["MHA"] == ("fp8", 2_998_272)

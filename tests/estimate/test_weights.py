@@ -177,3 +177,66 @@ def test_llama4_maverick_interleaves_moe_and_dense_layers():
     params = _llama4_params({"num_local_experts": 128, "interleave_moe_layer_step": 2, "moe_layers": None})
     assert params == 24 * moe_layer + 24 * dense_layer + 2 * vocab * h + h
     assert abs(params - 400e9) / 400e9 < 0.01
+
+
+_TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _header_file(path, header):
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        # an unhashable dtype was a TypeError traceback
+        ({"dtype": ["F16"], "shape": [2, 2], "data_offsets": [0, 8]}, "unknown dtype ['F16']"),
+        # a header whose shape and offsets disagree (the reference implementation refuses it) was sized by its shape
+        (
+            {"dtype": "F16", "shape": [99_999_999_999, 99_999_999_999], "data_offsets": [0, 8]},
+            "shape [99999999999, 99999999999] of F16 is 19,999,999,999,600,000,000,002 bytes but data_offsets "
+            "[0, 8] span 8",
+        ),
+        ({"dtype": "F16", "shape": [2, 2], "data_offsets": [0]}, "bad data_offsets [0]"),
+        ({"dtype": "F16", "shape": [True, 3], "data_offsets": [0, 6]}, "bad shape [True, 3]"),
+    ],
+)
+def test_a_safetensors_header_that_lies_is_one_line_exit_3(tmp_path, run_cli, tensor, message):
+    (tmp_path / "config.json").write_text(json.dumps(_TINY_LLAMA))
+    _header_file(tmp_path / "model.safetensors", {"a": tensor})
+    result = run_cli("estimate", "--config", tmp_path, "--gpu", "H100")
+    assert (result.exit_code, result.stdout) == (3, "")
+    assert result.stderr == f"Error: {message} ({tmp_path / 'model.safetensors'}: tensor a)\n"
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        # a weight_map naming no shard gave weights of 0 bytes, silently
+        ({"weight_map": {}}, "not a safetensors index (needs a weight_map object naming the shards) ({index})"),
+        # shard names that are not strings, and a metadata list, were tracebacks
+        ({"weight_map": {"a": 5}}, "shard 5 is not a file name ({index}: weight_map a)"),
+        ({"weight_map": {"a": ["x"]}}, "shard ['x'] is not a file name ({index}: weight_map a)"),
+        (
+            {"weight_map": {"a": "x.safetensors"}, "metadata": [1]},
+            "shard named in the index is missing and there is no total_size ({dir}/x.safetensors)",
+        ),
+    ],
+)
+def test_a_bad_safetensors_index_is_one_line_exit_3(tmp_path, run_cli, index, message):
+    (tmp_path / "config.json").write_text(json.dumps(_TINY_LLAMA))
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text(json.dumps(index))
+    result = run_cli("estimate", "--config", tmp_path, "--gpu", "H100")
+    assert (result.exit_code, result.stdout) == (3, "")
+    assert result.stderr == "Error: " + message.format(index=path, dir=tmp_path) + "\n"

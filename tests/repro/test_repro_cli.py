@@ -185,6 +185,17 @@ def test_exception_in_forward_fails_the_checks_with_its_message(run_cli, targets
     assert det["message"] == "forward raised RuntimeError: cache layout [B, H, S, d] not supported"
 
 
+def test_nan_outputs_are_said_not_read_as_a_leak(run_cli, targets_on_path):
+    # NaN never equals itself: determinism said "state survives between requests" of a stateless module
+    result = run_cli("repro", "--target", "repro_targets:nan_outputs", "--json", "--interleavings", "5")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    det = next(c for c in target["checks"] if c["name"] == "determinism")
+    assert det["message"] == (
+        "forward returned NaN or inf for 5 new token(s) after 0 seen; outputs that are not finite cannot be compared"
+    )
+
+
 def test_d_model_from_option(run_cli, targets_on_path):
     missing = run_cli("repro", "--target", "repro_targets:no_d_model")
     assert missing.exit_code == EXIT_USAGE
@@ -269,3 +280,87 @@ def test_cache_scan_skips_modules_weights_and_cycles():
         ("cache['layer0'].fn", "a function or class"),
     }
     assert [(a.path, a.same_as) for a in scan.aliases] == [("cache['layer0'].me", "cache['layer0']")]
+
+
+def test_hf_cache_is_never_ignored_silently(run_cli, targets_on_path):
+    # --hf-cache without --target ran the scenarios, and on a non-transformers target did nothing, both silently
+    # (--d-model without --target was already refused)
+    alone = run_cli("repro", "--hf-cache", "static", "--json")
+    assert (alone.exit_code, alone.stdout) == (EXIT_USAGE, "")
+    assert alone.stderr == "Error: --hf-cache only applies with --target (--hf-cache)\n"
+    plain = run_cli("repro", "--target", "repro_targets:correct", "--hf-cache", "static", "--json")
+    assert (plain.exit_code, plain.stdout) == (EXIT_USAGE, "")
+    assert plain.stderr == (
+        "Error: --hf-cache applies to transformers models; target 'repro_targets:correct' is a Attention "
+        "(--hf-cache)\nTip: drop --hf-cache: kvtool uses the cache the module makes\n"
+    )
+
+
+def test_the_summary_does_not_count_a_skipped_check_as_passed(run_cli, targets_on_path):
+    # scratch_alias (embeds protocol): 4 checks pass, isolation and no-shared-storage fail, batch is skipped; the
+    # summary said "5 of 7 checks passed"
+    result = run_cli("repro", "--target", "repro_targets:scratch_alias", "--interleavings", "2")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    assert "skip batch: not run: the embeds protocol is driven with batch 1" in result.stdout
+    assert "\n4 of 7 checks passed, 1 skipped; failed: isolation, no-shared-storage\n" in result.stdout
+
+
+def test_a_file_path_target_gets_the_module_name_to_use(run_cli):
+    # the tip was to run kvtool with another Python, which cannot help: --target names a module, not a file
+    path = TARGETS / "repro_targets.py"
+    result = run_cli("repro", "--target", f"{path}:correct")
+    assert (result.exit_code, result.stdout) == (EXIT_USAGE, "")
+    assert result.stderr == (
+        f"Error: cannot import module '{path}' of target '{path}:correct': ModuleNotFoundError: No module named "
+        f"'{str(path).removesuffix('.py')}' (--target)\n"
+        f"Tip: --target takes a module name, not a file path: cd {TARGETS} && kvtool repro --target "
+        "repro_targets:correct\n"
+    )
+
+
+def test_an_output_not_shaped_batch_seq_fails_the_checks_saying_so(run_cli, targets_on_path):
+    # a flat output was an IndexError traceback in the consistency check (torch.cat along dim 1)
+    result = run_cli("repro", "--target", "repro_targets:scalar_out", "--json", "--interleavings", "2")
+    assert result.exit_code == EXIT_CHECK_FAILED
+    target = json.loads(result.stdout)["target"]
+    consistency = next(c for c in target["checks"] if c["name"] == "consistency")
+    # r0's prompt is 5 positions of d_model 16 (repro_targets.D_MODEL): 80 values flattened
+    assert consistency["message"] == (
+        "forward returned an output of shape [80] for inputs of shape [1, 5, 16]; expected [batch, seq, ...]"
+    )
+
+
+def test_a_misspelt_protocol_is_refused(run_cli, targets_on_path):
+    # kvtool_protocol = "token" was driven as embeds, silently
+    result = run_cli("repro", "--target", "repro_targets:typo_protocol")
+    assert (result.exit_code, result.stdout) == (EXIT_USAGE, "")
+    assert result.stderr == (
+        "Error: TypoProtocolAttention.kvtool_protocol is 'token'; kvtool knows 'tokens' and 'embeds' (--target)\n"
+        "Tip: see docs/repro.md, 'How kvtool calls it (protocols)'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (("--target", "repro_targets:huge"), "--target"),
+        (("--target", "repro_targets:no_d_model", "--d-model", str(10**15)), "--d-model"),
+    ],
+)
+def test_a_d_model_too_large_for_memory_is_one_line(run_cli, targets_on_path, args, where):
+    # the allocator's RuntimeError was a traceback
+    result = run_cli("repro", *args)
+    assert (result.exit_code, result.stdout) == (EXIT_USAGE, "")
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("Error: cannot make the inputs of target 'repro_targets:")
+    assert "(d_model 1000000000000000): RuntimeError: " in result.stderr
+    assert result.stderr.endswith(f" ({where})\n")
+
+
+def test_a_cache_nested_too_deep_is_skipped_and_said(run_cli, targets_on_path):
+    # 5,000 nested lists were a RecursionError traceback in the cache walk
+    result = run_cli("repro", "--target", "repro_targets:deep_cache", "--json", "--interleavings", "2")
+    assert result.exit_code == EXIT_CHECK_FAILED and result.stderr == ""
+    target = json.loads(result.stdout)["target"]
+    assert any(note.endswith(": nested deeper than 64 levels") for note in target["cache_notes"])
+    assert "Traceback" not in result.stdout

@@ -203,10 +203,29 @@ def test_hf_folder_from_the_cli(run_cli):
     assert target["module_type"] == "MistralForCausalLM" and target["passed"] is True
 
 
-def test_hf_folder_without_config_is_a_usage_error(run_cli, tmp_path):
+def test_hf_folder_without_config_is_an_input_error(run_cli, tmp_path):
+    # a missing input file is exit 3 (README "Exit codes"; estimate --config DIR without config.json exits 3)
     result = run_cli("repro", "--target", f"hf:{tmp_path}")
-    assert result.exit_code == 2
-    assert result.stderr.splitlines()[0] == f"Error: no config.json in '{tmp_path}' (--target)"
+    assert (result.exit_code, result.stdout) == (3, "")
+    assert result.stderr == (
+        f"Error: no config.json in '{tmp_path}' (--target)\nTip: hf:DIR names a local model folder\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        # transformers' "OSError: It looks like the config file ... is not a valid JSON file", exit 2, for both
+        ("", "the file is empty"),
+        ("{bad", "not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+        ("[1]", "config.json must hold a JSON object"),
+    ],
+)
+def test_hf_folder_with_a_bad_config_is_an_input_error(run_cli, tmp_path, text, line):
+    (tmp_path / "config.json").write_text(text)
+    result = run_cli("repro", "--target", f"hf:{tmp_path}")
+    assert (result.exit_code, result.stdout) == (3, "")
+    assert result.stderr.splitlines()[0] == f"Error: {line} ({tmp_path / 'config.json'})"
 
 
 def test_package_of_the_active_environment_is_found(run_cli, tmp_path, monkeypatch):

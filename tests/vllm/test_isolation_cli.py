@@ -45,6 +45,17 @@ def test_an_unreachable_endpoint_is_a_clear_error(run_cli):
     assert result.exit_code == 2 and "cannot reach http://127.0.0.1:9" in result.stderr
 
 
+@pytest.mark.parametrize("endpoint", ["junk", "ftp://x", "http://", "http://[::1", "http://127.0.0.1:99999"])
+def test_an_endpoint_that_is_not_an_http_url_is_one_line_exit_2(run_cli, endpoint):
+    # urllib's ValueError ('unknown url type', 'Invalid IPv6 URL', port out of range) was a traceback
+    result = run_cli("vllm", "isolation", "--endpoint", endpoint)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: --endpoint must be an http(s) URL with a host, not {endpoint!r} (--endpoint)\n"
+        "Tip: give the server's base URL, for example http://127.0.0.1:8000\n"
+    )
+
+
 def test_a_file_that_is_not_a_record_exits_3(run_cli, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "other"}')
@@ -79,3 +90,24 @@ def test_labels_are_printed_as_they_are(run_cli):
     result = run_cli("vllm", "isolation", "--replay", ISOLATION / "vllm-0.32-broken-salt.json")
     assert result.exit_code == 1
     assert "salt:a -> salt:b: reused 128 tokens of salt:a" in " ".join(result.stdout.split())
+
+
+MODEL_DIR = DATA / "repro" / "hf_llama"  # any folder with a config.json
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        # each was used as given: sent to the server, passed to vLLM, or waited on
+        (("--endpoint", "http://127.0.0.1:9", "--hidden-size", "0"), "--hidden-size must be positive, not 0"),
+        (("--endpoint", "http://127.0.0.1:9", "--events", "junk"), "--events 'junk' is not a ZMQ endpoint"),
+        (("--model", MODEL_DIR, "--port", "99999"), "--port must be one of 1 to 65535, not 99999"),
+        (("--model", MODEL_DIR, "--events-port", "-5"), "--events-port must be one of 1 to 65535, not -5"),
+        (("--model", MODEL_DIR, "--startup-timeout", "nan"), "--startup-timeout must be positive, not nan"),
+    ],
+)
+def test_bad_values_are_refused_before_any_request_or_launch(run_cli, args, line):
+    result = run_cli("vllm", "isolation", *args)
+    assert (result.exit_code, result.stdout) == (2, "")
+    option = line.split()[0]
+    assert result.stderr.splitlines()[0] == f"Error: {line} ({option})"

@@ -219,3 +219,15 @@ def test_a_command_killed_by_a_signal_exits_like_a_shell_says(run_cli, tmp_path)
     script = tmp_path / "die.py"
     script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
     assert run_cli("record", "-o", tmp_path / "e.csv", "--", sys.executable, script).exit_code == 128 + 15
+
+
+def test_an_output_name_held_by_a_folder_is_one_line(run_cli, tmp_path):
+    # record clears files of an earlier run under the output's name: a folder there was an IsADirectoryError
+    # traceback
+    (tmp_path / "e.parquet").mkdir()
+    result = run_cli("record", "-o", tmp_path / "e.parquet", "--", "true")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"Error: cannot replace {tmp_path / 'e.parquet'}: Is a directory (--output)\n"
+        "Tip: choose another output name, or move that folder away\n"
+    )

@@ -462,27 +462,42 @@ def test_table_output(run_cli, tmp_path):
     assert result.stderr.startswith("Warning: no events received (bind tcp://127.0.0.1:")
 
 
-@pytest.mark.parametrize(
-    "endpoint", ["http://127.0.0.1:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:0", "5557", "tcp://a b:1"]
-)
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:5557", "tcp://127.0.0.1", "5557", "tcp://a b:1"])
 def test_invalid_endpoint_is_a_usage_error(run_cli, tmp_path, endpoint):
     result = run_cli("capture", "--endpoint", endpoint, "-o", tmp_path / "e.jsonl", "--duration", "1")
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: --endpoint '{endpoint}' is not a ZMQ endpoint\nTip: ")
+    assert result.stderr.startswith(f"Error: --endpoint '{endpoint}' is not a ZMQ endpoint (--endpoint)\nTip: ")
     assert not (tmp_path / "e.jsonl").exists()
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999"])
+def test_a_port_out_of_range_is_said(run_cli, tmp_path, port):
+    # it was "is not a ZMQ endpoint", which tcp://127.0.0.1:99999 is in form
+    endpoint = f"tcp://127.0.0.1:{port}"
+    result = run_cli("capture", "--endpoint", endpoint, "-o", tmp_path / "e.jsonl", "--duration", "1")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"Error: --endpoint '{endpoint}': port {port} is not one of 1 to 65535 (--endpoint)\n"
+        "Tip: use the port of vLLM's KVEventsConfig endpoint (vLLM's default tcp://*:5557)\n"
+    )
 
 
 def test_bad_values_are_usage_errors(run_cli, tmp_path):
     out = tmp_path / "e.jsonl"
-    assert run_cli("capture", "-o", out, "--duration", "0").exit_code == 2
-    assert run_cli("capture", "-o", out, "--max-events", "0").exit_code == 2
+    # each error names its option as the place (STYLE: "Error: <what> (<where>)")
+    result = run_cli("capture", "-o", out, "--duration", "0")
+    assert (result.exit_code, result.stderr) == (2, "Error: --duration must be positive, not 0.0 (--duration)\n")
+    result = run_cli("capture", "-o", out, "--duration", "nan")
+    assert (result.exit_code, result.stderr) == (2, "Error: --duration must be positive, not nan (--duration)\n")
+    result = run_cli("capture", "-o", out, "--max-events", "0")
+    assert (result.exit_code, result.stderr) == (2, "Error: --max-events must be positive, not 0 (--max-events)\n")
     result = run_cli("capture", "-o", out, "--role", "listen")
     assert (result.exit_code, result.stderr.splitlines()[0]) == (
         2,
-        "Error: --role must be one of auto, bind, connect, not 'listen'",
+        "Error: --role must be one of auto, bind, connect, not 'listen' (--role)",
     )
     result = run_cli("capture", "-o", out, "--replay-endpoint", "nope")
-    assert result.stderr.splitlines()[0] == "Error: --replay-endpoint 'nope' is not a ZMQ endpoint"
+    assert result.stderr.splitlines()[0] == "Error: --replay-endpoint 'nope' is not a ZMQ endpoint (--replay-endpoint)"
 
 
 def test_port_in_use_is_a_usage_error(run_cli, tmp_path):

@@ -106,6 +106,49 @@ class RaisingAttention(Attention):
         return super().forward(x, cache)
 
 
+class NanAttention(Attention):
+    """Its outputs are NaN (a diverged checkpoint, a division by zero): nothing leaks, nothing can be compared."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, cache)
+        return out * float("nan"), new
+
+
+class ScalarOutAttention(Attention):
+    """Returns a flat vector instead of [batch, seq, d_model]."""
+
+    def forward(self, x, cache=None):
+        out, new = super().forward(x, cache)
+        return out.flatten(), new
+
+
+class TypoProtocolAttention(Attention):
+    """Correct, but its protocol attribute is misspelt."""
+
+    kvtool_protocol = "token"
+
+
+class HugeAttention(Attention):
+    """Claims a d_model no memory holds inputs for."""
+
+    def __init__(self):
+        super().__init__()
+        self.d_model = 10**15  # more bytes of inputs than any address space holds
+
+
+class DeepCacheAttention(Attention):
+    """Correct, its cache wrapped in 5,000 nested lists."""
+
+    def forward(self, x, cache=None):
+        inner = cache
+        while isinstance(inner, list):
+            inner = inner[0]
+        out, new = super().forward(x, inner)
+        for _ in range(5000):
+            new = [new]
+        return out, new
+
+
 class ChattyAttention(Attention):
     """Correct, and prints each step's cache shape and data_ptr, as the article's third habit advises."""
 
@@ -179,6 +222,11 @@ scratch_alias = _seeded(ScratchAliasAttention)
 trimmed = _seeded(TrimmedCacheAttention)
 instance_cache = _seeded(InstanceCacheAttention)
 raising = _seeded(RaisingAttention)
+nan_outputs = _seeded(NanAttention)
+scalar_out = _seeded(ScalarOutAttention)
+typo_protocol = _seeded(TypoProtocolAttention)
+huge = _seeded(HugeAttention)
+deep_cache = _seeded(DeepCacheAttention)
 object_cache = _seeded(ObjectCacheAttention)
 handle_cache = _seeded(HandleCacheAttention)
 no_d_model = _seeded(NoDModel)
