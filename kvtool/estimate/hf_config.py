@@ -18,11 +18,11 @@ Rules (vllm/config/model.py ``get_head_size``, ``get_total_num_kv_heads``; trans
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import InputFileError
+from kvtool.core.jsonfile import read_json_object
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
 from kvtool.estimate.hybrid import READERS, MambaState, read_hybrid
 from kvtool.estimate.quant import WeightQuant, from_quantization_config
@@ -334,20 +334,7 @@ def load_config_path(path: str | Path) -> tuple[dict[str, Any], Path]:
     if not file.exists():
         where = str(p)
         raise InputFileError("no config.json found" if p.is_dir() else "file not found", where=where)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputFileError(f"cannot read: {err}", where=str(file)) from None
-    if not text.strip():  # json's "Expecting value at line 1 column 1" did not say the file is empty
-        raise InputFileError("the file is empty", where=str(file), tip="a config.json holds one JSON object")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputFileError(
-            f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}", where=str(file)
-        ) from None
-    if not isinstance(data, dict):
-        raise InputFileError("config.json must hold a JSON object", where=str(file))
+    data = read_json_object(file)
     return data, file
 
 

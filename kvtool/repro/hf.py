@@ -10,7 +10,6 @@ its layers are sliding-window layers) or a ``StaticCache`` preallocated for the 
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.core.jsonfile import read_json_object
 from kvtool.repro.drivers import USER_ERRORS, Driver, Live, TargetFailure
 
 HF_CACHES = ("dynamic", "static")
@@ -37,20 +37,7 @@ def is_hf_model(module: torch.nn.Module) -> bool:
 def _check_config_json(file: Path) -> None:
     """An empty, unreadable or non-JSON config.json is an input file error (exit 3) in kvtool's words; transformers
     said "OSError: It looks like the config file ... is not a valid JSON file" for an empty one, exit 2."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputFileError(f"cannot read: {err}", where=str(file)) from None
-    if not text.strip():
-        raise InputFileError("the file is empty", where=str(file), tip="a config.json holds one JSON object")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputFileError(
-            f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}", where=str(file)
-        ) from None
-    if not isinstance(data, dict):
-        raise InputFileError("config.json must hold a JSON object", where=str(file))
+    read_json_object(file)
 
 
 def load_hf_dir(path: str, *, seed: int, dtype: torch.dtype) -> tuple[torch.nn.Module, str]:
