@@ -83,37 +83,65 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="run only the runs whose name contains this")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose kvtool runs")
+    parser.add_argument("--against", type=Path, help="another checkout, run in turns with --root (serving runs)")
     args = parser.parse_args()
-    env = dict(os.environ, PYTHONPATH=str(args.root))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     for name, argv in RUNS.items():
-        if args.only not in name:
+        if args.only not in name or (args.against is not None and "serve" not in name):
             continue
         times, cpus = [], []
+        other_cpus: list[float] = []
         for _ in range(args.repeat):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            proc = subprocess.run(
-                [sys.executable, "-m", "kvtool", "simulate", *argv, "--json"],
-                env=env,
-                cwd=args.root,
-                capture_output=True,
-                text=True,
-            )
-            times.append(time.perf_counter() - t0)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-            if proc.returncode != 0:
-                sys.exit(f"{name}: exit {proc.returncode}: {proc.stderr.strip()}")
+            wall, cpu = _run(name, args.root, argv)
+            times.append(wall)
+            cpus.append(cpu)
+            if args.against is not None:
+                other_cpus.append(_run(name, args.against, _without_new_options(argv))[1])
         per = ""
         if "serve" in name:
-            count = int(argv[argv.index("--requests") + 1]) if "--requests" in argv else 19_366
-            sizes = len(argv[argv.index("--block-sizes") + 1].split(",")) if "--block-sizes" in argv else 5
-            per = f"; {1e6 * min(cpus) / (count * sizes):.0f} us CPU per request and block size"
+            per = f"; {_us_per_request(argv, min(cpus)):.0f} us CPU per request and block size"
         print(
             f"{name}: wall best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s; "
             f"CPU (user + sys) best {min(cpus):.2f} s{per}"
         )
+        if other_cpus:
+            print(
+                f"  against {args.against}: CPU best {min(other_cpus):.2f} s, "
+                f"{_us_per_request(argv, min(other_cpus)):.0f} us per request and block size; "
+                f"ratio {min(cpus) / min(other_cpus):.2f}x"
+            )
+
+
+def _run(name: str, root: Path, argv: list[str]) -> tuple[float, float]:
+    """One fresh `python -m kvtool simulate ARGV --json` of the checkout at ``root``: (wall s, CPU s)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtool", "simulate", *argv, "--json"],
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"{name} ({root}): exit {proc.returncode}: {proc.stderr.strip()}")
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def _without_new_options(argv: list[str]) -> list[str]:
+    """The command for a checkout from before the serving scheduler: without --shared-prefix and its value."""
+    if "--shared-prefix" not in argv:
+        return argv
+    i = argv.index("--shared-prefix")
+    return argv[:i] + argv[i + 2 :]
+
+
+def _us_per_request(argv: list[str], cpu_s: float) -> float:
+    count = int(argv[argv.index("--requests") + 1]) if "--requests" in argv else 19_366
+    sizes = len(argv[argv.index("--block-sizes") + 1].split(",")) if "--block-sizes" in argv else 5
+    return 1e6 * cpu_s / (count * sizes)
 
 
 if __name__ == "__main__":
