@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.core.header import column_key, other_separator, repeated_column
 from kvtool.core.threads import in_background
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -333,15 +334,14 @@ def _refuse_duplicate_columns(where: str, raw_names: list[str]) -> None:
     """A column of the schema named twice (after stripping and lower-casing): which one holds the data is ambiguous.
     A CSV used to take the first silently and a Parquet file was refused in pyarrow's words; columns the schema does
     not name may repeat (they are ignored)."""
-    names = [raw.strip().lower() for raw in raw_names]
-    for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS):
-        if names.count(name) > 1:
-            at = ", ".join(str(i + 1) for i, n in enumerate(names) if n == name)
-            raise InputFileError(
-                f"column {name} appears {names.count(name)} times in the header (columns {at})",
-                where=where,
-                tip="keep one column of that name",
-            )
+    repeated = repeated_column(raw_names, (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS))
+    if repeated is not None:
+        spelled, at = repeated
+        raise InputFileError(
+            f"column {column_key(spelled)} appears {len(at)} times in the header (columns {', '.join(map(str, at))})",
+            where=where,
+            tip="keep one column of that name",
+        )
 
 
 def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
@@ -356,14 +356,14 @@ def _check_columns(where: str, found: list[str] | tuple[str, ...]) -> None:
 
 
 def _separator_tip(found: list[str] | tuple[str, ...]) -> str | None:
-    """A one-column header that another separator would split into the schema's columns (a semicolon CSV from a
-    European spreadsheet, a TSV): say so, rather than only listing the columns."""
-    if len(found) != 1:
-        return None
-    for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'")):
-        if set(REQUIRED_COLUMNS) <= {c.strip() for c in found[0].split(separator)}:
-            return f"the header is separated by {name}: an events file is comma-separated (docs/events-schema.md)"
-    return None
+    """A one-column header that another separator would split into the schema's columns: say so, rather than only
+    listing the columns."""
+    word = other_separator(found, lambda parts: set(REQUIRED_COLUMNS) <= {c.strip() for c in parts})
+    return (
+        None
+        if word is None
+        else f"the header is separated by {word}: an events file is comma-separated (docs/events-schema.md)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- reading

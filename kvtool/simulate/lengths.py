@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.core.header import other_separator, repeated_column
 from kvtool.simulate.limits import MAX_ARRIVAL_S, MAX_REQUEST_TOKENS
 
 # The default share of output tokens in a request's final length, used when a source gives only a total length
@@ -231,10 +232,8 @@ def _unrecognised(path: str, columns: list[str]) -> InputFileError:
     tip = None
     if {"ts", "event", "request_id"} <= names:
         tip = "this looks like an events file of `kvtool analyze`'s schema: give it with --from-events"
-    elif len(columns) == 1:  # a semicolon CSV (a European spreadsheet's) or a TSV: one column named all of them
-        for separator, word in ((";", "semicolons"), ("\t", "tabs")):
-            if _match_format(columns[0].split(separator)) is not None:
-                tip = f"the header is separated by {word}: a CSV trace is comma-separated"
+    elif (word := other_separator(columns, lambda parts: _match_format(parts) is not None)) is not None:
+        tip = f"the header is separated by {word}: a CSV trace is comma-separated"
     return InputFileError(
         f"unrecognised trace format: columns found {shown}; accepted: {ACCEPTED_FORMATS_TEXT}", where=path, tip=tip
     )
@@ -289,16 +288,14 @@ def _refuse_duplicate_columns(header: list[str], path: Path) -> None:
     """A column a trace format reads, named twice (case-insensitively): which one holds the data is ambiguous.
 
     It used to end in pyarrow's KeyError (a traceback) or, differing only in case, take one silently."""
-    names = [c.lstrip("\ufeff").lower() for c in header]
-    for name in dict.fromkeys(names):
-        if name in _TRACE_COLUMNS and names.count(name) > 1:
-            at = ", ".join(str(i + 1) for i, n in enumerate(names) if n == name)
-            raise InputFileError(
-                f"column '{header[names.index(name)].lstrip(chr(0xFEFF))}' appears {names.count(name)} times in the "
-                f"header (columns {at})",
-                where=str(path),
-                tip="keep one column of that name",
-            )
+    repeated = repeated_column(header, _TRACE_COLUMNS)
+    if repeated is not None:
+        spelled, at = repeated
+        raise InputFileError(
+            f"column '{spelled}' appears {len(at)} times in the header (columns {', '.join(map(str, at))})",
+            where=str(path),
+            tip="keep one column of that name",
+        )
 
 
 def _unreadable_csv(path: Path, columns: int, err: BaseException) -> InputFileError:
