@@ -97,6 +97,19 @@ def test_bad_safetensors_name_the_file(tmp_path, content):
     assert "bad.safetensors" in err.value.one_line()
 
 
+# One Llama-style layer: hidden 256, 2 heads of 128, intermediate 512, vocab 1000, bf16.
+_TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "torch_dtype": "bfloat16",
+}
+
+
 def test_fp8_block_quantized_weights_by_hand(tmp_path, run_cli):
     # One Llama-style layer, hidden 256, 2 heads of 128, intermediate 512, vocab 1000, untied, bf16, with
     # DeepSeek-V3's quantization_config (fp8, 128x128 blocks). Linear weights, 1 byte each + a float32 scale per
@@ -104,15 +117,8 @@ def test_fp8_block_quantized_weights_by_hand(tmp_path, run_cli):
     # (131,072 params, 4x2 = 8 scales each): 655,360 B + 40 x 4 B = 655,520 B. In bf16: embeddings and LM head
     # 2 x 1000 x 256 = 512,000, two layer norms and the final norm 3 x 256 = 768: 512,768 x 2 B = 1,025,536 B.
     config = {
-        "model_type": "llama",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "vocab_size": 1000,
+        **_TINY_LLAMA,
         "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -177,18 +183,6 @@ def test_llama4_maverick_interleaves_moe_and_dense_layers():
     params = _llama4_params({"num_local_experts": 128, "interleave_moe_layer_step": 2, "moe_layers": None})
     assert params == 24 * moe_layer + 24 * dense_layer + 2 * vocab * h + h
     assert abs(params - 400e9) / 400e9 < 0.01
-
-
-_TINY_LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "torch_dtype": "bfloat16",
-}
 
 
 def _header_file(path, header):
