@@ -301,6 +301,34 @@ def test_json_lines_match_the_records(tmp_path):
     assert json.loads(out.getvalue())["requests"] == request_records(analysis)
 
 
+def test_json_rows_read_back_every_float_exactly_and_as_a_float():
+    # Arrow formats the numbers: integral values ("5", "-0", "1e+15" in Arrow's words) must still read back as
+    # floats, every value bit for bit (json.loads of Python's own repr is the reference), NaN/inf as null
+    import math
+
+    import numpy as np
+
+    from kvtool.events.render import ROW_SEPARATOR, _row_lines
+
+    values = [5.0, -0.0, 1e15, 1e16, 1e22, 1e-5, 1e-7, 0.1 + 0.2, 2.5e-300, 1.7976931348623157e308, 123456789.0]
+    values += [float("nan"), float("inf"), -float("inf"), 3.0e-324]
+    floats = np.array(values)
+    ids = [f'r"{i}' for i in range(len(values))]
+    text = _row_lines([("request_id", ids), ("holding_time_s", floats), ("events", np.arange(len(values)))])
+    rows = [json.loads(line) for line in text.split(ROW_SEPARATOR)]
+    assert [r["request_id"] for r in rows] == ids
+    assert [r["events"] for r in rows] == list(range(len(values)))
+    for value, row in zip(values, rows):
+        got = row["holding_time_s"]
+        if math.isfinite(value):
+            assert type(got) is float and got == value and math.copysign(1, got) == math.copysign(1, value), (
+                value,
+                got,
+            )
+        else:
+            assert got is None
+
+
 def test_request_ids_are_not_rich_markup(run_cli, tmp_path):
     f = tmp_path / "e.csv"
     f.write_text(
