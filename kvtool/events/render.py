@@ -31,7 +31,8 @@ def _row_lines(columns: list[tuple[str, Any]]) -> str:
 
     Arrow writes a float in the shortest form that reads back the same value, as Python's repr does, but without
     ``.0`` on an integral value (``5``, ``1e+15``, ``-0``): that suffix is added, so a JSON reader gets a float
-    (and -0.0) back.  NaN and infinities are ``null``.
+    (and -0.0) back.  NaN and infinities are ``null``.  Arrow arrays are built from buffers: ``pa.array`` and
+    ``pa.scalar`` would import pandas (0.16 s) to ask whether the input is a pandas object.
     """
     import json
     from json.encoder import encode_basestring_ascii  # what json.dumps does for one str, without its overhead
@@ -42,25 +43,54 @@ def _row_lines(columns: list[tuple[str, Any]]) -> str:
 
     parts: list[Any] = []
     for i, (name, values) in enumerate(columns):
-        parts.append(("{" if i == 0 else ", ") + json.dumps(name) + ": ")
+        parts.append(_ascii_scalar(("{" if i == 0 else ", ") + json.dumps(name) + ": "))
         if isinstance(values, (list, tuple)):
-            text = [encode_basestring_ascii(v) if isinstance(v, str) else json.dumps(v) for v in values]
-            parts.append(pa.array(text, pa.string()))
+            parts.append(
+                _ascii_array([encode_basestring_ascii(v) if isinstance(v, str) else json.dumps(v) for v in values])
+            )
         elif name in FLOAT_COLUMNS:
-            floats = np.asarray(values, dtype=np.float64)
-            digits = pc.cast(pa.array(floats, mask=~np.isfinite(floats)), pa.string())
+            floats = np.ascontiguousarray(values, dtype=np.float64)
+            digits = _from_numpy(pa.float64(), floats, valid=np.isfinite(floats)).cast(pa.string())
             integral = pc.invert(pc.match_substring_regex(digits, "[.en]"))  # "5", "-0": no point, no exponent
-            digits = pc.if_else(integral, pc.binary_join_element_wise(digits, ".0", ""), digits)
-            parts.append(pc.fill_null(digits, "null"))
+            digits = pc.if_else(
+                integral, pc.binary_join_element_wise(digits, _ascii_scalar(".0"), _ascii_scalar("")), digits
+            )
+            parts.append(pc.coalesce(digits, _ascii_scalar("null")))
         elif name in BOOL_COLUMNS:
-            parts.append(pc.if_else(pa.array(np.asarray(values, dtype=bool)), "true", "false"))
+            flags = _from_numpy(pa.bool_(), np.asarray(values, dtype=bool))
+            parts.append(pc.if_else(flags, _ascii_scalar("true"), _ascii_scalar("false")))
         else:
-            parts.append(pc.cast(pa.array(np.asarray(values, dtype=np.int64)), pa.string()))
-    parts.append("}" + ROW_SEPARATOR)
-    rows = pc.binary_join_element_wise(*parts, "")
+            parts.append(_from_numpy(pa.int64(), np.asarray(values, dtype=np.int64)).cast(pa.string()))
+    parts.append(_ascii_scalar("}" + ROW_SEPARATOR))
+    rows = pc.binary_join_element_wise(*parts, _ascii_scalar(""))
     offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=len(rows) + 1, offset=4 * rows.offset)
     data = rows.buffers()[2]
     return data[offsets[0] : offsets[-1] - len(ROW_SEPARATOR)].to_pybytes().decode("ascii")
+
+
+def _from_numpy(arrow_type, values, valid=None):
+    """An Arrow array over a numpy array's memory (booleans packed to bits); ``valid`` False -> null."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
+    bitmap = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(arrow_type, len(values), [bitmap, pa.py_buffer(data)])
+
+
+def _ascii_array(texts: list[str]):
+    """An Arrow string array of ASCII texts (one byte per character), built from its buffers."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(texts) + 1, dtype=np.int32)  # a chunk of ROWS_PER_CHUNK rows stays far below 2 GiB
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int32, count=len(texts)), out=offsets[1:])
+    data = "".join(texts).encode("ascii")
+    return pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _ascii_scalar(text: str):
+    return _ascii_array([text])[0]
 
 
 def write_json(analysis: Analysis, stream) -> None:

@@ -222,3 +222,13 @@ def test_workers_with_one_file_runs_in_process_and_says_so(fleet_dir, run_cli):
 def test_no_files_matching_a_glob_is_a_usage_error(tmp_path, run_cli):
     result = run_cli("analyze", str(tmp_path / "*.csv"), str(tmp_path / "x.csv"))
     assert result.exit_code == 2 and result.stderr.startswith("Error: no events files found")
+
+
+@pytest.mark.parametrize("json_output", [True, False])
+def test_analyze_does_not_import_pandas_or_torch(fleet_dir, json_output):
+    # pandas alone costs ~0.16 s of start-up; pyarrow's pa.array()/pa.scalar() import it to check their input
+    one_file = ["analyze", str(fleet_dir / "engine-0.csv"), *(["--json"] if json_output else [])]
+    fleet = ["analyze", str(fleet_dir), *(["--json"] if json_output else [])]
+    for argv in (one_file, fleet):
+        codes, _, heavy = heavy_modules_loaded_by(argv, modules=("pandas", "torch"))
+        assert codes == [0] and heavy == [], argv
