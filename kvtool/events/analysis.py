@@ -459,21 +459,20 @@ def _hold_blocks_beside_physical(table: EventTable, order: _TimeOrder) -> tuple[
         later = Future()
         physical_job = in_background(physical_blocks, table, order.tpos_of_row, order.t_ts, order.t_end, later)
     try:
-        held = _hold_blocks(table, order.p0)
+        held = _hold_blocks(table, order.p0, None if later is None else later.set_result)
     except BaseException as err:
-        if later is not None:
+        if later is not None and not later.done():
             later.set_exception(err)
         raise
-    if later is not None:
-        later.set_result((held.q, held.starts, held.b, held.bp))
     return physical_job, held
 
 
-def _hold_blocks(table: EventTable, p0) -> _Held:
+def _hold_blocks(table: EventTable, p0, hand_over=None) -> _Held:
     """The stable sort by (request, ts) and b, the blocks each request holds after each of its rows.
 
     ``p0`` is the stable time order (None when the file is already in time order).  Only four columns are
-    gathered into request order (signed blocks, tokens, ts, block size).
+    gathered into request order (signed blocks, tokens, ts, block size).  ``hand_over((q, starts, b, bp))`` is
+    called as soon as b is known, before the other columns are gathered (the physical-block pass waits for it).
     """
     import numpy as np
 
@@ -492,10 +491,6 @@ def _hold_blocks(table: EventTable, p0) -> _Held:
     total_tokens = int(nt_f.sum(dtype=np.int64))
     acc = np.int32 if max(total_blocks * max_bs, total_tokens) < 2**31 else np.int64
     d = np.where(is_free_f, -nb_f, nb_f).astype(acc, copy=False)[order]
-    tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
-    t = table.ts[order]
-    bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
-    del order
     s = segment_cumsum(d, starts)
     b = clamp_at_zero(s, starts, counts) if n and s.min() < 0 else s
     del s
@@ -503,6 +498,12 @@ def _hold_blocks(table: EventTable, p0) -> _Held:
     if n:
         bp[1:] = b[:-1]
         bp[starts] = 0
+    if hand_over is not None:
+        hand_over((q, starts, b, bp))
+    tok = np.where(is_free_f, 0, nt_f).astype(acc, copy=False)[order]
+    t = table.ts[order]
+    bs = table.default_block_size if table.block_size is None else table.block_size.astype(acc)[order]
+    del order
     return _Held(q, codes, starts, counts, starts + counts - 1, t, d, tok, bs, acc, b, bp)
 
 
