@@ -93,8 +93,6 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
             heads = _kv_heads_per_gpu(shape.num_kv_heads, tp, notes)
             per_layer = 2 * heads * kv_vector_bytes(dtype, shape.head_dim)
             groups.append(LayerGroup(kind, n, heads, shape.head_dim, 2, window, per_layer))
-    if spec.kv_shared_layers:
-        notes.append(f"{spec.kv_shared_layers} KV-sharing layers hold no KV cache of their own")
     if spec.mamba_state is not None and spec.state_layers:
         state = spec.mamba_state.bytes_per_gpu(tp)
         groups.append(LayerGroup(MAMBA, spec.state_layers, 0, 0, 0, None, Fraction(0), state))
