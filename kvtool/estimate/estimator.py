@@ -21,7 +21,15 @@ from kvtool.estimate.capacity import (
     plan_capacity,
     serve_max_num_batched_tokens,
 )
-from kvtool.estimate.hf_config import ModelSpec, kv_heads_not_dividing, load_config_path, manual_spec, parse_config
+from kvtool.estimate.hf_config import (
+    PER_LAYER_EMBEDDING_TYPES,
+    KvShape,
+    ModelSpec,
+    kv_heads_not_dividing,
+    load_config_path,
+    manual_spec,
+    parse_config,
+)
 from kvtool.estimate.layout import KvLayout, group_formula, kv_layout
 from kvtool.estimate.pipeline import Stage, stage_spec, stages
 from kvtool.estimate.reserve import (
@@ -550,7 +558,7 @@ def _check_positive(request: EstimateRequest) -> None:
             raise UsageError(f"{option} must be greater than zero, not {given}", where=option)
 
 
-def check_tp(spec: ModelSpec, tp: int) -> None:
+def check_tp(spec: ModelSpec, tp: int, pp: int = 1) -> None:
     """Refuse a tensor-parallel size vLLM refuses, with vLLM's reason.
 
     vllm/config/model.py ``verify_with_parallel_config``: "Total number of attention heads (N) must be divisible
@@ -567,12 +575,20 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
             if heads <= 128
             else f"use a --tp that divides {heads}",
         )
-    kv = spec.num_kv_heads
-    if not spec.is_mla and (kv % tp if kv >= tp else tp % kv):
+    kv_counts = {spec.num_kv_heads, *([spec.full_attention_kv.num_kv_heads] if spec.full_attention_kv else [])}
+    for kv in sorted(kv_counts):
+        if not spec.is_mla and (kv % tp if kv >= tp else tp % kv):
+            raise UsageError(
+                f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {spec.name}"
+                f"{' (full-attention layers)' if kv != spec.num_kv_heads else ''}; vLLM cannot split or replicate "
+                "them evenly",
+                where="--tp",
+            )
+    if spec.kv_shared_layers and pp > 1:
         raise UsageError(
-            f"--tp {tp} neither divides nor is a multiple of the {kv} KV heads of {spec.name}; vLLM cannot "
-            f"split or replicate them evenly",
-            where="--tp",
+            f"--pp {pp} with {spec.name}'s {spec.kv_shared_layers} KV-sharing layers is not modelled: a shared layer "
+            "may read a layer held by another pipeline stage (and vLLM's Gemma 3n has no pipeline parallelism)",
+            where="--pp",
         )
 
 
@@ -728,7 +744,7 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     _check_not_empty(request)
     _check_positive(request)
     spec, weights = resolve_model(request)
-    check_tp(spec, request.tp)
+    check_tp(spec, request.tp, request.pp)
     layout = kv_layout(spec, request.kv_dtype, request.tp)
     gpu = asked_gpu(request)
     check_block_size(request.block_size, gpu)
@@ -828,7 +844,7 @@ def _result(
         max_seq_len_at_batch=capacity.max_seq_len_at_batch if capacity else None,
         capacity_method=capacity.method if capacity else None,
         defaults=defaults,
-        notes=(*spec.notes, *layout.notes, *_weights_notes(request, weights), *_budget_notes(budget)),
+        notes=(*spec.notes, *layout.notes, *_weights_notes(request, spec, weights), *_budget_notes(budget)),
         max_position_embeddings=spec.max_position_embeddings,
         warnings=_context_warnings(spec, lengths.seq_lens),
         sweep=sweep,
@@ -891,7 +907,13 @@ def _ceil(x) -> int:
     return math.ceil(x)
 
 
-def _weights_notes(request: EstimateRequest, weights: WeightEstimate | None) -> list[str]:
+def _weights_notes(request: EstimateRequest, spec: ModelSpec, weights: WeightEstimate | None) -> list[str]:
+    if weights is None and spec.model_type in PER_LAYER_EMBEDDING_TYPES:
+        return [
+            f"weights unknown: {spec.model_type}'s layers (per-layer embeddings, Gemma 3n's AltUp and Laurel blocks, "
+            "Gemma 4's k_eq_v attention and double-wide MLPs) are not in kvtool's weight formula; put the "
+            "safetensors files (headers suffice) beside the config, or give --kv-memory"
+        ]
     if weights is None and (request.model or request.config):
         return ["weights unknown: the config lacks hidden_size, vocab_size or intermediate_size"]
     return []
@@ -935,10 +957,10 @@ def _compare(
     # fp8_ds_mla is MLA's own layout: the rows without MLA take plain fp8 (it refused the whole command)
     plain_dtype = "fp8" if request.kv_dtype == "fp8_ds_mla" else request.kv_dtype
     variants: list[tuple[str, ModelSpec, str]] = [("as-is", spec, request.kv_dtype)]
-    variants.append(("MHA", dataclasses.replace(plain, num_kv_heads=heads), plain_dtype))
+    variants.append(("MHA", _with_kv_heads(plain, heads), plain_dtype))
     if heads >= 8:
-        variants.append(("GQA-8", dataclasses.replace(plain, num_kv_heads=8), plain_dtype))
-    variants.append(("MQA", dataclasses.replace(plain, num_kv_heads=1), plain_dtype))
+        variants.append(("GQA-8", _with_kv_heads(plain, 8), plain_dtype))
+    variants.append(("MQA", _with_kv_heads(plain, 1), plain_dtype))
     variants.append(("fp8 KV", spec, "fp8"))
     variants.append(("int8 KV", spec, "int8"))
     rows = []
@@ -960,6 +982,14 @@ def _compare(
             )
         )
     return tuple(rows)
+
+
+def _with_kv_heads(spec: ModelSpec, kv_heads: int) -> ModelSpec:
+    """The same model with ``kv_heads`` KV heads on every layer (full-attention layers keep their head size)."""
+    full = spec.full_attention_kv
+    return dataclasses.replace(
+        spec, num_kv_heads=kv_heads, full_attention_kv=KvShape(kv_heads, full.head_dim) if full else None
+    )
 
 
 def kv_budget_tokens(

@@ -12,6 +12,13 @@ Rules (vllm/config/model.py ``get_head_size``, ``get_total_num_kv_heads``; trans
   ``use_sliding_window: false`` means none; Gemma-2
   alternates (layer 0 sliding); ``sliding_window_pattern`` (Gemma-3) makes every N-th layer full; Qwen2's
   ``max_window_layers`` keeps the first layers full; otherwise a set ``sliding_window`` covers every layer (Mistral);
+- per-layer KV shapes (Gemma 4, transformers' ``Gemma4TextConfig.per_layer_config``): a ``per_layer_config`` in the
+  file (transformers >= 5.19 writes one: ``{"05": {"head_dim": 64, "num_key_value_heads": 1}}``) gives each listed
+  layer's ``head_dim`` / ``num_key_value_heads``; without it full-attention layers keep ``global_head_dim`` values per
+  head (512 when absent) and, when ``attention_k_eq_v``, ``num_global_key_value_heads`` KV heads; the other layers
+  ``head_dim`` and ``num_key_value_heads``;
+- KV sharing (Gemma 3n, Gemma 4): the last ``num_kv_shared_layers`` layers read an earlier layer's KV cache
+  (vLLM's ``kv_sharing_target_layer_name``) and allocate none;
 - dtype: ``dtype`` (transformers 5) or ``torch_dtype`` (older); multimodal configs use ``text_config``.
 """
 
@@ -31,6 +38,19 @@ FULL = "full"
 SLIDING = "sliding"
 CHUNKED = "chunked"  # chunked local attention (Llama 4): attends within fixed chunks of attention_chunk_size tokens
 LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
+GEMMA4_TYPES = frozenset({"gemma4", "gemma4_text"})
+# Gemma 3n and Gemma 4 add per-layer embeddings, AltUp, Laurel (3n) and per-layer MLP widths that kvtool's weight
+# formula does not count: their weights come from safetensors headers only.
+PER_LAYER_EMBEDDING_TYPES = frozenset({"gemma3n", "gemma3n_text", *GEMMA4_TYPES})
+
+
+@dataclasses.dataclass(frozen=True)
+class KvShape:
+    """What one attention layer caches per token: K and V, ``num_kv_heads`` heads of ``head_dim`` values each
+    (before tensor parallelism)."""
+
+    num_kv_heads: int
+    head_dim: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +98,23 @@ class ModelSpec:
     state_layers: int = 0
     # Nemotron-H: each layer's block from hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE); () otherwise
     block_types: tuple[str, ...] = ()
+    # Gemma 4: the full-attention layers' own KV shape (global_head_dim, num_global_key_value_heads); None when every
+    # layer caches num_kv_heads x head_dim
+    full_attention_kv: KvShape | None = None
+    # Gemma 3n / Gemma 4: the last kv_shared_layers layers reuse an earlier layer's KV cache and allocate none
+    kv_shared_layers: int = 0
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
+
+    @property
+    def kv_layer_kinds(self) -> tuple[str, ...]:
+        """The kinds of the layers that allocate a KV cache (all but the trailing KV-sharing layers)."""
+        return self.layer_kinds[: len(self.layer_kinds) - self.kv_shared_layers]
+
+    def kv_shape(self, kind: str) -> KvShape:
+        """The KV shape of a layer of this kind (FULL layers may have their own, Gemma 4)."""
+        if kind == FULL and self.full_attention_kv is not None:
+            return self.full_attention_kv
+        return KvShape(self.num_kv_heads, self.head_dim)
 
     @property
     def attention_kind(self) -> str:
@@ -115,7 +151,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "multi_query": (bool,),
     "new_decoder_architecture": (bool,),
     "head_dim": _OPT_INT,
-    "intermediate_size": _OPT_INT,
+    "intermediate_size": (int, list, type(None)),  # Gemma 3n lists one width per layer
     "ffn_hidden_size": _OPT_INT,
     "vocab_size": _INT,
     "padded_vocab_size": _INT,
@@ -162,6 +198,12 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "bias": (bool,),
     "text_config": (dict,),
     "quantization_config": (dict, type(None)),
+    # per-layer KV shapes and KV sharing (Gemma 3n, Gemma 4)
+    "global_head_dim": _OPT_INT,
+    "num_global_key_value_heads": _OPT_INT,
+    "attention_k_eq_v": (bool,),
+    "num_kv_shared_layers": _OPT_INT,
+    "per_layer_config": (dict, type(None)),
 }
 
 _FALCON_TYPES = {"falcon", "RefinedWeb", "RefinedWebModel"}
@@ -267,7 +309,6 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
-    _refuse_per_layer_kv_shapes(text, where)
     if model_type in READERS:
         return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
     hybrid_key = next((k for k in HYBRID_KEYS if k in text and not _all_full_attention(k, text[k])), None)
@@ -289,31 +330,10 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
         )
 
 
-# Keys that give some layers their own KV shape or no KV cache at all (Gemma 4: full-attention layers with
-# global_head_dim 512 and num_global_key_value_heads 4 where sliding ones have head_dim 256 and 16 KV heads;
-# num_kv_shared_layers reuse earlier layers' KV).  kvtool keeps one KV shape per model, so it refuses them rather than
-# size every layer with the sliding layers' shape.
-PER_LAYER_KV_KEYS = ("global_head_dim", "num_global_key_value_heads", "num_kv_shared_layers")
-
-
 def _all_full_attention(key: str, value: Any) -> bool:
     """MiniMax-M2's config.json lists ``attn_type_list`` with 1 (softmax attention) on every layer; only a 0 marks
     MiniMax-Text-01/M1's lightning (linear) attention.  vLLM's minimax_m2.py builds full attention on every layer."""
     return key == "attn_type_list" and isinstance(value, list) and bool(value) and all(v == 1 for v in value)
-
-
-def _refuse_per_layer_kv_shapes(text: dict[str, Any], where: str) -> None:
-    same = {"global_head_dim": text.get("head_dim"), "num_global_key_value_heads": text.get("num_key_value_heads")}
-    for key in PER_LAYER_KV_KEYS:
-        value = text.get(key)
-        if value in (None, 0) or value == same.get(key):
-            continue
-        raise InputFileError(
-            f"per-layer KV shapes not modelled: {key} {value} gives some layers another KV shape (or none), and "
-            "kvtool sizes every layer with one shape",
-            where=f"{where}: field {key}",
-            tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
-        )
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
@@ -354,6 +374,33 @@ _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "head_dim": 256,
         "max_position_embeddings": 131_072,
         "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+    },
+    # transformers 5.19 models/gemma3n/configuration_gemma3n.py (Gemma3nTextConfig, google/gemma-3n-E4B's values):
+    # layer_types defaults to every 5th layer full attention
+    "gemma3n_text": {
+        "vocab_size": 262_400,
+        "hidden_size": 2048,
+        "num_hidden_layers": 35,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "max_position_embeddings": 32_768,
+        "sliding_window": 512,
+        "sliding_window_pattern": 5,
+        "num_kv_shared_layers": 15,
+    },
+    # models/gemma4/configuration_gemma4.py (Gemma4TextConfig): every 6th layer full attention;
+    # num_kv_shared_layers 0 (global_head_dim's default 512 is applied in _full_attention_kv)
+    "gemma4_text": {
+        "vocab_size": 262_144,
+        "hidden_size": 2304,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "sliding_window": 512,
         "sliding_window_pattern": 6,
     },
 }
@@ -441,6 +488,9 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         (layer_kinds, chunk_size), window = chunked, None
     else:
         layer_kinds, window = _layer_kinds(cfg, model_type, num_layers, notes)
+    layer_kinds = _gemma4_last_layer_full(model_type, layer_kinds, notes)
+    full_kv = _full_attention_kv(cfg, model_type, KvShape(num_kv_heads, head_dim), num_heads, layer_kinds, notes)
+    shared = _kv_shared_layers(cfg, model_type, layer_kinds, notes)
     vocab = cfg.positive("vocab_size", "padded_vocab_size", required=False)
     experts = _expert_count(cfg, "num_local_experts", "n_routed_experts", "num_experts")
     llama4_mlp = _llama4_mlp(cfg, model_type, num_layers, notes)
@@ -462,7 +512,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         qk_rope_head_dim=qk_rope,
         max_position_embeddings=_context_length(cfg, notes),
         vocab_size=vocab,
-        intermediate_size=cfg.positive("intermediate_size", "ffn_hidden_size", required=False),
+        intermediate_size=_intermediate_size(cfg),
         # absent from the config: the default of the model's transformers config class (see UNTIED_BY_DEFAULT)
         tie_word_embeddings=bool(
             cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT))
@@ -483,9 +533,157 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         mamba_state=hybrid.state if hybrid else None,
         state_layers=hybrid.state_layers if hybrid else 0,
         block_types=hybrid.blocks if hybrid else (),
+        full_attention_kv=full_kv,
+        kv_shared_layers=shared,
         notes=tuple(notes),
     )
     return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec
+
+
+# Keys that give some layers their own KV shape or no KV cache at all, read for GEMMA4_TYPES (shapes) and
+# KV_SHARING_TYPES (sharing) only; another model type carrying them is refused rather than sized with one shape.
+GEMMA4_GLOBAL_HEAD_DIM = 512  # Gemma4TextConfig.__post_init__: kwargs.pop("global_head_dim", 512)
+PER_LAYER_KV_KEYS = ("global_head_dim", "num_global_key_value_heads", "num_kv_shared_layers")
+KV_SHARING_TYPES = frozenset({"gemma3n", "gemma3n_text", *GEMMA4_TYPES})
+
+
+def _refuse_other_per_layer_kv(cfg: _Reader, model_type: str) -> None:
+    """A per-layer KV key on a model type whose vLLM class kvtool has not read: refused, never a wrong number."""
+    same = {"global_head_dim": cfg.get("head_dim"), "num_global_key_value_heads": cfg.get("num_key_value_heads")}
+    modelled = {"num_kv_shared_layers": KV_SHARING_TYPES}.get
+    for key in PER_LAYER_KV_KEYS:
+        value = cfg.get(key)
+        if value in (None, 0) or value == same.get(key) or model_type in (modelled(key) or GEMMA4_TYPES):
+            continue
+        raise InputFileError(
+            f"per-layer KV shapes not modelled for model_type {model_type}: {key} {value} gives some layers another "
+            f"KV shape (or none); kvtool reads it for {', '.join(sorted(modelled(key) or GEMMA4_TYPES))} only",
+            where=f"{cfg.where}: field {key}",
+            tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
+        )
+
+
+def _gemma4_last_layer_full(model_type: str, kinds: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
+    """transformers' Gemma4TextConfig forces the last layer to full attention ("Last layer must use
+    `full_attention`"), and vLLM builds the layers from that config."""
+    if model_type not in GEMMA4_TYPES or not kinds or kinds[-1] == FULL:
+        return kinds
+    notes.append("Gemma 4: the last layer is full attention (transformers forces it)")
+    return (*kinds[:-1], FULL)
+
+
+def _full_attention_kv(
+    cfg: _Reader, model_type: str, base: KvShape, num_heads: int, kinds: tuple[str, ...], notes: list[str]
+) -> KvShape | None:
+    """Gemma 4's full-attention layers: ``global_head_dim`` values per head and, only when ``attention_k_eq_v``,
+    ``num_global_key_value_heads`` KV heads (transformers' Gemma4TextConfig.__post_init__ builds per_layer_config so;
+    vLLM gemma4.py Gemma4DecoderLayer reads it).  None when they cache what the other layers cache."""
+    _refuse_other_per_layer_kv(cfg, model_type)
+    if model_type not in GEMMA4_TYPES or FULL not in kinds:
+        return None
+    listed_layers = cfg.get("per_layer_config")
+    if listed_layers:
+        return _per_layer_config_kv(cfg, listed_layers, base, num_heads, kinds, notes)
+    head_dim = cfg.positive("global_head_dim", required=False)
+    if head_dim is None:
+        head_dim = GEMMA4_GLOBAL_HEAD_DIM
+        notes.append(f"global_head_dim not in the config: {head_dim} (transformers' Gemma4TextConfig default)")
+    kv_heads = base.num_kv_heads
+    listed = cfg.positive("num_global_key_value_heads", required=False)
+    if listed is not None and cfg.get("attention_k_eq_v", False):
+        _check_kv_heads(cfg, "num_global_key_value_heads", listed, num_heads)
+        kv_heads = listed
+    elif listed is not None and listed != kv_heads:
+        notes.append(
+            f"num_global_key_value_heads {listed} ignored: attention_k_eq_v is false (transformers' Gemma4TextConfig "
+            "applies it only to k_eq_v models)"
+        )
+    shape = KvShape(kv_heads, head_dim)
+    if shape == base:
+        return None
+    notes.append(
+        f"Gemma 4: full-attention layers cache {kv_heads} KV heads x {head_dim} (global_head_dim), sliding layers "
+        f"{base.num_kv_heads} x {base.head_dim}"
+    )
+    return shape
+
+
+def _check_kv_heads(cfg: _Reader, key: str, kv_heads: int, num_heads: int) -> None:
+    refused = kv_heads_not_dividing(kv_heads, num_heads)
+    if refused:
+        raise InputFileError(f"{key} {refused}", where=f"{cfg.where}: field {key}")
+
+
+def _per_layer_config_kv(
+    cfg: _Reader, listed: dict[str, Any], base: KvShape, num_heads: int, kinds: tuple[str, ...], notes: list[str]
+) -> KvShape | None:
+    """Gemma 4 configs as transformers >= 5.19 writes them: ``per_layer_config`` maps a layer index to the values it
+    overrides, and vLLM's Gemma4DecoderLayer reads ``head_dim`` and ``num_key_value_heads`` from each layer's config.
+    kvtool keeps one shape per kind of layer, so the full-attention layers must agree among themselves and the
+    sliding layers keep the model's shape; anything else is refused."""
+    per_layer = [base] * len(kinds)
+    for key, overrides in listed.items():
+        where = f"{cfg.where}: field per_layer_config.{key}"
+        if not (str(key).isdigit() and int(key) < len(kinds)) or not isinstance(overrides, dict):
+            raise InputFileError(f"per_layer_config keys must be layer indices below {len(kinds)}", where=where)
+        layer = _Reader(overrides, where)
+        kv_heads = layer.positive("num_key_value_heads", required=False) or base.num_kv_heads
+        _check_kv_heads(layer, "num_key_value_heads", kv_heads, num_heads)
+        per_layer[int(key)] = KvShape(kv_heads, layer.positive("head_dim", required=False) or base.head_dim)
+    shapes: dict[str, set[KvShape]] = {}
+    for kind, shape in zip(kinds, per_layer, strict=True):
+        shapes.setdefault(kind, set()).add(shape)
+    for kind, found in shapes.items():
+        if len(found) > 1 or (kind != FULL and found != {base}):
+            raise InputFileError(
+                f"per_layer_config gives {kind} layers KV shapes "
+                f"{', '.join(f'{s.num_kv_heads} x {s.head_dim}' for s in sorted(found, key=str))}: kvtool models one "
+                f"shape for full-attention layers and the model's {base.num_kv_heads} x {base.head_dim} for the others",
+                where=f"{cfg.where}: field per_layer_config",
+                tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
+            )
+    (shape,) = shapes.get(FULL, {base})
+    if shape == base:
+        return None
+    notes.append(
+        f"Gemma 4: full-attention layers cache {shape.num_kv_heads} KV heads x {shape.head_dim} (per_layer_config), "
+        f"sliding layers {base.num_kv_heads} x {base.head_dim}"
+    )
+    return shape
+
+
+def _kv_shared_layers(cfg: _Reader, model_type: str, kinds: tuple[str, ...], notes: list[str]) -> int:
+    """``num_kv_shared_layers``: the last layers read the KV cache of the last earlier layer of their kind (vLLM
+    gemma3n.py / gemma4.py ``kv_sharing_target_layer_name``), so vLLM gives them no KV cache spec."""
+    if model_type not in KV_SHARING_TYPES:
+        return 0
+    shared = cfg.get("num_kv_shared_layers") or 0
+    if not 0 <= shared < len(kinds):
+        raise InputFileError(
+            f"num_kv_shared_layers must be between 0 and the {len(kinds)} layers less one, not {shared}",
+            where=f"{cfg.where}: field num_kv_shared_layers",
+        )
+    owners = kinds[: len(kinds) - shared]
+    for kind in set(kinds[len(kinds) - shared :]):
+        if kind not in owners:
+            raise InputFileError(
+                f"num_kv_shared_layers {shared}: a shared {kind} layer has no earlier {kind} layer to read from "
+                "(vLLM refuses to build the model)",
+                where=f"{cfg.where}: field num_kv_shared_layers",
+            )
+    if shared:
+        notes.append(
+            f"the last {shared} layers reuse earlier layers' KV cache (num_kv_shared_layers) and allocate none: "
+            f"{len(owners)} layers hold KV"
+        )
+    return shared
+
+
+def _intermediate_size(cfg: _Reader) -> int | None:
+    """The MLP width; None for Gemma 3n's list of per-layer widths (its weights are not estimated from the config)."""
+    if isinstance(cfg.get("intermediate_size"), list):
+        return None
+    return cfg.positive("intermediate_size", "ffn_hidden_size", required=False)
 
 
 def _expert_count(cfg: _Reader, *keys: str) -> int | None:

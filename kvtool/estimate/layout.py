@@ -4,7 +4,9 @@
   each; a sliding layer holds ``min(S, window)`` tokens, a chunked local layer (Llama 4) ``min(S, chunk)``;
 - MLA layers: one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token, no factor 2, replicated on
   every tensor-parallel rank; ``fp8_ds_mla`` is vLLM's fixed 656 bytes per token per layer;
-- tensor parallelism: ``kv_heads_per_gpu = max(1, kv_heads // tp)`` (vLLM replicates KV heads when tp > kv_heads).
+- tensor parallelism: ``kv_heads_per_gpu = max(1, kv_heads // tp)`` (vLLM replicates KV heads when tp > kv_heads);
+- per-layer shapes (Gemma 4): each kind of layer has its own KV heads and head size (``ModelSpec.kv_shape``);
+  KV-sharing layers (Gemma 3n, Gemma 4 ``num_kv_shared_layers``) hold no KV and are left out.
 
 Sizes are exact (``Fraction``) so int4 and nvfp4 never round before the end.
 """
@@ -81,23 +83,35 @@ def kv_layout(spec: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> KvLayout:
         latent = (LayerGroup(MLA, spec.num_layers, 1, spec.head_dim, 1, None, per_layer),)
         return KvLayout(dtype, tp, latent, tuple(notes))
 
-    heads = max(1, spec.num_kv_heads // tp)
-    if tp > spec.num_kv_heads:
-        notes.append(f"tp {tp} > {spec.num_kv_heads} KV heads: each GPU keeps a replicated copy of 1 KV head (vLLM)")
-    elif spec.num_kv_heads % tp:
-        notes.append(f"{spec.num_kv_heads} KV heads do not divide evenly over tp {tp}; {heads} per GPU assumed")
-    per_layer = 2 * heads * kv_vector_bytes(dtype, spec.head_dim)
     groups: list[LayerGroup] = []
     windows = {FULL: None, SLIDING: spec.sliding_window, CHUNKED: spec.attention_chunk_size}
+    kinds = spec.kv_layer_kinds
     for kind, window in windows.items():
-        n = spec.layer_kinds.count(kind)
+        n = kinds.count(kind)
         if n:
-            groups.append(LayerGroup(kind, n, heads, spec.head_dim, 2, window, per_layer))
+            shape = spec.kv_shape(kind)
+            heads = _kv_heads_per_gpu(shape.num_kv_heads, tp, notes)
+            per_layer = 2 * heads * kv_vector_bytes(dtype, shape.head_dim)
+            groups.append(LayerGroup(kind, n, heads, shape.head_dim, 2, window, per_layer))
     if spec.mamba_state is not None and spec.state_layers:
         state = spec.mamba_state.bytes_per_gpu(tp)
         groups.append(LayerGroup(MAMBA, spec.state_layers, 0, 0, 0, None, Fraction(0), state))
         notes.append(f"{spec.state_layers} state layers keep {state:,} B per request each (one GPU), whatever S")
     return KvLayout(dtype, tp, tuple(groups), tuple(notes))
+
+
+def _kv_heads_per_gpu(kv_heads: int, tp: int, notes: list[str]) -> int:
+    """KV heads one GPU keeps: split over tp, or one replicated head when tp > kv_heads (vLLM)."""
+    heads = max(1, kv_heads // tp)
+    if tp > kv_heads:
+        said = f"tp {tp} > {kv_heads} KV heads: each GPU keeps a replicated copy of 1 KV head (vLLM)"
+    elif kv_heads % tp:
+        said = f"{kv_heads} KV heads do not divide evenly over tp {tp}; {heads} per GPU assumed"
+    else:
+        return heads
+    if said not in notes:
+        notes.append(said)
+    return heads
 
 
 def element_bytes_text(kv_dtype: str, elements: int) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvtool.estimate.dtypes import model_dtype_bytes
-from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.hf_config import PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.hybrid import MAMBA
 
 
@@ -182,6 +182,8 @@ def estimate_params(spec: ModelSpec) -> int | None:
 
 
 def estimate_weights(spec: ModelSpec) -> WeightEstimate | None:
+    if spec.model_type in PER_LAYER_EMBEDDING_TYPES:
+        return None  # per-layer embeddings, AltUp, Laurel: not in the formula (safetensors headers give them)
     parts = _parts(spec)
     if parts is None:
         return None

@@ -35,15 +35,27 @@ def _config(tmp_path, **changes):
         # Qwen3-Next: layer_types with linear_attention (huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct)
         ({"layer_types": ["linear_attention"] * 3 * 8 + ["full_attention"] * 8}, "linear_attention"),
         ({"model_type": "zamba2"}, "model_type zamba2"),
-        # Gemma 4 31B's text_config: full-attention layers have global_head_dim 512 and num_global_key_value_heads 4,
-        # sliding layers head_dim 256 and 16 KV heads (values quoted from its published config.json in public code);
-        # kvtool sized every layer 16 x 256, twice the full layers' real KV
+        # Per-layer KV keys on a model type whose vLLM class kvtool has not read (Gemma 4 Unified's text model):
+        # refused rather than sized with one shape
         (
-            {"model_type": "gemma4_text", "head_dim": 256, "num_key_value_heads": 16, "global_head_dim": 512},
-            "per-layer KV shapes not modelled: global_head_dim 512",
+            {"model_type": "gemma4_unified_text", "head_dim": 256, "num_key_value_heads": 16, "global_head_dim": 512},
+            "per-layer KV shapes not modelled for model_type gemma4_unified_text: global_head_dim 512",
         ),
-        # Gemma 3n: its last num_kv_shared_layers layers reuse earlier layers' KV cache
-        ({"model_type": "gemma3n_text", "num_kv_shared_layers": 15}, "num_kv_shared_layers 15"),
+        # Gemma 4 with per_layer_config giving one sliding layer (layer 0) its own KV shape: kvtool keeps one shape
+        # per kind of layer
+        (
+            {
+                "model_type": "gemma4_text",
+                "head_dim": 128,
+                "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+                "num_hidden_layers": 6,
+                "sliding_window": 1024,
+                "per_layer_config": {"0": {"head_dim": 256}, "5": {"head_dim": 512}},
+            },
+            "per_layer_config gives sliding layers KV shapes",
+        ),
+        # Every layer KV-shared: no layer holds the KV they would read (vLLM cannot build the model)
+        ({"model_type": "gemma3n_text", "num_kv_shared_layers": 32}, "num_kv_shared_layers must be between 0"),
         ({"model_type": "jamba"}, "hybrid config needs a positive integer attn_layer_period"),
     ],
 )

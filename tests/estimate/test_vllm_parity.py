@@ -326,6 +326,30 @@ HAND = {
     # Dense8 (32,768 B/token, block 32 -> 1,048,576 B per block): 50,000,000 // 1,048,576 = 47, 46 usable after
     # the null block, but cdiv(3000, 32) = 94 are needed: refused, at most 46 x 32 = 1472 tokens.
     "dense8-50mb-b32-refused": (None, 94, None, None, 1472),
+    # Per-layer KV shapes and KV sharing (vllm/model_executor/models/gemma3n.py, gemma4.py: KV-sharing layers get a
+    # kv_sharing_target_layer_name, so the model runner gives them no KV cache spec; kv_cache_utils.py
+    # unify_kv_cache_spec_page_size raises the block size of a smaller page that divides the largest, else pads it).
+    # Gemma 3n, 10 layers (every 5th full), the last 4 KV-sharing: layers 0-5 hold KV, 5 sliding (window 256) + 1
+    # full, 256 B/token/layer; group size 1 -> 6 groups; page 32 x 256 = 8,192 B; 2,000,000 // 8,192 = 244. Per
+    # request 5 x 17 + 64 = 149; 244 / 149 = 1.638 -> "1.64"; int(1.63758 x 2048) = 3353.
+    "gemma3n-kvshare-2mb-b32-mnbt256": (244, 149, 3_353, "1.64", None),
+    # Gemma 4, 12 layers ((5 sliding + 1 full) x 2), the last 4 KV-sharing: 7 sliding + 1 full hold KV. Sliding
+    # 4 KV heads x 32 x 2 x 2 B = 512 B/token (page 16,384 B at block 32); full 1 global KV head x 64 = 256 B/token
+    # (page 8,192 B) -> its block doubles to 64 tokens (page 16,384 B). 4,000,000 // 16,384 = 244. Per request
+    # 7 x (cdiv(511, 32) + 1 = 17) + cdiv(2048, 64) = 119 + 32 = 151; 244 / 151 = 1.616 -> "1.62";
+    # int(1.61589 x 2048) = 3309.
+    "gemma4-31b-like-4mb-b32-mnbt256": (244, 151, 3_309, "1.62", None),
+    # E4B-like (no attention_k_eq_v): sliding 2 x 32 -> 256 B/token (page 8,192 B), full 2 x 64 -> 512 B/token (page
+    # 16,384 B): the sliding blocks double to 64 tokens. 244 blocks; per request 7 x (cdiv(511, 64) + 1 = 9) +
+    # cdiv(2048, 32) = 63 + 64 = 127; 244 / 127 = 1.921 -> "1.92"; int(1.92126 x 2048) = 3934.
+    "gemma4-e4b-like-4mb-b32-mnbt256": (244, 127, 3_934, "1.92", None),
+    # Pages that do not divide: sliding 256 B/token (8,192 B), full 1 x 96 -> 384 B/token (12,288 B); 12,288 is not a
+    # multiple of 8,192, so the sliding pages are padded to 12,288 B at block 32. 4,000,000 // 12,288 = 325; per
+    # request 7 x 17 + 64 = 183; 325 / 183 = 1.776 -> "1.78"; int(1.77596 x 2048) = 3637.
+    "gemma4-odd-4mb-b32-mnbt256": (325, 183, 3_637, "1.78", None),
+    # The 31B-like model at 2,000,000 B: 122 blocks, 121 usable < 151: refused. Longest: 7 x (cdiv(L, 32) + 1) +
+    # cdiv(L, 64) <= 121 -> L = 480 (7 x 16 + 8 = 120; at 481, 7 x 17 + 8 = 127).
+    "gemma4-31b-like-2mb-b32-mnbt256-refused": (None, 151, None, None, 480),
 }
 
 

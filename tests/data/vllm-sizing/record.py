@@ -141,6 +141,38 @@ def _gemma3_text():
     ), "Gemma3ForCausalLM"
 
 
+def _gemma3n_text():
+    # Gemma 3n's KV layout, tiny: 10 layers, transformers' default layer_types (every 5th layer full: 8 sliding,
+    # 2 full), num_kv_shared_layers 4 (layers 6-9 reuse layers 4/5's KV and allocate none: vLLM gemma3n.py
+    # kv_sharing_target_layer_name), so 5 sliding + 1 full layers hold KV. 2 KV heads x 32 dims x 2 (K,V) x 2 B =
+    # 256 B per token per layer. No activation sparsity (the top-k gate needs no tiny-model tuning).
+    from transformers import Gemma3nTextConfig
+
+    return Gemma3nTextConfig(
+        hidden_size=256, num_hidden_layers=10, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        intermediate_size=512, vocab_size=1000, vocab_size_per_layer_input=1000, hidden_size_per_layer_input=16,
+        laurel_rank=8, max_position_embeddings=4096, sliding_window=256, num_kv_shared_layers=4,
+        activation_sparsity_pattern=[0.0] * 10, dtype="bfloat16",
+    ), "Gemma3nForCausalLM"
+
+
+def _gemma4_text(kv_heads: int, global_head_dim: int, k_eq_v: bool, global_kv_heads: int | None):
+    # Gemma 4's KV layout, tiny: 12 layers of (5 sliding + 1 full) x 2, num_kv_shared_layers 4 (layers 8-11 reuse
+    # the last earlier layer of their type: vLLM gemma4.py), so layers 0-7 hold KV: 7 sliding, 1 full. Sliding
+    # layers keep kv_heads x head_dim 32; full layers global_head_dim with num_global_key_value_heads when
+    # attention_k_eq_v (transformers' Gemma4TextConfig per_layer_config), else kv_heads.
+    from transformers import Gemma4TextConfig
+
+    kinds = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    extra = {"num_global_key_value_heads": global_kv_heads} if global_kv_heads else {}
+    return Gemma4TextConfig(
+        hidden_size=256, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=32,
+        global_head_dim=global_head_dim, attention_k_eq_v=k_eq_v, intermediate_size=512, vocab_size=1000,
+        vocab_size_per_layer_input=1000, hidden_size_per_layer_input=16, max_position_embeddings=4096,
+        sliding_window=256, layer_types=kinds, num_kv_shared_layers=4, dtype="bfloat16", **extra,
+    ), "Gemma4ForCausalLM"
+
+
 def _legacy_config(edit):
     """Rewrite a saved config.json the way older transformers versions (and published hub configs) wrote it."""
 
@@ -195,6 +227,14 @@ MODEL_BUILDERS = {
     "mistral-sw0": _mistral_swa,
     "falcon-mqa": _falcon_mqa,
     "gemma3-legacy": _gemma3_text,
+    # Per-layer KV shapes and KV sharing (Gemma 3n, Gemma 4):
+    "gemma3n-tiny": _gemma3n_text,
+    # 31B-like: sliding 4 KV heads x 32 (512 B/token), full 1 global KV head x 64 (256 B/token): full pages half
+    "gemma4-31b-like": lambda: _gemma4_text(4, 64, True, 1),
+    # E4B-like: no k_eq_v, so full layers keep the 2 KV heads at 64 dims (512 B/token) over sliding 256 B/token
+    "gemma4-e4b-like": lambda: _gemma4_text(2, 64, False, None),
+    # Pages that do not divide: sliding 256 B/token, full 1 KV head x 96 (384 B/token)
+    "gemma4-odd": lambda: _gemma4_text(2, 96, True, 1),
 }
 
 
@@ -262,6 +302,17 @@ CASES = {
                                                  note="DeepSeek-V3.2 sparse format; refusal expected on CPU"),
     # (f) A budget too small for one request on the larger config.
     "dense8-50mb-b32-refused": _case("llama-dense8", 50_000_000, 32, 3000, note="refusal expected"),
+    # (g) Per-layer KV shapes and cross-layer KV sharing (Gemma 3n, Gemma 4).
+    "gemma3n-kvshare-2mb-b32-mnbt256": _case("gemma3n-tiny", 2_000_000, 32, 2048, batched=256,
+                                             note="4 KV-sharing layers allocate no KV"),
+    "gemma4-31b-like-4mb-b32-mnbt256": _case("gemma4-31b-like", 4_000_000, 32, 2048, batched=256,
+                                             note="full pages half the sliding ones: full blocks of 64"),
+    "gemma4-e4b-like-4mb-b32-mnbt256": _case("gemma4-e4b-like", 4_000_000, 32, 2048, batched=256,
+                                             note="sliding pages half the full ones: sliding blocks of 64"),
+    "gemma4-odd-4mb-b32-mnbt256": _case("gemma4-odd", 4_000_000, 32, 2048, batched=256,
+                                        note="pages do not divide: sliding pages padded"),
+    "gemma4-31b-like-2mb-b32-mnbt256-refused": _case("gemma4-31b-like", 2_000_000, 32, 2048, batched=256,
+                                                     note="refusal expected"),
 }
 
 # Log lines about KV-cache sizing, kept verbatim in vllm.log.
