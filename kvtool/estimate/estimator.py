@@ -475,10 +475,12 @@ def resolve_budget(
     if gpu is None:
         return PlannedBudget(None, None)
     if weights is None:
-        raise UsageError(
-            "GPU planning needs the weights: use --model or --config, or give --kv-memory in manual mode",
-            where="--gpu" if request.gpu else "--gpu-memory",
+        how = (
+            "put the safetensors files (headers suffice) beside config.json, or give --kv-memory"
+            if request.config
+            else "use --model or --config, or give --kv-memory in manual mode"
         )
+        raise UsageError(f"GPU planning needs the weights: {how}", where="--gpu" if request.gpu else "--gpu-memory")
     overrides = ReserveOverrides(
         total_bytes=_size_or_none(request.reserve, "--reserve"),
         activation_bytes=_size_or_none(request.activation_memory, "--activation-memory"),

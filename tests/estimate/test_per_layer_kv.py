@@ -136,7 +136,11 @@ def test_weights_are_not_guessed_for_per_layer_embedding_models(run_cli):
     assert out["weights_bytes"] is None
     assert any(n.startswith("weights unknown: gemma4_text's layers") for n in out["notes"])
     r = run_cli("estimate", "--config", str(ESTIMATE / "gemma-4-e4b-it"), "--gpu", "H100")
-    assert r.exit_code == EXIT_USAGE and "GPU planning needs the weights" in r.stderr
+    assert r.exit_code == EXIT_USAGE
+    assert r.stderr.splitlines()[0] == (
+        "Error: GPU planning needs the weights: put the safetensors files (headers suffice) beside "
+        "config.json, or give --kv-memory (--gpu)"
+    )
 
 
 def test_per_layer_config_reads_as_global_head_dim(run_cli, tmp_path):
