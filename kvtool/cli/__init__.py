@@ -83,7 +83,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     """
     from typer._click import exceptions  # typer >= 0.26 carries its own click (pyproject)
 
-    from kvtool.core.errors import EXIT_INTERRUPTED
+    from kvtool.cli.output import report_error
+    from kvtool.core.errors import EXIT_INTERRUPTED, KvtoolError
 
     args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(build_app(_command_named(args)))
@@ -91,6 +92,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         result = command.main(args=args, prog_name="kvtool", standalone_mode=False)
     except exceptions.UsageError as err:
         return _usage_error(err)
+    except KvtoolError as err:  # raised while the options are parsed (path_option's empty path)
+        return report_error(err)
     except exceptions.ClickException as err:
         sys.stderr.write(f"Error: {' '.join(err.format_message().split())}\n")
         return err.exit_code

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from kvtool.cli.options import JsonOpt
+from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
@@ -47,15 +47,19 @@ def register(app: typer.Typer) -> None:
         ),
         top: int = typer.Option(10, "--top", help="How many culprits (late frees, worst pools) to list."),
         json_output: JsonOpt = False,
-        export: Optional[Path] = typer.Option(
+        export: Optional[Path] = path_option(
             None,
             "--export",
+            empty_tip="give the file of the per-request table (NAME.csv, NAME.csv.gz or NAME.parquet)",
             help="Write every table: the per-request table to this file, the pool timeline, prefix matches and free "
             "latencies beside it (NAME-pool_timeline.csv, ...); .csv, .csv.gz or .parquet by the name. A fleet: the "
             "per-request table of every pool.",
         ),
-        plot: Optional[Path] = typer.Option(
-            None, "--plot", help="Write four PNG charts into this directory (a fleet: one folder per worst pool)."
+        plot: Optional[Path] = path_option(
+            None,
+            "--plot",
+            empty_tip="give a folder for the charts ('.' for the current one)",
+            help="Write four PNG charts into this directory (a fleet: one folder per worst pool).",
         ),
         workers: Optional[int] = typer.Option(
             None, "--workers", help="Several files: run them on a local Dask cluster of N worker processes."

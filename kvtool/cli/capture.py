@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from kvtool.cli.options import JsonOpt
+from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 
@@ -44,7 +44,13 @@ def register(app: typer.Typer) -> None:
             "-e",
             help="vLLM's KV-event endpoint, as in its KVEventsConfig (tcp://HOST:PORT or ipc://PATH).",
         ),
-        output: Path = typer.Option(..., "--output", "-o", help="The JSON-lines file to write (one event per line)."),
+        output: Path = path_option(
+            ...,
+            "--output",
+            "-o",
+            empty_tip="give the JSON-lines file to write (NAME.jsonl)",
+            help="The JSON-lines file to write (one event per line).",
+        ),
         role: str = typer.Option(
             "auto",
             "--role",

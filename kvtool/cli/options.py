@@ -7,9 +7,12 @@ Every command binds ``--json`` to the parameter ``json_output``:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+
+from kvtool.core.errors import UsageError
 
 JSON_HELP = "Print one JSON object on stdout and nothing else (no tables)."
 PROFILES_HELP = "Extra profile directory (models/*.yaml, gpus/*.yaml); repeatable. Also KVTOOL_PROFILES."
@@ -22,3 +25,23 @@ def json_option(rich_help_panel: str | None = None) -> Any:
 
 JsonOpt = Annotated[bool, json_option()]
 ProfilesOpt = Annotated[Optional[list[str]], typer.Option("--profiles", help=PROFILES_HELP, show_default=False)]
+
+
+def path_option(default: Any, *names: str, empty_tip: str, **kwargs: Any) -> Any:
+    """A ``Path`` option that refuses an empty value with a usage error naming the option (exit 2).
+
+    typer turns ``''`` into ``Path('.')``, the current folder, before the command sees it: ``--plot ''`` wrote its
+    charts into the current folder, ``capture -o ''`` ended in a traceback. typer's ``parser`` receives the raw
+    string, so the check is made there. ``empty_tip`` says what to give instead; the other arguments are
+    ``typer.Option``'s. The error is a :class:`UsageError`, which ``kvtool.cli.run`` reports as the commands do.
+    """
+    option = names[0]
+
+    def path(value: str | Path) -> Path:  # its name is the metavar --help shows: PATH, as for a plain Path option
+        if isinstance(value, Path):
+            return value
+        if value == "":
+            raise UsageError(f"{option} is empty", where=option, tip=empty_tip)
+        return Path(value)
+
+    return typer.Option(default, *names, parser=path, **kwargs)

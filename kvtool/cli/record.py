@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from kvtool.cli.options import JsonOpt
+from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 
 EXAMPLES = """
@@ -32,8 +32,12 @@ def register(app: typer.Typer) -> None:
         command: Optional[list[str]] = typer.Argument(
             None, help="The command to run (after --), e.g. vllm serve MODEL ...", show_default=False
         ),
-        output: Path = typer.Option(
-            ..., "--output", "-o", help="Events file to write: .csv or .parquet (one per data-parallel rank)."
+        output: Path = path_option(
+            ...,
+            "--output",
+            "-o",
+            empty_tip="give the events file to write (NAME.csv or NAME.parquet)",
+            help="Events file to write: .csv or .parquet (one per data-parallel rank).",
         ),
         sample: float = typer.Option(
             1.0, "--sample", help="Share of requests to record (0 < rate <= 1), chosen by a hash of the request id."

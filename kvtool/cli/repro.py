@@ -15,6 +15,7 @@ import typer
 from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors, print_json, stdout_console
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED
+from kvtool.repro.defaults import MAX_INTERLEAVINGS, SCENARIO_INTERLEAVINGS, TARGET_INTERLEAVINGS
 
 if TYPE_CHECKING:
     from kvtool.repro.results import TargetCheck
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--interleavings",
             metavar="N",
-            help="Seeded random interleavings per implementation (default 200; 10 for a --target).",
+            help=f"Seeded random interleavings per implementation (default {SCENARIO_INTERLEAVINGS}; "
+            f"{TARGET_INTERLEAVINGS} for a --target; at most {MAX_INTERLEAVINGS:,}).",
         ),
         json_output: JsonOpt = False,
     ) -> None:

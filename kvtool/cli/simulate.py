@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvtool.cli.options import json_option
+from kvtool.cli.options import json_option, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
@@ -26,17 +26,19 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @handle_errors
     def command(
-        trace: Optional[Path] = typer.Option(
+        trace: Optional[Path] = path_option(
             None,
             "--trace",
+            empty_tip="give a trace file (CSV or JSON lines)",
             help="CSV or JSON-lines trace of real requests "
             "(Azure, Vidur, generic prompt_tokens/output_tokens or length, "
             "LLMServingSim; for the prefix cache, JSON lines of prompt_token_ids or the Mooncake format).",
             rich_help_panel=_LENGTHS,
         ),
-        from_events: Optional[Path] = typer.Option(
+        from_events: Optional[Path] = path_option(
             None,
             "--from-events",
+            empty_tip="give an events file of `kvtool analyze`'s schema",
             help="Lengths recovered from an events file of `kvtool analyze`'s schema.",
             rich_help_panel=_LENGTHS,
         ),
@@ -192,17 +194,23 @@ def register(app: typer.Typer) -> None:
         slo_ttft_ms: Optional[float] = typer.Option(
             None, "--slo-ttft-ms", help="TTFT p99 target of the recommendation.", rich_help_panel=_SERVE
         ),
-        export_events: Optional[Path] = typer.Option(
+        export_events: Optional[Path] = path_option(
             None,
             "--export-events",
+            empty_tip="give the file to write (NAME.csv, NAME.csv.gz or NAME.parquet)",
             help="Write the simulated events in "
             "`kvtool analyze`'s schema (NAME-bB.csv per block size when "
             "several; .csv.gz or .parquet by the name).",
             rich_help_panel=_SERVE,
         ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
-        plot: Optional[Path] = typer.Option(
-            None, "--plot", metavar="DIR", help="Write PNG charts into DIR.", rich_help_panel=_OUT
+        plot: Optional[Path] = path_option(
+            None,
+            "--plot",
+            empty_tip="give a folder for the charts ('.' for the current one)",
+            metavar="DIR",
+            help="Write PNG charts into DIR.",
+            rich_help_panel=_OUT,
         ),
     ) -> None:
         """Compare KV-cache block sizes against a real or sampled request-length distribution.

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kvtool.cli.options import JsonOpt
+from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
 
@@ -74,7 +74,12 @@ def register(app: typer.Typer) -> None:
         endpoint: Optional[str] = typer.Option(
             None, "--endpoint", help="A running OpenAI-compatible server (base URL)."
         ),
-        model: Optional[Path] = typer.Option(None, "--model", help="A model folder: kvtool starts vLLM on it itself."),
+        model: Optional[Path] = path_option(
+            None,
+            "--model",
+            empty_tip="give a model folder ('.' for the current one)",
+            help="A model folder: kvtool starts vLLM on it itself.",
+        ),
         vllm_python: Optional[str] = typer.Option(
             None, "--vllm-python", help="The Python with vLLM (--model mode; default: $VLLM_PYTHON or this one)."
         ),
@@ -125,10 +130,18 @@ def register(app: typer.Typer) -> None:
         ),
         repeats: int = typer.Option(2, "--repeats", help="Trials per ordered pair and variant, each on fresh content."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Fix the random content (default: fresh every run)."),
-        record: Optional[Path] = typer.Option(
-            None, "--record", help="Write what the run observed (responses, counters, KV events) as JSON."
+        record: Optional[Path] = path_option(
+            None,
+            "--record",
+            empty_tip="give the JSON file to write",
+            help="Write what the run observed (responses, counters, KV events) as JSON.",
         ),
-        replay: Optional[Path] = typer.Option(None, "--replay", help="Judge a recorded run again instead of probing."),
+        replay: Optional[Path] = path_option(
+            None,
+            "--replay",
+            empty_tip="give a file written by --record",
+            help="Judge a recorded run again instead of probing.",
+        ),
         json_output: JsonOpt = False,
     ) -> None:
         """Check that tenants, LoRA adapters, adapter versions and embeddings never share KV blocks.

@@ -22,6 +22,8 @@ from kvtool.estimate.capacity import (
     serve_max_num_batched_tokens,
 )
 from kvtool.estimate.hf_config import (
+    MANUAL,
+    NO_MODEL_TYPE,
     PER_LAYER_EMBEDDING_TYPES,
     KvShape,
     ModelSpec,
@@ -192,7 +194,9 @@ class EstimateResult:
     defaults: tuple[str, ...]  # every default used, in words
     notes: tuple[str, ...]
     max_position_embeddings: int | None  # the model's context (vLLM's derived max_model_len); None if unknown
-    warnings: tuple[str, ...]  # what vLLM would refuse although kvtool sized it (the CLI prints them on stderr)
+    # what vLLM would refuse although kvtool sized it, and a model_type kvtool does not know (the CLI prints them on
+    # stderr; --json carries them here)
+    warnings: tuple[str, ...]
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
     suggestions: tuple[str, ...]  # when it does not fit: changes that would make it fit, in words
@@ -629,7 +633,7 @@ def _defaults(
 ) -> list[str]:
     """Every default the figures rest on, in words (shown under the table and in the JSON)."""
     said: list[str] = []
-    if spec.model_type == "manual" and request.dtype is None:
+    if spec.model_type == MANUAL and request.dtype is None:
         said.append("dtype float16 (kvtool's default in manual mode; --dtype to change)")
     said.extend(lengths.defaults)
     if request.kv_dtype == "auto":
@@ -848,7 +852,7 @@ def _result(
         defaults=defaults,
         notes=(*spec.notes, *layout.notes, *_weights_notes(request, spec, weights), *_budget_notes(budget)),
         max_position_embeddings=spec.max_position_embeddings,
-        warnings=_context_warnings(spec, lengths.seq_lens),
+        warnings=(*_model_type_warnings(spec), *_context_warnings(spec, lengths.seq_lens)),
         sweep=sweep,
         compare=_compare(spec, request, budget, seq_len, batch, per_gpu) if request.compare else (),
         suggestions=suggest_fits(request, spec, capacity, seq_len, batch),
@@ -880,6 +884,20 @@ def suggest_fits(
     if capacity.max_seq_len_at_batch:
         said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {batch:,} requests")
     return tuple(said)
+
+
+def _model_type_warnings(spec: ModelSpec) -> tuple[str, ...]:
+    """A model_type kvtool does not know is sized by the generic rules, which may miss what its layers keep."""
+    if spec.known_model_type:
+        return ()
+    if spec.model_type == NO_MODEL_TYPE:
+        what = "the config names no model_type"
+    else:
+        what = f"model_type {spec.model_type!r} is not one kvtool knows"
+    return (
+        f"{what}: it was sized as a standard decoder from num_hidden_layers, num_key_value_heads and "
+        "head_dim; check the figure (vLLM's start-up log prints it as 'GPU KV cache size')",
+    )
 
 
 def _context_warnings(spec: ModelSpec, seq_lens: tuple[int, ...]) -> tuple[str, ...]:

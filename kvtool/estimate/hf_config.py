@@ -53,6 +53,10 @@ class KvShape:
     head_dim: int
 
 
+MANUAL = "manual"  # the model_type of a spec given by --layers --kv-heads --head-dim
+NO_MODEL_TYPE = "unknown"  # the model_type of a config that names none
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """What kvtool needs to know about a model, read from a config.json or a profile."""
@@ -115,6 +119,12 @@ class ModelSpec:
         if kind == FULL and self.full_attention_kv is not None:
             return self.full_attention_kv
         return KvShape(self.num_kv_heads, self.head_dim)
+
+    @property
+    def known_model_type(self) -> bool:
+        """Whether kvtool's reading of this model_type was checked against published configs (KNOWN_MODEL_TYPES);
+        manual mode states its shape itself.  Any other model_type is sized by the generic rules all the same."""
+        return self.model_type in KNOWN_MODEL_TYPES or self.model_type == MANUAL
 
     @property
     def attention_kind(self) -> str:
@@ -422,6 +432,28 @@ UNTIED_BY_DEFAULT = frozenset(
 )  # fmt: skip
 
 
+# Plain decoders whose config.json layout the rules above are written for: a profile (profiles/models/), a published
+# config in the tests (tests/data/estimate/, tests/data/gpu-logs/) or a rule of their own covers each of them.
+STANDARD_DECODER_TYPES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+        "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "minimax_m2",
+    }
+)  # fmt: skip
+# Every model_type kvtool knows: those plain decoders and the types that kvtool's reading rules name (Falcon's KV
+# heads, Llama 4's chunked layers, the hybrid readers, transformers' class defaults).  A config of any other
+# model_type is sized as a standard decoder from num_hidden_layers, num_key_value_heads and head_dim (and their
+# aliases), and `kvtool estimate` says so in a warning (kvtool.estimate.estimator).
+KNOWN_MODEL_TYPES = (
+    STANDARD_DECODER_TYPES
+    | LLAMA4_TYPES
+    | PER_LAYER_EMBEDDING_TYPES
+    | frozenset(_FALCON_TYPES)
+    | frozenset(READERS)
+    | frozenset(_CLASS_DEFAULTS)
+)
+
+
 def _with_class_defaults(reader: _Reader, notes: list[str]) -> _Reader:
     """The config with its transformers class defaults filled in where keys are absent (see _CLASS_DEFAULTS)."""
     defaults = _CLASS_DEFAULTS.get(str(reader.data.get("model_type")), {})
@@ -447,7 +479,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         notes.append("read the language model from text_config")
     cfg = _with_class_defaults(cfg, notes)
 
-    model_type = cfg.get("model_type") or top.get("model_type") or "unknown"
+    model_type = cfg.get("model_type") or top.get("model_type") or NO_MODEL_TYPE
     num_layers = cfg.need("num_hidden_layers", "n_layer", "num_layers", "n_layers")
     num_heads = cfg.need("num_attention_heads", "n_head", "num_heads")
     hidden = cfg.positive("hidden_size", "n_embd", "d_model", required=False)
@@ -894,7 +926,7 @@ def manual_spec(
     return ModelSpec(
         name="manual",
         source="command-line options",
-        model_type="manual",
+        model_type=MANUAL,
         num_layers=layers,
         num_attention_heads=num_heads,
         num_kv_heads=kv_heads,

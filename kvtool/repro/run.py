@@ -9,15 +9,13 @@ import torch
 
 from kvtool.core.errors import UsageError
 from kvtool.repro.checks import DTYPES, TOLERANCES, run_scenario
+from kvtool.repro.defaults import MAX_INTERLEAVINGS, SCENARIO_INTERLEAVINGS, TARGET_INTERLEAVINGS
 from kvtool.repro.hf import HF_CACHES
 from kvtool.repro.results import ReproReport, ScenarioResult, TargetCheck, TargetResult
 from kvtool.repro.scenarios import SCENARIO_NAMES
 from kvtool.repro.target import check_target
 
 MAX_SEED = 2**62  # torch.Generator takes a signed 64-bit seed; the workloads add small offsets to it
-SCENARIO_INTERLEAVINGS = 200  # default --interleavings for the built-in scenarios
-TARGET_INTERLEAVINGS = 10  # for a --target: a real decoder's forward costs ~10 ms on CPU, and 10 orders of 6
-# requests already interleave every pair of requests many times (a default run stays under 30 s)
 THREADS = 1  # tiny tensors: a second thread only adds synchronisation (measured: 7 s vs 125 s on a busy 2-core box)
 
 
@@ -53,8 +51,11 @@ def _validate(
         raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}", where="--dtype")
     if not 0 <= seed <= MAX_SEED:
         raise UsageError(f"--seed must be between 0 and {MAX_SEED}, got {seed}", where="--seed")
-    if interleavings < 1:
-        raise UsageError(f"--interleavings must be at least 1, got {interleavings}", where="--interleavings")
+    if not 1 <= interleavings <= MAX_INTERLEAVINGS:
+        raise UsageError(
+            f"--interleavings must be between 1 and {MAX_INTERLEAVINGS:,}, got {interleavings:,}",
+            where="--interleavings",
+        )
     if d_model is not None and d_model <= 0:
         raise UsageError(f"--d-model must be positive, got {d_model}", where="--d-model")
     if target is not None and names:
@@ -87,7 +88,7 @@ def run_repro(
 
     ``progress`` is called with a short description before each scenario (for a status line on stderr);
     ``on_check`` with each target check as it finishes.  ``interleavings`` defaults to 200 for the scenarios
-    and 10 for a target.
+    and 10 for a target, and is at most MAX_INTERLEAVINGS (10,000).
     """
     if interleavings is None:
         interleavings = SCENARIO_INTERLEAVINGS if target is None else TARGET_INTERLEAVINGS

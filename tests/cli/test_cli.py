@@ -6,7 +6,7 @@ import pytest
 
 import kvtool
 from kvtool.core.errors import EXIT_USAGE
-from tests.support import heavy_modules_loaded_by, run_subprocess
+from tests.support import DATA, heavy_modules_loaded_by, run_subprocess
 
 
 def test_help_lists_every_command_with_one_line(run_cli):
@@ -95,3 +95,85 @@ def test_tables_into_a_closed_pipe_exit_0_like_json(args):
         os.close(write_end)
     assert proc.returncode == 0
     assert proc.stderr == ""
+
+
+_BASIC = str(DATA / "analyze" / "basic.csv")
+_CHARTS_TIP = "give a folder for the charts ('.' for the current one)"
+
+
+@pytest.mark.parametrize(
+    "args, option, tip",
+    [
+        # the defect: typer made '' Path('.'), and the four charts were written into the current folder, exit 0
+        (["analyze", _BASIC, "--plot", ""], "--plot", _CHARTS_TIP),
+        (["analyze", _BASIC, "--plot=", "--json"], "--plot", _CHARTS_TIP),
+        (
+            ["analyze", _BASIC, "--export", "", "--json"],
+            "--export",
+            "give the file of the per-request table (NAME.csv, NAME.csv.gz or NAME.parquet)",
+        ),
+        (["simulate", "--dist", "fixed", "--length", "100", "--plot", ""], "--plot", _CHARTS_TIP),
+        (
+            ["simulate", "--dist", "fixed", "--length", "100", "--serve", "--export-events", ""],
+            "--export-events",
+            "give the file to write (NAME.csv, NAME.csv.gz or NAME.parquet)",
+        ),
+        (["simulate", "--trace", ""], "--trace", "give a trace file (CSV or JSON lines)"),
+        (["simulate", "--from-events", ""], "--from-events", "give an events file of `kvtool analyze`'s schema"),
+        (["record", "-o", "", "--", "true"], "--output", "give the events file to write (NAME.csv or NAME.parquet)"),
+        # was a ValueError traceback from Path.with_name
+        (["capture", "-o", "", "--duration", "0.1"], "--output", "give the JSON-lines file to write (NAME.jsonl)"),
+        (["vllm", "isolation", "--model", ""], "--model", "give a model folder ('.' for the current one)"),
+        (["vllm", "isolation", "--replay", ""], "--replay", "give a file written by --record"),
+        (
+            ["vllm", "isolation", "--endpoint", "http://127.0.0.1:1", "--record", ""],
+            "--record",
+            "give the JSON file to write",
+        ),
+    ],
+    ids=[
+        "analyze-plot",
+        "analyze-plot-equals",
+        "analyze-export",
+        "simulate-plot",
+        "simulate-export-events",
+        "simulate-trace",
+        "simulate-from-events",
+        "record-output",
+        "capture-output",
+        "vllm-model",
+        "vllm-replay",
+        "vllm-record",
+    ],
+)
+def test_an_empty_path_option_is_a_usage_error_naming_it(run_cli, tmp_path, monkeypatch, args, option, tip):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(*args)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stdout == ""
+    assert result.stderr == f"Error: {option} is empty ({option})\nTip: {tip}\n"
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current folder
+
+
+def test_every_path_option_refuses_an_empty_value():
+    # typer turns '' into Path('.') before a command sees it; only an option declared with path_option checks the
+    # raw string, so a plain Path option (click's Path type) added to any command would bring the defect back
+    from typer.main import get_command
+
+    from kvtool.cli import build_app
+
+    def options(command, path=()):
+        for param in command.params:
+            yield " ".join(path), param
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from options(sub, (*path, name))
+
+    def checked_by_path_option(param) -> bool:
+        return getattr(getattr(param.type, "func", None), "__qualname__", "") == "path_option.<locals>.path"
+
+    found = list(options(get_command(build_app())))
+    paths = [(where, p) for where, p in found if p.type.name == "path"]  # typer's Path type and path_option's alike
+    plain = [(where, p.opts) for where, p in paths if not checked_by_path_option(p)]
+    checked = {(where, p.opts[0]) for where, p in paths if checked_by_path_option(p)}
+    assert plain == []
+    assert {("analyze", "--plot"), ("analyze", "--export"), ("simulate", "--plot"), ("capture", "--output")} <= checked

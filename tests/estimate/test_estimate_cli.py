@@ -334,11 +334,14 @@ def test_needs_exactly_one_model_source(run_cli):
     assert err(run_cli, "--layers", "2").exit_code == EXIT_USAGE
 
 
-def test_estimate_does_not_import_torch_or_pandas():
+def test_estimate_does_not_import_torch_or_pandas(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(_UNKNOWN_TYPE_CONFIG))  # warned about, with no heavy import
     codes, _, heavy = heavy_modules_loaded_by(
-        ["--help"], ["estimate", "--model", "llama-2-7b", "--gpu", "h100", "--compare"]
+        ["--help"],
+        ["estimate", "--model", "llama-2-7b", "--gpu", "h100", "--compare"],
+        ["estimate", "--config", str(tmp_path)],
     )
-    assert codes == [0, 0]
+    assert codes == [0, 0, 0]
     assert heavy == []
 
 
@@ -547,3 +550,74 @@ def test_compare_with_fp8_ds_mla_gives_plain_fp8_to_the_rows_without_mla(run_cli
     # 128 heads x (qk_nope 128 + qk_rope 64) x 61 layers x 1 B = 2,998,272 B (DeepSeek-V3 config.json)
     assert rows["as-is"] == ("fp8_ds_mla", 40_016)
     assert rows["MHA"] == ("fp8", 2_998_272)
+
+
+# A decoder of a model_type kvtool does not know: 32 layers, 32 query heads, 8 KV heads, hidden 4096 (head_dim 128).
+_UNKNOWN_TYPE_CONFIG = {
+    "model_type": "acme_decoder",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 4096,
+    "dtype": "bfloat16",
+}
+_SIZED_AS_A_DECODER = (
+    ": it was sized as a standard decoder from num_hidden_layers, num_key_value_heads and head_dim; check the "
+    "figure (vLLM's start-up log prints it as 'GPU KV cache size')"
+)
+
+
+@pytest.mark.parametrize(
+    ("drop", "warning"),
+    [
+        ((), "model_type 'acme_decoder' is not one kvtool knows" + _SIZED_AS_A_DECODER),
+        (("model_type",), "the config names no model_type" + _SIZED_AS_A_DECODER),
+    ],
+    ids=["unknown", "absent"],
+)
+def test_an_unknown_model_type_is_sized_and_warned_about(run_cli, tmp_path, drop, warning):
+    # it was sized silently as a generic decoder
+    config = {k: v for k, v in _UNKNOWN_TYPE_CONFIG.items() if k not in drop}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    # hand computation: 2 (K and V) x 32 layers x 8 KV heads x 128 head_dim x 2 B (bfloat16) x 2048 tokens
+    expected_kv_bytes = 2 * 32 * 8 * 128 * 2 * 2048
+    assert expected_kv_bytes == 268_435_456
+    r = run_cli("estimate", "--config", tmp_path, "--seq-len", "2048")
+    assert r.exit_code == 0
+    assert r.stderr == f"Warning: {warning}\n"  # one line on stderr
+    assert "268,435,456" in r.stdout and "Warning" not in r.stdout
+    r = run_cli("estimate", "--config", tmp_path, "--seq-len", "2048", "--json")
+    assert (r.exit_code, r.stderr) == (0, "")  # --json: the warning is a field, as the context warning is
+    out = json.loads(r.stdout)
+    assert out["kv_bytes"] == expected_kv_bytes
+    assert out["warnings"] == [warning]
+
+
+_REAL_CONFIGS = sorted(p.parent for p in DATA.glob("*/**/config.json"))
+
+
+def test_the_real_configs_are_all_found():
+    # the published configs kept in tests/data (estimate/, gpu-logs/, vllm-sizing/, repro/, isolation/)
+    names = {p.relative_to(DATA).parts[0] for p in _REAL_CONFIGS}
+    assert {"estimate", "gpu-logs", "vllm-sizing"} <= names
+    # 12 published configs, plus gemma-3n-e4b-it, gemma-4-e4b-it and gemma-4-31b-it (per-layer KV shapes)
+    assert len([p for p in _REAL_CONFIGS if p.parent.name == "estimate"]) == 15
+
+
+@pytest.mark.parametrize("folder", _REAL_CONFIGS, ids=lambda p: str(p.relative_to(DATA)))
+def test_no_real_config_is_warned_about_its_model_type(run_cli, folder):
+    r = run_cli("estimate", "--config", folder, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert not [w for w in json.loads(r.stdout)["warnings"] if "model_type" in w]
+    r = run_cli("estimate", "--config", folder)
+    assert r.exit_code == 0 and "model_type" not in r.stderr
+
+
+def test_no_built_in_profile_is_warned_about_its_model_type(run_cli):
+    models = json.loads(run_cli("models", "--json").stdout)["models"]
+    assert len(models) == 20  # profiles/models/*.yaml
+    for model in models:
+        r = run_cli("estimate", "--model", model["name"], "--json")
+        assert r.exit_code == 0, (model["name"], r.stderr)
+        assert not [w for w in json.loads(r.stdout)["warnings"] if "model_type" in w], model["name"]

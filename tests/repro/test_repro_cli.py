@@ -75,7 +75,21 @@ def test_dtype_tolerances_shown(run_cli):
     "args, message",
     [
         (["no-such-scenario"], "Error: unknown scenario 'no-such-scenario' (NAME)"),
-        (["--interleavings", "0"], "Error: --interleavings must be at least 1, got 0 (--interleavings)"),
+        (["--interleavings", "0"], "Error: --interleavings must be between 1 and 10,000, got 0 (--interleavings)"),
+        (["--interleavings", "-1"], "Error: --interleavings must be between 1 and 10,000, got -1 (--interleavings)"),
+        # uncapped, 10**12 ran for practically ever (about 19 ms an interleaving of the seven scenarios)
+        (
+            ["--interleavings", str(10**12)],
+            "Error: --interleavings must be between 1 and 10,000, got 1,000,000,000,000 (--interleavings)",
+        ),
+        (
+            ["--interleavings", "10001"],
+            "Error: --interleavings must be between 1 and 10,000, got 10,001 (--interleavings)",
+        ),
+        (
+            ["--target", "x:y", "--interleavings", str(10**12)],
+            "Error: --interleavings must be between 1 and 10,000, got 1,000,000,000,000 (--interleavings)",
+        ),
         (["--seed", "-1"], "Error: --seed must be between 0 and 4611686018427387904, got -1 (--seed)"),
         (
             ["--seed", str(2**64)],
@@ -96,6 +110,25 @@ def test_usage_errors(run_cli, args, message):
     assert result.exit_code == EXIT_USAGE
     assert result.stderr.splitlines()[0] == message
     assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_the_most_interleavings_are_accepted_and_stated_in_the_help(run_cli, monkeypatch):
+    # 10,000 (docs/repro.md) reaches the scenario; each scenario then runs one interleaving, to keep the test short
+    import kvtool.repro.run as run
+
+    asked: list[int] = []
+    real = run.run_scenario
+
+    def one_interleaving(name, **options):
+        asked.append(options["interleavings"])
+        return real(name, **{**options, "interleavings": 1})
+
+    monkeypatch.setattr(run, "run_scenario", one_interleaving)
+    result = run_cli("repro", "layer-index", "--interleavings", "10000", "--device", "cpu", "--json")
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert asked == [10_000] and json.loads(result.stdout)["interleavings"] == 10_000
+    help_text = " ".join(run_cli("repro", "--help").stdout.replace("│", " ").split())
+    assert "(default 200; 10 for a --target; at most 10,000)" in help_text
 
 
 def test_cuda_asked_but_absent(run_cli):
