@@ -84,34 +84,27 @@ LIVE_CASES = [
 ]
 
 
+def _run_vllm(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run a script under VLLM_PYTHON, offline and on loopback, its caches in a short scratch folder (vLLM's ipc
+    socket paths must stay under 107 characters, so not tmp_path)."""
+    scratch = Path(tempfile.mkdtemp(prefix="kvs"))
+    try:
+        return subprocess.run(
+            [VLLM_PYTHON, *args], env=_offline_env(scratch), cwd=cwd, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 @pytest.mark.parametrize(("model", "budget", "block", "max_len", "batched"), LIVE_CASES)
 def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, model, budget, block, max_len, batched):
     model_dir = tmp_path / model
     script = tmp_path / "engine.py"
     script.write_text(ENGINE_SCRIPT)
-    # vLLM's ipc socket paths must stay under 107 characters: a short scratch folder, not tmp_path.
-    scratch = Path(tempfile.mkdtemp(prefix="kvs"))
-    try:
-        proc = subprocess.run(
-            [
-                VLLM_PYTHON,
-                str(script),
-                str(RECORD_PY),
-                str(model_dir),
-                str(budget),
-                str(block),
-                str(max_len),
-                model,
-                str(batched),
-            ],
-            env=_offline_env(scratch),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    proc = _run_vllm(
+        [str(script), str(RECORD_PY), str(model_dir), str(budget), str(block), str(max_len), model, str(batched)],
+        tmp_path,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("LIVE_RESULT "))[12:])
@@ -146,18 +139,7 @@ SPECS_DIR = DATA / "estimate" / "vllm-specs"
 def test_live_vllm_sizing_functions_match_the_recorded_spec_cases(tmp_path):
     # Re-runs vLLM's own kv_cache_utils sizing on the published Gemma configs' KV layers (record.py there) and
     # checks the recorded figures, which tests/estimate/test_per_layer_kv.py holds kvtool to.
-    scratch = Path(tempfile.mkdtemp(prefix="kvs"))
-    try:
-        proc = subprocess.run(
-            [VLLM_PYTHON, str(SPECS_DIR / "record.py"), str(SPECS_DIR / "cases.json")],
-            env=_offline_env(scratch),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    proc = _run_vllm([str(SPECS_DIR / "record.py"), str(SPECS_DIR / "cases.json")], tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SPEC_RESULT "))
     assert json.loads(line[len("SPEC_RESULT ") :]) == json.loads((SPECS_DIR / "cases.json").read_text())["vllm"]
