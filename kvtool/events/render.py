@@ -126,12 +126,11 @@ def _write_with_rows(doc: dict[str, Any], columns: list[tuple[str, Any]], stream
 
 
 def check_export_path(path: Path) -> None:
-    """``--export`` needs a file name: an empty one (``''`` is the current folder, a traceback in ``with_name``) or a
-    folder is a usage error, said before any file is read."""
+    """``--export`` needs a file name: a folder (``.`` included, a traceback in ``with_name``) is a usage error, said
+    before any file is read.  An empty value never gets here (``kvtool.cli.options.path_option`` refuses it)."""
     if not path.name or path.is_dir():
         raise UsageError(
-            "--export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder",
-            where=f"--export {str(path) if str(path) != '.' else repr('')}",
+            "--export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder", where=f"--export {path}"
         )
     folder = next((p for p in path.parents if p.exists()), None)
     if folder is not None and not folder.is_dir():  # was "[Errno 17] File exists: '...'" after the analysis

@@ -197,6 +197,16 @@ def test_export_to_a_folder_is_refused_before_reading(run_cli, tmp_path):
     )
 
 
+def test_export_to_the_current_folder_is_named_as_given(run_cli, tmp_path, monkeypatch):
+    # '.' is a folder like any other: the message names it as typed (it once said "--export ''")
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("analyze", D / "basic.csv", "--export", ".", "--json")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr == (
+        "Error: --export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder (--export .)\n"
+    )
+
+
 def test_an_empty_events_argument_is_a_usage_error(run_cli):
     # Path("") is the current folder: every events file below it was analysed as a fleet
     result = run_cli("analyze", "", "--json")
