@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kvtool.core.errors import UsageError
 from kvtool.core.threads import in_background
 from kvtool.events.blocks import PhysicalBlocks, physical_blocks
+from kvtool.events.kernels import compiled
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE, SCHEMA_VERSION, EventTable
 from kvtool.events.segments import (
     clamp_at_zero,
@@ -313,27 +314,27 @@ def analyze_events(
 ) -> Analysis:
     """Analyse an :class:`EventTable` (see the module docstring for the definitions).
 
-    The story: one stable sort by (request, ts) gives each request's blocks held after each of its rows (b);
-    integrals over each request's rows give the per-request table; the changes of b in global time order give
-    the pool's blocks in use; physical block ids (a second thread) give the unique blocks in use; the rest are
-    small reductions of those (prefix reuse, long requests, late frees, anomalies).
+    The story: one pass over each request's rows in time order gives the blocks it holds after each row (b) and
+    their integrals, the per-request table; the changes of b in global time order give the pool's blocks in use;
+    physical block ids (a second thread) give the unique blocks in use; the rest are small reductions of those
+    (prefix reuse, long requests, late frees, anomalies).  The per-request and physical passes are compiled loops
+    (kernels.py) where built, else the numpy steps below.
     """
     _check_options(long_threshold_tokens, long_share_alert, top, pool_blocks, late_free_ms)
     note = progress or (lambda stage: None)
     note("sorting")
     order = _time_order(table)
-    physical_job, held = _hold_blocks_beside_physical(table, order)
-    note("integrating")
-    integrals = _integrate(table, held, order.t_end)
-    rows = _row_figures(table, held.starts, held.q, integrals.up_pos, order.tpos_of_row)
-    requests = _request_table(table, held, integrals, rows, long_threshold_tokens)
+    physical_job, passed = _request_pass_beside_physical(table, order)
+    rows = _row_figures(table, passed.second_rise, order.tpos_of_row)
+    requests = _request_table(table, passed, rows, long_threshold_tokens)
     note("pool")
-    curves = _pool_curves(integrals.db, held.q, requests.long[held.codes], order.t_ts, held.acc)
-    block_size_of_request = _block_size_of_request(table, held)
-    del held
+    codes = table.request if order.p0 is None else table.request[order.p0]  # request of each row in ts order
+    curves = _pool_curves(passed.db_ts, requests.long[codes], order.t_ts, passed.db_ts.dtype)
+    del codes
+    block_size_of_request = passed.first_block_size
     physical = physical_job.result() if physical_job is not None else None
     capacity = _capacity(table, pool_blocks, physical, order, curves.in_use)
-    pool = _pool_stats(table, order, curves, integrals, requests, physical, capacity)
+    pool = _pool_stats(table, order, curves, passed, requests, physical, capacity)
     note("prefix reuse")
     has_prompt = rows.prompt_tokens > 0
     match_tokens = rows.match_tokens[has_prompt]
@@ -353,7 +354,7 @@ def analyze_events(
         int(requests.long.sum()),
     )
     late = _late_frees(requests, late_free_ms, top, pool.late_free_block_seconds)
-    anomalies = _anomalies(table, integrals, requests)
+    anomalies = _anomalies(table, passed, requests)
     return Analysis(
         file=table.path,
         schema_version=SCHEMA_VERSION,
@@ -424,9 +425,182 @@ def _time_order(table: EventTable) -> _TimeOrder:
     )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _RequestPass:
+    """The per-request pass: each request's integrals and counts (arrays aligned with request_ids), and the
+    change it makes to the blocks in use at each row (in time order) for the pool curves."""
+
+    holding_s: np.ndarray
+    block_seconds: np.ndarray
+    slot_seconds: np.ndarray
+    token_seconds: np.ndarray
+    peak_tokens: np.ndarray
+    peak_blocks: np.ndarray
+    tokens: np.ndarray
+    leaked_blocks: np.ndarray
+    rises: np.ndarray  # holding intervals begun (b rising from 0)
+    over_frees: np.ndarray  # over-free rows per request
+    events: np.ndarray  # rows per request
+    first_ts_s: np.ndarray
+    last_ts_s: np.ndarray
+    first_block_size: np.ndarray  # block size of each request's first row
+    second_rise: np.ndarray  # time-order position of each request's second rise of b from 0 (n: none)
+    over_free_rows: int
+    over_freed_blocks: int
+    db_ts: np.ndarray  # change of b at each time-order position (over-frees clamped); int32 when totals fit
+
+
+def _request_pass_beside_physical(table: EventTable, order: _TimeOrder) -> tuple[Any, _RequestPass]:
+    """Run the per-request pass here while the physical-block pass (block_ids) starts on a second core.
+
+    numpy and the compiled loops release the GIL; the physical pass needs where each request's holding intervals
+    close, which this thread hands over through a Future once known (or the error, so that thread never waits
+    forever).
+    """
+    from concurrent.futures import Future
+
+    physical_job: Future[PhysicalBlocks] | None = None
+    later: Future[tuple[Any, Any]] | None = None
+    if table.events and table.block_id_rows is not None and table.block_id_rows.size:
+        later = Future()
+        physical_job = in_background(physical_blocks, table, order.tpos_of_row, order.t_ts, order.t_end, later)
+    hand_over = None if later is None else later.set_result
+    try:
+        kernels = compiled()
+        if kernels is not None:
+            passed = _request_pass_compiled(kernels, table, order, hand_over)
+        else:
+            passed = _request_pass_numpy(table, order, hand_over)
+    except BaseException as err:
+        if later is not None and not later.done():
+            later.set_exception(err)
+        raise
+    return physical_job, passed
+
+
+def _running_sum_dtype(table: EventTable):
+    """int32 when the running sums of blocks (times block size) and tokens fit in it, else int64."""
+    import numpy as np
+
+    max_bs = table.default_block_size if table.block_size is None else int(table.block_size.max(initial=1))
+    total_blocks = int(table.num_blocks.sum(dtype=np.int64))
+    total_tokens = int(table.num_tokens.sum(dtype=np.int64))
+    return np.int32 if max(total_blocks * max_bs, total_tokens) < 2**31 else np.int64
+
+
+def _request_pass_compiled(kernels, table: EventTable, order: _TimeOrder, hand_over) -> _RequestPass:
+    """The per-request pass as one compiled sweep over the rows in time order (see _kernels.c)."""
+    import numpy as np
+
+    n, n_req = table.events, len(table.request_ids)
+    floats = [np.empty(n_req) for _ in range(4)]  # holding, block-, slot- and token-seconds
+    counts = [np.empty(n_req, dtype=np.int64) for _ in range(7)]  # peaks, tokens, leaked, rises, over, events
+    first_ts, last_ts = np.empty(n_req), np.empty(n_req)
+    first_bs, second_rise = np.empty(n_req, dtype=np.int64), np.empty(n_req, dtype=np.int64)
+    db_ts = np.empty(n, dtype=_running_sum_dtype(table))
+    cap = int(np.count_nonzero(table.event == FREE))  # a close is a free row
+    close_tpos, close_req = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64)
+    bs = None if table.block_size is None else np.ascontiguousarray(table.block_size, dtype=np.int64)
+    closes, over_rows, over_blocks = kernels.request_sweep(
+        np.ascontiguousarray(table.ts, dtype=np.float64),
+        np.ascontiguousarray(table.event, dtype=np.int8),
+        np.ascontiguousarray(table.request, dtype=np.int32),
+        np.ascontiguousarray(table.num_blocks, dtype=np.int32),
+        np.ascontiguousarray(table.num_tokens, dtype=np.int32),
+        bs,
+        table.default_block_size,
+        None if order.p0 is None else np.ascontiguousarray(order.p0, dtype=np.int64),
+        order.t_end,
+        FREE,
+        n_req,
+        *floats,
+        *counts,
+        first_ts,
+        last_ts,
+        first_bs,
+        second_rise,
+        db_ts,
+        close_tpos,
+        close_req,
+    )
+    if hand_over is not None:  # closes in (request, time) order
+        by_request = np.argsort(close_req[:closes], kind="stable")
+        hand_over((close_tpos[:closes][by_request], close_req[:closes][by_request]))
+    holding, block_seconds, slot_seconds, token_seconds = floats
+    peak_tokens, peak_blocks, tokens, leaked, rises, over_frees, events = counts
+    return _RequestPass(
+        holding,
+        block_seconds,
+        slot_seconds,
+        token_seconds,
+        peak_tokens,
+        peak_blocks,
+        tokens,
+        leaked,
+        rises,
+        over_frees,
+        events,
+        first_ts,
+        last_ts,
+        first_bs,
+        second_rise,
+        int(over_rows),
+        int(over_blocks),
+        db_ts,
+    )
+
+
+def _request_pass_numpy(table: EventTable, order: _TimeOrder, hand_over) -> _RequestPass:
+    """The per-request pass as numpy steps: a stable sort by (request, ts), then segmented sums (the reference
+    of the compiled sweep)."""
+    import numpy as np
+
+    def closes(held_state) -> None:  # where each request's holding intervals close, in (request, time) order
+        q, starts, b, bp = held_state
+        close = np.flatnonzero((b == 0) & (bp > 0))
+        hand_over((q[close], np.searchsorted(starts, close, side="right") - 1))
+
+    held = _hold_blocks(table, order.p0, None if hand_over is None else closes)
+    integ = _integrate(table, held, order.t_end)
+    n, n_req = table.events, len(table.request_ids)
+    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
+    up_pos = integ.up_pos
+    if up_pos.size:
+        up_req = np.searchsorted(held.starts, up_pos, side="right") - 1
+        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
+        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
+        second_rise[up_req[again]] = held.q[up_pos[again]]
+    db_ts = np.empty_like(integ.db)
+    db_ts[held.q] = integ.db
+    if np.isscalar(held.bs):
+        first_bs = np.full(n_req, table.default_block_size, dtype=np.int64)
+    else:
+        first_bs = held.bs[np.minimum(held.starts, max(n - 1, 0))].astype(np.int64)
+    return _RequestPass(
+        holding_s=integ.holding_s,
+        block_seconds=integ.block_seconds,
+        slot_seconds=integ.slot_seconds,
+        token_seconds=integ.token_seconds,
+        peak_tokens=integ.peak_tokens,
+        peak_blocks=integ.peak_blocks.astype(np.int64),
+        tokens=integ.tokens,
+        leaked_blocks=integ.leaked_blocks.astype(np.int64),
+        rises=integ.rises,
+        over_frees=integ.over_frees,
+        events=held.lengths,
+        first_ts_s=held.t[held.starts] if n else np.zeros(0),
+        last_ts_s=held.t[held.last] if n else np.zeros(0),
+        first_block_size=first_bs,
+        second_rise=second_rise,
+        over_free_rows=integ.over_free_rows,
+        over_freed_blocks=integ.over_freed_blocks,
+        db_ts=db_ts,
+    )
+
+
 @dataclasses.dataclass(eq=False)
 class _Held:
-    """The per-request pass: rows in (request, ts) order and the blocks held after each.
+    """The numpy per-request pass: rows in (request, ts) order and the blocks held after each.
 
     Working state, not a result: the large per-row arrays are dropped (set to None) as soon as they are used.
     """
@@ -443,28 +617,6 @@ class _Held:
     acc: Any  # the integer dtype of running sums (int32 when the totals fit)
     b: Any  # blocks held after each row (clamped at 0)
     bp: Any  # blocks held before each row
-
-
-def _hold_blocks_beside_physical(table: EventTable, order: _TimeOrder) -> tuple[Any, _Held]:
-    """Run _hold_blocks here while the physical-block pass (block_ids) starts on a second core.
-
-    numpy releases the GIL in its sorts and loops; the physical pass needs b, which this thread hands over
-    through a Future once computed (or the error, so that thread never waits forever).
-    """
-    from concurrent.futures import Future
-
-    physical_job: Future[PhysicalBlocks] | None = None
-    later: Future[tuple[Any, Any, Any, Any]] | None = None
-    if table.events and table.block_id_rows is not None and table.block_id_rows.size:
-        later = Future()
-        physical_job = in_background(physical_blocks, table, order.tpos_of_row, order.t_ts, order.t_end, later)
-    try:
-        held = _hold_blocks(table, order.p0, None if later is None else later.set_result)
-    except BaseException as err:
-        if later is not None and not later.done():
-            later.set_exception(err)
-        raise
-    return physical_job, held
 
 
 def _hold_blocks(table: EventTable, p0, hand_over=None) -> _Held:
@@ -485,11 +637,7 @@ def _hold_blocks(table: EventTable, p0, hand_over=None) -> _Held:
     starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64) if n_req else np.zeros(0, np.int64)
     is_free_f = table.event == FREE
     nb_f, nt_f = table.num_blocks, table.num_tokens
-    # running sums fit int32 when the totals do (halves the memory of the per-row arrays)
-    max_bs = table.default_block_size if table.block_size is None else int(table.block_size.max(initial=1))
-    total_blocks = int(nb_f.sum(dtype=np.int64))
-    total_tokens = int(nt_f.sum(dtype=np.int64))
-    acc = np.int32 if max(total_blocks * max_bs, total_tokens) < 2**31 else np.int64
+    acc = _running_sum_dtype(table)  # int32 where the totals fit: half the memory of the per-row arrays
     d = np.where(is_free_f, -nb_f, nb_f).astype(acc, copy=False)[order]
     s = segment_cumsum(d, starts)
     b = clamp_at_zero(s, starts, counts) if n and s.min() < 0 else s
@@ -579,47 +727,37 @@ def _integrate(table: EventTable, held: _Held, t_end: float) -> _Integrals:
     )
 
 
-def _request_table(table: EventTable, held: _Held, integ: _Integrals, rows: _RowFigures, long_threshold: int):
+def _request_table(table: EventTable, passed: _RequestPass, rows: _RowFigures, long_threshold: int):
     import numpy as np
 
     with np.errstate(invalid="ignore", divide="ignore"):
-        utilization = np.where(integ.slot_seconds > 0, integ.token_seconds / integ.slot_seconds, nan)
+        utilization = np.where(passed.slot_seconds > 0, passed.token_seconds / passed.slot_seconds, nan)
     return RequestTable(
         request_ids=table.request_ids,
-        holding_time_s=integ.holding_s,
+        holding_time_s=passed.holding_s,
         utilization=utilization,
-        block_seconds=integ.block_seconds,
-        wasted_slot_seconds=np.maximum(integ.slot_seconds - integ.token_seconds, 0.0),
-        peak_blocks=integ.peak_blocks,
-        peak_tokens=integ.peak_tokens,
-        tokens=integ.tokens,
+        block_seconds=passed.block_seconds,
+        wasted_slot_seconds=np.maximum(passed.slot_seconds - passed.token_seconds, 0.0),
+        peak_blocks=passed.peak_blocks,
+        peak_tokens=passed.peak_tokens,
+        tokens=passed.tokens,
         prompt_tokens=rows.prompt_tokens,
         reused_blocks=rows.reused_blocks,
         reused_tokens=rows.reused_tokens,
         prefix_hit_tokens=rows.match_tokens,
         free_latency_ms_max=rows.free_latency_ms_max,
         late_free_block_seconds=rows.late_free_block_seconds,
-        preemptions=np.maximum(integ.rises - 1, 0),
-        over_frees=integ.over_frees,
-        leaked=integ.leaked_blocks > 0,
-        leaked_blocks=integ.leaked_blocks,
-        long=integ.peak_tokens > long_threshold,
-        first_ts_s=held.t[held.starts],
-        last_ts_s=held.t[held.last],
-        events=held.lengths,
-        token_seconds=integ.token_seconds,
-        slot_seconds=integ.slot_seconds,
+        preemptions=np.maximum(passed.rises - 1, 0),
+        over_frees=passed.over_frees,
+        leaked=passed.leaked_blocks > 0,
+        leaked_blocks=passed.leaked_blocks,
+        long=passed.peak_tokens > long_threshold,
+        first_ts_s=passed.first_ts_s,
+        last_ts_s=passed.last_ts_s,
+        events=passed.events,
+        token_seconds=passed.token_seconds,
+        slot_seconds=passed.slot_seconds,
     )
-
-
-def _block_size_of_request(table: EventTable, held: _Held):
-    """The block size of each request's first row (the default where the file has no block_size column)."""
-    import numpy as np
-
-    n_req = len(table.request_ids)
-    if np.isscalar(held.bs):
-        return np.full(n_req, table.default_block_size)
-    return held.bs[np.minimum(held.starts, max(table.events - 1, 0))]
 
 
 def _capacity(table: EventTable, pool_blocks, physical: PhysicalBlocks | None, order: _TimeOrder, in_use):
@@ -657,7 +795,7 @@ def _pool_stats(
     table: EventTable,
     order: _TimeOrder,
     curves: _Curves,
-    integ: _Integrals,
+    passed: _RequestPass,
     requests: RequestTable,
     physical: PhysicalBlocks | None,
     capacity: float | None,
@@ -675,11 +813,11 @@ def _pool_stats(
     return PoolStats(
         peak_blocks_in_use=int(curves.blocks_in_use[peak_i]) if curves.time_s.size else 0,
         peak_at_s=float(curves.time_s[peak_i]) if curves.time_s.size else nan,
-        mean_blocks_in_use=float(integ.block_seconds.sum()) / duration if duration > 0 else nan,
+        mean_blocks_in_use=float(passed.block_seconds.sum()) / duration if duration > 0 else nan,
         utilization=float(requests.token_seconds.sum()) / total_slot_seconds if total_slot_seconds > 0 else nan,
         blocks_allocated=blocks_allocated,
         blocks_reused=int(requests.reused_blocks.sum()),
-        blocks_freed=int(nb[ev == FREE].sum()) - integ.over_freed_blocks,
+        blocks_freed=int(nb[ev == FREE].sum()) - passed.over_freed_blocks,
         blocks_allocated_per_s=blocks_allocated / duration if duration > 0 else nan,
         free_latency_count=int(free_lat.size),
         free_latency_ms_p50=fl[0],
@@ -750,7 +888,7 @@ def _late_frees(requests: RequestTable, threshold_ms: float, top: int, all_late_
     )
 
 
-def _anomalies(table: EventTable, integ: _Integrals, requests: RequestTable) -> Anomalies:
+def _anomalies(table: EventTable, passed: _RequestPass, requests: RequestTable) -> Anomalies:
     import numpy as np
 
     leaked_idx = np.flatnonzero(requests.leaked)
@@ -759,8 +897,8 @@ def _anomalies(table: EventTable, integ: _Integrals, requests: RequestTable) -> 
         rejected_by_reason=dict(table.rejected.by_reason),
         first_rejected=table.rejected.first,
         blank_rows=table.rejected.blank_rows,
-        over_frees=integ.over_free_rows,
-        over_freed_blocks=integ.over_freed_blocks,
+        over_frees=passed.over_free_rows,
+        over_freed_blocks=passed.over_freed_blocks,
         over_free_requests=int((requests.over_frees > 0).sum()),
         leaked_requests=int(leaked_idx.size),
         leaked_blocks=int(requests.leaked_blocks.sum()),
@@ -839,7 +977,7 @@ class _RowFigures:
     late_free_block_seconds: np.ndarray  # sum over free rows of blocks x latency
 
 
-def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row) -> _RowFigures:
+def _row_figures(table: EventTable, second_rise, tpos_of_row) -> _RowFigures:
     """Per-request sums over the few rows that need them, in file order (no gather of whole columns).
 
     Prompt and prefix-match tokens count the allocate/reuse rows of the first holding interval: the rows before
@@ -847,14 +985,8 @@ def _row_figures(table: EventTable, starts, q, up_pos, tpos_of_row) -> _RowFigur
     """
     import numpy as np
 
-    n, n_req = table.events, len(table.request_ids)
+    n_req = len(table.request_ids)
     ev, req_f, nb_f, nt_f = table.event, table.request, table.num_blocks, table.num_tokens
-    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
-    if up_pos.size:
-        up_req = np.searchsorted(starts, up_pos, side="right") - 1
-        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
-        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
-        second_rise[up_req[again]] = q[up_pos[again]]
     is_reuse = ev == REUSE
     prompt_rows = np.flatnonzero((ev == ALLOCATE) | is_reuse)
     pr_req = req_f[prompt_rows]
@@ -891,17 +1023,15 @@ class _Curves:
     in_use: np.ndarray  # blocks in use after each row, in time order
 
 
-def _pool_curves(db, q, long_row, t_ts, acc) -> _Curves:
+def _pool_curves(db_ts, long_row, t_ts, acc) -> _Curves:
     """Blocks in use (all, and long requests') as step curves in global time order.
 
-    ``db`` is each row's change in (request, ts) order; it is scattered back to ts order and summed.  The curves
-    keep the value after the last row of each distinct time, and only where a value changes.
+    ``db_ts`` is each row's change in ts order, summed here.  The curves keep the value after the last row of
+    each distinct time, and only where a value changes.
     """
     import numpy as np
 
-    n = db.size
-    db_ts = np.empty_like(db)
-    db_ts[q] = db
+    n = db_ts.size
     in_use = np.cumsum(db_ts, dtype=acc)
     long_in_use = np.cumsum(np.where(long_row, db_ts, 0), dtype=acc)
     # Candidate points: the first time, and the last row of each time whose rows change something (a time

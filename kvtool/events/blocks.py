@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from kvtool.events.kernels import compiled
 from kvtool.events.load import FREE, EventTable
 from kvtool.events.segments import percentiles, radix_argsort
 
@@ -66,8 +67,9 @@ class _Transitions:
 def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end: float, later) -> PhysicalBlocks:
     """Physical blocks in use over time and turnover from block_ids (see the module docstring).
 
-    ``later`` (a Future) delivers (q, starts, b, bp) from the per-request pass running meanwhile in the calling
-    thread; everything that does not need them is done before waiting.
+    ``later`` (a Future) delivers (close_tpos, close_req) from the per-request pass running meanwhile in the
+    calling thread: the time-order position and request of each row that brings a request's blocks back to 0, in
+    (request, time) order.  Everything that does not need them is done before waiting.
     """
     import numpy as np
 
@@ -82,17 +84,22 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end: float, later) -
     attaches = _group_attaches(ids, req, tpos, attach, tpos_of_row)
     unique = _distinct(ids)
     free_tpos = tpos[~attach]
-    q, starts, b, bp = later.result()
-    close = np.flatnonzero((b == 0) & (bp > 0))  # where each request's holding intervals close (b back to 0)
-    del b, bp
+    close_tpos, close_req = later.result()
     closing = np.zeros(n, dtype=bool)  # by ts position
-    closing[q[close]] = True
+    closing[close_tpos] = True
     explicit_rel = None
     if not bool(closing[free_tpos].all()):
         # some free row lists ids without closing its request's interval: group every listing by (id, request)
         attaches, explicit_rel = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
     del closing, free_tpos, ids, req, attach, tpos
-    rel = _releases(attaches, q[close], np.searchsorted(starts, close, side="right") - 1, explicit_rel, n)
+    kernels = compiled()
+    if kernels is not None:
+        if explicit_rel is None:
+            rel = _close_releases(kernels, attaches, close_tpos, close_req, len(table.request_ids), n)
+        else:
+            rel = _releases(attaches, close_tpos, close_req, explicit_rel, n)
+        return _in_use_curve_compiled(kernels, attaches, rel, t_ts, t_end, unique)
+    rel = _releases(attaches, close_tpos, close_req, explicit_rel, n)
     transitions = _union_parts(attaches, rel, t_ts, n)
     return _in_use_curve(transitions, t_ts, t_end, unique)
 
@@ -184,7 +191,13 @@ def _in_use_curve(tr: _Transitions, t_ts, t_end: float, unique: int) -> Physical
     cb = np.cumsum(np.where(tr.up[oo], 1, -1))
     del oo
     end_mask = np.r_[ct[1:] != ct[:-1], True] if ct.size else np.zeros(0, bool)
-    ct, cb = ct[end_mask], cb[end_mask]
+    return _physical_figures(ct[end_mask], cb[end_mask], turnover, t_ts, t_end, unique)
+
+
+def _physical_figures(ct, cb, turnover, t_ts, t_end: float, unique: int) -> PhysicalBlocks:
+    """Peak, time-weighted mean and turnover percentiles from the in-use step curve (ct, cb)."""
+    import numpy as np
+
     duration = t_end - float(t_ts[0])
     integral = float((cb[:-1] * np.diff(ct)).sum() + (cb[-1] * (t_end - ct[-1]) if ct.size else 0.0))
     tp = percentiles(turnover)
@@ -192,11 +205,56 @@ def _in_use_curve(tr: _Transitions, t_ts, t_end: float, unique: int) -> Physical
         unique=unique,
         peak=int(cb.max()) if cb.size else 0,
         mean=integral / duration if duration > 0 else nan,
-        reallocations=int(gap.sum()),
+        reallocations=int(turnover.size),
         turnover_s_p50=tp[0],
         turnover_s_p95=tp[1],
         curve_t=ct,
         curve_b=cb,
+    )
+
+
+def _close_releases(kernels, attaches: _Attaches, close_tpos, close_req, n_req: int, n: int):
+    """_releases without explicit releases, compiled: the first close of each attach's request after it."""
+    import numpy as np
+
+    close_start = np.zeros(n_req + 1, dtype=np.int64)
+    np.cumsum(np.bincount(close_req, minlength=n_req), out=close_start[1:])
+    rel = np.empty(attaches.ids.size, dtype=np.int64)
+    kernels.close_releases(
+        np.ascontiguousarray(attaches.req, dtype=np.int64),
+        np.ascontiguousarray(attaches.tpos, dtype=np.int64),
+        np.ascontiguousarray(close_tpos, dtype=np.int64),
+        close_start,
+        n,
+        rel,
+    )
+    return rel
+
+
+def _in_use_curve_compiled(kernels, attaches: _Attaches, rel, t_ts, t_end: float, unique: int) -> PhysicalBlocks:
+    """_union_parts and _in_use_curve as one compiled pass over the attaches grouped by id (see _kernels.c)."""
+    import numpy as np
+
+    a_ids, a_tpos = attaches.ids, attaches.tpos
+    if attaches.grouped_by_request:  # put each id's holds in time order
+        o = np.lexsort((a_tpos, a_ids))
+        a_ids, a_tpos, rel = a_ids[o], a_tpos[o], rel[o]
+        del o
+    most = min(t_ts.size, 2 * a_ids.size)  # a point is a distinct ts with a rise or a fall
+    point_pos = np.empty(most, dtype=np.int64)
+    point_in_use = np.empty(most, dtype=np.int64)
+    turnover = np.empty(a_ids.size)
+    points, turnovers = kernels.union_curve(
+        np.ascontiguousarray(a_ids, dtype=np.int64),
+        np.ascontiguousarray(a_tpos, dtype=np.int64),
+        np.ascontiguousarray(rel, dtype=np.int64),
+        np.ascontiguousarray(t_ts, dtype=np.float64),
+        point_pos,
+        point_in_use,
+        turnover,
+    )
+    return _physical_figures(
+        t_ts[point_pos[:points]], point_in_use[:points].copy(), turnover[:turnovers], t_ts, t_end, unique
     )
 
 

@@ -14,14 +14,20 @@ nan = float("nan")
 
 
 def radix_argsort(keys, perm=None):
-    """Stable argsort of non-negative integer keys as LSD radix passes of 16 bits.
+    """Stable argsort of non-negative integer keys as LSD radix passes of 16 bits (or one compiled counting sort).
 
     numpy's stable sort of uint16 is a radix sort, several times faster than a comparison sort; ``perm``
     (an order to refine, e.g. a time order) is kept for equal keys.
     """
     import numpy as np
 
+    from kvtool.events.kernels import counting_argsort
+
     top = int(keys.max()) if keys.size else 0
+    if top < 4 * keys.size + (1 << 20):  # a counting sort where the key range is small (compiled)
+        counted = counting_argsort(keys, top + 1, perm)
+        if counted is not None:
+            return counted
     shift = 0
     while True:
         digit = np.uint8 if top >> shift < 256 else np.uint16  # a last digit of <= 8 bits sorts twice as fast

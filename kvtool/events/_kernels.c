@@ -1,0 +1,443 @@
+/*
+ * Compiled loops of `kvtool analyze`: the passes over every row that numpy can only do as a dozen full-array
+ * steps.  Each function is a plain loop over arrays handed in by kvtool/events/kernels.py, which checks their
+ * types and sizes; results go into arrays allocated there.  The GIL is released while a loop runs, so the
+ * per-request pass and the physical-block pass run on two cores at once.
+ *
+ * The numpy versions (kvtool/events/analysis.py, blocks.py, segments.py) are the reference: the definitions are
+ * written there, and tests/events/test_kernels.py checks that both give the same figures.  Built as an optional
+ * extension: where it cannot be compiled, kvtool runs the numpy versions.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------- buffers */
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+/* A C-contiguous buffer of `count` items of `itemsize` bytes (count < 0: any count); None -> empty when allowed. */
+static int get_buf(PyObject *obj, Buf *b, Py_ssize_t itemsize, Py_ssize_t count, int writable, int none_ok,
+                   const char *name) {
+    b->held = 0;
+    if (obj == Py_None) {
+        if (none_ok) return 0;
+        PyErr_Format(PyExc_TypeError, "%s: an array is required", name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    b->held = 1;
+    if (b->view.itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", name, itemsize, b->view.itemsize);
+        return -1;
+    }
+    if (count >= 0 && b->view.len / itemsize != count) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items expected, got %zd", name, count, b->view.len / itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Buf *bufs, int n) {
+    for (int i = 0; i < n; i++)
+        if (bufs[i].held) PyBuffer_Release(&bufs[i].view);
+}
+
+#define PTR(b, type) ((b).held ? (type *)(b).view.buf : (type *)NULL)
+#define COUNT(b, size) ((b).held ? (b).view.len / (size) : 0)
+
+/* ------------------------------------------------------------------------------------- counting sort */
+
+/* counting_argsort(keys: int64[m], n_keys, perm: int64[m] | None, out: int64[m]) -> None
+ *
+ * A stable argsort of keys in [0, n_keys): out lists the indices of keys in key order, equal keys in the order
+ * of perm (file order when perm is None).  Two passes: a histogram, then each index to its key's next slot. */
+static PyObject *counting_argsort(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o_keys, *o_perm, *o_out;
+    Py_ssize_t n_keys;
+    if (!PyArg_ParseTuple(args, "OnOO", &o_keys, &n_keys, &o_perm, &o_out)) return NULL;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    if (get_buf(o_keys, &b[0], 8, -1, 0, 0, "keys") < 0) goto fail;
+    Py_ssize_t m = COUNT(b[0], 8);
+    if (get_buf(o_perm, &b[1], 8, m, 0, 1, "perm") < 0) goto fail;
+    if (get_buf(o_out, &b[2], 8, m, 1, 0, "out") < 0) goto fail;
+    if (n_keys < 0) {
+        PyErr_SetString(PyExc_ValueError, "n_keys must be >= 0");
+        goto fail;
+    }
+    const int64_t *keys = PTR(b[0], int64_t), *perm = PTR(b[1], int64_t);
+    int64_t *out = PTR(b[2], int64_t);
+    int64_t *slot = calloc((size_t)n_keys + 1, sizeof(int64_t));
+    if (!slot) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t k = keys[i];
+        if (k < 0 || k >= n_keys) {
+            bad = 1;
+            break;
+        }
+        slot[k + 1]++;
+    }
+    if (!bad) {
+        for (Py_ssize_t k = 0; k < n_keys; k++) slot[k + 1] += slot[k];
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int64_t idx = perm ? perm[i] : i;
+            out[slot[keys[idx]]++] = idx;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    free(slot);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "a key is outside [0, n_keys)");
+        goto fail;
+    }
+    release(b, 3);
+    Py_RETURN_NONE;
+fail:
+    release(b, 3);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ per-request pass */
+
+/* request_sweep(ts f8[n], event i1[n], request i4[n], num_blocks i4[n], num_tokens i4[n], block_size i8[n] | None,
+ *               default_block_size, time_order i8[n] | None, t_end, free_code, n_req,
+ *               per request (n_req each): holding_s f8, block_seconds f8, slot_seconds f8, token_seconds f8,
+ *               peak_tokens i8, peak_blocks i8, tokens i8, leaked_blocks i8, rises i8, over_frees i8, events i8,
+ *               first_ts f8, last_ts f8, first_block_size i8, second_rise i8,
+ *               db_ts (i4 or i8)[n], close_tpos i8[cap], close_req i8[cap])
+ *   -> (closes, over_free_rows, over_freed_blocks)
+ *
+ * One sweep over the rows in time order (analysis.py's definitions, there computed in (request, ts) order).
+ * Each request's blocks held b follow b = max(0, b + change), a free row's change being -num_blocks; the tokens
+ * held restart where b was 0 before the row and are capped at b x block_size; the values after a row hold until
+ * the request's next row (its last row's until t_end), which is when they are integrated.  db_ts is the change
+ * of b at each time-order position; a close is a row that brings b back to 0 (in time order). */
+static PyObject *request_sweep(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[31];
+    Py_ssize_t default_bs, n_req;
+    double t_end;
+    int free_code;
+    if (!PyArg_ParseTuple(args, "OOOOOOnOdinOOOOOOOOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &default_bs, &o[6], &t_end, &free_code, &n_req, &o[7], &o[8], &o[9], &o[10], &o[11],
+                          &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &o[18], &o[19], &o[20], &o[21], &o[22],
+                          &o[23], &o[24]))
+        return NULL;
+    enum { NB = 25 };
+    Buf b[NB];
+    memset(b, 0, sizeof b);
+    if (get_buf(o[0], &b[0], 8, -1, 0, 0, "ts") < 0) goto fail;
+    Py_ssize_t n = COUNT(b[0], 8);
+    if (get_buf(o[1], &b[1], 1, n, 0, 0, "event") < 0 || get_buf(o[2], &b[2], 4, n, 0, 0, "request") < 0 ||
+        get_buf(o[3], &b[3], 4, n, 0, 0, "num_blocks") < 0 || get_buf(o[4], &b[4], 4, n, 0, 0, "num_tokens") < 0 ||
+        get_buf(o[5], &b[5], 8, n, 0, 1, "block_size") < 0 || get_buf(o[6], &b[6], 8, n, 0, 1, "time_order") < 0)
+        goto fail;
+    static const char *req_names[] = {"holding_s",   "block_seconds", "slot_seconds", "token_seconds",
+                                      "peak_tokens", "peak_blocks",   "tokens",       "leaked_blocks",
+                                      "rises",       "over_frees",    "events",       "first_ts",
+                                      "last_ts",     "first_block_size", "second_rise"};
+    for (int i = 0; i < 15; i++)
+        if (get_buf(o[7 + i], &b[7 + i], 8, n_req, 1, 0, req_names[i]) < 0) goto fail;
+    if (PyObject_GetBuffer(o[22], &b[22].view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto fail;
+    b[22].held = 1;
+    Py_ssize_t db_size = b[22].view.itemsize;
+    if ((db_size != 4 && db_size != 8) || b[22].view.len / db_size != n) {
+        PyErr_SetString(PyExc_ValueError, "db_ts: n items of 4 or 8 bytes expected");
+        goto fail;
+    }
+    if (get_buf(o[23], &b[23], 8, -1, 1, 0, "close_tpos") < 0) goto fail;
+    Py_ssize_t cap = COUNT(b[23], 8);
+    if (get_buf(o[24], &b[24], 8, cap, 1, 0, "close_req") < 0) goto fail;
+
+    const double *ts = PTR(b[0], double);
+    const int8_t *ev = PTR(b[1], int8_t);
+    const int32_t *req = PTR(b[2], int32_t), *nb = PTR(b[3], int32_t), *nt = PTR(b[4], int32_t);
+    const int64_t *bs_row = PTR(b[5], int64_t), *p0 = PTR(b[6], int64_t);
+    double *holding = PTR(b[7], double), *block_s = PTR(b[8], double), *slot_s = PTR(b[9], double),
+           *token_s = PTR(b[10], double);
+    int64_t *peak_tok = PTR(b[11], int64_t), *peak_b = PTR(b[12], int64_t), *tokens = PTR(b[13], int64_t),
+            *leaked = PTR(b[14], int64_t), *rises = PTR(b[15], int64_t), *over = PTR(b[16], int64_t),
+            *events = PTR(b[17], int64_t);
+    double *first_ts = PTR(b[18], double), *last_ts = PTR(b[19], double);
+    int64_t *first_bs = PTR(b[20], int64_t), *second_rise = PTR(b[21], int64_t);
+    void *db_ts = b[22].view.buf;
+    int64_t *close_tpos = PTR(b[23], int64_t), *close_req = PTR(b[24], int64_t);
+
+    /* per-request state: the values after the request's latest row */
+    int64_t *cur_b = calloc((size_t)n_req + 1, sizeof(int64_t));
+    int64_t *cum_tok = calloc((size_t)n_req + 1, sizeof(int64_t));
+    int64_t *cur_ht = calloc((size_t)n_req + 1, sizeof(int64_t));
+    int64_t *cur_bs = calloc((size_t)n_req + 1, sizeof(int64_t));
+    if (!cur_b || !cum_tok || !cur_ht || !cur_bs) {
+        free(cur_b), free(cum_tok), free(cur_ht), free(cur_bs);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t r = 0; r < n_req; r++) {
+        holding[r] = block_s[r] = slot_s[r] = token_s[r] = 0.0;
+        peak_tok[r] = peak_b[r] = tokens[r] = leaked[r] = rises[r] = over[r] = events[r] = 0;
+        first_ts[r] = last_ts[r] = 0.0;
+        first_bs[r] = default_bs;
+        second_rise[r] = n;
+    }
+    Py_ssize_t closes = 0;
+    int64_t over_rows = 0, over_blocks = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t row = p0 ? (Py_ssize_t)p0[k] : k;
+        int64_t r = req[row];
+        if (r < 0 || r >= n_req || row < 0 || row >= n) {
+            bad = 1;
+            break;
+        }
+        double t = ts[row];
+        int64_t bs = bs_row ? bs_row[row] : default_bs;
+        if (events[r]) { /* the previous row's values held until now */
+            double dt = t - last_ts[r];
+            block_s[r] += (double)cur_b[r] * dt;
+            if (bs_row) slot_s[r] += (double)(cur_b[r] * cur_bs[r]) * dt;
+            token_s[r] += (double)cur_ht[r] * dt;
+            if (cur_b[r] > 0) holding[r] += dt;
+        } else {
+            first_ts[r] = t;
+            first_bs[r] = bs;
+        }
+        events[r]++;
+        int is_free = ev[row] == free_code;
+        int64_t bp = cur_b[r];
+        int64_t d = is_free ? -(int64_t)nb[row] : (int64_t)nb[row];
+        int64_t tok = is_free ? 0 : (int64_t)nt[row];
+        int64_t s = bp + d, bnew = s;
+        if (d < 0 && s < 0) { /* a free of more than is held: clamped at 0 */
+            over[r]++;
+            over_rows++;
+            over_blocks += -s;
+            bnew = 0;
+        }
+        if (bp == 0) cum_tok[r] = 0; /* a new holding interval */
+        cum_tok[r] += tok;
+        tokens[r] += tok;
+        int64_t cap_tok = bnew * bs;
+        int64_t ht = cum_tok[r] < cap_tok ? cum_tok[r] : cap_tok;
+        if (bp == 0 && bnew > 0 && ++rises[r] == 2) second_rise[r] = k;
+        if (bp > 0 && bnew == 0) {
+            if (closes >= cap) {
+                bad = 2;
+                break;
+            }
+            close_tpos[closes] = k;
+            close_req[closes] = r;
+            closes++;
+        }
+        if (db_size == 4)
+            ((int32_t *)db_ts)[k] = (int32_t)(bnew - bp);
+        else
+            ((int64_t *)db_ts)[k] = bnew - bp;
+        if (bnew > peak_b[r]) peak_b[r] = bnew;
+        if (ht > peak_tok[r]) peak_tok[r] = ht;
+        cur_b[r] = bnew;
+        cur_ht[r] = ht;
+        cur_bs[r] = bs;
+        last_ts[r] = t;
+    }
+    if (!bad) {
+        for (Py_ssize_t r = 0; r < n_req; r++) {
+            if (!events[r]) continue;
+            double dt = t_end - last_ts[r];
+            block_s[r] += (double)cur_b[r] * dt;
+            if (bs_row) slot_s[r] += (double)(cur_b[r] * cur_bs[r]) * dt;
+            token_s[r] += (double)cur_ht[r] * dt;
+            if (cur_b[r] > 0) holding[r] += dt;
+            leaked[r] = cur_b[r];
+            if (!bs_row) slot_s[r] = block_s[r] * (double)default_bs;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    free(cur_b), free(cum_tok), free(cur_ht), free(cur_bs);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad == 1 ? "a request code or time order position is out of range"
+                                                   : "more closes than close_tpos holds");
+        goto fail;
+    }
+    release(b, NB);
+    return Py_BuildValue("nLL", closes, (long long)over_rows, (long long)over_blocks);
+fail:
+    release(b, NB);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ physical blocks */
+
+/* close_releases(a_req i8[m], a_tpos i8[m], close_tpos i8[c], close_start i8[n_req + 1], n, out_rel i8[m]) -> None
+ *
+ * For each attach listing, the first close of its request strictly after it (close_tpos grouped by request, each
+ * group in time order, close_start[r]..close_start[r+1] being request r's); n where there is none. */
+static PyObject *close_releases(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[5];
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOOOnO", &o[0], &o[1], &o[2], &o[3], &n, &o[4])) return NULL;
+    Buf b[5];
+    memset(b, 0, sizeof b);
+    if (get_buf(o[0], &b[0], 8, -1, 0, 0, "a_req") < 0) goto fail;
+    Py_ssize_t m = COUNT(b[0], 8);
+    if (get_buf(o[1], &b[1], 8, m, 0, 0, "a_tpos") < 0 || get_buf(o[2], &b[2], 8, -1, 0, 0, "close_tpos") < 0 ||
+        get_buf(o[3], &b[3], 8, -1, 0, 0, "close_start") < 0 || get_buf(o[4], &b[4], 8, m, 1, 0, "out_rel") < 0)
+        goto fail;
+    const int64_t *a_req = PTR(b[0], int64_t), *a_tpos = PTR(b[1], int64_t), *cpos = PTR(b[2], int64_t),
+                  *cstart = PTR(b[3], int64_t);
+    int64_t *rel = PTR(b[4], int64_t);
+    Py_ssize_t n_starts = COUNT(b[3], 8), n_close = COUNT(b[2], 8);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = a_req[i];
+        if (r < 0 || r + 1 >= n_starts || cstart[r] < 0 || cstart[r + 1] > n_close) {
+            bad = 1;
+            break;
+        }
+        int64_t lo = cstart[r], hi = cstart[r + 1], t = a_tpos[i];
+        while (lo < hi) { /* first close position > t */
+            int64_t mid = lo + (hi - lo) / 2;
+            if (cpos[mid] > t)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        rel[i] = lo < cstart[r + 1] ? cpos[lo] : n;
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "a request code is outside close_start");
+        goto fail;
+    }
+    release(b, 5);
+    Py_RETURN_NONE;
+fail:
+    release(b, 5);
+    return NULL;
+}
+
+/* union_curve(a_ids i8[m], a_tpos i8[m], rel i8[m], t_ts f8[n], point_pos i8[p], point_in_use i8[p],
+ *             turnover f8[m]) -> (points, turnovers)
+ *
+ * Attach listings grouped by id, each id's in time order, each held over [a_tpos, rel) (rel == n: to the end of
+ * the trace; a hold whose release has the attach's ts changes nothing).  An id is in use while any of its holds
+ * covers the time: each part of that union is a rise (0 -> 1) and, unless it runs to the end, a fall (1 -> 0);
+ * at one position a fall comes before a rise.  The gap from a fall to the id's next rise is a turnover time.
+ * The curve has a point at each distinct ts with a transition: the last position of that ts and the ids in use
+ * after it (p = min(n, 2m) holds them all). */
+static PyObject *union_curve(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6])) return NULL;
+    Buf b[7];
+    memset(b, 0, sizeof b);
+    if (get_buf(o[0], &b[0], 8, -1, 0, 0, "a_ids") < 0) goto fail;
+    Py_ssize_t m = COUNT(b[0], 8);
+    if (get_buf(o[1], &b[1], 8, m, 0, 0, "a_tpos") < 0 || get_buf(o[2], &b[2], 8, m, 0, 0, "rel") < 0 ||
+        get_buf(o[3], &b[3], 8, -1, 0, 0, "t_ts") < 0)
+        goto fail;
+    Py_ssize_t n = COUNT(b[3], 8);
+    Py_ssize_t most = n < 2 * m ? n : 2 * m;
+    if (get_buf(o[4], &b[4], 8, most, 1, 0, "point_pos") < 0 ||
+        get_buf(o[5], &b[5], 8, most, 1, 0, "point_in_use") < 0 || get_buf(o[6], &b[6], 8, m, 1, 0, "turnover") < 0)
+        goto fail;
+    const int64_t *ids = PTR(b[0], int64_t), *tpos = PTR(b[1], int64_t), *rel = PTR(b[2], int64_t);
+    const double *t_ts = PTR(b[3], double);
+    int64_t *point_pos = PTR(b[4], int64_t), *point_in_use = PTR(b[5], int64_t);
+    double *turnover = PTR(b[6], double);
+    int32_t *delta = calloc((size_t)n + 1, sizeof(int32_t)); /* net transitions at each position */
+    uint8_t *moved = calloc((size_t)n + 1, 1);                /* a transition happened at the position */
+    if (!delta || !moved) {
+        free(delta), free(moved);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t turnovers = 0, points = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t i = 0;
+    while (i < m && !bad) { /* one id at a time */
+        int64_t id = ids[i];
+        int open = 0;
+        int64_t start = 0, reach = 0, prev_fall = -1; /* keys: 2 x position (+1 for a rise) */
+        for (; i < m && ids[i] == id; i++) {
+            int64_t a = tpos[i], r = rel[i];
+            if (a < 0 || a >= n || r <= a || r > n) {
+                bad = 1;
+                break;
+            }
+            if (r < n && !(t_ts[r] > t_ts[a])) continue; /* released at its attach's ts: no hold */
+            int64_t s = 2 * a + 1;
+            if (open && s > reach) { /* the hold starts after the part so far has ended: close it */
+                delta[start >> 1]++, moved[start >> 1] = 1;
+                delta[reach >> 1]--, moved[reach >> 1] = 1;
+                prev_fall = reach;
+                open = 0;
+            }
+            if (!open) {
+                if (prev_fall >= 0) turnover[turnovers++] = t_ts[a] - t_ts[prev_fall >> 1];
+                start = s, reach = 2 * r, open = 1;
+            } else if (2 * r > reach) {
+                reach = 2 * r;
+            }
+        }
+        if (open && !bad) {
+            delta[start >> 1]++, moved[start >> 1] = 1;
+            if (reach < 2 * n) delta[reach >> 1]--, moved[reach >> 1] = 1;
+        }
+    }
+    if (!bad) {
+        int64_t in_use = 0;
+        int run_moved = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            in_use += delta[k];
+            run_moved |= moved[k];
+            if (k + 1 == n || t_ts[k + 1] != t_ts[k]) { /* the last position of a distinct ts */
+                if (run_moved) {
+                    point_pos[points] = k;
+                    point_in_use[points] = in_use;
+                    points++;
+                }
+                run_moved = 0;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    free(delta), free(moved);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "a hold is outside the trace or released before it starts");
+        goto fail;
+    }
+    release(b, 7);
+    return Py_BuildValue("nn", points, turnovers);
+fail:
+    release(b, 7);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small non-negative integer keys."},
+    {"request_sweep", request_sweep, METH_VARARGS, "The per-request pass over the rows in time order."},
+    {"close_releases", close_releases, METH_VARARGS, "The close of its request that releases each attach."},
+    {"union_curve", union_curve, METH_VARARGS, "Physical blocks in use: the union of each id's holds."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kernels", "Compiled loops of kvtool analyze.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,135 @@
+"""The compiled loops of `kvtool analyze` (kvtool/events/_kernels.c) against their numpy versions.
+
+The numpy steps are the reference (they are checked against plain-Python walks of the definitions in
+test_analyze_properties.py, which run on the compiled path); here both paths analyse the same traces and every
+figure must agree: integers exactly, floats to 1e-9 (the two sum in different orders).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtool.events.analysis import Analysis, analyze_events
+from kvtool.events.kernels import NO_KERNELS_ENV, compiled
+from kvtool.events.load import EventTable, load_events
+from kvtool.events.segments import radix_argsort
+from tests.events.test_analyze_properties import SETTINGS, _csv, _write, block_traces, traces
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def test_the_kernels_are_built_by_the_install():
+    # pip install -e . compiles kvtool/events/_kernels.c where a C compiler is at hand (CI has one); a missing
+    # extension there means the install silently fell back to numpy, which must fail here, not pass slower.
+    if os.environ.get(NO_KERNELS_ENV, "") not in ("", "0"):
+        pytest.skip(f"{NO_KERNELS_ENV} is set: the numpy versions run by request")
+    assert compiled() is not None
+
+
+def _numpy_path(fn):
+    """fn() with the compiled loops switched off."""
+    before = os.environ.get(NO_KERNELS_ENV)
+    os.environ[NO_KERNELS_ENV] = "1"
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ[NO_KERNELS_ENV]
+        else:
+            os.environ[NO_KERNELS_ENV] = before
+
+
+def _same(a, b, where: str) -> None:
+    if isinstance(a, np.ndarray):
+        assert a.shape == b.shape, where
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=where)
+        else:
+            assert np.array_equal(a, b), where
+    elif dataclasses.is_dataclass(a):
+        for field in dataclasses.fields(a):
+            _same(getattr(a, field.name), getattr(b, field.name), f"{where}.{field.name}")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (where, a, b)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def _both(table: EventTable) -> tuple[Analysis, Analysis]:
+    assert compiled() is not None
+    return analyze_events(table), _numpy_path(lambda: analyze_events(table))
+
+
+def _table(text: str, block_size: int = 16) -> EventTable:
+    path = _write(text)
+    try:
+        return load_events(path, default_block_size=block_size)
+    finally:
+        os.unlink(path)
+
+
+@SETTINGS
+@given(traces(), st.sampled_from([4, 16]))
+def test_the_per_request_pass_agrees_on_random_traces(rows, block_size):
+    # unsorted files, equal timestamps, over-frees and re-used requests (traces() in test_analyze_properties.py)
+    fast, reference = _both(_table(_csv(rows), block_size))
+    _same(fast, reference, "analysis")
+
+
+@SETTINGS
+@given(block_traces(), st.booleans())
+def test_the_physical_pass_agrees_on_random_block_listings(rows, shuffled):
+    # partial frees listing ids (explicit releases), shared prefixes, recycled ids; shuffled: a file out of order
+    if shuffled:
+        rows = rows[len(rows) // 2 :] + rows[: len(rows) // 2]
+    text = "ts,event,request_id,num_blocks,num_tokens,block_size,block_ids\n" + "".join(
+        f"{ts},{ev},{req},{nb},{'' if ev == 'free' else 1},{8 if i % 3 else 16},{' '.join(map(str, ids))}\n"
+        for i, (ts, ev, req, nb, ids) in enumerate(rows)
+    )
+    fast, reference = _both(_table(text))
+    _same(fast, reference, "analysis")
+
+
+@pytest.mark.parametrize(
+    "path",
+    # hand-made fixtures (tests/data/analyze) and a real vLLM 0.32 engine's recordings (tests/data/vllm-record)
+    [*sorted((DATA / "analyze").glob("*.csv")), *sorted((DATA / "vllm-record").glob("*.parquet"))],
+    ids=lambda p: p.name,
+)
+def test_both_paths_agree_on_the_event_files_of_the_tests(path):
+    fast, reference = _both(load_events(path))
+    _same(fast, reference, path.name)
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 40), max_size=300), st.booleans())
+def test_the_counting_sort_is_a_stable_sort(keys, with_prior_order):
+    # small keys take the compiled counting sort inside radix_argsort; Python's sort is stable: the reference
+    arr = np.array(keys, dtype=np.int64)
+    prior = np.arange(arr.size)[::-1].copy() if with_prior_order else None
+    assert compiled() is not None
+    got = radix_argsort(arr, prior)
+    base = list(range(arr.size))[::-1] if with_prior_order else list(range(arr.size))
+    assert got.tolist() == sorted(base, key=lambda i: keys[i])
+
+
+def test_a_key_out_of_range_is_an_error_not_a_write_out_of_bounds():
+    kernels = compiled()
+    assert kernels is not None
+    out = np.empty(3, dtype=np.int64)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.counting_argsort(np.array([0, 5, 1], dtype=np.int64), 3, None, out)
+    with pytest.raises(TypeError, match="bytes"):
+        kernels.counting_argsort(np.array([0, 1, 1], dtype=np.int32), 3, None, out)
