@@ -426,6 +426,120 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------ block ids */
+
+/* parse_block_ids(offsets (i4 or i8)[offset + length + 1], data u1[...], validity u1[...] | None, offset, length,
+ *                 row_base, out_rows i8[cap] | None, out_ids i8[cap] | None, out_bad i8[cap_bad] | None)
+ *   -> (ids, bad_rows)
+ *
+ * One Arrow string array (its buffers, `offset` being the array's slot offset): each valid value is block ids
+ * separated by spaces; empty tokens (doubled or padding spaces) are skipped; a token that is not 1 to 18 ASCII
+ * digits makes its row unparseable: the row's ids are dropped and the row (row_base + slot) listed in out_bad.
+ * With the outputs None it only counts (the caller allocates, then calls again to fill). */
+static PyObject *parse_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[6];
+    Py_ssize_t offset, length, row_base;
+    if (!PyArg_ParseTuple(args, "OOOnnnOOO", &o[0], &o[1], &o[2], &offset, &length, &row_base, &o[3], &o[4], &o[5]))
+        return NULL;
+    Buf b[6];
+    memset(b, 0, sizeof b);
+    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    b[0].held = 1;
+    Py_ssize_t osize = b[0].view.itemsize;
+    if ((osize != 4 && osize != 8) || offset < 0 || length < 0 || b[0].view.len / osize < offset + length + 1) {
+        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
+        goto fail;
+    }
+    if (get_buf(o[1], &b[1], 1, -1, 0, 0, "data") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 1, "validity") < 0 ||
+        get_buf(o[3], &b[3], 8, -1, 1, 1, "out_rows") < 0 || get_buf(o[4], &b[4], 8, -1, 1, 1, "out_ids") < 0 ||
+        get_buf(o[5], &b[5], 8, -1, 1, 1, "out_bad") < 0)
+        goto fail;
+    if (b[2].held && b[2].view.len * 8 < offset + length) {
+        PyErr_SetString(PyExc_ValueError, "validity: too short");
+        goto fail;
+    }
+    const uint8_t *data = PTR(b[1], uint8_t), *valid = PTR(b[2], uint8_t);
+    Py_ssize_t data_len = b[1].view.len;
+    int64_t *out_rows = PTR(b[3], int64_t), *out_ids = PTR(b[4], int64_t), *out_bad = PTR(b[5], int64_t);
+    Py_ssize_t cap = out_rows ? COUNT(b[3], 8) : 0;
+    if (out_ids && COUNT(b[4], 8) != cap) {
+        PyErr_SetString(PyExc_ValueError, "out_rows and out_ids differ in size");
+        goto fail;
+    }
+    Py_ssize_t bad_cap = COUNT(b[5], 8);
+    const void *offs = b[0].view.buf;
+    Py_ssize_t ids = 0, bad_rows = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        Py_ssize_t slot = offset + i;
+        if (valid && !((valid[slot >> 3] >> (slot & 7)) & 1)) continue; /* null: no ids */
+        int64_t lo = osize == 4 ? ((const int32_t *)offs)[slot] : ((const int64_t *)offs)[slot];
+        int64_t hi = osize == 4 ? ((const int32_t *)offs)[slot + 1] : ((const int64_t *)offs)[slot + 1];
+        if (lo < 0 || hi < lo || hi > data_len) {
+            bad = 1;
+            break;
+        }
+        int ok = 1;
+        Py_ssize_t tokens = 0;
+        for (int64_t p = lo, digits = 0; p <= hi; p++) { /* check the row first: a bad token drops all its ids */
+            if (p == hi || data[p] == ' ') {
+                tokens += digits > 0;
+                digits = 0;
+            } else if ((unsigned)data[p] - '0' > 9 || ++digits > 18) {
+                ok = 0;
+                break;
+            }
+        }
+        if (!ok) {
+            if (out_bad) {
+                if (bad_rows >= bad_cap) {
+                    bad = 3;
+                    break;
+                }
+                out_bad[bad_rows] = row_base + i;
+            }
+            bad_rows++;
+            continue;
+        }
+        if (out_rows) {
+            if (ids + tokens > cap) {
+                bad = 2;
+                break;
+            }
+            int64_t value = 0;
+            int in_token = 0;
+            for (int64_t p = lo; p <= hi; p++) {
+                if (p == hi || data[p] == ' ') {
+                    if (in_token) {
+                        out_rows[ids] = row_base + i;
+                        out_ids[ids] = value;
+                        ids++;
+                    }
+                    value = 0, in_token = 0;
+                } else {
+                    value = value * 10 + (data[p] - '0');
+                    in_token = 1;
+                }
+            }
+        } else {
+            ids += tokens;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad == 1   ? "offsets outside the data"
+                                          : bad == 2 ? "more ids than out_rows holds"
+                                                     : "more unparseable rows than out_bad holds");
+        goto fail;
+    }
+    release(b, 6);
+    return Py_BuildValue("nn", ids, bad_rows);
+fail:
+    release(b, 6);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -433,6 +547,7 @@ static PyMethodDef methods[] = {
     {"request_sweep", request_sweep, METH_VARARGS, "The per-request pass over the rows in time order."},
     {"close_releases", close_releases, METH_VARARGS, "The close of its request that releases each attach."},
     {"union_curve", union_curve, METH_VARARGS, "Physical blocks in use: the union of each id's holds."},
+    {"parse_block_ids", parse_block_ids, METH_VARARGS, "Space-separated block ids of a string array."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.header import column_key, other_separator, repeated_column
 from kvtool.core.threads import in_background
+from kvtool.events.kernels import compiled
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -307,12 +308,19 @@ def _gunzipped_head(source: EventSource) -> bytes:
 
 
 def _looks_binary(head: bytes) -> bool:
-    """Binary content: an archive's magic bytes, or more than 5 % control bytes (a few stray bytes in a text file
-    only reject their rows)."""
+    """Binary content: an archive's magic bytes, a control byte in the first line, or more than 5 % control bytes
+    without a comma-separated first line.  Stray bytes in the rows of a file whose header is text only reject
+    their rows, however short the file."""
     if head[:4] in (b"PK\x03\x04", b"\x7fELF") or head[:3] == b"BZh" or head[:6] == b"\xfd7zXZ\x00":
         return True
-    control = sum(head.count(bytes([c])) for c in (*range(0, 9), 11, 12, *range(14, 32)))
-    return control > max(1, len(head) // 20)
+
+    def control(data: bytes) -> int:
+        return sum(data.count(bytes([c])) for c in (*range(0, 9), 11, 12, *range(14, 32)))
+
+    first_line = head.split(b"\n", 1)[0]
+    if control(first_line):
+        return True
+    return b"," not in first_line and control(head) > max(1, len(head) // 20)
 
 
 def _normalise_names(names: list[str]) -> list[str]:
@@ -512,6 +520,56 @@ def _replace_invalid_utf8(source: EventSource, gzip_content: bool) -> tuple[byte
             invalid.append(i + 1)
             lines[i] = line.decode("utf-8", errors="replace").encode("utf-8")
     return b"\n".join(lines), tuple(invalid)
+
+
+def _digits_and_spaces_only(col) -> bool:
+    """Whether every byte of the values of a string (chunked) array is an ASCII digit or a space."""
+    import numpy as np
+    import pyarrow as pa
+
+    for ch in _chunks(col):
+        if not len(ch) or ch.buffers()[2] is None:
+            continue
+        wide = pa.types.is_large_string(ch.type)
+        offsets = np.frombuffer(ch.buffers()[1], dtype=np.int64 if wide else np.int32)
+        lo, hi = int(offsets[ch.offset]), int(offsets[ch.offset + len(ch)])
+        data = np.frombuffer(ch.buffers()[2], dtype=np.uint8)[lo:hi]
+        if not bool((((data - 48) <= 9) | (data == 32)).all()):  # uint8: bytes below '0' wrap above 9
+            return False
+    return True
+
+
+def _block_ids_compiled(kernels, col):
+    """_block_ids of a string column by the compiled parser: a counting pass, then a filling pass per chunk."""
+    import numpy as np
+    import pyarrow as pa
+
+    def call(ch, base, rows=None, ids=None, bad=None):
+        validity, offsets, data = ch.buffers()
+        wide = ch.type == pa.large_string()
+        return kernels.parse_block_ids(
+            np.frombuffer(offsets, dtype=np.int64 if wide else np.int32),
+            b"" if data is None else data,
+            None if validity is None or ch.null_count == 0 else validity,
+            ch.offset,
+            len(ch),
+            base,
+            rows,
+            ids,
+            bad,
+        )
+
+    chunks = [ch for ch in _chunks(col) if len(ch)]
+    bases = np.cumsum([0] + [len(ch) for ch in chunks]).tolist()
+    counts = [call(ch, base) for ch, base in zip(chunks, bases)]
+    rows = np.empty(sum(c[0] for c in counts), dtype=np.int64)
+    ids = np.empty(rows.size, dtype=np.int64)
+    bad_rows = np.empty(sum(c[1] for c in counts), dtype=np.int64)
+    at = bad_at = 0
+    for ch, base, (n_ids, n_bad) in zip(chunks, bases, counts):
+        call(ch, base, rows[at : at + n_ids], ids[at : at + n_ids], bad_rows[bad_at:])
+        at, bad_at = at + n_ids, bad_at + n_bad
+    return rows, ids, bad_rows
 
 
 def _read_parquet(source: EventSource) -> _Read:
@@ -1177,15 +1235,18 @@ def _block_ids(col):
         col = col.cast(pa.string())
     if col.null_count == len(col):
         return empty, empty, empty
+    kernels = compiled()
+    if kernels is not None:
+        return _block_ids_compiled(kernels, col)
     lists = pc.split_pattern(col, " ")  # padding spaces give empty tokens: handled by the slow path
     lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
     flat = pc.list_flatten(lists)
     parents = _fixed_np(pc.list_parent_indices(lists), np.int64)
-    try:  # fast path: every token is an integer
-        vals = _fixed_np(flat.cast(pa.int64()), np.int64)
+    try:  # fast path: every token is an integer of at most 18 digits (Arrow's cast also takes "0x1F" and "-0")
+        vals = _fixed_np(flat.cast(pa.int64()), np.int64) if _digits_and_spaces_only(col) else None
     except pa.ArrowInvalid:
         vals = None
-    if vals is not None and not (vals < 0).any():
+    if vals is not None and not (vals >= 10**18).any():
         return parents, vals, empty
     length_type = np.int64 if pa.types.is_large_string(flat.type) else np.int32
     nonempty = _fixed_np(pc.utf8_length(flat), length_type) > 0  # doubled spaces are not tokens

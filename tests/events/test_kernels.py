@@ -34,17 +34,26 @@ def test_the_kernels_are_built_by_the_install():
     assert compiled() is not None
 
 
-def _numpy_path(fn):
-    """fn() with the compiled loops switched off."""
-    before = os.environ.get(NO_KERNELS_ENV)
-    os.environ[NO_KERNELS_ENV] = "1"
+def _path(fn, numpy: bool):
+    """fn() with the compiled loops switched off (numpy) or on, whatever the environment says."""
+    before = os.environ.pop(NO_KERNELS_ENV, None)
+    if numpy:
+        os.environ[NO_KERNELS_ENV] = "1"
     try:
         return fn()
     finally:
-        if before is None:
-            del os.environ[NO_KERNELS_ENV]
-        else:
+        os.environ.pop(NO_KERNELS_ENV, None)
+        if before is not None:
             os.environ[NO_KERNELS_ENV] = before
+
+
+def _numpy_path(fn):
+    return _path(fn, numpy=True)
+
+
+def _compiled_path(fn):
+    assert _path(compiled, numpy=False) is not None, "the compiled loops are not built"
+    return _path(fn, numpy=False)
 
 
 def _same(a, b, where: str) -> None:
@@ -68,8 +77,7 @@ def _same(a, b, where: str) -> None:
 
 
 def _both(table: EventTable) -> tuple[Analysis, Analysis]:
-    assert compiled() is not None
-    return analyze_events(table), _numpy_path(lambda: analyze_events(table))
+    return _compiled_path(lambda: analyze_events(table)), _numpy_path(lambda: analyze_events(table))
 
 
 def _table(text: str, block_size: int = 16) -> EventTable:
@@ -119,17 +127,56 @@ def test_the_counting_sort_is_a_stable_sort(keys, with_prior_order):
     # small keys take the compiled counting sort inside radix_argsort; Python's sort is stable: the reference
     arr = np.array(keys, dtype=np.int64)
     prior = np.arange(arr.size)[::-1].copy() if with_prior_order else None
-    assert compiled() is not None
-    got = radix_argsort(arr, prior)
+    got = _compiled_path(lambda: radix_argsort(arr, prior))
     base = list(range(arr.size))[::-1] if with_prior_order else list(range(arr.size))
     assert got.tolist() == sorted(base, key=lambda i: keys[i])
 
 
 def test_a_key_out_of_range_is_an_error_not_a_write_out_of_bounds():
-    kernels = compiled()
-    assert kernels is not None
+    kernels = _compiled_path(compiled)
     out = np.empty(3, dtype=np.int64)
     with pytest.raises(ValueError, match="outside"):
         kernels.counting_argsort(np.array([0, 5, 1], dtype=np.int64), 3, None, out)
     with pytest.raises(TypeError, match="bytes"):
         kernels.counting_argsort(np.array([0, 1, 1], dtype=np.int32), 3, None, out)
+
+
+# Each value's expected (ids, unparseable): tokens of 1 to 18 ASCII digits separated by spaces, extra spaces
+# skipped (docs/events-schema.md); anything else rejects the row, hex and signs included.
+BLOCK_ID_CASES = [
+    ("1 2 3", ([1, 2, 3], False)),
+    ("  7   8 ", ([7, 8], False)),
+    ("", ([], False)),
+    (None, ([], False)),
+    ("007", ([7], False)),
+    ("123456789012345678", ([123456789012345678], False)),
+    ("1234567890123456789", ([], True)),  # 19 digits
+    ("0x1F", ([], True)),
+    ("-0", ([], True)),
+    ("+5", ([], True)),
+    ("4 x 5", ([], True)),
+    ("4\t5", ([], True)),
+    ("٣", ([], True)),  # an Arabic-Indic digit is not an ASCII one
+]
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("sliced", [False, True])
+def test_block_ids_parse_the_same_on_both_paths(wide, sliced):
+    import pyarrow as pa
+
+    from kvtool.events.load import _block_ids
+
+    values = [v for v, _ in BLOCK_ID_CASES]
+    typ = pa.large_string() if wide else pa.string()
+    if sliced:  # chunks that are slices of larger arrays (offset > 0), as Parquet and concatenation give
+        col = pa.chunked_array([pa.array(["9"] + values[:6], typ)[1:], pa.array(["9 9"] + values[6:], typ)[1:]])
+    else:
+        col = pa.chunked_array([pa.array(values, typ)])
+    expected_rows = [i for i, (_, (ids, _)) in enumerate(BLOCK_ID_CASES) for _ in ids]
+    expected_ids = [x for _, (ids, _) in BLOCK_ID_CASES for x in ids]
+    expected_bad = [i for i, (_, (_, bad)) in enumerate(BLOCK_ID_CASES) if bad]
+    for rows, ids, bad in (_compiled_path(lambda: _block_ids(col)), _numpy_path(lambda: _block_ids(col))):
+        assert rows.tolist() == expected_rows
+        assert ids.tolist() == expected_ids
+        assert sorted(bad.tolist()) == expected_bad
