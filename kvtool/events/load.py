@@ -697,6 +697,14 @@ class _RowChecks:
     def flag(self, mask, name: str) -> None:
         self.reason[mask] = _REASON_CODE[name]
 
+    def merge_lower(self, other: _RowChecks) -> None:
+        """Add the reasons of checks made apart (on rows of the same table): a row keeps its higher priority one."""
+        import numpy as np
+
+        if other.reason.any():
+            mine, theirs = self.reason, other.reason
+            self.reason = np.where((mine == 0) | ((theirs > 0) & (theirs < mine)), theirs, mine)
+
     def flag_unless_earlier(self, rows, name: str) -> None:
         import numpy as np
 
@@ -763,16 +771,19 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     if read.invalid_utf8_lines:
         lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
         invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
-    block_ids_job = None
-    if columns.has("block_ids"):  # the slowest column: split on another thread (pyarrow releases the GIL)
-        block_ids_job = in_background(_block_ids, columns.take("block_ids"))
-    optional = _optional_values(columns, checks, default_block_size)
+    # block_ids and the optional columns are converted on another thread (numpy, pyarrow and the compiled loops
+    # release the GIL) while this one converts the required columns; their reasons rank below every required one
+    later_columns = {name: columns.take(name) for name in ("block_ids", *_OPTIONAL_NUMBERS) if columns.has(name)}
+    later = in_background(_later_columns, later_columns, checks.reason.size, default_block_size)
+    del later_columns
     instance = _text_codes(columns, INSTANCE_COLUMNS)
     source = _text_codes(columns, ("source_request_id",))
     required = _required_values(columns, checks)
+    optional, optional_checks, block_ids_found = later.result()
+    checks.merge_lower(optional_checks)
     block_ids = None
-    if block_ids_job is not None:
-        rows, ids, bad_rows = block_ids_job.result()
+    if block_ids_found is not None:
+        rows, ids, bad_rows = block_ids_found
         checks.flag_unless_earlier(bad_rows, "unparseable block_ids")
         block_ids = (rows, ids)
     if invalid_utf8 is not None:
@@ -876,12 +887,22 @@ def _utf8_validity(arr):
     return out
 
 
-def _optional_values(columns: _Columns, checks: _RowChecks, default_block_size: int) -> _OptionalValues:
+_OPTIONAL_NUMBERS = ("free_pool_blocks", "block_size", "latency_ms")
+
+
+def _later_columns(later: dict, n: int, default_block_size: int):
+    """The columns converted beside the required ones: (optional values, their row checks, block ids or None)."""
+    checks = _RowChecks(n)
+    block_ids = _block_ids(later.pop("block_ids")) if "block_ids" in later else None
+    return _optional_values(later, checks, default_block_size), checks, block_ids
+
+
+def _optional_values(columns: dict, checks: _RowChecks, default_block_size: int) -> _OptionalValues:
     """free_pool_blocks, block_size and latency_ms: checked (lowest priority reasons), blanks kept as blank."""
     import numpy as np
 
     def number(name: str, integer: bool = False, positive: bool = False):
-        v, null, bad = _numbers(columns.take(name), name, integer=integer)
+        v, null, bad = _numbers(columns.pop(name), name, integer=integer)
         if positive:
             checks.flag(~null & ~bad & (v <= 0), f"non-positive {name}")
         else:
@@ -889,14 +910,14 @@ def _optional_values(columns: _Columns, checks: _RowChecks, default_block_size: 
         checks.flag(bad, f"unparseable {name}")
         return v, null
 
-    free_pool = number("free_pool_blocks")[0] if columns.has("free_pool_blocks") else None
+    free_pool = number("free_pool_blocks")[0] if "free_pool_blocks" in columns else None
     block_size = None
-    if columns.has("block_size"):
+    if "block_size" in columns:
         v, null = number("block_size", integer=True, positive=True)
         block_size = np.where(null, default_block_size, v)
     latency = None
-    if columns.has("latency_ms"):
-        v, null, bad = _numbers(columns.take("latency_ms"), "latency_ms")
+    if "latency_ms" in columns:
+        v, null, bad = _numbers(columns.pop("latency_ms"), "latency_ms")
         checks.flag(~null & ~bad & (v > MAX_LATENCY_MS), "latency_ms out of range")
         checks.flag(~null & ~bad & (v < 0), "negative latency_ms")
         checks.flag(bad, "unparseable latency_ms")
