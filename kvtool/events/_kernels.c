@@ -50,6 +50,7 @@ static void release(Buf *bufs, int n) {
 
 #define PTR(b, type) ((b).held ? (type *)(b).view.buf : (type *)NULL)
 #define COUNT(b, size) ((b).held ? (b).view.len / (size) : 0)
+#define MARK(bits, k) ((bits)[(k) >> 3] |= (uint8_t)(1u << ((k) & 7)))
 
 /* ------------------------------------------------------------------------------------- counting sort */
 
@@ -279,6 +280,82 @@ fail:
 
 /* ------------------------------------------------------------------------------------ physical blocks */
 
+/* group_attaches(rows i8[m], ids i8[m], event i1[n], request i4[n], free_code, max_id,
+ *                a_ids i8[m], a_req i8[m], a_tpos i8[m], free_tpos i8[m]) -> (attaches, frees)
+ *
+ * The block-id listings of a file in time order (rows ascending, every row's time-order position its row):
+ * the attach listings (allocate/append/reuse rows) grouped by id, each id's in time order (a counting sort by
+ * id), with their request and position; and the positions of the free listings, in order. */
+static PyObject *group_attaches(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[8];
+    int free_code;
+    Py_ssize_t max_id;
+    if (!PyArg_ParseTuple(args, "OOOOinOOOO", &o[0], &o[1], &o[2], &o[3], &free_code, &max_id, &o[4], &o[5], &o[6],
+                          &o[7]))
+        return NULL;
+    Buf b[8];
+    memset(b, 0, sizeof b);
+    if (get_buf(o[0], &b[0], 8, -1, 0, 0, "rows") < 0) goto fail;
+    Py_ssize_t m = COUNT(b[0], 8);
+    if (get_buf(o[1], &b[1], 8, m, 0, 0, "ids") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 0, "event") < 0) goto fail;
+    Py_ssize_t n = COUNT(b[2], 1);
+    if (get_buf(o[3], &b[3], 4, n, 0, 0, "request") < 0 || get_buf(o[4], &b[4], 8, m, 1, 0, "a_ids") < 0 ||
+        get_buf(o[5], &b[5], 8, m, 1, 0, "a_req") < 0 || get_buf(o[6], &b[6], 8, m, 1, 0, "a_tpos") < 0 ||
+        get_buf(o[7], &b[7], 8, m, 1, 0, "free_tpos") < 0)
+        goto fail;
+    if (max_id < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_id must be >= 0");
+        goto fail;
+    }
+    const int64_t *rows = PTR(b[0], int64_t), *ids = PTR(b[1], int64_t);
+    const int8_t *event = PTR(b[2], int8_t);
+    const int32_t *request = PTR(b[3], int32_t);
+    int64_t *a_ids = PTR(b[4], int64_t), *a_req = PTR(b[5], int64_t), *a_tpos = PTR(b[6], int64_t),
+            *free_tpos = PTR(b[7], int64_t);
+    int64_t *slot = calloc((size_t)max_id + 2, sizeof(int64_t));
+    if (!slot) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t attaches = 0, frees = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = rows[i], id = ids[i];
+        if (r < 0 || r >= n || id < 0 || id > max_id || (i && r < rows[i - 1])) {
+            bad = 1;
+            break;
+        }
+        if (event[r] != free_code) slot[id + 1]++;
+    }
+    if (!bad) {
+        for (Py_ssize_t k = 0; k <= max_id; k++) slot[k + 1] += slot[k];
+        attaches = slot[max_id + 1];
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int64_t r = rows[i];
+            if (event[r] == free_code) {
+                free_tpos[frees++] = r;
+            } else {
+                int64_t at = slot[ids[i]]++;
+                a_ids[at] = ids[i];
+                a_req[at] = request[r];
+                a_tpos[at] = r;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    free(slot);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "a listing's row or id is out of range, or the rows are not ascending");
+        goto fail;
+    }
+    release(b, 8);
+    return Py_BuildValue("nn", attaches, frees);
+fail:
+    release(b, 8);
+    return NULL;
+}
+
 /* close_releases(a_req i8[m], a_tpos i8[m], close_tpos i8[c], close_start i8[n_req + 1], n, out_rel i8[m]) -> None
  *
  * For each attach listing, the first close of its request strictly after it (close_tpos grouped by request, each
@@ -357,7 +434,7 @@ static PyObject *union_curve(PyObject *Py_UNUSED(self), PyObject *args) {
     int64_t *point_pos = PTR(b[4], int64_t), *point_in_use = PTR(b[5], int64_t);
     double *turnover = PTR(b[6], double);
     int32_t *delta = calloc((size_t)n + 1, sizeof(int32_t)); /* net transitions at each position */
-    uint8_t *moved = calloc((size_t)n + 1, 1);                /* a transition happened at the position */
+    uint8_t *moved = calloc((size_t)n / 8 + 1, 1);            /* a bit: a transition happened at the position */
     if (!delta || !moved) {
         free(delta), free(moved);
         PyErr_NoMemory();
@@ -380,8 +457,8 @@ static PyObject *union_curve(PyObject *Py_UNUSED(self), PyObject *args) {
             if (r < n && !(t_ts[r] > t_ts[a])) continue; /* released at its attach's ts: no hold */
             int64_t s = 2 * a + 1;
             if (open && s > reach) { /* the hold starts after the part so far has ended: close it */
-                delta[start >> 1]++, moved[start >> 1] = 1;
-                delta[reach >> 1]--, moved[reach >> 1] = 1;
+                delta[start >> 1]++, MARK(moved, start >> 1);
+                delta[reach >> 1]--, MARK(moved, reach >> 1);
                 prev_fall = reach;
                 open = 0;
             }
@@ -393,8 +470,8 @@ static PyObject *union_curve(PyObject *Py_UNUSED(self), PyObject *args) {
             }
         }
         if (open && !bad) {
-            delta[start >> 1]++, moved[start >> 1] = 1;
-            if (reach < 2 * n) delta[reach >> 1]--, moved[reach >> 1] = 1;
+            delta[start >> 1]++, MARK(moved, start >> 1);
+            if (reach < 2 * n) delta[reach >> 1]--, MARK(moved, reach >> 1);
         }
     }
     if (!bad) {
@@ -402,7 +479,7 @@ static PyObject *union_curve(PyObject *Py_UNUSED(self), PyObject *args) {
         int run_moved = 0;
         for (Py_ssize_t k = 0; k < n; k++) {
             in_use += delta[k];
-            run_moved |= moved[k];
+            run_moved |= (moved[k >> 3] >> (k & 7)) & 1;
             if (k + 1 == n || t_ts[k + 1] != t_ts[k]) { /* the last position of a distinct ts */
                 if (run_moved) {
                     point_pos[points] = k;
@@ -545,6 +622,7 @@ fail:
 static PyMethodDef methods[] = {
     {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small non-negative integer keys."},
     {"request_sweep", request_sweep, METH_VARARGS, "The per-request pass over the rows in time order."},
+    {"group_attaches", group_attaches, METH_VARARGS, "Attach listings grouped by id, in time order."},
     {"close_releases", close_releases, METH_VARARGS, "The close of its request that releases each attach."},
     {"union_curve", union_curve, METH_VARARGS, "Physical blocks in use: the union of each id's holds."},
     {"parse_block_ids", parse_block_ids, METH_VARARGS, "Space-separated block ids of a string array."},

@@ -332,9 +332,7 @@ def analyze_events(
     curves = _pool_curves(passed.db_ts, requests.long[codes], order.t_ts, passed.db_ts.dtype)
     del codes
     block_size_of_request = passed.first_block_size
-    physical = physical_job.result() if physical_job is not None else None
-    capacity = _capacity(table, pool_blocks, physical, order, curves.in_use)
-    pool = _pool_stats(table, order, curves, passed, requests, physical, capacity)
+    # what needs no physical blocks first: the physical pass may still be running on the other thread
     note("prefix reuse")
     has_prompt = rows.prompt_tokens > 0
     match_tokens = rows.match_tokens[has_prompt]
@@ -345,6 +343,13 @@ def analyze_events(
         bool((table.event == REUSE).any()),
     )
     prefix = dataclasses.replace(prefix, **_reuse_sources(table))
+    flows = _pool_flows(table, passed)
+    late = _late_frees(requests, late_free_ms, top, float(requests.late_free_block_seconds.sum()))
+    anomalies = _anomalies(table, passed, requests)
+    culprits = _culprits(requests, top)
+    physical = physical_job.result() if physical_job is not None else None
+    capacity = _capacity(table, pool_blocks, physical, order, curves.in_use)
+    pool = _pool_stats(order, curves, flows, passed, requests, physical, capacity)
     long_stats = _long_share(
         curves,
         capacity,
@@ -353,8 +358,6 @@ def analyze_events(
         long_share_alert,
         int(requests.long.sum()),
     )
-    late = _late_frees(requests, late_free_ms, top, pool.late_free_block_seconds)
-    anomalies = _anomalies(table, passed, requests)
     return Analysis(
         file=table.path,
         schema_version=SCHEMA_VERSION,
@@ -363,7 +366,7 @@ def analyze_events(
         prefix_reuse=prefix,
         long_requests=long_stats,
         anomalies=anomalies,
-        culprits=_culprits(requests, top),
+        culprits=culprits,
         requests=requests,
         timeline=Timeline(
             time_s=curves.time_s,
@@ -372,7 +375,7 @@ def analyze_events(
             physical_time_s=None if physical is None else physical.curve_t,
             physical_blocks_in_use=None if physical is None else physical.curve_b,
         ),
-        free_latencies_ms=_latencies(table, FREE),
+        free_latencies_ms=flows.free_latencies_ms,
         match_tokens=match_tokens,
         late_frees=late,
     )
@@ -791,23 +794,45 @@ def _latencies(table: EventTable, event: int):
     return values[~np.isnan(values)]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Flows:
+    """Blocks through the pool and the latencies of allocate and free rows (no physical blocks needed)."""
+
+    free_latencies_ms: np.ndarray
+    free_latency: tuple[float, float, float, float]  # p50, p95, p99, max
+    allocate_latency: tuple[float, float, float, float]
+    blocks_allocated: int  # allocate and append rows
+    blocks_freed: int  # free rows, over-frees excluded
+    free_pool_blocks_min: float | None  # from the free_pool_blocks column
+
+
+def _pool_flows(table: EventTable, passed: _RequestPass) -> _Flows:
+    import numpy as np
+
+    ev, nb = table.event, table.num_blocks
+    free_lat = _latencies(table, FREE)
+    fp = table.free_pool_blocks
+    return _Flows(
+        free_latencies_ms=free_lat,
+        free_latency=percentiles(free_lat),
+        allocate_latency=percentiles(_latencies(table, ALLOCATE)),
+        blocks_allocated=int(nb[(ev == ALLOCATE) | (ev == APPEND)].sum()),
+        blocks_freed=int(nb[ev == FREE].sum()) - passed.over_freed_blocks,
+        free_pool_blocks_min=None if fp is None or np.isnan(fp).all() else float(np.nanmin(fp)),
+    )
+
+
 def _pool_stats(
-    table: EventTable,
     order: _TimeOrder,
     curves: _Curves,
+    flows: _Flows,
     passed: _RequestPass,
     requests: RequestTable,
     physical: PhysicalBlocks | None,
     capacity: float | None,
 ) -> PoolStats:
-    import numpy as np
-
-    ev, nb = table.event, table.num_blocks
-    free_lat = _latencies(table, FREE)
-    fl = percentiles(free_lat)
-    al = percentiles(_latencies(table, ALLOCATE))
+    fl, al = flows.free_latency, flows.allocate_latency
     peak_i = _lasting_peak(curves.time_s, curves.blocks_in_use, order.t_end)
-    blocks_allocated = int(nb[(ev == ALLOCATE) | (ev == APPEND)].sum())
     total_slot_seconds = float(requests.slot_seconds.sum())
     duration = order.duration
     return PoolStats(
@@ -815,11 +840,11 @@ def _pool_stats(
         peak_at_s=float(curves.time_s[peak_i]) if curves.time_s.size else nan,
         mean_blocks_in_use=float(passed.block_seconds.sum()) / duration if duration > 0 else nan,
         utilization=float(requests.token_seconds.sum()) / total_slot_seconds if total_slot_seconds > 0 else nan,
-        blocks_allocated=blocks_allocated,
+        blocks_allocated=flows.blocks_allocated,
         blocks_reused=int(requests.reused_blocks.sum()),
-        blocks_freed=int(nb[ev == FREE].sum()) - passed.over_freed_blocks,
-        blocks_allocated_per_s=blocks_allocated / duration if duration > 0 else nan,
-        free_latency_count=int(free_lat.size),
+        blocks_freed=flows.blocks_freed,
+        blocks_allocated_per_s=flows.blocks_allocated / duration if duration > 0 else nan,
+        free_latency_count=int(flows.free_latencies_ms.size),
         free_latency_ms_p50=fl[0],
         free_latency_ms_p95=fl[1],
         free_latency_ms_p99=fl[2],
@@ -835,11 +860,7 @@ def _pool_stats(
         reallocations=None if physical is None else physical.reallocations,
         turnover_time_s_p50=None if physical is None else physical.turnover_s_p50,
         turnover_time_s_p95=None if physical is None else physical.turnover_s_p95,
-        free_pool_blocks_min=(
-            None
-            if table.free_pool_blocks is None or np.isnan(table.free_pool_blocks).all()
-            else float(np.nanmin(table.free_pool_blocks))
-        ),
+        free_pool_blocks_min=flows.free_pool_blocks_min,
         capacity_blocks=capacity,
     )
 

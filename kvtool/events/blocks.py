@@ -76,23 +76,28 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end: float, later) -
     n = t_ts.size
     rows, ids = table.block_id_rows, table.block_id_values
     assert rows is not None and ids is not None  # the caller checks the column is there
-    idx = np.int32 if n < 2**30 and int(ids.max()) < 2**31 else np.int64
-    ids = ids.astype(idx, copy=False)
-    tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
-    req = table.request[rows]
-    attach = table.event[rows] != FREE
-    attaches = _group_attaches(ids, req, tpos, attach, tpos_of_row)
+    kernels = compiled()
+    top = int(ids.max())
+    listings = None  # (ids, request, attach, tpos) of every listing: made only where needed
+    if kernels is not None and tpos_of_row is None and top < 4 * ids.size + (1 << 20):
+        attaches, free_tpos = _group_attaches_compiled(kernels, table, top)
+    else:
+        listings = _listings(table, tpos_of_row, n, top)
+        l_ids, l_req, l_attach, l_tpos = listings
+        attaches = _group_attaches(l_ids, l_req, l_tpos, l_attach, tpos_of_row)
+        free_tpos = l_tpos[~l_attach]
+        del l_ids, l_req, l_attach, l_tpos
     unique = _distinct(ids)
-    free_tpos = tpos[~attach]
     close_tpos, close_req = later.result()
     closing = np.zeros(n, dtype=bool)  # by ts position
     closing[close_tpos] = True
     explicit_rel = None
     if not bool(closing[free_tpos].all()):
         # some free row lists ids without closing its request's interval: group every listing by (id, request)
-        attaches, explicit_rel = _explicit_releases(ids, req, attach, tpos, tpos_of_row)
-    del closing, free_tpos, ids, req, attach, tpos
-    kernels = compiled()
+        l_ids, l_req, l_attach, l_tpos = listings or _listings(table, tpos_of_row, n, top)
+        attaches, explicit_rel = _explicit_releases(l_ids, l_req, l_attach, l_tpos, tpos_of_row)
+        del l_ids, l_req, l_attach, l_tpos
+    del closing, free_tpos, listings
     if kernels is not None:
         if explicit_rel is None:
             rel = _close_releases(kernels, attaches, close_tpos, close_req, len(table.request_ids), n)
@@ -102,6 +107,41 @@ def physical_blocks(table: EventTable, tpos_of_row, t_ts, t_end: float, later) -
     rel = _releases(attaches, close_tpos, close_req, explicit_rel, n)
     transitions = _union_parts(attaches, rel, t_ts, n)
     return _in_use_curve(transitions, t_ts, t_end, unique)
+
+
+def _listings(table: EventTable, tpos_of_row, n: int, top: int):
+    """(ids, request, attach, time-order position) of every block-id listing, in file order."""
+    import numpy as np
+
+    rows = table.block_id_rows
+    assert rows is not None and table.block_id_values is not None
+    idx = np.int32 if n < 2**30 and top < 2**31 else np.int64
+    ids = table.block_id_values.astype(idx, copy=False)
+    tpos = (rows if tpos_of_row is None else tpos_of_row[rows]).astype(idx, copy=False)
+    return ids, table.request[rows], table.event[rows] != FREE, tpos
+
+
+def _group_attaches_compiled(kernels, table: EventTable, top: int):
+    """_group_attaches (and the free listings' positions) in one compiled counting sort, for a file in time order."""
+    import numpy as np
+
+    assert table.block_id_rows is not None and table.block_id_values is not None
+    m = table.block_id_values.size
+    a_ids, a_req, a_tpos, free_tpos = (np.empty(m, dtype=np.int64) for _ in range(4))
+    attaches, frees = kernels.group_attaches(
+        np.ascontiguousarray(table.block_id_rows, dtype=np.int64),
+        np.ascontiguousarray(table.block_id_values, dtype=np.int64),
+        np.ascontiguousarray(table.event, dtype=np.int8),
+        np.ascontiguousarray(table.request, dtype=np.int32),
+        FREE,
+        top,
+        a_ids,
+        a_req,
+        a_tpos,
+        free_tpos,
+    )
+    grouped = _Attaches(a_ids[:attaches], a_req[:attaches], a_tpos[:attaches], grouped_by_request=False)
+    return grouped, free_tpos[:frees]
 
 
 def _group_attaches(ids, req, tpos, attach, tpos_of_row) -> _Attaches:
