@@ -512,7 +512,7 @@ fail:
  * One Arrow string array (its buffers, `offset` being the array's slot offset): each valid value is block ids
  * separated by spaces; empty tokens (doubled or padding spaces) are skipped; a token that is not 1 to 18 ASCII
  * digits makes its row unparseable: the row's ids are dropped and the row (row_base + slot) listed in out_bad.
- * With the outputs None it only counts (the caller allocates, then calls again to fill). */
+ * With the outputs None it only counts.  A value of L bytes holds at most (L + 1) / 2 ids. */
 static PyObject *parse_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *o[6];
     Py_ssize_t offset, length, row_base;
@@ -557,18 +557,35 @@ static PyObject *parse_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
             bad = 1;
             break;
         }
+        Py_ssize_t first = ids; /* the row's ids are written as they parse, and taken back if a token is bad */
         int ok = 1;
-        Py_ssize_t tokens = 0;
-        for (int64_t p = lo, digits = 0; p <= hi; p++) { /* check the row first: a bad token drops all its ids */
-            if (p == hi || data[p] == ' ') {
-                tokens += digits > 0;
-                digits = 0;
-            } else if ((unsigned)data[p] - '0' > 9 || ++digits > 18) {
-                ok = 0;
-                break;
+        int64_t value = 0, digits = 0;
+        for (int64_t p = lo; p <= hi; p++) {
+            if (p == hi || data[p] == ' ') { /* the end of a token (none where digits == 0: an empty one) */
+                if (digits) {
+                    if (out_rows) {
+                        if (ids >= cap) {
+                            bad = 2;
+                            break;
+                        }
+                        out_rows[ids] = row_base + i;
+                        out_ids[ids] = value;
+                    }
+                    ids++;
+                }
+                value = 0, digits = 0;
+            } else {
+                unsigned d = (unsigned)data[p] - '0';
+                if (d > 9 || ++digits > 18) {
+                    ok = 0;
+                    break;
+                }
+                value = value * 10 + d;
             }
         }
+        if (bad) break;
         if (!ok) {
+            ids = first;
             if (out_bad) {
                 if (bad_rows >= bad_cap) {
                     bad = 3;
@@ -577,30 +594,6 @@ static PyObject *parse_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
                 out_bad[bad_rows] = row_base + i;
             }
             bad_rows++;
-            continue;
-        }
-        if (out_rows) {
-            if (ids + tokens > cap) {
-                bad = 2;
-                break;
-            }
-            int64_t value = 0;
-            int in_token = 0;
-            for (int64_t p = lo; p <= hi; p++) {
-                if (p == hi || data[p] == ' ') {
-                    if (in_token) {
-                        out_rows[ids] = row_base + i;
-                        out_ids[ids] = value;
-                        ids++;
-                    }
-                    value = 0, in_token = 0;
-                } else {
-                    value = value * 10 + (data[p] - '0');
-                    in_token = 1;
-                }
-            }
-        } else {
-            ids += tokens;
         }
     }
     Py_END_ALLOW_THREADS;
@@ -617,6 +610,95 @@ fail:
     return NULL;
 }
 
+/* list_block_ids(offsets (i4 or i8)[offset + length + 1], values i8[...], values_validity u1[...] | None,
+ *                list_validity u1[...] | None, offset, length, row_base, out_rows i8[cap], out_ids i8[cap],
+ *                out_bad i8[cap_bad]) -> (ids, bad_rows)
+ *
+ * One Arrow list<int64> array (Parquet's block ids): each valid list's values are the row's ids; a null or
+ * negative value makes the row unparseable (its ids dropped, the row listed in out_bad).  `values` is the
+ * child array's value buffer from its first slot, `values_validity` its validity bitmap (bits from values_bit). */
+static PyObject *list_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[7];
+    Py_ssize_t offset, length, row_base, values_bit;
+    if (!PyArg_ParseTuple(args, "OOOnOnnnOOO", &o[0], &o[1], &o[2], &values_bit, &o[3], &offset, &length, &row_base,
+                          &o[4], &o[5], &o[6]))
+        return NULL;
+    Buf b[7];
+    memset(b, 0, sizeof b);
+    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    b[0].held = 1;
+    Py_ssize_t osize = b[0].view.itemsize;
+    if ((osize != 4 && osize != 8) || offset < 0 || length < 0 || values_bit < 0 ||
+        b[0].view.len / osize < offset + length + 1) {
+        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
+        goto fail;
+    }
+    if (get_buf(o[1], &b[1], 8, -1, 0, 0, "values") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 1, "values_validity") < 0 ||
+        get_buf(o[3], &b[3], 1, -1, 0, 1, "list_validity") < 0 || get_buf(o[4], &b[4], 8, -1, 1, 0, "out_rows") < 0 ||
+        get_buf(o[5], &b[5], 8, -1, 1, 0, "out_ids") < 0 || get_buf(o[6], &b[6], 8, -1, 1, 0, "out_bad") < 0)
+        goto fail;
+    const int64_t *values = PTR(b[1], int64_t);
+    const uint8_t *vvalid = PTR(b[2], uint8_t), *lvalid = PTR(b[3], uint8_t);
+    Py_ssize_t n_values = COUNT(b[1], 8), vbits = b[2].held ? b[2].view.len * 8 : 0;
+    Py_ssize_t lbits = b[3].held ? b[3].view.len * 8 : 0;
+    int64_t *out_rows = PTR(b[4], int64_t), *out_ids = PTR(b[5], int64_t), *out_bad = PTR(b[6], int64_t);
+    Py_ssize_t cap = COUNT(b[4], 8), bad_cap = COUNT(b[6], 8);
+    if (COUNT(b[5], 8) != cap || (lvalid && lbits < offset + length)) {
+        PyErr_SetString(PyExc_ValueError, "out_rows and out_ids differ in size, or list_validity is too short");
+        goto fail;
+    }
+    const void *offs = b[0].view.buf;
+    Py_ssize_t ids = 0, bad_rows = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < length && !bad; i++) {
+        Py_ssize_t slot = offset + i;
+        if (lvalid && !((lvalid[slot >> 3] >> (slot & 7)) & 1)) continue; /* a null list: no ids */
+        int64_t lo = osize == 4 ? ((const int32_t *)offs)[slot] : ((const int64_t *)offs)[slot];
+        int64_t hi = osize == 4 ? ((const int32_t *)offs)[slot + 1] : ((const int64_t *)offs)[slot + 1];
+        if (lo < 0 || hi < lo || hi > n_values || (vvalid && values_bit + hi > vbits)) {
+            bad = 1;
+            break;
+        }
+        int ok = 1;
+        for (int64_t k = lo; k < hi; k++) {
+            int64_t bit = values_bit + k;
+            if ((vvalid && !((vvalid[bit >> 3] >> (bit & 7)) & 1)) || values[k] < 0) {
+                ok = 0;
+                break;
+            }
+        }
+        if (!ok) {
+            if (bad_rows >= bad_cap) {
+                bad = 3;
+                break;
+            }
+            out_bad[bad_rows++] = row_base + i;
+            continue;
+        }
+        if (ids + (hi - lo) > cap) {
+            bad = 2;
+            break;
+        }
+        for (int64_t k = lo; k < hi; k++) {
+            out_rows[ids] = row_base + i;
+            out_ids[ids++] = values[k];
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad == 1   ? "list offsets outside the values"
+                                          : bad == 2 ? "more ids than out_rows holds"
+                                                     : "more unparseable rows than out_bad holds");
+        goto fail;
+    }
+    release(b, 7);
+    return Py_BuildValue("nn", ids, bad_rows);
+fail:
+    release(b, 7);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -626,6 +708,7 @@ static PyMethodDef methods[] = {
     {"close_releases", close_releases, METH_VARARGS, "The close of its request that releases each attach."},
     {"union_curve", union_curve, METH_VARARGS, "Physical blocks in use: the union of each id's holds."},
     {"parse_block_ids", parse_block_ids, METH_VARARGS, "Space-separated block ids of a string array."},
+    {"list_block_ids", list_block_ids, METH_VARARGS, "Block ids of a list<int64> array (Parquet)."},
     {NULL, NULL, 0, NULL},
 };
 

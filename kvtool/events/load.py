@@ -540,36 +540,71 @@ def _digits_and_spaces_only(col) -> bool:
 
 
 def _block_ids_compiled(kernels, col):
-    """_block_ids of a string column by the compiled parser: a counting pass, then a filling pass per chunk."""
+    """_block_ids of a string column by the compiled parser, in one pass over each chunk.
+
+    The outputs are sized for the most ids the bytes can hold ((L + 1) / 2 for a value of L bytes); only the part
+    written is ever touched, so the rest costs address space, not memory.
+    """
     import numpy as np
     import pyarrow as pa
 
-    def call(ch, base, rows=None, ids=None, bad=None):
-        validity, offsets, data = ch.buffers()
-        wide = ch.type == pa.large_string()
-        return kernels.parse_block_ids(
-            np.frombuffer(offsets, dtype=np.int64 if wide else np.int32),
+    chunks = [ch for ch in _chunks(col) if len(ch)]
+    offsets = [
+        np.frombuffer(ch.buffers()[1], dtype=np.int64 if ch.type == pa.large_string() else np.int32) for ch in chunks
+    ]
+    most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) + len(ch) for ch, o in zip(chunks, offsets)) // 2 + 1
+    rows = np.empty(most, dtype=np.int64)
+    ids = np.empty(most, dtype=np.int64)
+    bad_rows = np.empty(len(col), dtype=np.int64)
+    at = bad_at = base = 0
+    for ch, o in zip(chunks, offsets):
+        validity, _, data = ch.buffers()
+        n_ids, n_bad = kernels.parse_block_ids(
+            o,
             b"" if data is None else data,
             None if validity is None or ch.null_count == 0 else validity,
             ch.offset,
             len(ch),
             base,
-            rows,
-            ids,
-            bad,
+            rows[at:],
+            ids[at:],
+            bad_rows[bad_at:],
         )
+        at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
+    return rows[:at], ids[:at], bad_rows[:bad_at]
+
+
+def _list_block_ids_compiled(kernels, col):
+    """_block_ids of a list<int64> column (Parquet) by the compiled loop: a null or negative id rejects its row."""
+    import numpy as np
+    import pyarrow as pa
 
     chunks = [ch for ch in _chunks(col) if len(ch)]
-    bases = np.cumsum([0] + [len(ch) for ch in chunks]).tolist()
-    counts = [call(ch, base) for ch, base in zip(chunks, bases)]
-    rows = np.empty(sum(c[0] for c in counts), dtype=np.int64)
-    ids = np.empty(rows.size, dtype=np.int64)
-    bad_rows = np.empty(sum(c[1] for c in counts), dtype=np.int64)
-    at = bad_at = 0
-    for ch, base, (n_ids, n_bad) in zip(chunks, bases, counts):
-        call(ch, base, rows[at : at + n_ids], ids[at : at + n_ids], bad_rows[bad_at:])
-        at, bad_at = at + n_ids, bad_at + n_bad
-    return rows, ids, bad_rows
+    wide = pa.types.is_large_list(col.type)
+    offsets = [np.frombuffer(ch.buffers()[1], dtype=np.int64 if wide else np.int32) for ch in chunks]
+    most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) for ch, o in zip(chunks, offsets))
+    rows, ids = np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
+    bad_rows = np.empty(len(col), dtype=np.int64)
+    at = bad_at = base = 0
+    for ch, o in zip(chunks, offsets):
+        child = ch.values
+        child_validity, child_data = child.buffers()
+        values = np.frombuffer(child_data, dtype=np.int64)[child.offset :] if child_data is not None else rows[:0]
+        n_ids, n_bad = kernels.list_block_ids(
+            o,
+            values,
+            None if child_validity is None or child.null_count == 0 else child_validity,
+            child.offset,
+            None if ch.buffers()[0] is None or ch.null_count == 0 else ch.buffers()[0],
+            ch.offset,
+            len(ch),
+            base,
+            rows[at:],
+            ids[at:],
+            bad_rows[bad_at:],
+        )
+        at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
+    return rows[:at], ids[:at], bad_rows[:bad_at]
 
 
 def _read_parquet(source: EventSource) -> _Read:
@@ -774,11 +809,17 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     # block_ids and the optional columns are converted on another thread (numpy, pyarrow and the compiled loops
     # release the GIL) while this one converts the required columns; their reasons rank below every required one
     later_columns = {name: columns.take(name) for name in ("block_ids", *_OPTIONAL_NUMBERS) if columns.has(name)}
+    if not _compiled_block_ids(later_columns.get("block_ids")):
+        # that thread needs pyarrow.compute: imported here first, not there against this thread for the GIL
+        import pyarrow.compute  # noqa: F401
     later = in_background(_later_columns, later_columns, checks.reason.size, default_block_size)
     del later_columns
     instance = _text_codes(columns, INSTANCE_COLUMNS)
     source = _text_codes(columns, ("source_request_id",))
     required = _required_values(columns, checks)
+    if not later.done():
+        # idle until the other thread is done: import pyarrow.compute now, which the JSON writer needs later
+        import pyarrow.compute  # noqa: F401
     optional, optional_checks, block_ids_found = later.result()
     checks.merge_lower(optional_checks)
     block_ids = None
@@ -888,6 +929,19 @@ def _utf8_validity(arr):
 
 
 _OPTIONAL_NUMBERS = ("free_pool_blocks", "block_size", "latency_ms")
+
+
+def _compiled_block_ids(col) -> bool:
+    """Whether _block_ids parses this column (None: absent) with the compiled parser alone."""
+    import pyarrow as pa
+
+    typ = None if col is None else col.type
+    if typ is None:
+        return True
+    if compiled() is None:
+        return False
+    lists = (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and typ.value_type == pa.int64()
+    return lists or pa.types.is_string(typ) or pa.types.is_large_string(typ)
 
 
 def _later_columns(later: dict, n: int, default_block_size: int):
@@ -1072,7 +1126,6 @@ def _numbers(col, name: str, integer: bool = False):
     """
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     typ = col.type
     if pa.types.is_dictionary(typ):
@@ -1080,6 +1133,8 @@ def _numbers(col, name: str, integer: bool = False):
         typ = col.type
     matched = None
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        import pyarrow.compute as pc
+
         text = pc.utf8_trim_whitespace(col)
         is_number = pc.match_substring_regex(text, _NUMBER_RE)
         blank = ~_valid_np(text) | (
@@ -1104,6 +1159,8 @@ def _numbers(col, name: str, integer: bool = False):
             values = _fixed_np(col, np.int32)
         else:
             if typ == pa.uint64():  # above int64's range the cast fails: clamp, so such a row is rejected alone
+                import pyarrow.compute as pc
+
                 col = pc.min_element_wise(col, pa.scalar(MAX_COUNT + 1, pa.uint64()), skip_nulls=False)
             values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
         null = ~_valid_np(col)
@@ -1191,9 +1248,10 @@ def _dictionary_codes(col):
     """(int32 codes with -1 for null, dictionary values as a Python list) of a text column."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if not pa.types.is_dictionary(col.type):
+        import pyarrow.compute as pc
+
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             col = col.cast(pa.string())
         col = pa.chunked_array([pc.dictionary_encode(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0))])
@@ -1202,6 +1260,8 @@ def _dictionary_codes(col):
         return np.zeros(0, dtype=np.int32), []
     dictionary = chunks[0].dictionary
     if any(not c.dictionary.equals(dictionary) for c in chunks[1:]):  # not unified (Parquet chunks)
+        import pyarrow.compute as pc
+
         col = pc.dictionary_encode(col.cast(dictionary.type).combine_chunks())
         chunks, dictionary = [col], col.dictionary
     indices = pa.chunked_array([c.indices for c in chunks])
@@ -1232,7 +1292,6 @@ def _block_ids(col):
     """Split space-separated block ids: (row index, id) pairs of the parseable rows, and the unparseable rows."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     empty = np.zeros(0, np.int64)
     typ = col.type
@@ -1240,6 +1299,11 @@ def _block_ids(col):
         col = col.cast(typ.value_type)
         typ = col.type
     if pa.types.is_list(typ) or pa.types.is_large_list(typ):  # Parquet: a list of integers per row
+        kernels = compiled()
+        if kernels is not None and typ.value_type == pa.int64():
+            return _list_block_ids_compiled(kernels, col)
+        import pyarrow.compute as pc
+
         lists = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         flat = pc.list_flatten(lists)
         parents = _fixed_np(pc.list_parent_indices(lists), np.int64)
@@ -1259,6 +1323,8 @@ def _block_ids(col):
     kernels = compiled()
     if kernels is not None:
         return _block_ids_compiled(kernels, col)
+    import pyarrow.compute as pc
+
     lists = pc.split_pattern(col, " ")  # padding spaces give empty tokens: handled by the slow path
     lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
     flat = pc.list_flatten(lists)
