@@ -278,6 +278,83 @@ fail:
     return NULL;
 }
 
+/* pool_curves(db_ts (i4 or i8)[n], long_request u1[n_req], request i4[n_rows], time_order i8[n] | None, t_ts f8[n],
+ *             in_use i8[n] | None, curve_t f8[n], curve_b i8[n], curve_long i8[n]) -> points
+ *
+ * The blocks in use (all, and long requests') summed over the changes in time order, as step curves: a point at
+ * the last row of the first time and of each time whose rows change something, keeping the values after that
+ * row, and only where a value differs from the point before.  in_use (when given) gets the blocks in use after
+ * every row. */
+static PyObject *pool_curves(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
+        return NULL;
+    Buf b[9];
+    memset(b, 0, sizeof b);
+    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    b[0].held = 1;
+    Py_ssize_t dsize = b[0].view.itemsize, n = b[0].view.len / (dsize ? dsize : 1);
+    if (dsize != 4 && dsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "db_ts: items of 4 or 8 bytes expected");
+        goto fail;
+    }
+    if (get_buf(o[1], &b[1], 1, -1, 0, 0, "long_request") < 0 || get_buf(o[2], &b[2], 4, -1, 0, 0, "request") < 0 ||
+        get_buf(o[3], &b[3], 8, n, 0, 1, "time_order") < 0 || get_buf(o[4], &b[4], 8, n, 0, 0, "t_ts") < 0 ||
+        get_buf(o[5], &b[5], 8, n, 1, 1, "in_use") < 0 || get_buf(o[6], &b[6], 8, n, 1, 0, "curve_t") < 0 ||
+        get_buf(o[7], &b[7], 8, n, 1, 0, "curve_b") < 0 || get_buf(o[8], &b[8], 8, n, 1, 0, "curve_long") < 0)
+        goto fail;
+    if (!b[3].held && COUNT(b[2], 4) != n) {
+        PyErr_SetString(PyExc_ValueError, "request: n items expected");
+        goto fail;
+    }
+    const void *db = b[0].view.buf;
+    const uint8_t *long_req = PTR(b[1], uint8_t);
+    const int32_t *request = PTR(b[2], int32_t);
+    const int64_t *p0 = PTR(b[3], int64_t);
+    const double *t_ts = PTR(b[4], double);
+    int64_t *in_use_out = PTR(b[5], int64_t), *curve_b = PTR(b[7], int64_t), *curve_long = PTR(b[8], int64_t);
+    double *curve_t = PTR(b[6], double);
+    Py_ssize_t n_req = COUNT(b[1], 1), n_rows = COUNT(b[2], 4), points = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    int64_t in_use = 0, long_in_use = 0, last_b = 0, last_long = 0;
+    int moved = 0, first = 1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t d = dsize == 4 ? ((const int32_t *)db)[k] : ((const int64_t *)db)[k];
+        if (d) {
+            Py_ssize_t row = p0 ? (Py_ssize_t)p0[k] : k;
+            if (row < 0 || row >= n_rows || request[row] < 0 || request[row] >= n_req) {
+                bad = 1;
+                break;
+            }
+            in_use += d;
+            if (long_req[request[row]]) long_in_use += d;
+            moved = 1;
+        }
+        if (in_use_out) in_use_out[k] = in_use;
+        if (k + 1 == n || t_ts[k + 1] != t_ts[k]) { /* the last row of a time */
+            if (first || (moved && (in_use != last_b || long_in_use != last_long))) {
+                curve_t[points] = t_ts[k];
+                curve_b[points] = in_use;
+                curve_long[points] = long_in_use;
+                points++;
+                last_b = in_use, last_long = long_in_use;
+            }
+            first = 0, moved = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "a row or request code is out of range");
+        goto fail;
+    }
+    release(b, 9);
+    return PyLong_FromSsize_t(points);
+fail:
+    release(b, 9);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------ physical blocks */
 
 /* group_attaches(rows i8[m], ids i8[m], event i1[n], request i4[n], free_code, max_id,
@@ -704,6 +781,7 @@ fail:
 static PyMethodDef methods[] = {
     {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small non-negative integer keys."},
     {"request_sweep", request_sweep, METH_VARARGS, "The per-request pass over the rows in time order."},
+    {"pool_curves", pool_curves, METH_VARARGS, "Blocks in use over time as step curves."},
     {"group_attaches", group_attaches, METH_VARARGS, "Attach listings grouped by id, in time order."},
     {"close_releases", close_releases, METH_VARARGS, "The close of its request that releases each attach."},
     {"union_curve", union_curve, METH_VARARGS, "Physical blocks in use: the union of each id's holds."},

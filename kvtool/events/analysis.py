@@ -328,9 +328,7 @@ def analyze_events(
     rows = _row_figures(table, passed.second_rise, order.tpos_of_row)
     requests = _request_table(table, passed, rows, long_threshold_tokens)
     note("pool")
-    codes = table.request if order.p0 is None else table.request[order.p0]  # request of each row in ts order
-    curves = _pool_curves(passed.db_ts, requests.long[codes], order.t_ts, passed.db_ts.dtype)
-    del codes
+    curves = _pool_curves_of(table, order, passed, requests.long)
     block_size_of_request = passed.first_block_size
     # what needs no physical blocks first: the physical pass may still be running on the other thread
     note("prefix reuse")
@@ -1041,7 +1039,32 @@ class _Curves:
     time_s: np.ndarray
     blocks_in_use: np.ndarray
     long_blocks_in_use: np.ndarray
-    in_use: np.ndarray  # blocks in use after each row, in time order
+    in_use: np.ndarray | None  # blocks in use after each row, in time order (compiled: only with free_pool_blocks)
+
+
+def _pool_curves_of(table: EventTable, order: _TimeOrder, passed: _RequestPass, long_request) -> _Curves:
+    """The pool's step curves: one compiled pass where built, else _pool_curves."""
+    import numpy as np
+
+    kernels = compiled()
+    if kernels is None:
+        codes = table.request if order.p0 is None else table.request[order.p0]  # request of each row in ts order
+        return _pool_curves(passed.db_ts, long_request[codes], order.t_ts, passed.db_ts.dtype)
+    n = passed.db_ts.size
+    in_use = np.empty(n, dtype=np.int64) if table.free_pool_blocks is not None else None  # for _capacity only
+    curve_t, curve_b, curve_long = np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    points = kernels.pool_curves(
+        passed.db_ts,
+        np.ascontiguousarray(long_request, dtype=np.uint8),
+        np.ascontiguousarray(table.request, dtype=np.int32),
+        None if order.p0 is None else np.ascontiguousarray(order.p0, dtype=np.int64),
+        np.ascontiguousarray(order.t_ts, dtype=np.float64),
+        in_use,
+        curve_t,
+        curve_b,
+        curve_long,
+    )
+    return _Curves(curve_t[:points].copy(), curve_b[:points].copy(), curve_long[:points].copy(), in_use)
 
 
 def _pool_curves(db_ts, long_row, t_ts, acc) -> _Curves:

@@ -76,8 +76,10 @@ def _same(a, b, where: str) -> None:
         assert a == b, (where, a, b)
 
 
-def _both(table: EventTable) -> tuple[Analysis, Analysis]:
-    return _compiled_path(lambda: analyze_events(table)), _numpy_path(lambda: analyze_events(table))
+def _both(table: EventTable, **options) -> tuple[Analysis, Analysis]:
+    return _compiled_path(lambda: analyze_events(table, **options)), _numpy_path(
+        lambda: analyze_events(table, **options)
+    )
 
 
 def _table(text: str, block_size: int = 16) -> EventTable:
@@ -89,10 +91,18 @@ def _table(text: str, block_size: int = 16) -> EventTable:
 
 
 @SETTINGS
-@given(traces(), st.sampled_from([4, 16]))
-def test_the_per_request_pass_agrees_on_random_traces(rows, block_size):
-    # unsorted files, equal timestamps, over-frees and re-used requests (traces() in test_analyze_properties.py)
-    fast, reference = _both(_table(_csv(rows), block_size))
+@given(traces(), st.sampled_from([4, 16]), st.booleans())
+def test_the_per_request_pass_agrees_on_random_traces(rows, block_size, free_pool):
+    # unsorted files, equal timestamps, over-frees and re-used requests (traces() in test_analyze_properties.py);
+    # free_pool: a free_pool_blocks column on every other row, so the capacity reads the pool curve per row
+    text = _csv(rows)
+    if free_pool:
+        lines = text.splitlines()
+        text = "\n".join(
+            [lines[0] + ",free_pool_blocks"] + [f"{line},{'' if i % 2 else 3 * i}" for i, line in enumerate(lines[1:])]
+        )
+    # a low long-request threshold: some requests are long, so the long-request curve is compared too
+    fast, reference = _both(_table(text + "\n", block_size), long_threshold_tokens=40)
     _same(fast, reference, "analysis")
 
 
@@ -180,3 +190,15 @@ def test_block_ids_parse_the_same_on_both_paths(wide, sliced):
         assert rows.tolist() == expected_rows
         assert ids.tolist() == expected_ids
         assert sorted(bad.tolist()) == expected_bad
+
+
+def test_a_long_request_handing_its_blocks_to_a_short_one_moves_only_the_long_curve():
+    # At t=2 the long request L frees 2 blocks and the short one S allocates 2: the pool's total stays 2 while
+    # long requests' blocks go 2 -> 0, so the curves must have a point at t=2 (by hand: total 2, 2, 0; long 2, 2, 0).
+    text = "ts,event,request_id,num_blocks,num_tokens\n1,allocate,L,2,30\n2,free,L,2,\n2,allocate,S,2,10\n3,free,S,2,\n"
+    fast, reference = _both(_table(text, 16), long_threshold_tokens=20)
+    _same(fast, reference, "analysis")
+    timeline = fast.timeline
+    assert timeline.time_s.tolist() == [1.0, 2.0, 3.0]
+    assert timeline.blocks_in_use.tolist() == [2, 2, 0]
+    assert timeline.long_blocks_in_use.tolist() == [2, 0, 0]
