@@ -539,11 +539,18 @@ def _digits_and_spaces_only(col) -> bool:
     return True
 
 
+def _shrunk(arr, size: int):
+    """The first ``size`` items of an array sized for the most there could be, its tail handed back (realloc, no
+    copy): a view would keep the whole allocation, and its pages where malloc reused touched memory."""
+    arr.resize(size, refcheck=False)  # no view of arr outlives the compiled calls that filled it
+    return arr
+
+
 def _block_ids_compiled(kernels, col):
     """_block_ids of a string column by the compiled parser, in one pass over each chunk.
 
-    The outputs are sized for the most ids the bytes can hold ((L + 1) / 2 for a value of L bytes); only the part
-    written is ever touched, so the rest costs address space, not memory.
+    The outputs are sized for the most ids the bytes can hold ((L + 1) / 2 for a value of L bytes), then shrunk to
+    what was written.
     """
     import numpy as np
     import pyarrow as pa
@@ -571,7 +578,7 @@ def _block_ids_compiled(kernels, col):
             bad_rows[bad_at:],
         )
         at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
-    return rows[:at], ids[:at], bad_rows[:bad_at]
+    return _shrunk(rows, at), _shrunk(ids, at), _shrunk(bad_rows, bad_at)
 
 
 def _list_block_ids_compiled(kernels, col):
@@ -604,7 +611,7 @@ def _list_block_ids_compiled(kernels, col):
             bad_rows[bad_at:],
         )
         at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
-    return rows[:at], ids[:at], bad_rows[:bad_at]
+    return _shrunk(rows, at), _shrunk(ids, at), _shrunk(bad_rows, bad_at)
 
 
 def _read_parquet(source: EventSource) -> _Read:
