@@ -783,7 +783,7 @@ class _OptionalValues:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _RequiredValues:
-    ts: np.ndarray
+    ts: np.ndarray | None  # None while it is converted on the other thread
     event: np.ndarray
     request: np.ndarray
     request_dict: list[str]
@@ -815,7 +815,9 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
         invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
     # block_ids and the optional columns are converted on another thread (numpy, pyarrow and the compiled loops
     # release the GIL) while this one converts the required columns; their reasons rank below every required one
-    later_columns = {name: columns.take(name) for name in ("block_ids", *_OPTIONAL_NUMBERS) if columns.has(name)}
+    # ts goes along where the block ids are quick to read (its checks outrank all others: the merge keeps them)
+    along = ("block_ids", *_OPTIONAL_NUMBERS) + (("ts",) if _few_block_ids_to_parse(columns) else ())
+    later_columns = {name: columns.take(name) for name in along if columns.has(name)}
     if not _compiled_block_ids(later_columns.get("block_ids")):
         # that thread needs pyarrow.compute: imported here first, not there against this thread for the GIL
         import pyarrow.compute  # noqa: F401
@@ -827,8 +829,11 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     if not later.done():
         # idle until the other thread is done: import pyarrow.compute now, which the JSON writer needs later
         import pyarrow.compute  # noqa: F401
-    optional, optional_checks, block_ids_found = later.result()
+    optional, optional_checks, block_ids_found, ts_found = later.result()
     checks.merge_lower(optional_checks)
+    if ts_found is not None:
+        ts, ts_null = ts_found
+        required = dataclasses.replace(required, ts=ts, all_blank=required.all_blank & ts_null)
     block_ids = None
     if block_ids_found is not None:
         rows, ids, bad_rows = block_ids_found
@@ -938,6 +943,11 @@ def _utf8_validity(arr):
 _OPTIONAL_NUMBERS = ("free_pool_blocks", "block_size", "latency_ms")
 
 
+def _few_block_ids_to_parse(columns: _Columns) -> bool:
+    """No block_ids, or the compiled loops to read them (text or lists): the other thread has time to spare."""
+    return compiled() is not None or not columns.has("block_ids")
+
+
 def _compiled_block_ids(col) -> bool:
     """Whether _block_ids parses this column (None: absent) with the compiled parser alone."""
     import pyarrow as pa
@@ -952,10 +962,12 @@ def _compiled_block_ids(col) -> bool:
 
 
 def _later_columns(later: dict, n: int, default_block_size: int):
-    """The columns converted beside the required ones: (optional values, their row checks, block ids or None)."""
+    """The columns converted beside the others: (optional values, their row checks, block ids or None, and
+    (ts, its missing mask) when ts came along)."""
     checks = _RowChecks(n)
     block_ids = _block_ids(later.pop("block_ids")) if "block_ids" in later else None
-    return _optional_values(later, checks, default_block_size), checks, block_ids
+    ts = _ts_values(later.pop("ts"), checks) if "ts" in later else None
+    return _optional_values(later, checks, default_block_size), checks, block_ids, ts
 
 
 def _optional_values(columns: dict, checks: _RowChecks, default_block_size: int) -> _OptionalValues:
@@ -987,9 +999,8 @@ def _optional_values(columns: dict, checks: _RowChecks, default_block_size: int)
 
 
 def _required_values(columns: _Columns, checks: _RowChecks) -> _RequiredValues:
-    """The five required columns, checked in reverse priority (num_tokens first, ts last)."""
-    import numpy as np
-
+    """The five required columns, checked in reverse priority (num_tokens first, ts last; ts may have been taken
+    to be converted on the other thread)."""
     event = _event_codes(columns.take("event"))
     num_tokens, tok_null, tok_bad = _numbers(columns.take("num_tokens"), "num_tokens", integer=True)
     checks.flag(~tok_null & ~tok_bad & (num_tokens < 0), "negative num_tokens")
@@ -1004,13 +1015,23 @@ def _required_values(columns: _Columns, checks: _RowChecks) -> _RequiredValues:
     checks.flag(request.codes < 0, "missing request_id")
     checks.flag(event == -1, "unknown event type")
     checks.flag(event == -2, "missing event")
-    ts, ts_null, ts_bad = _numbers(columns.take("ts"), "ts")
+    ts, ts_null = _ts_values(columns.take("ts"), checks) if columns.has("ts") else (None, None)
+    all_blank = (event == -2) & (request.codes < 0) & blk_null & tok_null  # and ts_null (converted apart)
+    if ts_null is not None:
+        all_blank &= ts_null
+    return _RequiredValues(ts, event, request.codes, list(request.values), num_blocks, num_tokens, all_blank)
+
+
+def _ts_values(col, checks: _RowChecks):
+    """ts as float64 seconds (NaN where missing) and its missing mask, checked."""
+    import numpy as np
+
+    ts, ts_null, ts_bad = _numbers(col, "ts")
     with np.errstate(invalid="ignore"):
         checks.flag(~ts_null & ~ts_bad & (np.abs(ts) > MAX_ABS_TS_S), "ts out of range")
     checks.flag(ts_bad, "unparseable ts")
     checks.flag(ts_null, "missing ts")
-    all_blank = ts_null & (event == -2) & (request.codes < 0) & blk_null & tok_null
-    return _RequiredValues(ts, event, request.codes, list(request.values), num_blocks, num_tokens, all_blank)
+    return ts, ts_null
 
 
 def _text_codes(columns: _Columns, names: tuple[str, ...]) -> _Codes:
@@ -1070,6 +1091,7 @@ def _assemble(
     def rows_of(values):
         return None if values is None else values[sel]
 
+    assert required.ts is not None  # converted by now, on one thread or the other
     return EventTable(
         path=where,
         columns_found=read.columns_found,
