@@ -93,13 +93,17 @@ static PyObject *counting_argsort(PyObject *Py_UNUSED(self), PyObject *args) {
         for (Py_ssize_t k = 0; k < n_keys; k++) slot[k + 1] += slot[k];
         for (Py_ssize_t i = 0; i < m; i++) {
             int64_t idx = perm ? perm[i] : i;
+            if (idx < 0 || idx >= m) {
+                bad = 2;
+                break;
+            }
             out[slot[keys[idx]]++] = idx;
         }
     }
     Py_END_ALLOW_THREADS;
     free(slot);
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "a key is outside [0, n_keys)");
+        PyErr_SetString(PyExc_ValueError, bad == 1 ? "a key is outside [0, n_keys)" : "perm holds an index out of range");
         goto fail;
     }
     release(b, 3);

@@ -149,6 +149,11 @@ def test_a_key_out_of_range_is_an_error_not_a_write_out_of_bounds():
         kernels.counting_argsort(np.array([0, 5, 1], dtype=np.int64), 3, None, out)
     with pytest.raises(TypeError, match="bytes"):
         kernels.counting_argsort(np.array([0, 1, 1], dtype=np.int32), 3, None, out)
+    with pytest.raises(ValueError, match="perm"):
+        kernels.counting_argsort(np.array([0, 1, 1], dtype=np.int64), 3, np.array([0, 7, 1], dtype=np.int64), out)
+    ids = np.empty(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="offsets outside the data"):  # an offset past the data buffer
+        kernels.parse_block_ids(np.array([0, 99], dtype=np.int32), b"1 2", None, 0, 1, 0, ids, ids.copy(), ids.copy())
 
 
 # Each value's expected (ids, unparseable): tokens of 1 to 18 ASCII digits separated by spaces, extra spaces
