@@ -562,41 +562,7 @@ def _request_pass_numpy(table: EventTable, order: _TimeOrder, hand_over) -> _Req
         hand_over((q[close], np.searchsorted(starts, close, side="right") - 1))
 
     held = _hold_blocks(table, order.p0, None if hand_over is None else closes)
-    integ = _integrate(table, held, order.t_end)
-    n, n_req = table.events, len(table.request_ids)
-    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
-    up_pos = integ.up_pos
-    if up_pos.size:
-        up_req = np.searchsorted(held.starts, up_pos, side="right") - 1
-        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
-        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
-        second_rise[up_req[again]] = held.q[up_pos[again]]
-    db_ts = np.empty_like(integ.db)
-    db_ts[held.q] = integ.db
-    if np.isscalar(held.bs):
-        first_bs = np.full(n_req, table.default_block_size, dtype=np.int64)
-    else:
-        first_bs = held.bs[np.minimum(held.starts, max(n - 1, 0))].astype(np.int64)
-    return _RequestPass(
-        holding_s=integ.holding_s,
-        block_seconds=integ.block_seconds,
-        slot_seconds=integ.slot_seconds,
-        token_seconds=integ.token_seconds,
-        peak_tokens=integ.peak_tokens,
-        peak_blocks=integ.peak_blocks.astype(np.int64),
-        tokens=integ.tokens,
-        leaked_blocks=integ.leaked_blocks.astype(np.int64),
-        rises=integ.rises,
-        over_frees=integ.over_frees,
-        events=held.lengths,
-        first_ts_s=held.t[held.starts] if n else np.zeros(0),
-        last_ts_s=held.t[held.last] if n else np.zeros(0),
-        first_block_size=first_bs,
-        second_rise=second_rise,
-        over_free_rows=integ.over_free_rows,
-        over_freed_blocks=integ.over_freed_blocks,
-        db_ts=db_ts,
-    )
+    return _integrate(table, held, order.t_end)
 
 
 @dataclasses.dataclass(eq=False)
@@ -656,28 +622,9 @@ def _hold_blocks(table: EventTable, p0, hand_over=None) -> _Held:
     return _Held(q, codes, starts, counts, starts + counts - 1, t, d, tok, bs, acc, b, bp)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Integrals:
-    """Per-request integrals and counts from the per-request pass (arrays aligned with request_ids)."""
-
-    holding_s: np.ndarray
-    block_seconds: np.ndarray
-    slot_seconds: np.ndarray
-    token_seconds: np.ndarray
-    peak_tokens: np.ndarray
-    peak_blocks: np.ndarray
-    tokens: np.ndarray
-    leaked_blocks: np.ndarray
-    rises: np.ndarray  # holding intervals begun (b rising from 0)
-    over_frees: np.ndarray  # over-free rows per request
-    over_free_rows: int
-    over_freed_blocks: int
-    up_pos: np.ndarray  # sorted positions where b rises from 0
-    db: np.ndarray  # the change each row made to b, sorted (over-frees clamped)
-
-
-def _integrate(table: EventTable, held: _Held, t_end: float) -> _Integrals:
-    """Integrals over each request's rows: b and n are step functions held until the request's next row."""
+def _integrate(table: EventTable, held: _Held, t_end: float) -> _RequestPass:
+    """Integrals over each request's rows (b and n are step functions held until the request's next row), and
+    what the pool curves need: the change of b at each row in time order, each request's second rise."""
     import numpy as np
 
     n, n_req = table.events, len(table.request_ids)
@@ -710,21 +657,37 @@ def _integrate(table: EventTable, held: _Held, t_end: float) -> _Integrals:
     peak_tokens = per_request(held_tokens, np.maximum).astype(np.int64)
     del held_tokens, dt
     up_pos = np.flatnonzero((bp == 0) & (b > 0))
-    return _Integrals(
+    second_rise = np.full(n_req, n, dtype=np.int64)  # ts-order position of each request's second rise
+    if up_pos.size:
+        up_req = np.searchsorted(starts, up_pos, side="right") - 1
+        again = np.flatnonzero(up_req[1:] == up_req[:-1]) + 1
+        again = again[np.r_[True, up_req[again[1:]] != up_req[again[:-1]]]] if again.size else again
+        second_rise[up_req[again]] = held.q[up_pos[again]]
+    db_ts = np.empty_like(b)
+    db_ts[held.q] = b - bp
+    if np.isscalar(held.bs):
+        first_bs = np.full(n_req, table.default_block_size, dtype=np.int64)
+    else:
+        first_bs = held.bs[np.minimum(starts, max(n - 1, 0))].astype(np.int64)
+    return _RequestPass(
         holding_s=holding,
         block_seconds=block_seconds,
         slot_seconds=slot_seconds,
         token_seconds=token_seconds,
         peak_tokens=peak_tokens,
-        peak_blocks=per_request(b, np.maximum),
+        peak_blocks=per_request(b, np.maximum).astype(np.int64),
         tokens=tokens,
-        leaked_blocks=b[held.last],
+        leaked_blocks=b[held.last].astype(np.int64),
         rises=count_per_request(up_pos),
         over_frees=count_per_request(np.flatnonzero(over)),
+        events=held.lengths,
+        first_ts_s=held.t[starts] if n else np.zeros(0),
+        last_ts_s=held.t[held.last] if n else np.zeros(0),
+        first_block_size=first_bs,
+        second_rise=second_rise,
         over_free_rows=int(over.sum()),
         over_freed_blocks=over_freed,
-        up_pos=up_pos,
-        db=b - bp,
+        db_ts=db_ts,
     )
 
 

@@ -546,6 +546,20 @@ def _shrunk(arr, size: int):
     return arr
 
 
+def _ids_by_chunk(chunks, offsets, most: int, n_rows: int, parse):
+    """(rows, ids, unparseable rows) filled chunk by chunk by ``parse(chunk, its offsets, its first row, and the
+    free tails of the three outputs) -> (ids, unparseable rows)``; outputs sized for ``most`` ids, then shrunk."""
+    import numpy as np
+
+    rows, ids = np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
+    bad_rows = np.empty(n_rows, dtype=np.int64)
+    at = bad_at = base = 0
+    for ch, o in zip(chunks, offsets):
+        n_ids, n_bad = parse(ch, o, base, rows[at:], ids[at:], bad_rows[bad_at:])
+        at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
+    return _shrunk(rows, at), _shrunk(ids, at), _shrunk(bad_rows, bad_at)
+
+
 def _block_ids_compiled(kernels, col):
     """_block_ids of a string column by the compiled parser, in one pass over each chunk.
 
@@ -560,25 +574,22 @@ def _block_ids_compiled(kernels, col):
         np.frombuffer(ch.buffers()[1], dtype=np.int64 if ch.type == pa.large_string() else np.int32) for ch in chunks
     ]
     most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) + len(ch) for ch, o in zip(chunks, offsets)) // 2 + 1
-    rows = np.empty(most, dtype=np.int64)
-    ids = np.empty(most, dtype=np.int64)
-    bad_rows = np.empty(len(col), dtype=np.int64)
-    at = bad_at = base = 0
-    for ch, o in zip(chunks, offsets):
+
+    def parse(ch, o, base, rows, ids, bad_rows):
         validity, _, data = ch.buffers()
-        n_ids, n_bad = kernels.parse_block_ids(
+        return kernels.parse_block_ids(
             o,
             b"" if data is None else data,
             None if validity is None or ch.null_count == 0 else validity,
             ch.offset,
             len(ch),
             base,
-            rows[at:],
-            ids[at:],
-            bad_rows[bad_at:],
+            rows,
+            ids,
+            bad_rows,
         )
-        at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
-    return _shrunk(rows, at), _shrunk(ids, at), _shrunk(bad_rows, bad_at)
+
+    return _ids_by_chunk(chunks, offsets, most, len(col), parse)
 
 
 def _list_block_ids_compiled(kernels, col):
@@ -590,14 +601,12 @@ def _list_block_ids_compiled(kernels, col):
     wide = pa.types.is_large_list(col.type)
     offsets = [np.frombuffer(ch.buffers()[1], dtype=np.int64 if wide else np.int32) for ch in chunks]
     most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) for ch, o in zip(chunks, offsets))
-    rows, ids = np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
-    bad_rows = np.empty(len(col), dtype=np.int64)
-    at = bad_at = base = 0
-    for ch, o in zip(chunks, offsets):
+
+    def parse(ch, o, base, rows, ids, bad_rows):
         child = ch.values
         child_validity, child_data = child.buffers()
-        values = np.frombuffer(child_data, dtype=np.int64)[child.offset :] if child_data is not None else rows[:0]
-        n_ids, n_bad = kernels.list_block_ids(
+        values = np.frombuffer(child_data, dtype=np.int64)[child.offset :] if child_data is not None else ids[:0]
+        return kernels.list_block_ids(
             o,
             values,
             None if child_validity is None or child.null_count == 0 else child_validity,
@@ -606,12 +615,12 @@ def _list_block_ids_compiled(kernels, col):
             ch.offset,
             len(ch),
             base,
-            rows[at:],
-            ids[at:],
-            bad_rows[bad_at:],
+            rows,
+            ids,
+            bad_rows,
         )
-        at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
-    return _shrunk(rows, at), _shrunk(ids, at), _shrunk(bad_rows, bad_at)
+
+    return _ids_by_chunk(chunks, offsets, most, len(col), parse)
 
 
 def _read_parquet(source: EventSource) -> _Read:
