@@ -96,25 +96,6 @@ def analyze_pool(pool_files: PoolFiles, options: AnalyzeOptions) -> UnitResult:
 
     A file that cannot be read at all is recorded as refused (the fleet goes on); bad rows are rejected per row.
     """
-    return analyze_loaded(pool_files, load_pool(pool_files, options), options)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class LoadedPool:
-    """One engine's files read: their load records and their accepted rows (None when every file was refused)."""
-
-    loads: tuple[FileLoad, ...]
-    table: EventTable | None
-
-
-def analyze_loaded(pool_files: PoolFiles, loaded: LoadedPool, options: AnalyzeOptions) -> UnitResult:
-    if loaded.table is None:
-        return UnitResult(loaded.loads, ())
-    return UnitResult(loaded.loads, _analyze_pools(loaded.table, pool_files.name, pool_files.paths, options))
-
-
-def load_pool(pool_files: PoolFiles, options: AnalyzeOptions) -> LoadedPool:
-    """Read one engine's files into one table (concatenated in order); refused files are recorded, not raised."""
     loads: list[FileLoad] = []
     tables: list[EventTable] = []
     for path in pool_files.paths:
@@ -127,9 +108,10 @@ def load_pool(pool_files: PoolFiles, options: AnalyzeOptions) -> LoadedPool:
         loads.append(FileLoad(path, pool_files.name, table.events, r.count, dict(r.by_reason), r.blank_rows, None))
         tables.append(table)
     if not tables:
-        return LoadedPool(tuple(loads), None)
+        return UnitResult(tuple(loads), ())
     merged = tables[0] if len(tables) == 1 else concat_tables(tables, pool_files.name)
-    return LoadedPool(tuple(loads), merged)
+    del tables
+    return UnitResult(tuple(loads), _analyze_pools(merged, pool_files.name, pool_files.paths, options))
 
 
 def pools_of_table(table: EventTable, name: str, paths: tuple[str, ...], options: AnalyzeOptions) -> UnitResult:
@@ -585,27 +567,13 @@ def analyze_fleet(
         raise UsageError(f"--workers must be a positive number of processes, got {workers}", where="--workers")
     note = progress or (lambda done, total, result, files: None)
     if workers is None and scheduler is None:
-        results = _in_process(units, options, note)
+        results = []
+        for i, unit in enumerate(units):
+            results.append(analyze_pool(unit, options))
+            note(i + 1, len(units), results[-1], unit)
     else:
         results = _on_dask(units, options, workers, scheduler, note)
     return reduce_fleet(results, options)
-
-
-def _in_process(units: Sequence[PoolFiles], options: AnalyzeOptions, note) -> list[UnitResult]:
-    """Each engine in turn, the next one's files read on another thread while this one is analysed (pyarrow,
-    numpy and the compiled loops release the GIL): two engines' rows in memory at most."""
-    from kvtool.core.threads import in_background
-
-    results: list[UnitResult] = []
-    next_load = in_background(load_pool, units[0], options) if units else None
-    for i, unit in enumerate(units):
-        assert next_load is not None
-        loaded = next_load.result()
-        next_load = in_background(load_pool, units[i + 1], options) if i + 1 < len(units) else None
-        results.append(analyze_loaded(unit, loaded, options))
-        del loaded
-        note(i + 1, len(units), results[-1], unit)
-    return results
 
 
 def _check_scheduler_address(scheduler: str) -> None:
