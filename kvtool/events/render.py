@@ -118,23 +118,9 @@ def _write_with_rows(doc: dict[str, Any], columns: list[tuple[str, Any]], stream
         stream.flush()
         return
     stream.write(head + ',\n  "requests": [\n    ')
-
-    def lines(start: int) -> str:
-        return _row_lines([(name, values[start : start + ROWS_PER_CHUNK]) for name, values in columns])
-
-    starts = range(0, n, ROWS_PER_CHUNK)
-    if len(starts) == 1:
-        stream.write(lines(0))
-    else:  # two chunks encoded at a time on two threads (Arrow's casts release the GIL), written in order
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            pending = [pool.submit(lines, s) for s in starts[:2]]
-            for i, start in enumerate(starts):
-                text = pending.pop(0).result()
-                if i + 2 < len(starts):
-                    pending.append(pool.submit(lines, starts[i + 2]))
-                stream.write((ROW_SEPARATOR if start else "") + text)
+    for start in range(0, n, ROWS_PER_CHUNK):
+        part = [(name, values[start : start + ROWS_PER_CHUNK]) for name, values in columns]
+        stream.write((ROW_SEPARATOR if start else "") + _row_lines(part))
     stream.write("\n  ]\n}\n")
     stream.flush()
 
