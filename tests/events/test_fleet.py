@@ -207,10 +207,13 @@ def test_one_file_never_imports_dask(fleet_dir):
 def test_fleet_json_written_in_chunks_is_one_valid_object(fleet_dir, monkeypatch, run_cli):
     from kvtool.events import render
 
+    whole = run_cli("analyze", fleet_dir, "--json").stdout  # one chunk
     monkeypatch.setattr(render, "ROWS_PER_CHUNK", 7)  # many chunk boundaries on a small fleet
-    doc = json.loads(run_cli("analyze", fleet_dir, "--json").stdout)
+    chunked = run_cli("analyze", fleet_dir, "--json").stdout
+    doc = json.loads(chunked)
     assert len(doc["requests"]) == doc["fleet"]["requests"] == sum(i["summary"]["requests"] for i in doc["instances"])
     assert doc["requests"][0]["instance"] == "engine-0"
+    assert chunked == whole  # the same text, rows in the same order
 
 
 def test_workers_with_one_file_runs_in_process_and_says_so(fleet_dir, run_cli):
