@@ -207,3 +207,29 @@ def test_a_long_request_handing_its_blocks_to_a_short_one_moves_only_the_long_cu
     assert timeline.time_s.tolist() == [1.0, 2.0, 3.0]
     assert timeline.blocks_in_use.tolist() == [2, 2, 0]
     assert timeline.long_blocks_in_use.tolist() == [2, 0, 0]
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.text(alphabet="0123456789 +-x\t٣\x00", max_size=30),
+            st.lists(st.integers(0, 10**19), max_size=5).map(lambda ids: " ".join(map(str, ids))),
+        ),
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_block_id_text_parses_the_same_on_both_paths(values, wide):
+    # random text next to well-formed lists (ids up to 10**19: 19 and 20 digits are refused), nulls included
+    import pyarrow as pa
+
+    from kvtool.events.load import _block_ids
+
+    col = pa.chunked_array([pa.array(values, pa.large_string() if wide else pa.string())])
+    fast = _compiled_path(lambda: _block_ids(col))
+    reference = _numpy_path(lambda: _block_ids(col))
+    for got, expected in zip(fast, reference):
+        assert sorted(got.tolist()) == sorted(expected.tolist())
+    assert fast[0].tolist() == reference[0].tolist() and fast[1].tolist() == reference[1].tolist()
