@@ -546,6 +546,20 @@ def _shrunk(arr, size: int):
     return arr
 
 
+def _offsets_np(arr):
+    """The offsets buffer of an Arrow string or list array, as numpy (int64 for the large types)."""
+    import numpy as np
+    import pyarrow as pa
+
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_list(arr.type)
+    return np.frombuffer(arr.buffers()[1], dtype=np.int64 if wide else np.int32)
+
+
+def _nulls_bitmap(arr):
+    """An Arrow array's validity bitmap, or None when it has no null (its bitmap, if any, is all ones)."""
+    return None if arr.null_count == 0 else arr.buffers()[0]
+
+
 def _ids_by_chunk(chunks, offsets, most: int, n_rows: int, parse):
     """(rows, ids, unparseable rows) filled chunk by chunk by ``parse(chunk, its offsets, its first row, and the
     free tails of the three outputs) -> (ids, unparseable rows)``; outputs sized for ``most`` ids, then shrunk."""
@@ -566,13 +580,9 @@ def _block_ids_compiled(kernels, col):
     The outputs are sized for the most ids the bytes can hold ((L + 1) / 2 for a value of L bytes), then shrunk to
     what was written.
     """
-    import numpy as np
-    import pyarrow as pa
 
     chunks = [ch for ch in _chunks(col) if len(ch)]
-    offsets = [
-        np.frombuffer(ch.buffers()[1], dtype=np.int64 if ch.type == pa.large_string() else np.int32) for ch in chunks
-    ]
+    offsets = [_offsets_np(ch) for ch in chunks]
     most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) + len(ch) for ch, o in zip(chunks, offsets)) // 2 + 1
 
     def parse(ch, o, base, rows, ids, bad_rows):
@@ -580,7 +590,7 @@ def _block_ids_compiled(kernels, col):
         return kernels.parse_block_ids(
             o,
             b"" if data is None else data,
-            None if validity is None or ch.null_count == 0 else validity,
+            _nulls_bitmap(ch),
             ch.offset,
             len(ch),
             base,
@@ -595,23 +605,21 @@ def _block_ids_compiled(kernels, col):
 def _list_block_ids_compiled(kernels, col):
     """_block_ids of a list<int64> column (Parquet) by the compiled loop: a null or negative id rejects its row."""
     import numpy as np
-    import pyarrow as pa
 
     chunks = [ch for ch in _chunks(col) if len(ch)]
-    wide = pa.types.is_large_list(col.type)
-    offsets = [np.frombuffer(ch.buffers()[1], dtype=np.int64 if wide else np.int32) for ch in chunks]
+    offsets = [_offsets_np(ch) for ch in chunks]
     most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) for ch, o in zip(chunks, offsets))
 
     def parse(ch, o, base, rows, ids, bad_rows):
         child = ch.values
-        child_validity, child_data = child.buffers()
+        child_data = child.buffers()[1]
         values = np.frombuffer(child_data, dtype=np.int64)[child.offset :] if child_data is not None else ids[:0]
         return kernels.list_block_ids(
             o,
             values,
-            None if child_validity is None or child.null_count == 0 else child_validity,
+            _nulls_bitmap(child),
             child.offset,
-            None if ch.buffers()[0] is None or ch.null_count == 0 else ch.buffers()[0],
+            _nulls_bitmap(ch),
             ch.offset,
             len(ch),
             base,
@@ -823,12 +831,14 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
         lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
         invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
     # block_ids and the optional columns are converted on another thread (numpy, pyarrow and the compiled loops
-    # release the GIL) while this one converts the required columns; their reasons rank below every required one
-    # ts goes along where the block ids are quick to read (its checks outrank all others: the merge keeps them)
-    along = ("block_ids", *_OPTIONAL_NUMBERS) + (("ts",) if _few_block_ids_to_parse(columns) else ())
+    # release the GIL) while this one converts the other required columns; each row keeps its highest-priority
+    # reason when the two threads' checks are merged.  Where the compiled loops read the block ids, that thread
+    # has time to spare and takes ts too; elsewhere it needs pyarrow.compute, imported here first (not there,
+    # against this thread for the GIL).
+    quick = _compiled_block_ids(columns.table.column("block_ids") if columns.has("block_ids") else None)
+    along = ("block_ids", *_OPTIONAL_NUMBERS) + (("ts",) if quick else ())
     later_columns = {name: columns.take(name) for name in along if columns.has(name)}
-    if not _compiled_block_ids(later_columns.get("block_ids")):
-        # that thread needs pyarrow.compute: imported here first, not there against this thread for the GIL
+    if not quick:
         import pyarrow.compute  # noqa: F401
     later = in_background(_later_columns, later_columns, checks.reason.size, default_block_size)
     del later_columns
@@ -950,11 +960,6 @@ def _utf8_validity(arr):
 
 
 _OPTIONAL_NUMBERS = ("free_pool_blocks", "block_size", "latency_ms")
-
-
-def _few_block_ids_to_parse(columns: _Columns) -> bool:
-    """No block_ids, or the compiled loops to read them (text or lists): the other thread has time to spare."""
-    return compiled() is not None or not columns.has("block_ids")
 
 
 def _compiled_block_ids(col) -> bool:

@@ -233,3 +233,19 @@ def test_block_id_text_parses_the_same_on_both_paths(values, wide):
     for got, expected in zip(fast, reference):
         assert sorted(got.tolist()) == sorted(expected.tolist())
     assert fast[0].tolist() == reference[0].tolist() and fast[1].tolist() == reference[1].tolist()
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_block_id_lists_parse_the_same_on_both_paths(wide):
+    # Parquet's list<int64> block ids: a null or negative id rejects its row; a null list lists nothing
+    import pyarrow as pa
+
+    from kvtool.events.load import _block_ids
+
+    values = [[1, 2], None, [], [3, None], [-4, 5], [6], [2**40]]
+    typ = pa.large_list(pa.int64()) if wide else pa.list_(pa.int64())
+    col = pa.chunked_array([pa.array(values[:3], typ), pa.array([[9]] + values[3:], typ)[1:]])  # a sliced chunk
+    for rows, ids, bad in (_compiled_path(lambda: _block_ids(col)), _numpy_path(lambda: _block_ids(col))):
+        assert rows.tolist() == [0, 0, 5, 6]
+        assert ids.tolist() == [1, 2, 6, 2**40]
+        assert sorted(bad.tolist()) == [3, 4]
