@@ -50,6 +50,11 @@ static void release(Buf *bufs, int n) {
 
 #define PTR(b, type) ((b).held ? (type *)(b).view.buf : (type *)NULL)
 #define COUNT(b, size) ((b).held ? (b).view.len / (size) : 0)
+/* Item i of an Arrow offsets buffer of 4-byte (string, list) or 8-byte (large_string, large_list) offsets. */
+static inline int64_t offset_at(const void *offsets, Py_ssize_t size, Py_ssize_t i) {
+    return size == 4 ? ((const int32_t *)offsets)[i] : ((const int64_t *)offsets)[i];
+}
+
 #define MARK(bits, k) ((bits)[(k) >> 3] |= (uint8_t)(1u << ((k) & 7)))
 
 /* ------------------------------------------------------------------------------------- counting sort */
@@ -632,8 +637,7 @@ static PyObject *parse_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t i = 0; i < length; i++) {
         Py_ssize_t slot = offset + i;
         if (valid && !((valid[slot >> 3] >> (slot & 7)) & 1)) continue; /* null: no ids */
-        int64_t lo = osize == 4 ? ((const int32_t *)offs)[slot] : ((const int64_t *)offs)[slot];
-        int64_t hi = osize == 4 ? ((const int32_t *)offs)[slot + 1] : ((const int64_t *)offs)[slot + 1];
+        int64_t lo = offset_at(offs, osize, slot), hi = offset_at(offs, osize, slot + 1);
         if (lo < 0 || hi < lo || hi > data_len) {
             bad = 1;
             break;
@@ -735,8 +739,7 @@ static PyObject *list_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t i = 0; i < length && !bad; i++) {
         Py_ssize_t slot = offset + i;
         if (lvalid && !((lvalid[slot >> 3] >> (slot & 7)) & 1)) continue; /* a null list: no ids */
-        int64_t lo = osize == 4 ? ((const int32_t *)offs)[slot] : ((const int64_t *)offs)[slot];
-        int64_t hi = osize == 4 ? ((const int32_t *)offs)[slot + 1] : ((const int64_t *)offs)[slot + 1];
+        int64_t lo = offset_at(offs, osize, slot), hi = offset_at(offs, osize, slot + 1);
         if (lo < 0 || hi < lo || hi > n_values || (vvalid && values_bit + hi > vbits)) {
             bad = 1;
             break;

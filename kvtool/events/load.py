@@ -560,46 +560,33 @@ def _nulls_bitmap(arr):
     return None if arr.null_count == 0 else arr.buffers()[0]
 
 
-def _ids_by_chunk(chunks, offsets, most: int, n_rows: int, parse):
-    """(rows, ids, unparseable rows) filled chunk by chunk by ``parse(chunk, its offsets, its first row, and the
-    free tails of the three outputs) -> (ids, unparseable rows)``; outputs sized for ``most`` ids, then shrunk."""
+def _ids_by_chunk(kernel, chunks, offsets, most: int, n_rows: int, leading):
+    """(rows, ids, unparseable rows) of a block-id column, filled chunk by chunk by a compiled reader:
+    ``kernel(*leading(chunk, its offsets), chunk offset, length, first row, the free tails of the outputs)`` ->
+    (ids, unparseable rows).  The outputs are sized for ``most`` ids, then shrunk to what was written."""
     import numpy as np
 
     rows, ids = np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
     bad_rows = np.empty(n_rows, dtype=np.int64)
     at = bad_at = base = 0
     for ch, o in zip(chunks, offsets):
-        n_ids, n_bad = parse(ch, o, base, rows[at:], ids[at:], bad_rows[bad_at:])
+        n_ids, n_bad = kernel(*leading(ch, o), ch.offset, len(ch), base, rows[at:], ids[at:], bad_rows[bad_at:])
         at, bad_at, base = at + n_ids, bad_at + n_bad, base + len(ch)
     return _shrunk(rows, at), _shrunk(ids, at), _shrunk(bad_rows, bad_at)
 
 
 def _block_ids_compiled(kernels, col):
-    """_block_ids of a string column by the compiled parser, in one pass over each chunk.
-
-    The outputs are sized for the most ids the bytes can hold ((L + 1) / 2 for a value of L bytes), then shrunk to
-    what was written.
-    """
-
+    """_block_ids of a string column by the compiled parser, one pass over each chunk (a value of L bytes holds
+    at most (L + 1) / 2 ids)."""
     chunks = [ch for ch in _chunks(col) if len(ch)]
     offsets = [_offsets_np(ch) for ch in chunks]
     most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) + len(ch) for ch, o in zip(chunks, offsets)) // 2 + 1
 
-    def parse(ch, o, base, rows, ids, bad_rows):
-        validity, _, data = ch.buffers()
-        return kernels.parse_block_ids(
-            o,
-            b"" if data is None else data,
-            _nulls_bitmap(ch),
-            ch.offset,
-            len(ch),
-            base,
-            rows,
-            ids,
-            bad_rows,
-        )
+    def leading(ch, o):
+        data = ch.buffers()[2]
+        return o, b"" if data is None else data, _nulls_bitmap(ch)
 
-    return _ids_by_chunk(chunks, offsets, most, len(col), parse)
+    return _ids_by_chunk(kernels.parse_block_ids, chunks, offsets, most, len(col), leading)
 
 
 def _list_block_ids_compiled(kernels, col):
@@ -610,25 +597,13 @@ def _list_block_ids_compiled(kernels, col):
     offsets = [_offsets_np(ch) for ch in chunks]
     most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) for ch, o in zip(chunks, offsets))
 
-    def parse(ch, o, base, rows, ids, bad_rows):
+    def leading(ch, o):
         child = ch.values
-        child_data = child.buffers()[1]
-        values = np.frombuffer(child_data, dtype=np.int64)[child.offset :] if child_data is not None else ids[:0]
-        return kernels.list_block_ids(
-            o,
-            values,
-            _nulls_bitmap(child),
-            child.offset,
-            _nulls_bitmap(ch),
-            ch.offset,
-            len(ch),
-            base,
-            rows,
-            ids,
-            bad_rows,
-        )
+        data = child.buffers()[1]
+        values = np.frombuffer(data, dtype=np.int64)[child.offset :] if data is not None else np.zeros(0, np.int64)
+        return o, values, _nulls_bitmap(child), child.offset, _nulls_bitmap(ch)
 
-    return _ids_by_chunk(chunks, offsets, most, len(col), parse)
+    return _ids_by_chunk(kernels.list_block_ids, chunks, offsets, most, len(col), leading)
 
 
 def _read_parquet(source: EventSource) -> _Read:
