@@ -16,7 +16,7 @@ from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
-from kvtool.core.memory import keep_freed_memory
+from kvtool.core.memory import arrow_on_the_heap, keep_freed_memory
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
 _STAGES = ("reading", "checking rows", "sorting", "integrating", "pool", "prefix reuse")
@@ -103,8 +103,8 @@ def register(app: typer.Typer) -> None:
 
             check_export_path(export)  # before a long read, not after it
         if not is_single_file(events):
-            # no keep_freed_memory here: kept pages of one file's temporaries, between the per-request rows kept
-            # of every file, raised the 50-file peak from 1.4x to 1.7x pyarrow's read (docs/performance.md)
+            if workers is None and scheduler is None:
+                arrow_on_the_heap()  # file after file in this process: one heap, reused, for reads and analyses
             return _analyze_fleet(events, options, output, workers=workers, scheduler=scheduler)
         keep_freed_memory()  # this process is ours: large temporaries reuse their pages (see kvtool.core.memory)
         events_file = Path(events[0])

@@ -42,3 +42,20 @@ def keep_freed_memory() -> bool:
             (_M_ARENA_MAX, 1),
         )
     )
+
+
+def arrow_on_the_heap() -> bool:
+    """Let Arrow allocate from glibc's heap too (its system pool), kept as :func:`keep_freed_memory` keeps it.
+
+    For a fleet read file after file in one process.  Arrow's default pool (mimalloc) and glibc's heap each keep
+    the high-water mark of their own: the read's buffers in one, the analysis' arrays in the other.  On one heap
+    the analysis reuses the pages the read freed and the next read reuses the analysis', so no page is faulted in
+    twice and neither allocator holds a peak the other cannot use.  Nothing is handed back to the system until the
+    process ends (``kvtool.events.load`` does not trim this pool).  True when applied; a no-op off glibc.
+    """
+    if not keep_freed_memory():
+        return False
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
+    return True
