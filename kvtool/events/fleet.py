@@ -123,9 +123,57 @@ def pools_of_table(table: EventTable, name: str, paths: tuple[str, ...], options
 
 def _analyze_pools(table: EventTable, name: str, paths: tuple[str, ...], options: AnalyzeOptions):
     return tuple(
-        PoolResult(instance, paths, _travel_light(options.analyze(pool)))
+        PoolResult(instance, paths, _kept_apart(_travel_light(options.analyze(pool))))
         for instance, pool in split_instances(table, name)
     )
+
+
+def _kept_apart(analysis: Analysis) -> Analysis:
+    """The analysis with its arrays copied into one mapping of their own, outside the malloc heap.
+
+    A fleet keeps every pool's result until the end.  Left where the analysis allocated them, between the
+    temporaries of its file, they split the heap's free space into pieces too small for the next file's arrays,
+    and the heap grows by more than they hold.
+    """
+    import mmap
+
+    import numpy as np
+
+    arrays: list[np.ndarray] = []
+    _arrays_of(analysis, arrays)
+    sizes = [-(-a.nbytes // 64) * 64 for a in arrays]  # each array 64-byte aligned
+    if not sum(sizes):
+        return analysis
+    region = mmap.mmap(-1, sum(sizes))
+    offsets = dict(zip(map(id, arrays), np.cumsum([0, *sizes[:-1]]).tolist()))
+
+    def moved(a: np.ndarray) -> np.ndarray:
+        copy = np.frombuffer(region, dtype=a.dtype, count=a.size, offset=offsets[id(a)]).reshape(a.shape)
+        copy[...] = a
+        return copy
+
+    return _replaced(analysis, moved)
+
+
+def _arrays_of(value, out: list) -> None:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        out.append(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            _arrays_of(getattr(value, field.name), out)
+
+
+def _replaced(value, moved):
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return moved(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {f.name: _replaced(getattr(value, f.name), moved) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changed)
+    return value
 
 
 def _travel_light(analysis: Analysis) -> Analysis:
