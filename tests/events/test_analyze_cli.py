@@ -326,6 +326,29 @@ def test_json_rows_read_back_every_float_exactly_and_as_a_float():
             assert got is None
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ["req-1", "cmpl-3f2a9c-0", "", " spaced ", "a'b", "~!#$%^&*()[]{}"],  # plain: quoted in one join
+        ["req-1", 'say "hi"', "x"],  # a quote inside: escaped
+        ["back\\slash", "req-2"],
+        ["tab\there", "nul\x00", "del\x7f"],  # control characters
+        ["café", "日本", "emoji \U0001F600"],  # non-ASCII: \u escapes, as json.dumps writes them
+        ["req-1", None, "req-3"],  # a null
+        ['"', '""', "a"],  # quotes only
+    ],
+)
+def test_json_rows_text_columns_equal_json_dumps(ids):
+    # the reference is Python's own json.dumps of each value (ensure_ascii, as the rest of --json)
+    import numpy as np
+
+    from kvtool.events.render import ROW_SEPARATOR, _row_lines
+
+    text = _row_lines([("request_id", ids), ("events", np.arange(len(ids)))])
+    lines = text.split(ROW_SEPARATOR)
+    assert lines == [f'{{"request_id": {json.dumps(v)}, "events": {i}}}' for i, v in enumerate(ids)]
+
+
 def test_request_ids_are_not_rich_markup(run_cli, tmp_path):
     f = tmp_path / "e.csv"
     f.write_text(
