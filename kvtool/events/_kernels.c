@@ -789,6 +789,151 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------ event names */
+
+/* The first min(n, 8) bytes of a value as a word, the bytes beyond it zero (one 8-byte load where the buffer has
+ * room for it on a little-endian machine, else byte by byte). */
+static inline uint64_t head_word(const uint8_t *p, int64_t n, const uint8_t *end) {
+    if (n > 8) n = 8;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        return n == 8 ? w : w & ((1ULL << (8 * n)) - 1);
+    }
+#endif
+    uint64_t w = 0;
+    for (int64_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+    return w;
+}
+
+#define MAX_NAMES 8
+
+/* event_codes(chunks: [(offsets (i4 or i8)[offset + length + 1], data u1[...], validity u1[...] | None, offset,
+ *                       length), ...], names: (bytes, ...), codes i1[rows]) -> rows marked other
+ *
+ * A string event column matched against the event names as written: a row's code is the index of the name its
+ * value equals byte for byte, -2 for a null or empty value, and -3 for any other value (another case, spaces,
+ * an unknown type, invalid UTF-8), which the caller resolves by the full rules on those rows' distinct values. */
+static PyObject *event_codes(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *chunk_list, *names, *o_codes;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &chunk_list, &PyTuple_Type, &names, &o_codes)) return NULL;
+    Py_ssize_t n_names = PyTuple_GET_SIZE(names), n_chunks = PyList_GET_SIZE(chunk_list);
+    if (n_names > MAX_NAMES) {
+        PyErr_SetString(PyExc_ValueError, "names: at most 8");
+        return NULL;
+    }
+    const uint8_t *name_ptr[MAX_NAMES];
+    int64_t name_len[MAX_NAMES];
+    uint64_t name_head[MAX_NAMES];
+    for (Py_ssize_t i = 0; i < n_names; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        if (!PyBytes_Check(name) || PyBytes_GET_SIZE(name) == 0) {
+            PyErr_SetString(PyExc_TypeError, "names: non-empty bytes expected");
+            return NULL;
+        }
+        name_ptr[i] = (const uint8_t *)PyBytes_AS_STRING(name);
+        name_len[i] = PyBytes_GET_SIZE(name);
+        name_head[i] = head_word(name_ptr[i], name_len[i], name_ptr[i] + name_len[i]);
+    }
+    signed char by_len[64]; /* the name of each length below 64: its index, -1 none, -2 several */
+    memset(by_len, -1, sizeof by_len);
+    for (Py_ssize_t i = 0; i < n_names; i++)
+        if (name_len[i] < 64) by_len[name_len[i]] = by_len[name_len[i]] == -1 ? (signed char)i : -2;
+    Buf out;
+    memset(&out, 0, sizeof out);
+    Buf *b = calloc((size_t)(n_chunks * 3 + 1), sizeof(Buf));
+    Py_ssize_t *offset = calloc((size_t)(n_chunks + 1), sizeof(Py_ssize_t));
+    Py_ssize_t *length = calloc((size_t)(n_chunks + 1), sizeof(Py_ssize_t));
+    if (!b || !offset || !length) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t rows = 0;
+    for (Py_ssize_t c = 0; c < n_chunks; c++) {
+        PyObject *t = PyList_GET_ITEM(chunk_list, c), *o_off, *o_data, *o_valid;
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "OOOnn", &o_off, &o_data, &o_valid, &offset[c], &length[c])) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "chunks: (offsets, data, validity, offset, length)");
+            goto fail;
+        }
+        Buf *cb = b + 3 * c;
+        if (PyObject_GetBuffer(o_off, &cb[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+        cb[0].held = 1;
+        Py_ssize_t osize = cb[0].view.itemsize;
+        if ((osize != 4 && osize != 8) || offset[c] < 0 || length[c] < 0 ||
+            cb[0].view.len / osize < offset[c] + length[c] + 1) {
+            PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
+            goto fail;
+        }
+        if (get_buf(o_data, &cb[1], 1, -1, 0, 0, "data") < 0 || get_buf(o_valid, &cb[2], 1, -1, 0, 1, "validity") < 0)
+            goto fail;
+        if (cb[2].held && cb[2].view.len * 8 < offset[c] + length[c]) {
+            PyErr_SetString(PyExc_ValueError, "validity: too short");
+            goto fail;
+        }
+        rows += length[c];
+    }
+    if (get_buf(o_codes, &out, 1, rows, 1, 0, "codes") < 0) goto fail;
+    int8_t *codes = PTR(out, int8_t);
+    Py_ssize_t other = 0, row = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t c = 0; c < n_chunks && !bad; c++) {
+        Buf *cb = b + 3 * c;
+        const void *offs = cb[0].view.buf;
+        Py_ssize_t osize = cb[0].view.itemsize, data_len = cb[1].view.len;
+        const uint8_t *data = PTR(cb[1], uint8_t), *valid = PTR(cb[2], uint8_t);
+        for (Py_ssize_t i = 0; i < length[c]; i++, row++) {
+            Py_ssize_t slot = offset[c] + i;
+            if (valid && !((valid[slot >> 3] >> (slot & 7)) & 1)) {
+                codes[row] = -2;
+                continue;
+            }
+            int64_t lo = offset_at(offs, osize, slot), hi = offset_at(offs, osize, slot + 1);
+            if (lo < 0 || hi < lo || hi > data_len) {
+                bad = 1;
+                break;
+            }
+            int64_t n = hi - lo;
+            if (n == 0) {
+                codes[row] = -2;
+                continue;
+            }
+            uint64_t head = head_word(data + lo, n, data + data_len);
+            int8_t code = -3;
+            int k = n < 64 ? by_len[n] : -2;
+            if (k >= 0) { /* the one name of this length */
+                if (name_head[k] == head && (n <= 8 || memcmp(name_ptr[k] + 8, data + lo + 8, (size_t)(n - 8)) == 0))
+                    code = (int8_t)k;
+            } else if (k == -2) { /* several names of this length, or a long value */
+                for (k = 0; k < n_names; k++) {
+                    if (name_len[k] == n && name_head[k] == head &&
+                        (n <= 8 || memcmp(name_ptr[k] + 8, data + lo + 8, (size_t)(n - 8)) == 0)) {
+                        code = (int8_t)k;
+                        break;
+                    }
+                }
+            }
+            codes[row] = code;
+            other += code == -3;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "offsets outside the data");
+        goto fail;
+    }
+    release(&out, 1);
+    release(b, (int)(n_chunks * 3));
+    free(b), free(offset), free(length);
+    return PyLong_FromSsize_t(other);
+fail:
+    release(&out, 1);
+    if (b) release(b, (int)(n_chunks * 3));
+    free(b), free(offset), free(length);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -800,6 +945,7 @@ static PyMethodDef methods[] = {
     {"union_curve", union_curve, METH_VARARGS, "Physical blocks in use: the union of each id's holds."},
     {"parse_block_ids", parse_block_ids, METH_VARARGS, "Space-separated block ids of a string array."},
     {"list_block_ids", list_block_ids, METH_VARARGS, "Block ids of a list<int64> array (Parquet)."},
+    {"event_codes", event_codes, METH_VARARGS, "Event names of a string column matched as written."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -444,6 +444,8 @@ class _CsvReader:
             "block_size": pa.int32(),
             "free_pool_blocks": pa.float64(),
             **{name: text for name in _TEXT_COLUMNS},
+            # event as plain text where the compiled loop matches its four names (cheaper than a dictionary)
+            **({"event": pa.string()} if compiled() is not None else {}),
         }
         with source.open() as fh:  # the content decides, not the name: pyarrow would inflate any "*.gz" path
             self.gzip_content = fh.read(2) == b"\x1f\x8b"
@@ -809,7 +811,10 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     checks = _RowChecks(table.num_rows)
     columns = _Columns(table.unify_dictionaries())
     del table
-    invalid_utf8 = _invalid_utf8_rows(columns)
+    event, invalid_utf8 = _event_codes_compiled(columns)  # (None, None) where the next steps read event
+    in_others = _invalid_utf8_rows(columns)
+    if in_others is not None:
+        invalid_utf8 = in_others if invalid_utf8 is None else invalid_utf8 | in_others
     if read.invalid_utf8_lines:
         lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
         invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
@@ -827,7 +832,7 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     del later_columns
     instance = _text_codes(columns, INSTANCE_COLUMNS)
     source = _text_codes(columns, ("source_request_id",))
-    required = _required_values(columns, checks)
+    required = _required_values(columns, checks, event)
     if not later.done():
         # idle until the other thread is done: import pyarrow.compute now, which the JSON writer needs later
         import pyarrow.compute  # noqa: F401
@@ -995,10 +1000,11 @@ def _optional_values(columns: dict, checks: _RowChecks, default_block_size: int)
     return _OptionalValues(free_pool, block_size, latency)
 
 
-def _required_values(columns: _Columns, checks: _RowChecks) -> _RequiredValues:
+def _required_values(columns: _Columns, checks: _RowChecks, event=None) -> _RequiredValues:
     """The five required columns, checked in reverse priority (num_tokens first, ts last; ts may have been taken
-    to be converted on the other thread)."""
-    event = _event_codes(columns.take("event"))
+    to be converted on the other thread; ``event``: its codes when already read)."""
+    if event is None:
+        event = _event_codes(columns.take("event"))
     num_tokens, tok_null, tok_bad = _numbers(columns.take("num_tokens"), "num_tokens", integer=True)
     checks.flag(~tok_null & ~tok_bad & (num_tokens < 0), "negative num_tokens")
     checks.flag(tok_bad, "unparseable num_tokens")
@@ -1301,6 +1307,52 @@ def _dictionary_codes(col):
     raw = dictionary.view(pa.large_binary() if pa.types.is_large_string(dictionary.type) else pa.binary())
     values = [None if v is None else v.decode("utf-8", errors="replace") for v in raw.to_pylist()]
     return codes, values
+
+
+def arrow_from_numpy(arrow_type, values, valid=None):
+    """An Arrow array over a numpy array's memory (booleans packed to bits); ``valid`` False -> null.  Built from
+    its buffers: ``pyarrow.array`` of a numpy array imports pandas (0.2 s) where it is installed."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
+    bitmap = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(arrow_type, len(values), [bitmap, pa.py_buffer(data)])
+
+
+def _event_codes_compiled(columns: _Columns):
+    """(int8 event codes, rows with invalid UTF-8 or None) of a string event column by the compiled loop, which
+    matches the four names as written; the few other values (another case, spaces, unknown types, invalid bytes)
+    follow _event_codes' rules, applied to those rows alone.  (None, None) without the compiled loops or when the
+    column was read as a dictionary (Parquet); the column is then left in place."""
+    import numpy as np
+    import pyarrow as pa
+
+    kernels = compiled()
+    col = columns.table.column("event") if kernels is not None and columns.has("event") else None
+    if col is None or not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return None, None
+    columns.take("event")
+    chunks = [ch for ch in col.chunks if len(ch)]
+    listed = [(_offsets_np(ch), ch.buffers()[2] or b"", _nulls_bitmap(ch), ch.offset, len(ch)) for ch in chunks]
+    codes = np.empty(len(col), dtype=np.int8)
+    if not kernels.event_codes(listed, _EVENT_NAMES, codes):
+        return codes, None
+    import pyarrow.compute as pc
+
+    rows = np.flatnonzero(codes == -3)
+    others = col.take(arrow_from_numpy(pa.int64(), rows))
+    others = pa.chunked_array([pc.dictionary_encode(others.combine_chunks())])
+    codes[rows] = _event_codes(others)
+    bad = _invalid_utf8_mask(others)
+    if bad is None:
+        return codes, None
+    invalid = np.zeros(len(col), dtype=bool)
+    invalid[rows] = bad
+    return codes, invalid
+
+
+_EVENT_NAMES = tuple(name.encode("ascii") for name in EVENT_TYPES)
 
 
 def _event_codes(col):

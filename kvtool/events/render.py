@@ -13,7 +13,7 @@ from kvtool.core.format import fmt_num as _num
 from kvtool.core.format import fmt_pct
 from kvtool.events.analysis import REQUEST_COLUMNS, Analysis
 from kvtool.events.fleet import FleetAnalysis
-from kvtool.events.load import SCHEMA_VERSION
+from kvtool.events.load import SCHEMA_VERSION, arrow_from_numpy
 from kvtool.events.tables import (
     BOOL_COLUMNS,
     EXPORT_TABLES,
@@ -51,32 +51,22 @@ def _row_lines(columns: list[tuple[str, Any]]) -> str:
             )
         elif name in FLOAT_COLUMNS:
             floats = np.ascontiguousarray(values, dtype=np.float64)
-            digits = _from_numpy(pa.float64(), floats, valid=np.isfinite(floats)).cast(pa.string())
+            digits = arrow_from_numpy(pa.float64(), floats, valid=np.isfinite(floats)).cast(pa.string())
             integral = pc.invert(pc.match_substring_regex(digits, "[.en]"))  # "5", "-0": no point, no exponent
             digits = pc.if_else(
                 integral, pc.binary_join_element_wise(digits, _ascii_scalar(".0"), _ascii_scalar("")), digits
             )
             parts.append(pc.coalesce(digits, _ascii_scalar("null")))
         elif name in BOOL_COLUMNS:
-            flags = _from_numpy(pa.bool_(), np.asarray(values, dtype=bool))
+            flags = arrow_from_numpy(pa.bool_(), np.asarray(values, dtype=bool))
             parts.append(pc.if_else(flags, _ascii_scalar("true"), _ascii_scalar("false")))
         else:
-            parts.append(_from_numpy(pa.int64(), np.asarray(values, dtype=np.int64)).cast(pa.string()))
+            parts.append(arrow_from_numpy(pa.int64(), np.asarray(values, dtype=np.int64)).cast(pa.string()))
     parts.append(_ascii_scalar("}" + ROW_SEPARATOR))
     rows = pc.binary_join_element_wise(*parts, _ascii_scalar(""))
     offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=len(rows) + 1, offset=4 * rows.offset)
     data = rows.buffers()[2]
     return data[offsets[0] : offsets[-1] - len(ROW_SEPARATOR)].to_pybytes().decode("ascii")
-
-
-def _from_numpy(arrow_type, values, valid=None):
-    """An Arrow array over a numpy array's memory (booleans packed to bits); ``valid`` False -> null."""
-    import numpy as np
-    import pyarrow as pa
-
-    data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
-    bitmap = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(arrow_type, len(values), [bitmap, pa.py_buffer(data)])
 
 
 def _ascii_array(texts: list[str]):

@@ -249,3 +249,36 @@ def test_block_id_lists_parse_the_same_on_both_paths(wide):
         assert rows.tolist() == [0, 0, 5, 6]
         assert ids.tolist() == [1, 2, 6, 2**40]
         assert sorted(bad.tolist()) == [3, 4]
+
+
+_EVENT_CELLS = [
+    b"allocate", b"append", b"reuse", b"free",  # as written: matched by the compiled loop
+    b"FREE", b" append ", b"Append", b"\tREUSE", b"   ",  # another case, spaces: the full rules
+    b"evict", b"allocat", b"allocatee", b"appendix", b"", b"free\xff", b"\xe9v\xe9nement", b"\xc3\xa9vict",
+]
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(_EVENT_CELLS),
+            st.text(alphabet='abcdeFRE \t\x01é"', max_size=9).map(lambda t: t.replace('"', "").encode()),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_event_names_read_the_same_on_both_paths(tmp_path_factory, cells):
+    # the compiled loop matches the four names as written and leaves every other value (another case, spaces,
+    # unknown types, invalid UTF-8) to the rules of the dictionary path: the rows read, their event codes and the
+    # rejected rows with their reasons must be the same on both paths
+    path = tmp_path_factory.mktemp("events") / "e.csv"
+    lines = [b"ts,event,request_id,num_blocks,num_tokens"]
+    lines += [b"%d,%s,r%d,1,1" % (i, cell, i % 3) for i, cell in enumerate(cells)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    fast = _compiled_path(lambda: load_events(path))
+    reference = _numpy_path(lambda: load_events(path))
+    assert fast.event.tolist() == reference.event.tolist()
+    assert fast.ts.tolist() == reference.ts.tolist()
+    assert fast.rejected == reference.rejected
