@@ -287,11 +287,26 @@ def fleet_benchmark(args) -> None:
             events += sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 24), b"")) - 1
     results["events"] = events
     compile_kvtool()
-    for name, argv in runs.items():
-        wall, rss, cpu = min((_measure(argv) for _ in range(args.repeat)), key=lambda r: r[0])
-        results[name] = {"wall_s": wall, "peak_rss_mb": rss / 2**20, "cpu_s": cpu, "events_per_s": events / wall}
-    process = results["kvtool_in_process"]
-    assert isinstance(process, dict)
+    measured: dict[str, list[tuple[float, int, float]]] = {name: [] for name in runs}
+    for _ in range(args.repeat):  # interleaved, as for one file: a busy moment of the machine falls on each
+        for name, argv in runs.items():
+            measured[name].append(_measure(argv))
+    for name, runs_of in measured.items():
+        wall, rss, cpu = min(runs_of, key=lambda r: r[0])
+        results[name] = {
+            "wall_s": wall,
+            "peak_rss_mb": rss / 2**20,
+            "cpu_s": cpu,
+            "events_per_s": events / wall,
+            "wall_s_median": sorted(r[0] for r in runs_of)[len(runs_of) // 2],
+            "peak_rss_mb_max": max(r[1] for r in runs_of) / 2**20,
+        }
+    process, read_all = results["kvtool_in_process"], results["pyarrow_read_all"]
+    assert isinstance(process, dict) and isinstance(read_all, dict)
+    results["time_ratio"] = process["wall_s"] / read_all["wall_s"]  # best against best, as for one file
+    results["time_ratio_median"] = process["wall_s_median"] / read_all["wall_s_median"]
+    results["memory_ratio"] = process["peak_rss_mb"] / read_all["peak_rss_mb"]
+    results["memory_ratio_worst"] = process["peak_rss_mb_max"] / read_all["peak_rss_mb"]  # kvtool's highest peak
     results["per_worker_events_per_cpu_s"] = events / process["cpu_s"]
     results["machine"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
     print(json.dumps(results, indent=2))

@@ -96,6 +96,7 @@ def register(app: typer.Typer) -> None:
             top=top,
             pool_blocks=pool_blocks,
             late_free_ms=late_free_ms,
+            keep_timelines=plot is not None,  # a fleet's step curves: only the charts draw them
         )
         output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
         if export is not None:

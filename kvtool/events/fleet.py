@@ -45,6 +45,9 @@ class AnalyzeOptions:
     top: int = DEFAULT_TOP
     pool_blocks: int | None = None
     late_free_ms: float = DEFAULT_LATE_FREE_MS
+    # a fleet's pools keep their step curves (for charts and the library's pool_timeline); the CLI keeps them
+    # only for --plot: 50 pools' curves are 40 MB of the fleet's peak memory, and nothing else prints them
+    keep_timelines: bool = True
 
     def analyze(self, table: EventTable, progress: Callable[[str], None] | None = None) -> Analysis:
         return analyze_events(
@@ -123,7 +126,7 @@ def pools_of_table(table: EventTable, name: str, paths: tuple[str, ...], options
 
 def _analyze_pools(table: EventTable, name: str, paths: tuple[str, ...], options: AnalyzeOptions):
     return tuple(
-        PoolResult(instance, paths, _kept_apart(_travel_light(options.analyze(pool))))
+        PoolResult(instance, paths, _kept_apart(_travel_light(options.analyze(pool), options.keep_timelines)))
         for instance, pool in split_instances(table, name)
     )
 
@@ -176,19 +179,28 @@ def _replaced(value, moved):
     return value
 
 
-def _travel_light(analysis: Analysis) -> Analysis:
-    """The analysis with its step curves thinned to what a chart draws (per-bucket maxima); the rest as is."""
-    from kvtool.events.segments import thin_step_curve
-
+def _travel_light(analysis: Analysis, keep_timelines: bool = True) -> Analysis:
+    """The analysis with its step curves thinned to what a chart draws (per-bucket maxima), or emptied when they
+    are not kept; the rest as is."""
     tl = analysis.timeline
-    t, b, long_b = thin_step_curve(tl.time_s, tl.blocks_in_use, tl.long_blocks_in_use, MAX_TIMELINE_POINTS)
+    points = MAX_TIMELINE_POINTS if keep_timelines else 0
+    t, b, long_b = _thinned(tl.time_s, tl.blocks_in_use, tl.long_blocks_in_use, points)
     pt = pb = None
     if tl.physical_time_s is not None:
-        pt, pb, _ = thin_step_curve(tl.physical_time_s, tl.physical_blocks_in_use, None, MAX_TIMELINE_POINTS)
+        pt, pb, _ = _thinned(tl.physical_time_s, tl.physical_blocks_in_use, None, points)
     timeline = dataclasses.replace(
         tl, time_s=t, blocks_in_use=b, long_blocks_in_use=long_b, physical_time_s=pt, physical_blocks_in_use=pb
     )
     return dataclasses.replace(analysis, timeline=timeline)
+
+
+def _thinned(t, v, w, points: int):
+    """thin_step_curve to ``points`` buckets; no points: empty arrays of the same types (never views)."""
+    from kvtool.events.segments import thin_step_curve
+
+    if points:
+        return thin_step_curve(t, v, w, points)
+    return tuple(None if a is None else a[:0].copy() for a in (t, v, w))
 
 
 def concat_tables(tables: Sequence[EventTable], name: str) -> EventTable:
