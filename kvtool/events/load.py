@@ -833,6 +833,8 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     instance = _text_codes(columns, INSTANCE_COLUMNS)
     source = _text_codes(columns, ("source_request_id",))
     required = _required_values(columns, checks, event)
+    # the request ids in use if every row is accepted (the usual case), found while the other thread still works
+    every_row = _used_codes(required.request, tuple(required.request_dict))
     if not later.done():
         # idle until the other thread is done: import pyarrow.compute now, which the JSON writer needs later
         import pyarrow.compute  # noqa: F401
@@ -854,7 +856,9 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     keep = ~blank & (checks.reason == 0)
     rejected = _rejected(checks.reason, keep | blank, read.bad_lines, read.first_row_number)
     rejected = dataclasses.replace(rejected, blank_rows=int(blank.sum()) + read.blank_lines)
-    return _assemble(where, read, keep, required, optional, source, instance, block_ids, rejected, default_block_size)
+    return _assemble(
+        where, read, keep, required, every_row, optional, source, instance, block_ids, rejected, default_block_size
+    )
 
 
 def _rows_of_lines(lines, bad_lines, first_row_number: int, n: int):
@@ -1069,6 +1073,7 @@ def _assemble(
     read: _Read,
     keep,
     required: _RequiredValues,
+    every_row: tuple[Any, tuple[str, ...]],
     optional: _OptionalValues,
     source: _Codes,
     instance: _Codes,
@@ -1076,11 +1081,13 @@ def _assemble(
     rejected: RejectedRows,
     default_block_size: int,
 ) -> EventTable:
-    """The accepted rows as an EventTable (ids renumbered to those of accepted rows, block ids re-indexed)."""
+    """The accepted rows as an EventTable (ids renumbered to those of accepted rows, block ids re-indexed;
+    ``every_row``: the request codes and ids renumbered as if every row were accepted)."""
     import numpy as np
 
-    sel: Any = slice(None) if keep.all() else keep
-    request, request_ids = _used_codes(required.request[sel], tuple(required.request_dict))
+    every = bool(keep.all())
+    sel: Any = slice(None) if every else keep
+    request, request_ids = every_row if every else _used_codes(required.request[sel], tuple(required.request_dict))
     block_id_rows = block_id_values = None
     if block_ids is not None:
         rows, ids = block_ids

@@ -386,3 +386,13 @@ def test_late_frees_are_named_with_their_cost():
     assert late.top[0].late_free_block_seconds == pytest.approx(2.4)
     assert late.share_of_late_free_block_seconds == pytest.approx(2.4 / 2.41)
     assert run(D / "basic.csv", late_free_ms=5).late_frees.requests == 2  # 10 ms is late against 5 ms
+
+
+def test_a_request_seen_only_in_rejected_rows_is_not_a_request(tmp_path):
+    # r9's one row is rejected (negative num_blocks): the accepted rows hold one request, r1, coded 0
+    f = tmp_path / "e.csv"
+    f.write_text("ts,event,request_id,num_blocks,num_tokens\n0,allocate,r1,1,4\n1,allocate,r9,-1,4\n2,free,r1,1,\n")
+    table = load_events(f)
+    assert table.request_ids == ("r1",) and table.request.tolist() == [0, 0]
+    assert table.rejected.by_reason == {"negative num_blocks": 1}
+    assert run(f).summary.requests == 1
