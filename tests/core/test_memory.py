@@ -46,3 +46,39 @@ def test_keep_freed_memory_keeps_a_freed_large_array_in_the_heap():
     assert applied == "True"
     assert int(kept_free) >= 64 << 20  # the whole array's memory is still the process's, ready for reuse
     assert int(_probe("default")[1]) < 64 << 20  # without it, glibc unmapped the array on free
+
+
+# Arrow allocates and frees a 64 MiB buffer, and kvtool asks Arrow to release its unused pages as after each
+# column; glibc's free bytes tell where the buffer went: arrow_on_the_heap puts Arrow on glibc's heap (its system
+# pool), which keeps the freed buffer for the next allocation (numpy's or Arrow's) instead of trimming it.
+_ARROW_PROBE = """
+import ctypes, sys
+import pyarrow as pa
+from kvtool.core.memory import arrow_on_the_heap
+from kvtool.events.load import release_arrow_pages
+applied = arrow_on_the_heap() if sys.argv[1] == "arrow" else None
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+buf = pa.allocate_buffer(64 << 20)
+del buf
+release_arrow_pages()
+print(applied, pa.default_memory_pool().backend_name, libc.mallinfo2().fordblks)
+"""
+
+
+@pytest.mark.skipif(not glibc, reason="mallopt and mallinfo2 are glibc's")
+def test_arrow_on_the_heap_frees_arrow_buffers_into_the_kept_heap():
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+    def probe(mode: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _ARROW_PROBE, mode], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    applied, backend, heap_free = probe("arrow")
+    assert (applied, backend) == ("True", "system") and int(heap_free) >= 64 << 20  # kept, not trimmed
+    applied, backend, heap_free = probe("default")
+    assert backend != "system" and int(heap_free) < 64 << 20  # Arrow's own pool: nothing of it in glibc's heap

@@ -333,7 +333,7 @@ def test_json_rows_read_back_every_float_exactly_and_as_a_float():
         ["req-1", 'say "hi"', "x"],  # a quote inside: escaped
         ["back\\slash", "req-2"],
         ["tab\there", "nul\x00", "del\x7f"],  # control characters
-        ["café", "日本", "emoji \U0001F600"],  # non-ASCII: \u escapes, as json.dumps writes them
+        ["café", "日本", "emoji \U0001f600"],  # non-ASCII: \u escapes, as json.dumps writes them
         ["req-1", None, "req-3"],  # a null
         ['"', '""', "a"],  # quotes only
     ],

@@ -104,6 +104,55 @@ def test_fleet_equals_the_single_file_runs(fleet_dir):
     assert fleet.worst_requests[0].wasted_slot_seconds == wasted.max()
 
 
+def test_a_fleet_without_step_curves_has_every_other_figure(fleet_dir):
+    # what the CLI runs without --plot: the same report; the pools' step curves are empty instead of kept
+    from kvtool.events.render import fleet_to_json
+
+    units = find_pool_files([str(fleet_dir)])
+    kept, light = analyze_fleet(units, AnalyzeOptions()), analyze_fleet(units, AnalyzeOptions(keep_timelines=False))
+    assert json.dumps(fleet_to_json(light)) == json.dumps(fleet_to_json(kept))
+    for name, values in kept.requests.values.items():
+        assert np.array_equal(light.requests.values[name], values, equal_nan=True), name
+    for full, pool, single in zip(kept.pools, light.pools, (_single(f) for f in sorted(fleet_dir.glob("*.csv")))):
+        assert full.analysis.timeline.time_s.tolist() == single.timeline.time_s.tolist()  # below 20,000 steps
+        assert full.analysis.timeline.blocks_in_use.tolist() == single.timeline.blocks_in_use.tolist()
+        tl = pool.analysis.timeline
+        assert tl.time_s.size == tl.blocks_in_use.size == tl.long_blocks_in_use.size == 0
+        assert tl.physical_time_s is not None and tl.physical_time_s.size == 0  # block_ids: present, not kept
+
+
+def test_cli_fleet_plot_draws_the_worst_pools_step_curves(fleet_dir, tmp_path, monkeypatch, run_cli):
+    from kvtool.events import plots
+
+    drawn = []
+    real = plots.write_plots
+    monkeypatch.setattr(plots, "write_plots", lambda analysis, folder: drawn.append(analysis) or real(analysis, folder))
+    result = run_cli("analyze", fleet_dir, "--plot", tmp_path / "charts", "--json")
+    assert result.exit_code == 0 and drawn
+    worst = json.loads(result.stdout)["worst_instances"]
+    assert sorted(p.name for p in (tmp_path / "charts").iterdir()) == sorted(worst)
+    for analysis in drawn:  # with --plot the curves are kept: each chart has its pool's blocks in use
+        assert analysis.timeline.time_s.size > 0
+        assert analysis.timeline.blocks_in_use.max() == analysis.pool.peak_blocks_in_use
+
+
+def test_kept_apart_results_are_copies_of_the_same_values(fleet_dir):
+    # a fleet keeps each pool's arrays in a mapping of their own (outside the malloc heap): equal values, and
+    # nothing shared with the arrays the analysis made
+    from kvtool.events.fleet import _arrays_of, _kept_apart
+
+    analysis = _single(fleet_dir / "engine-0.csv")
+    apart = _kept_apart(analysis)
+    before, after = [], []
+    _arrays_of(analysis, before)
+    _arrays_of(apart, after)
+    assert len(before) == len(after) > 20
+    for a, b in zip(before, after):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        assert not np.shares_memory(a, b)
+    _same_analysis(apart, analysis)
+
+
 def test_fleet_on_a_local_dask_cluster_equals_in_process(fleet_dir, tmp_path):
     pytest.importorskip("dask.distributed")
     from kvtool.events.render import fleet_to_json
@@ -225,6 +274,27 @@ def test_workers_with_one_file_runs_in_process_and_says_so(fleet_dir, run_cli):
 def test_no_files_matching_a_glob_is_a_usage_error(tmp_path, run_cli):
     result = run_cli("analyze", str(tmp_path / "*.csv"), str(tmp_path / "x.csv"))
     assert result.exit_code == 2 and result.stderr.startswith("Error: no events files found")
+
+
+def test_a_fleet_in_this_process_puts_arrow_on_the_heap_and_one_file_does_not(fleet_dir):
+    # the CLI's fleet reads file after file: Arrow's pool becomes glibc's kept heap (kvtool.core.memory); one file
+    # keeps Arrow's default pool, from which each column's pages go back to the system
+    import subprocess
+    import sys
+
+    from tests.support import REPO_ROOT
+
+    def backend_after(*argv: str) -> str:
+        code = "import pyarrow as pa\nfrom kvtool.cli import run\n"
+        code += f"assert run({list(argv)!r}) == 0\nprint(pa.default_memory_pool().backend_name)"
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[-1]
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's heap")
+    assert backend_after("analyze", str(fleet_dir), "--json") == "system"
+    assert backend_after("analyze", str(fleet_dir / "engine-0.csv"), "--json") != "system"
 
 
 @pytest.mark.parametrize("json_output", [True, False])

@@ -252,9 +252,23 @@ def test_block_id_lists_parse_the_same_on_both_paths(wide):
 
 
 _EVENT_CELLS = [
-    b"allocate", b"append", b"reuse", b"free",  # as written: matched by the compiled loop
-    b"FREE", b" append ", b"Append", b"\tREUSE", b"   ",  # another case, spaces: the full rules
-    b"evict", b"allocat", b"allocatee", b"appendix", b"", b"free\xff", b"\xe9v\xe9nement", b"\xc3\xa9vict",
+    b"allocate",
+    b"append",
+    b"reuse",
+    b"free",  # as written: matched by the compiled loop
+    b"FREE",
+    b" append ",
+    b"Append",
+    b"\tREUSE",
+    b"   ",  # another case, spaces: the full rules
+    b"evict",
+    b"allocat",
+    b"allocatee",
+    b"appendix",
+    b"",
+    b"free\xff",
+    b"\xe9v\xe9nement",
+    b"\xc3\xa9vict",
 ]
 
 
