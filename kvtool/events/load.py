@@ -811,25 +811,27 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     checks = _RowChecks(table.num_rows)
     columns = _Columns(table.unify_dictionaries())
     del table
-    event, invalid_utf8 = _event_codes_compiled(columns)  # (None, None) where the next steps read event
-    in_others = _invalid_utf8_rows(columns)
-    if in_others is not None:
-        invalid_utf8 = in_others if invalid_utf8 is None else invalid_utf8 | in_others
-    if read.invalid_utf8_lines:
-        lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
-        invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
     # block_ids and the optional columns are converted on another thread (numpy, pyarrow and the compiled loops
     # release the GIL) while this one converts the other required columns; each row keeps its highest-priority
     # reason when the two threads' checks are merged.  Where the compiled loops read the block ids, that thread
     # has time to spare and takes ts too; elsewhere it needs pyarrow.compute, imported here first (not there,
-    # against this thread for the GIL).
+    # against this thread for the GIL).  It starts first: it has the longer way to go.
     quick = _compiled_block_ids(columns.table.column("block_ids") if columns.has("block_ids") else None)
-    along = ("block_ids", *_OPTIONAL_NUMBERS) + (("ts",) if quick else ())
-    later_columns = {name: columns.take(name) for name in along if columns.has(name)}
+    names = ("block_ids", *_OPTIONAL_NUMBERS) + (("ts",) if quick else ())
+    along = tuple(name for name in names if columns.has(name))
+    invalid_utf8 = _invalid_utf8_rows(columns, along)  # numbers read as text (one did not parse), before they go
+    later_columns = {name: columns.take(name) for name in along}
     if not quick:
         import pyarrow.compute  # noqa: F401
     later = in_background(_later_columns, later_columns, checks.reason.size, default_block_size)
     del later_columns
+    event, in_event = _event_codes_compiled(columns)  # (None, None) where _required_values reads event
+    for rows in (in_event, _invalid_utf8_rows(columns, tuple(columns.table.column_names))):
+        if rows is not None:
+            invalid_utf8 = rows if invalid_utf8 is None else invalid_utf8 | rows
+    if read.invalid_utf8_lines:
+        lines = _rows_of_lines(read.invalid_utf8_lines, read.bad_lines, read.first_row_number, checks.reason.size)
+        invalid_utf8 = lines if invalid_utf8 is None else invalid_utf8 | lines
     instance = _text_codes(columns, INSTANCE_COLUMNS)
     source = _text_codes(columns, ("source_request_id",))
     required = _required_values(columns, checks, event)
@@ -874,8 +876,9 @@ def _rows_of_lines(lines, bad_lines, first_row_number: int, n: int):
     return mask
 
 
-def _invalid_utf8_rows(columns: _Columns):
-    """Rows with invalid UTF-8 in a text column (None when there are none); such cells are set to null.
+def _invalid_utf8_rows(columns: _Columns, names: tuple[str, ...]):
+    """Rows with invalid UTF-8 in the text cells of the columns ``names`` (None when there are none); such cells
+    are set to null.
 
     The CSV is read without UTF-8 validation, so one bad byte costs its row, not the file.  Dictionary columns are
     checked through their (few) distinct values; block_ids needs no check (a bad byte fails its integer parse).
@@ -884,7 +887,7 @@ def _invalid_utf8_rows(columns: _Columns):
     import pyarrow as pa
 
     bad = None
-    for name in list(columns.table.column_names):
+    for name in names:
         if name == "block_ids":
             continue
         col = columns.table.column(name)
