@@ -987,7 +987,7 @@ def _optional_values(columns: dict, checks: _RowChecks, default_block_size: int)
         v, null, bad = _numbers(columns.pop(name), name, integer=integer)
         if positive:
             checks.flag(~null & ~bad & (v <= 0), f"non-positive {name}")
-        else:
+        elif _below(v, 0):
             checks.flag(~null & ~bad & (v < 0), f"negative {name}")
         checks.flag(bad, f"unparseable {name}")
         return v, null
@@ -1000,8 +1000,10 @@ def _optional_values(columns: dict, checks: _RowChecks, default_block_size: int)
     latency = None
     if "latency_ms" in columns:
         v, null, bad = _numbers(columns.pop("latency_ms"), "latency_ms")
-        checks.flag(~null & ~bad & (v > MAX_LATENCY_MS), "latency_ms out of range")
-        checks.flag(~null & ~bad & (v < 0), "negative latency_ms")
+        if _above(v, MAX_LATENCY_MS):
+            checks.flag(~null & ~bad & (v > MAX_LATENCY_MS), "latency_ms out of range")
+        if _below(v, 0):
+            checks.flag(~null & ~bad & (v < 0), "negative latency_ms")
         checks.flag(bad, "unparseable latency_ms")
         latency = v
     return _OptionalValues(free_pool, block_size, latency)
@@ -1013,11 +1015,13 @@ def _required_values(columns: _Columns, checks: _RowChecks, event=None) -> _Requ
     if event is None:
         event = _event_codes(columns.take("event"))
     num_tokens, tok_null, tok_bad = _numbers(columns.take("num_tokens"), "num_tokens", integer=True)
-    checks.flag(~tok_null & ~tok_bad & (num_tokens < 0), "negative num_tokens")
+    if _below(num_tokens, 0):  # missing and unparseable values hold 0: a value below 0 is a negative one
+        checks.flag(~tok_null & ~tok_bad & (num_tokens < 0), "negative num_tokens")
     checks.flag(tok_bad, "unparseable num_tokens")
     checks.flag(tok_null & (event != FREE), "missing num_tokens")
     num_blocks, blk_null, blk_bad = _numbers(columns.take("num_blocks"), "num_blocks", integer=True)
-    checks.flag(~blk_null & ~blk_bad & (num_blocks < 0), "negative num_blocks")
+    if _below(num_blocks, 0):
+        checks.flag(~blk_null & ~blk_bad & (num_blocks < 0), "negative num_blocks")
     checks.flag(blk_bad, "unparseable num_blocks")
     checks.flag(blk_null, "missing num_blocks")
     request = _text_codes(columns, ("request_id",))
@@ -1032,13 +1036,31 @@ def _required_values(columns: _Columns, checks: _RowChecks, event=None) -> _Requ
     return _RequiredValues(ts, event, request.codes, list(request.values), num_blocks, num_tokens, all_blank)
 
 
+def _below(values, limit) -> bool:
+    """Whether some value may be below ``limit``: False only when none is (NaN ignored), found by one reduction
+    instead of the masks of a check that would flag nothing."""
+    import numpy as np
+
+    low = np.fmin.reduce(values) if values.size else limit
+    return not low >= limit  # NaN (every value NaN): maybe
+
+
+def _above(values, limit) -> bool:
+    """Whether some value may be above ``limit`` (see _below)."""
+    import numpy as np
+
+    high = np.fmax.reduce(values) if values.size else limit
+    return not high <= limit
+
+
 def _ts_values(col, checks: _RowChecks):
     """ts as float64 seconds (NaN where missing) and its missing mask, checked."""
     import numpy as np
 
     ts, ts_null, ts_bad = _numbers(col, "ts")
-    with np.errstate(invalid="ignore"):
-        checks.flag(~ts_null & ~ts_bad & (np.abs(ts) > MAX_ABS_TS_S), "ts out of range")
+    if _below(ts, -MAX_ABS_TS_S) or _above(ts, MAX_ABS_TS_S):
+        with np.errstate(invalid="ignore"):
+            checks.flag(~ts_null & ~ts_bad & (np.abs(ts) > MAX_ABS_TS_S), "ts out of range")
     checks.flag(ts_bad, "unparseable ts")
     checks.flag(ts_null, "missing ts")
     return ts, ts_null
@@ -1206,7 +1228,8 @@ def _numbers(col, name: str, integer: bool = False):
                 col = pc.min_element_wise(col, pa.scalar(MAX_COUNT + 1, pa.uint64()), skip_nulls=False)
             values = _fixed_np(col.cast(pa.int64()) if typ != pa.int64() else col, np.int64)
         null = ~_valid_np(col)
-        bad = values > MAX_COUNT
+        # an int32 never exceeds MAX_COUNT (2**31 - 1): no pass over the values for it
+        bad = np.zeros(values.size, dtype=bool) if values.dtype == np.int32 else values > MAX_COUNT
         if null.any() or bad.any():
             values[null | bad] = 0
         return values, null, bad

@@ -56,6 +56,10 @@ def _with_row(bad: bytes, at: int = 2) -> bytes:
         (b"0.7,allocate,c,1,10,5,1e300\n", "latency_ms out of range"),
         (b"0.7,allocate,c,99999999999,10,5,\n", "unparseable num_blocks"),  # above 2**31 - 1
         (b"0.7,allocate,c,1,-3,5,\n", "negative num_tokens"),
+        (b"0.7,allocate,c,-1,10,5,\n", "negative num_blocks"),
+        (b"0.7,allocate,c,1,10,5,-0.5\n", "negative latency_ms"),  # beside the blank latencies of other rows
+        (b"0.7,allocate,c,1,10,-4,\n", "unparseable block_ids"),
+        (b"1000000000000.5,allocate,c,1,10,5,\n", "ts out of range"),  # just above 1e12 s
     ],
 )
 def test_one_bad_row_is_rejected_and_the_rest_analysed(tmp_path, bad_row, reason):
@@ -341,3 +345,19 @@ def test_nan_reads_as_blank_whatever_the_other_rows_hold(tmp_path):
         table = load_events(_file(tmp_path, body))
         assert dict(table.rejected.by_reason) == rejected
         assert table.events == len(GOOD) + 1
+
+
+@pytest.mark.parametrize(
+    "cells, reason",
+    [
+        ("0,3", "non-positive block_size"),
+        ("16,-1", "negative free_pool_blocks"),
+        ("16,-0.5", "negative free_pool_blocks"),
+    ],
+)
+def test_optional_counts_out_of_range_reject_their_row(tmp_path, cells, reason):
+    # the third row's block_size / free_pool_blocks is out of range; blanks in the others are allowed
+    body = "ts,event,request_id,num_blocks,num_tokens,block_size,free_pool_blocks\n"
+    body += f"0,allocate,a,1,4,16,\n1,allocate,b,1,4,,7\n2,allocate,c,1,4,{cells}\n3,free,a,1,,16,8\n"
+    table = load_events(_file(tmp_path, body.encode()))
+    assert table.rejected.first == ((4, reason),) and table.events == 3
