@@ -162,7 +162,8 @@ def _arrays_of(value, out: list) -> None:
     import numpy as np
 
     if isinstance(value, np.ndarray):
-        out.append(value)
+        if not value.dtype.hasobject:  # Python objects cannot live in a mapping
+            out.append(value)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
             _arrays_of(getattr(value, field.name), out)
@@ -172,7 +173,7 @@ def _replaced(value, moved):
     import numpy as np
 
     if isinstance(value, np.ndarray):
-        return moved(value)
+        return value if value.dtype.hasobject else moved(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changed = {f.name: _replaced(getattr(value, f.name), moved) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changed)
