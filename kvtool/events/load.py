@@ -1362,8 +1362,10 @@ def _event_codes_compiled(columns: _Columns):
     import pyarrow as pa
 
     kernels = compiled()
-    col = columns.table.column("event") if kernels is not None and columns.has("event") else None
-    if col is None or not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+    if kernels is None or not columns.has("event"):
+        return None, None
+    col = columns.table.column("event")
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         return None, None
     columns.take("event")
     chunks = [ch for ch in col.chunks if len(ch)]
