@@ -253,7 +253,6 @@ def test_export_below_a_file_names_the_file(run_cli, tmp_path):
     ids=["empty-scheduler", "scheduler-without-port", "zero-workers"],
 )
 def test_bad_dask_options_are_one_usage_line(run_cli, args, lines):
-    pytest.importorskip("dask.distributed")
     result = run_cli("analyze", D / "basic.csv", D / "reuse.csv", *args, "--json")
     assert result.exit_code == EXIT_USAGE
     assert result.stdout == ""

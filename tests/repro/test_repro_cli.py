@@ -11,8 +11,6 @@ from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from kvtool.repro.scenarios import SCENARIO_NAMES
 from tests.support import DATA, heavy_modules_loaded_by
 
-pytest.importorskip("torch")
-
 TARGETS = DATA / "repro"
 
 

@@ -4,12 +4,13 @@ seeds, with evidence checked against hand computations (not against earlier outp
 from __future__ import annotations
 
 import pytest
+import torch  # a required dependency: a broken install fails here, it is not skipped
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
-
-from kvtool.repro.checks import run_scenario  # noqa: E402
-from kvtool.repro.engines import CAPACITY, D_MODEL, N_HEADS  # noqa: E402
-from kvtool.repro.scenarios import SCENARIO_NAMES  # noqa: E402
+from kvtool.repro.checks import run_scenario
+from kvtool.repro.engines import CAPACITY, D_MODEL, N_HEADS
+from kvtool.repro.scenarios import SCENARIO_NAMES
 
 SEEDS = (0, 1, 7)
 D_HEAD = D_MODEL // N_HEADS
@@ -113,10 +114,6 @@ def test_other_dtypes(dtype):
     for name in ("shared-instance-cache", "prealloc-slice"):
         r = run_scenario(name, seed=2, dtype=dtype, interleavings=10)
         assert r.passed, (name, r.fixed.findings)
-
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
+import torch  # a required dependency: a broken install fails here, it is not skipped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
-
-from kvtool.repro.storage import overlap_pairs, shares_memory, span  # noqa: E402
+from kvtool.repro.storage import overlap_pairs, shares_memory, span
 
 
 def test_interleaved_head_views_span_overlapping_ranges_but_share_nothing():

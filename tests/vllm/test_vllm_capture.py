@@ -21,13 +21,12 @@ import threading
 import time
 from itertools import groupby
 
+import msgpack  # the capture extra, in dev: imported, not skipped
 import pytest
+import zmq
 
-zmq = pytest.importorskip("zmq")
-msgpack = pytest.importorskip("msgpack")
-
-from kvtool.vllm.capture import CaptureOptions, resolve_role, run_capture, vllm_binds  # noqa: E402
-from tests.support import DATA, REPO_ROOT  # noqa: E402
+from kvtool.vllm.capture import CaptureOptions, resolve_role, run_capture, vllm_binds
+from tests.support import DATA, REPO_ROOT
 
 EVENTS = DATA / "vllm-events"
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
+import msgpack  # the capture extra, in dev: imported, not skipped
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-msgpack = pytest.importorskip("msgpack")
-
-from kvtool.vllm.wire import (  # noqa: E402
+from kvtool.vllm.wire import (
     END_SEQ,
     MalformedFrame,
     batch_rows,
