@@ -589,11 +589,19 @@ def _ids_by_chunk(kernel, chunks, offsets, most: int, n_rows: int, leading):
 
 
 def _block_ids_compiled(kernels, col):
-    """_block_ids of a string column by the compiled parser, one pass over each chunk (a value of L bytes holds
-    at most (L + 1) / 2 ids)."""
+    """_block_ids of a string column by the compiled parser, one pass over each chunk.  A value holds at most one
+    id more than it has spaces: the outputs are sized by a count of the spaces (most rows list none), not for the
+    most ids the bytes could hold, whose untouched tail the heap would hand to later arrays."""
+    import numpy as np
+
     chunks = [ch for ch in _chunks(col) if len(ch)]
     offsets = [_offsets_np(ch) for ch in chunks]
-    most = sum(int(o[ch.offset + len(ch)] - o[ch.offset]) + len(ch) for ch, o in zip(chunks, offsets)) // 2 + 1
+    most = 1
+    for ch, o in zip(chunks, offsets):
+        lo, hi = int(o[ch.offset]), int(o[ch.offset + len(ch)])
+        data = ch.buffers()[2]
+        text = np.frombuffer(data, dtype=np.uint8)[lo:hi] if data is not None else np.zeros(0, np.uint8)
+        most += int(np.count_nonzero(text == ord(" "))) + len(ch) - ch.null_count
 
     def leading(ch, o):
         data = ch.buffers()[2]
