@@ -6,9 +6,10 @@
     python benchmarks/bench_analyze.py --fleet DIR [--files 50] [--events 50000000] [--workers 2]
 
 ``--fleet`` writes (or reuses) DIR/engine-NN.csv, ``--files`` engines of events/files events each (different
-seeds), and measures ``kvtool analyze DIR --json`` in this process and on a local Dask cluster against one
-interpreter reading every file with pyarrow; it prints the per-worker throughput used for the sizing in
-docs/analyze.md ("Sizing a fleet").
+seeds; 50 M events in all unless ``--events`` says otherwise), and measures ``kvtool analyze DIR --json`` in this
+process and on a local Dask cluster against one interpreter reading every file with pyarrow, the three
+interleaved; it prints the ratios (best against best, and of the medians; memory of the fastest run, and
+kvtool's highest peak) and the per-worker throughput used for the sizing in docs/analyze.md ("Sizing a fleet").
 
 The trace is generated with numpy (seeded): ~20,000 requests arriving as a Poisson stream (about 2,000 of them
 holding blocks at any moment), a log-normal prompt length, one decode `append` row per generated token (1 block
@@ -202,7 +203,7 @@ def compile_kvtool() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=5_000_000)
+    parser.add_argument("--events", type=int, help="events in all (default 5,000,000; --fleet: 50,000,000)")
     parser.add_argument("--keep", type=Path, help="write (or reuse) the trace at this path")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--generate", type=Path, help="only write a synthetic trace to this path and exit")
@@ -211,7 +212,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="--fleet: Dask worker processes")
     args = parser.parse_args()
     if args.fleet:
+        args.events = args.events or 50_000_000
         return fleet_benchmark(args)
+    args.events = args.events or 5_000_000
     if args.generate:
         shape = generate(args.generate, args.events)
         print(f"wrote {args.generate}: {shape['events']:,} events, {shape['requests']:,} requests")
