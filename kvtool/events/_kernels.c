@@ -809,16 +809,19 @@ static inline uint64_t head_word(const uint8_t *p, int64_t n, const uint8_t *end
 
 #define MAX_NAMES 8
 
-/* event_codes(chunks: [(offsets (i4 or i8)[offset + length + 1], data u1[...], validity u1[...] | None, offset,
- *                       length), ...], names: (bytes, ...), codes i1[rows]) -> rows marked other
+/* event_codes(offsets (i4 or i8)[offset + length + 1], data u1[...], validity u1[...] | None, offset, length,
+ *             names: (bytes, ...), codes i1[length]) -> rows marked other
  *
- * A string event column matched against the event names as written: a row's code is the index of the name its
- * value equals byte for byte, -2 for a null or empty value, and -3 for any other value (another case, spaces,
- * an unknown type, invalid UTF-8), which the caller resolves by the full rules on those rows' distinct values. */
+ * One Arrow string array of event names matched against the names as written: a row's code is the index of the
+ * name its value equals byte for byte, -2 for a null or empty value, and -3 for any other value (another case,
+ * spaces, an unknown type, invalid UTF-8), which the caller resolves by the full rules on those rows' distinct
+ * values. */
 static PyObject *event_codes(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *chunk_list, *names, *o_codes;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &chunk_list, &PyTuple_Type, &names, &o_codes)) return NULL;
-    Py_ssize_t n_names = PyTuple_GET_SIZE(names), n_chunks = PyList_GET_SIZE(chunk_list);
+    PyObject *o[3], *names, *o_codes;
+    Py_ssize_t offset, length;
+    if (!PyArg_ParseTuple(args, "OOOnnO!O", &o[0], &o[1], &o[2], &offset, &length, &PyTuple_Type, &names, &o_codes))
+        return NULL;
+    Py_ssize_t n_names = PyTuple_GET_SIZE(names);
     if (n_names > MAX_NAMES) {
         PyErr_SetString(PyExc_ValueError, "names: at most 8");
         return NULL;
@@ -826,6 +829,8 @@ static PyObject *event_codes(PyObject *Py_UNUSED(self), PyObject *args) {
     const uint8_t *name_ptr[MAX_NAMES];
     int64_t name_len[MAX_NAMES];
     uint64_t name_head[MAX_NAMES];
+    signed char by_len[64]; /* the name of each length below 64: its index, -1 none, -2 several */
+    memset(by_len, -1, sizeof by_len);
     for (Py_ssize_t i = 0; i < n_names; i++) {
         PyObject *name = PyTuple_GET_ITEM(names, i);
         if (!PyBytes_Check(name) || PyBytes_GET_SIZE(name) == 0) {
@@ -835,102 +840,73 @@ static PyObject *event_codes(PyObject *Py_UNUSED(self), PyObject *args) {
         name_ptr[i] = (const uint8_t *)PyBytes_AS_STRING(name);
         name_len[i] = PyBytes_GET_SIZE(name);
         name_head[i] = head_word(name_ptr[i], name_len[i], name_ptr[i] + name_len[i]);
-    }
-    signed char by_len[64]; /* the name of each length below 64: its index, -1 none, -2 several */
-    memset(by_len, -1, sizeof by_len);
-    for (Py_ssize_t i = 0; i < n_names; i++)
         if (name_len[i] < 64) by_len[name_len[i]] = by_len[name_len[i]] == -1 ? (signed char)i : -2;
-    Buf out;
-    memset(&out, 0, sizeof out);
-    Buf *b = calloc((size_t)(n_chunks * 3 + 1), sizeof(Buf));
-    Py_ssize_t *offset = calloc((size_t)(n_chunks + 1), sizeof(Py_ssize_t));
-    Py_ssize_t *length = calloc((size_t)(n_chunks + 1), sizeof(Py_ssize_t));
-    if (!b || !offset || !length) {
-        PyErr_NoMemory();
+    }
+    Buf b[4];
+    memset(b, 0, sizeof b);
+    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    b[0].held = 1;
+    Py_ssize_t osize = b[0].view.itemsize;
+    if ((osize != 4 && osize != 8) || offset < 0 || length < 0 || b[0].view.len / osize < offset + length + 1) {
+        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
         goto fail;
     }
-    Py_ssize_t rows = 0;
-    for (Py_ssize_t c = 0; c < n_chunks; c++) {
-        PyObject *t = PyList_GET_ITEM(chunk_list, c), *o_off, *o_data, *o_valid;
-        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "OOOnn", &o_off, &o_data, &o_valid, &offset[c], &length[c])) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "chunks: (offsets, data, validity, offset, length)");
-            goto fail;
-        }
-        Buf *cb = b + 3 * c;
-        if (PyObject_GetBuffer(o_off, &cb[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-        cb[0].held = 1;
-        Py_ssize_t osize = cb[0].view.itemsize;
-        if ((osize != 4 && osize != 8) || offset[c] < 0 || length[c] < 0 ||
-            cb[0].view.len / osize < offset[c] + length[c] + 1) {
-            PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
-            goto fail;
-        }
-        if (get_buf(o_data, &cb[1], 1, -1, 0, 0, "data") < 0 || get_buf(o_valid, &cb[2], 1, -1, 0, 1, "validity") < 0)
-            goto fail;
-        if (cb[2].held && cb[2].view.len * 8 < offset[c] + length[c]) {
-            PyErr_SetString(PyExc_ValueError, "validity: too short");
-            goto fail;
-        }
-        rows += length[c];
+    if (get_buf(o[1], &b[1], 1, -1, 0, 0, "data") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 1, "validity") < 0 ||
+        get_buf(o_codes, &b[3], 1, length, 1, 0, "codes") < 0)
+        goto fail;
+    if (b[2].held && b[2].view.len * 8 < offset + length) {
+        PyErr_SetString(PyExc_ValueError, "validity: too short");
+        goto fail;
     }
-    if (get_buf(o_codes, &out, 1, rows, 1, 0, "codes") < 0) goto fail;
-    int8_t *codes = PTR(out, int8_t);
-    Py_ssize_t other = 0, row = 0;
+    const void *offs = b[0].view.buf;
+    const uint8_t *data = PTR(b[1], uint8_t), *valid = PTR(b[2], uint8_t);
+    Py_ssize_t data_len = b[1].view.len, other = 0;
+    int8_t *codes = PTR(b[3], int8_t);
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
-    for (Py_ssize_t c = 0; c < n_chunks && !bad; c++) {
-        Buf *cb = b + 3 * c;
-        const void *offs = cb[0].view.buf;
-        Py_ssize_t osize = cb[0].view.itemsize, data_len = cb[1].view.len;
-        const uint8_t *data = PTR(cb[1], uint8_t), *valid = PTR(cb[2], uint8_t);
-        for (Py_ssize_t i = 0; i < length[c]; i++, row++) {
-            Py_ssize_t slot = offset[c] + i;
-            if (valid && !((valid[slot >> 3] >> (slot & 7)) & 1)) {
-                codes[row] = -2;
-                continue;
-            }
-            int64_t lo = offset_at(offs, osize, slot), hi = offset_at(offs, osize, slot + 1);
-            if (lo < 0 || hi < lo || hi > data_len) {
-                bad = 1;
-                break;
-            }
-            int64_t n = hi - lo;
-            if (n == 0) {
-                codes[row] = -2;
-                continue;
-            }
-            uint64_t head = head_word(data + lo, n, data + data_len);
-            int8_t code = -3;
-            int k = n < 64 ? by_len[n] : -2;
-            if (k >= 0) { /* the one name of this length */
-                if (name_head[k] == head && (n <= 8 || memcmp(name_ptr[k] + 8, data + lo + 8, (size_t)(n - 8)) == 0))
+    for (Py_ssize_t i = 0; i < length; i++) {
+        Py_ssize_t slot = offset + i;
+        if (valid && !((valid[slot >> 3] >> (slot & 7)) & 1)) {
+            codes[i] = -2;
+            continue;
+        }
+        int64_t lo = offset_at(offs, osize, slot), hi = offset_at(offs, osize, slot + 1);
+        if (lo < 0 || hi < lo || hi > data_len) {
+            bad = 1;
+            break;
+        }
+        int64_t n = hi - lo;
+        if (n == 0) {
+            codes[i] = -2;
+            continue;
+        }
+        uint64_t head = head_word(data + lo, n, data + data_len);
+        int8_t code = -3;
+        int k = n < 64 ? by_len[n] : -2;
+        if (k >= 0) { /* the one name of this length */
+            if (name_head[k] == head && (n <= 8 || memcmp(name_ptr[k] + 8, data + lo + 8, (size_t)(n - 8)) == 0))
+                code = (int8_t)k;
+        } else if (k == -2) { /* several names of this length, or a long value */
+            for (k = 0; k < n_names; k++) {
+                if (name_len[k] == n && name_head[k] == head &&
+                    (n <= 8 || memcmp(name_ptr[k] + 8, data + lo + 8, (size_t)(n - 8)) == 0)) {
                     code = (int8_t)k;
-            } else if (k == -2) { /* several names of this length, or a long value */
-                for (k = 0; k < n_names; k++) {
-                    if (name_len[k] == n && name_head[k] == head &&
-                        (n <= 8 || memcmp(name_ptr[k] + 8, data + lo + 8, (size_t)(n - 8)) == 0)) {
-                        code = (int8_t)k;
-                        break;
-                    }
+                    break;
                 }
             }
-            codes[row] = code;
-            other += code == -3;
         }
+        codes[i] = code;
+        other += code == -3;
     }
     Py_END_ALLOW_THREADS;
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "offsets outside the data");
         goto fail;
     }
-    release(&out, 1);
-    release(b, (int)(n_chunks * 3));
-    free(b), free(offset), free(length);
+    release(b, 4);
     return PyLong_FromSsize_t(other);
 fail:
-    release(&out, 1);
-    if (b) release(b, (int)(n_chunks * 3));
-    free(b), free(offset), free(length);
+    release(b, 4);
     return NULL;
 }
 

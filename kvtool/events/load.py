@@ -1376,10 +1376,15 @@ def _event_codes_compiled(columns: _Columns):
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         return None, None
     columns.take("event")
-    chunks = [ch for ch in col.chunks if len(ch)]
-    listed = [(_offsets_np(ch), ch.buffers()[2] or b"", _nulls_bitmap(ch), ch.offset, len(ch)) for ch in chunks]
     codes = np.empty(len(col), dtype=np.int8)
-    if not kernels.event_codes(listed, _EVENT_NAMES, codes):
+    other = at = 0
+    for ch in (ch for ch in col.chunks if len(ch)):
+        data = ch.buffers()[2] or b""
+        other += kernels.event_codes(
+            _offsets_np(ch), data, _nulls_bitmap(ch), ch.offset, len(ch), _EVENT_NAMES, codes[at : at + len(ch)]
+        )
+        at += len(ch)
+    if not other:
         return codes, None
     import pyarrow.compute as pc
 
