@@ -55,6 +55,29 @@ static inline int64_t offset_at(const void *offsets, Py_ssize_t size, Py_ssize_t
     return size == 4 ? ((const int32_t *)offsets)[i] : ((const int64_t *)offsets)[i];
 }
 
+/* An Arrow offsets buffer of 4- or 8-byte items covering slots offset .. offset + length (length + 1 items). */
+static int get_offsets(PyObject *obj, Buf *b, Py_ssize_t offset, Py_ssize_t length) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    b->held = 1;
+    Py_ssize_t size = b->view.itemsize;
+    if ((size != 4 && size != 8) || offset < 0 || length < 0 || b->view.len / size < offset + length + 1) {
+        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
+        return -1;
+    }
+    return 0;
+}
+
+/* The data bytes and the validity bitmap (None: no nulls) of an Arrow string array's slots offset .. + length. */
+static int get_text(PyObject *data, PyObject *validity, Buf *b, Py_ssize_t offset, Py_ssize_t length) {
+    if (get_buf(data, &b[0], 1, -1, 0, 0, "data") < 0 || get_buf(validity, &b[1], 1, -1, 0, 1, "validity") < 0)
+        return -1;
+    if (b[1].held && b[1].view.len * 8 < offset + length) {
+        PyErr_SetString(PyExc_ValueError, "validity: too short");
+        return -1;
+    }
+    return 0;
+}
+
 #define MARK(bits, k) ((bits)[(k) >> 3] |= (uint8_t)(1u << ((k) & 7)))
 
 /* ------------------------------------------------------------------------------------- counting sort */
@@ -612,21 +635,11 @@ static PyObject *parse_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     Buf b[6];
     memset(b, 0, sizeof b);
-    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-    b[0].held = 1;
-    Py_ssize_t osize = b[0].view.itemsize;
-    if ((osize != 4 && osize != 8) || offset < 0 || length < 0 || b[0].view.len / osize < offset + length + 1) {
-        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
-        goto fail;
-    }
-    if (get_buf(o[1], &b[1], 1, -1, 0, 0, "data") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 1, "validity") < 0 ||
+    if (get_offsets(o[0], &b[0], offset, length) < 0 || get_text(o[1], o[2], &b[1], offset, length) < 0 ||
         get_buf(o[3], &b[3], 8, -1, 1, 1, "out_rows") < 0 || get_buf(o[4], &b[4], 8, -1, 1, 1, "out_ids") < 0 ||
         get_buf(o[5], &b[5], 8, -1, 1, 1, "out_bad") < 0)
         goto fail;
-    if (b[2].held && b[2].view.len * 8 < offset + length) {
-        PyErr_SetString(PyExc_ValueError, "validity: too short");
-        goto fail;
-    }
+    Py_ssize_t osize = b[0].view.itemsize;
     const uint8_t *data = PTR(b[1], uint8_t), *valid = PTR(b[2], uint8_t);
     Py_ssize_t data_len = b[1].view.len;
     int64_t *out_rows = PTR(b[3], int64_t), *out_ids = PTR(b[4], int64_t), *out_bad = PTR(b[5], int64_t);
@@ -716,14 +729,12 @@ static PyObject *list_block_ids(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     Buf b[7];
     memset(b, 0, sizeof b);
-    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-    b[0].held = 1;
-    Py_ssize_t osize = b[0].view.itemsize;
-    if ((osize != 4 && osize != 8) || offset < 0 || length < 0 || values_bit < 0 ||
-        b[0].view.len / osize < offset + length + 1) {
-        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
+    if (get_offsets(o[0], &b[0], offset, length) < 0) goto fail;
+    if (values_bit < 0) {
+        PyErr_SetString(PyExc_ValueError, "values_bit: a bit index expected");
         goto fail;
     }
+    Py_ssize_t osize = b[0].view.itemsize;
     if (get_buf(o[1], &b[1], 8, -1, 0, 0, "values") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 1, "values_validity") < 0 ||
         get_buf(o[3], &b[3], 1, -1, 0, 1, "list_validity") < 0 || get_buf(o[4], &b[4], 8, -1, 1, 0, "out_rows") < 0 ||
         get_buf(o[5], &b[5], 8, -1, 1, 0, "out_ids") < 0 || get_buf(o[6], &b[6], 8, -1, 1, 0, "out_bad") < 0)
@@ -844,20 +855,10 @@ static PyObject *event_codes(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Buf b[4];
     memset(b, 0, sizeof b);
-    if (PyObject_GetBuffer(o[0], &b[0].view, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-    b[0].held = 1;
-    Py_ssize_t osize = b[0].view.itemsize;
-    if ((osize != 4 && osize != 8) || offset < 0 || length < 0 || b[0].view.len / osize < offset + length + 1) {
-        PyErr_SetString(PyExc_ValueError, "offsets: offset + length + 1 items of 4 or 8 bytes expected");
-        goto fail;
-    }
-    if (get_buf(o[1], &b[1], 1, -1, 0, 0, "data") < 0 || get_buf(o[2], &b[2], 1, -1, 0, 1, "validity") < 0 ||
+    if (get_offsets(o[0], &b[0], offset, length) < 0 || get_text(o[1], o[2], &b[1], offset, length) < 0 ||
         get_buf(o_codes, &b[3], 1, length, 1, 0, "codes") < 0)
         goto fail;
-    if (b[2].held && b[2].view.len * 8 < offset + length) {
-        PyErr_SetString(PyExc_ValueError, "validity: too short");
-        goto fail;
-    }
+    Py_ssize_t osize = b[0].view.itemsize;
     const void *offs = b[0].view.buf;
     const uint8_t *data = PTR(b[1], uint8_t), *valid = PTR(b[2], uint8_t);
     Py_ssize_t data_len = b[1].view.len, other = 0;
