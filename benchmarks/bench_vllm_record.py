@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 def hook_path(calls_per_step: int = 64, steps: int = 300) -> list[tuple[str, float]]:
     """Recorder time per allocate_slots call (us), on the miniature scheduler, for three settings."""
-    from kvtool.vllm.recorder import Recorder, RecorderOptions
-    from kvtool.vllm.recorder_hooks import Hooks
+    from kvtool.vllm.recorder.hooks import Hooks
+    from kvtool.vllm.recorder.recorder import Recorder, RecorderOptions
     from tests.support.fake_vllm import KVCacheManager, Request, RequestStatus, Scheduler
 
     out = []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvtool.vllm.analysis import analyze_vllm_events  # noqa: E402
+from kvtool.vllm.events.analysis import analyze_vllm_events  # noqa: E402
 
 
 def synthetic_file(path: Path, events: int, cache_blocks: int = 2000) -> None:
@@ -75,7 +75,7 @@ def bench_capture(batches: int) -> None:
     import msgpack
     import zmq
 
-    from kvtool.vllm.capture import CaptureOptions, run_capture
+    from kvtool.vllm.events.capture import CaptureOptions, run_capture
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -283,7 +283,7 @@ def _is_vllm_events_file(path: Path) -> bool:
         return True
     if name.endswith(_CSV_SUFFIXES):
         return False
-    from kvtool.vllm.analysis import looks_like_vllm_events
+    from kvtool.vllm.events.analysis import looks_like_vllm_events
 
     return looks_like_vllm_events(path)
 

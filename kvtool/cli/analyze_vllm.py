@@ -11,8 +11,8 @@ def run_vllm_analysis(path: Path, *, json_output: bool, plot_dir: Path | None):
     Raises InputFileError (exit 3) for a file that is not vLLM events (``.gz`` files are read too).
     """
     from kvtool.cli.output import print_json, stdout_console
-    from kvtool.vllm.analysis import analyze_vllm_events
-    from kvtool.vllm.render import analysis_tables, write_plots
+    from kvtool.vllm.events.analysis import analyze_vllm_events
+    from kvtool.vllm.events.render import analysis_tables, write_plots
 
     analysis = analyze_vllm_events(Path(path))
     written = write_plots(analysis, plot_dir) if plot_dir is not None else []

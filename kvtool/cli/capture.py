@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Capture a running vLLM's KV-cache events (ZMQ publisher) into a JSON-lines file."""
         from kvtool.cli.output import print_json, stdout_console
-        from kvtool.vllm.capture import CaptureOptions, run_capture
-        from kvtool.vllm.render import capture_table
+        from kvtool.vllm.events.capture import CaptureOptions, run_capture
+        from kvtool.vllm.events.render import capture_table
 
         options = CaptureOptions(
             endpoint=endpoint,

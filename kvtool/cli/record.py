@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         Exits with the command's exit code.
         """
         from kvtool.cli.output import print_json, stdout_console, warn
-        from kvtool.vllm.launch import RecordOptions, run_record
+        from kvtool.vllm.recorder.launch import RecordOptions, run_record
 
         options = RecordOptions(
             output=output,
@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         if json_output:
             print_json(result)
         else:
-            from kvtool.vllm.render import record_table
+            from kvtool.vllm.events.render import record_table
 
             stdout_console().print(record_table(result))
         if not result.files:

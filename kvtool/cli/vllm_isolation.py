@@ -42,14 +42,14 @@ def _progress(message: str) -> None:
 def _judge_and_print(replay: Path | None, options, record: Path | None, json_out: bool) -> int:
     """Run (or read) the check, print its report, and return the exit code."""
     from kvtool.cli.output import print_json, stdout_console
-    from kvtool.vllm.isolation_record import read_record, write_record
-    from kvtool.vllm.isolation_render import report_renderables
-    from kvtool.vllm.isolation_verdicts import judge_record
+    from kvtool.vllm.isolation.record import read_record, write_record
+    from kvtool.vllm.isolation.render import report_renderables
+    from kvtool.vllm.isolation.verdicts import judge_record
 
     if replay is not None:
         recorded = read_record(replay)
     else:
-        from kvtool.vllm.isolation import run_isolation
+        from kvtool.vllm.isolation.check import run_isolation
 
         recorded = run_isolation(options, progress=_progress)
         if record is not None:
@@ -154,8 +154,8 @@ def register(app: typer.Typer) -> None:
             if endpoint or model:
                 raise UsageError("--replay judges a recorded run: leave out --endpoint and --model", where="--replay")
             raise typer.Exit(_judge_and_print(replay, None, None, json_output))
-        from kvtool.vllm.isolation import IsolationOptions
-        from kvtool.vllm.isolation_plan import DIMENSIONS
+        from kvtool.vllm.isolation.check import IsolationOptions
+        from kvtool.vllm.isolation.plan import DIMENSIONS
 
         options = IsolationOptions(
             endpoint=endpoint, model_dir=model, vllm_python=vllm_python, base_model=served_model,

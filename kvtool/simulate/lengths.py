@@ -633,7 +633,7 @@ def lengths_from_events(ts, request, is_append, is_free, num_tokens, num_blocks,
 def load_event_lengths(path: str | Path) -> RequestSet:
     """Request lengths from an events file, read with `kvtool analyze`'s loader (kvtool.events.load)."""
     from kvtool.events import load as events_csv
-    from kvtool.vllm.analysis import looks_like_vllm_events
+    from kvtool.vllm.events.analysis import looks_like_vllm_events
 
     if Path(path).is_file() and looks_like_vllm_events(Path(path)):
         raise InputFileError(

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvtool.vllm.isolation_adapters import LORA_RANK, AttentionShape, attention_shape, write_random_adapter
-from kvtool.vllm.isolation_http import parse_block_size, parse_prefix_counters
+from kvtool.vllm.isolation.adapters import LORA_RANK, AttentionShape, attention_shape, write_random_adapter
+from kvtool.vllm.isolation.client import parse_block_size, parse_prefix_counters
 from tests.support import DATA
 
 ISOLATION = DATA / "isolation"

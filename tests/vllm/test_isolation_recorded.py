@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from kvtool.vllm.isolation_record import read_record
-from kvtool.vllm.isolation_verdicts import judge_record
+from kvtool.vllm.isolation.record import read_record
+from kvtool.vllm.isolation.verdicts import judge_record
 from tests.support import DATA
 
 RECORDS = DATA / "isolation"

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from kvtool.core.errors import KvtoolError
-from kvtool.vllm.isolation import IsolationOptions, run_isolation
-from kvtool.vllm.isolation_verdicts import judge_record
+from kvtool.vllm.isolation.check import IsolationOptions, run_isolation
+from kvtool.vllm.isolation.verdicts import judge_record
 from tests.vllm.isolation_fake import BLOCK, FakeVllm
 
 

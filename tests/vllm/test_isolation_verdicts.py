@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from kvtool.vllm.isolation_plan import DimensionPartitions, Partition, PlanOptions, plan_trials
-from kvtool.vllm.isolation_record import RECORD_FORMAT, EngineInfo, IsolationRecord, ProbeResult
-from kvtool.vllm.isolation_verdicts import judge_record, timing_channel
+from kvtool.vllm.isolation.plan import DimensionPartitions, Partition, PlanOptions, plan_trials
+from kvtool.vllm.isolation.record import RECORD_FORMAT, EngineInfo, IsolationRecord, ProbeResult
+from kvtool.vllm.isolation.verdicts import judge_record, timing_channel
 
 BLOCK = 32
 A, B = Partition("salt:a", cache_salt="a"), Partition("salt:b", cache_salt="b")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvtool.events.load import load_events
-from kvtool.vllm.launch import RecordOptions, child_environment, collect_outputs, write_plugin_dir
-from kvtool.vllm.plugin import options_from_env
-from kvtool.vllm.recorder_io import RowWriter, output_paths, spool_to_parquet, strip_request_id
+from kvtool.vllm.recorder.launch import RecordOptions, child_environment, collect_outputs, write_plugin_dir
+from kvtool.vllm.recorder.plugin import options_from_env
+from kvtool.vllm.recorder.writer import RowWriter, output_paths, spool_to_parquet, strip_request_id
 from tests.support import REPO_ROOT
 
 ROWS = [
@@ -97,7 +97,7 @@ def test_register_without_vllm_says_so_and_returns(monkeypatch):
         "import os, sys\n"
         "sys.modules['vllm'] = None  # as if vLLM were absent\n"
         "os.environ['KVTOOL_RECORD'] = 'e.csv'\n"
-        "from kvtool.vllm.plugin import register\n"
+        "from kvtool.vllm.recorder.plugin import register\n"
         "register(); register()\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -122,7 +122,7 @@ def test_the_generated_entry_point_is_what_vllm_discovers(tmp_path):
         text=True,
         timeout=60,
     )
-    assert proc.stdout.split() == ["kvtool.vllm.plugin:register", "kvtool.vllm.plugin"], proc.stderr
+    assert proc.stdout.split() == ["kvtool.vllm.recorder.plugin:register", "kvtool.vllm.recorder.plugin"], proc.stderr
 
 
 def test_record_runs_the_command_and_returns_its_exit_code(run_cli, tmp_path):
@@ -198,7 +198,7 @@ def fake_vllm_package(root: Path, version: str) -> Path:
 def test_the_plugin_checks_the_vllm_version(tmp_path, version, force, wrapped, message):
     root = fake_vllm_package(tmp_path, version)
     code = (
-        "from kvtool.vllm.plugin import register\n"
+        "from kvtool.vllm.recorder.plugin import register\n"
         "register()\n"
         "from vllm.v1.core.sched.scheduler import Scheduler\n"
         "from vllm.v1.engine.core import EngineCore\n"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from kvtool.vllm.recorder import Recorder, RecorderOptions, sampled
-from kvtool.vllm.recorder_hooks import Hooks
+from kvtool.vllm.recorder.hooks import Hooks
+from kvtool.vllm.recorder.recorder import Recorder, RecorderOptions, sampled
 from tests.support.fake_vllm import KVCacheBlocks, KVCacheManager, Request, RequestStatus, Scheduler
 
 
@@ -205,7 +205,7 @@ def test_a_writer_failure_turns_the_recorder_off_at_the_next_step(capsys):
 
 @pytest.mark.parametrize("rate", [0.0, -1, 1.5])
 def test_bad_sample_rates_are_refused(rate):
-    from kvtool.vllm.plugin import options_from_env
+    from kvtool.vllm.recorder.plugin import options_from_env
 
     with pytest.raises(ValueError, match="KVTOOL_RECORD_SAMPLE"):
         options_from_env({"KVTOOL_RECORD": "e.parquet", "KVTOOL_RECORD_SAMPLE": str(rate)})

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from kvtool.cli.analyze_vllm import run_vllm_analysis
 from kvtool.core.errors import InputFileError
-from kvtool.vllm.analysis import analyze_kv_events, analyze_vllm_events, looks_like_vllm_events
-from kvtool.vllm.wire import VllmEvent, read_event_file
+from kvtool.vllm.events.analysis import analyze_kv_events, analyze_vllm_events, looks_like_vllm_events
+from kvtool.vllm.events.wire import VllmEvent, read_event_file
 from tests.support import DATA
 
 EVENTS = DATA / "vllm-events"

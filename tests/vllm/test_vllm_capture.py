@@ -25,7 +25,7 @@ import msgpack  # the capture extra, in dev: imported, not skipped
 import pytest
 import zmq
 
-from kvtool.vllm.capture import CaptureOptions, resolve_role, run_capture, vllm_binds
+from kvtool.vllm.events.capture import CaptureOptions, resolve_role, run_capture, vllm_binds
 from tests.support import DATA, REPO_ROOT
 
 EVENTS = DATA / "vllm-events"
@@ -356,7 +356,7 @@ def test_full_disk_is_one_error_line_not_a_traceback(tmp_path):
 
 def test_a_write_failure_mid_capture_names_what_the_file_keeps(tmp_path):
     from kvtool.core.errors import UsageError
-    from kvtool.vllm.capture import _Writer
+    from kvtool.vllm.events.capture import _Writer
 
     class FailsOnThirdFlush:  # a disk that fills up after two batches
         def __init__(self, real):
@@ -378,7 +378,7 @@ def test_a_write_failure_mid_capture_names_what_the_file_keeps(tmp_path):
     writer = _Writer(out)
     writer.handle = FailsOnThirdFlush(writer.handle)
     batch = [1.0, [{"type": "AllBlocksCleared"}] * 2, 0]
-    from kvtool.vllm.wire import decode_payload
+    from kvtool.vllm.events.wire import decode_payload
 
     writer.batch(0, decode_payload(msgpack.packb(batch)))
     writer.batch(1, decode_payload(msgpack.packb(batch)))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.vllm.analysis import analyze_vllm_events
+from kvtool.vllm.events.analysis import analyze_vllm_events
 from tests.support import DATA, REPO_ROOT, vllm_engine_env
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtool.vllm.wire import (
+from kvtool.vllm.events.wire import (
     END_SEQ,
     MalformedFrame,
     batch_rows,

@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from kvtool.core.errors import InputFileError
-from kvtool.vllm.wire import (
+from kvtool.vllm.events.wire import (
     ALL_BLOCKS_CLEARED,
     BLOCK_REMOVED,
     BLOCK_STORED,

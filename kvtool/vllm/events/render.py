@@ -12,9 +12,9 @@ from typing import Any
 from kvtool.core.errors import UsageError
 from kvtool.core.format import fmt_num as _num
 from kvtool.core.format import fmt_pct as _pct
-from kvtool.vllm.analysis import Stats, VllmAnalysis
-from kvtool.vllm.capture import CaptureResult
-from kvtool.vllm.launch import RecordResult
+from kvtool.vllm.events.analysis import Stats, VllmAnalysis
+from kvtool.vllm.events.capture import CaptureResult
+from kvtool.vllm.recorder.launch import RecordResult
 
 TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every point)
 

@@ -15,7 +15,7 @@ Embeddings are the one dimension where the partition *is* the content: the victi
 at the same positions; in the prefix variant its first blocks carry the prime's rows, so exactly those
 blocks are expected back and anything beyond them is a leak.
 
-Prompts are described by per-block seeds (see :mod:`kvtool.vllm.isolation_http` for how a seed becomes
+Prompts are described by per-block seeds (see :mod:`kvtool.vllm.isolation.client` for how a seed becomes
 token ids or embedding rows), so a recorded plan stays small and the requests can be rebuilt from it.
 """
 

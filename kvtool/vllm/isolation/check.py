@@ -2,10 +2,10 @@
 adapter versions, prompt embeddings and collisions across them.
 
 Two modes: against an engine kvtool starts itself (a model folder and a Python with vLLM), or against a running
-OpenAI-compatible endpoint.  Either way the run sends the probes of :mod:`kvtool.vllm.isolation_plan` one at a
+OpenAI-compatible endpoint.  Either way the run sends the probes of :mod:`kvtool.vllm.isolation.plan` one at a
 time, reads each response's cached tokens and the prefix-cache counters around it, captures KV events when an
-endpoint for them is known, and returns an :class:`~kvtool.vllm.isolation_record.IsolationRecord`; the verdicts
-come from :func:`kvtool.vllm.isolation_verdicts.judge_record`.
+endpoint for them is known, and returns an :class:`~kvtool.vllm.isolation.record.IsolationRecord`; the verdicts
+come from :func:`kvtool.vllm.isolation.verdicts.judge_record`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
-from kvtool.vllm.isolation_http import Client, parse_block_size
-from kvtool.vllm.isolation_plan import (
+from kvtool.vllm.isolation.client import Client, parse_block_size
+from kvtool.vllm.isolation.plan import (
     DIMENSIONS,
     DimensionPartitions,
     Partition,
@@ -30,7 +30,7 @@ from kvtool.vllm.isolation_plan import (
     new_run_id,
     plan_trials,
 )
-from kvtool.vllm.isolation_record import (
+from kvtool.vllm.isolation.record import (
     RECORD_FORMAT,
     EngineInfo,
     IsolationRecord,
@@ -91,7 +91,7 @@ def _validate(options: IsolationOptions) -> None:
             f"--startup-timeout must be positive, not {options.startup_timeout_s:g}", where="--startup-timeout"
         )
     if options.events_endpoint is not None:
-        from kvtool.vllm.capture import validate_endpoint
+        from kvtool.vllm.events.capture import validate_endpoint
 
         validate_endpoint(options.events_endpoint, "--events")
     if len(options.adapter_versions) not in (0, 2):
@@ -158,10 +158,10 @@ def _partitions(
 
 
 class _Capture:
-    """kvtool's own ZMQ capture (kvtool.vllm.capture) on a background thread, into a temporary file."""
+    """kvtool's own ZMQ capture (kvtool.vllm.events.capture) on a background thread, into a temporary file."""
 
     def __init__(self, endpoint: str, folder: Path):
-        from kvtool.vllm.capture import CaptureOptions
+        from kvtool.vllm.events.capture import CaptureOptions
 
         self.path = folder / "events.jsonl"
         self.options = CaptureOptions(endpoint=endpoint, output=self.path)
@@ -170,7 +170,7 @@ class _Capture:
         self.thread = threading.Thread(target=self._run, name="kvtool-isolation-capture", daemon=True)
 
     def _run(self) -> None:
-        from kvtool.vllm.capture import run_capture
+        from kvtool.vllm.events.capture import run_capture
 
         try:
             run_capture(self.options, stop=self.stop)
@@ -185,7 +185,7 @@ class _Capture:
 
     def rows(self, wait_for_session: str | None) -> list[dict[str, Any]]:
         """Stop after the given session's events arrived (or EVENTS_SETTLE_S passed); return every row."""
-        from kvtool.vllm.wire import iter_event_rows
+        from kvtool.vllm.events.wire import iter_event_rows
 
         deadline = time.monotonic() + EVENTS_SETTLE_S
         while wait_for_session and time.monotonic() < deadline and self.path.exists():
@@ -275,8 +275,8 @@ def _check(
 @contextlib.contextmanager
 def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tuple[Client, _Setup, str]]:
     """Start vLLM on the model folder, write and load random adapters; yield (client, setup, events endpoint)."""
-    from kvtool.vllm.isolation_adapters import attention_shape, write_random_adapter
-    from kvtool.vllm.isolation_engine import Engine, EngineSpec, free_port
+    from kvtool.vllm.isolation.adapters import attention_shape, write_random_adapter
+    from kvtool.vllm.isolation.engine import Engine, EngineSpec, free_port
 
     assert options.model_dir is not None
     model_dir = Path(options.model_dir)

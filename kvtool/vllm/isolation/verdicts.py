@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
-from kvtool.vllm.isolation_plan import DIMENSION_TITLES, DIMENSIONS, Partition
-from kvtool.vllm.isolation_record import EngineInfo, IsolationRecord, ProbeResult
+from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, Partition
+from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 
 PASS, LEAK, INCONCLUSIVE = "pass", "leak", "inconclusive"
 EXIT_INCONCLUSIVE = EXIT_USAGE  # the issue: exit 2 = inconclusive (or a usage error)

@@ -4,7 +4,7 @@ The socket roles follow vLLM's ``ZmqEventPublisher._socket_setup``: vLLM *binds*
 when the endpoint contains ``*`` or ``::`` (or is ``ipc://`` / ``inproc://``) and *connects*
 otherwise, so by default we do the opposite (``resolve_role``).  Gaps in the batch sequence
 numbers are filled from vLLM's replay ROUTER socket when one is given (see
-:mod:`kvtool.vllm.wire` for the frames).  Every decoded batch is written and flushed as it
+:mod:`kvtool.vllm.events.wire` for the frames).  Every decoded batch is written and flushed as it
 arrives, so a stop by signal, ``--duration`` or ``--max-events`` loses nothing received; frames
 that are not KV-event batches are counted and kept, as hex, in a ``.malformed.jsonl`` side file.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from kvtool.core.errors import UsageError
-from kvtool.vllm.wire import (
+from kvtool.vllm.events.wire import (
     END_SEQ,
     MalformedFrame,
     batch_rows,

@@ -26,7 +26,7 @@ import urllib.request
 from typing import Any
 
 from kvtool.core.errors import KvtoolError, UsageError
-from kvtool.vllm.isolation_plan import Plan, Probe
+from kvtool.vllm.isolation.plan import Plan, Probe
 
 TOKEN_LOW, TOKEN_HIGH = 10, 1000  # random prompt token ids; every real vocabulary has at least 1,000 tokens
 CACHED_TOKENS_TIP = "start vLLM with --enable-prompt-tokens-details (it fills usage.prompt_tokens_details)"

@@ -1,6 +1,6 @@
 """What an isolation run observed, as one JSON document: the plan, each probe's response, counters and KV events.
 
-The verdicts (:mod:`kvtool.vllm.isolation_verdicts`) are computed from this record alone, so a recorded run
+The verdicts (:mod:`kvtool.vllm.isolation.verdicts`) are computed from this record alone, so a recorded run
 (``kvtool vllm isolation --record FILE``) can be judged again without an engine (``--replay FILE``); the test
 fixtures under tests/data/isolation/ are such records from real vLLM runs.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.core.jsonable import to_jsonable
-from kvtool.vllm.isolation_plan import Partition, Plan, Probe, Trial
+from kvtool.vllm.isolation.plan import Partition, Plan, Probe, Trial
 
 RECORD_FORMAT = "kvtool-isolation/1"
 # KV-event fields kept in a record (token_ids are dropped: the verdicts never need them and they are large).

@@ -3,7 +3,7 @@
 vLLM loads ``vllm.general_plugins`` entry points from the Python it runs in, which may not have kvtool installed
 (and should not have to).  So the command gets, first on its ``PYTHONPATH``, a scratch folder holding a generated
 ``kvtool_record-<version>.dist-info`` (METADATA and entry_points.txt: the entry point ``kvtool_record =
-kvtool.vllm.plugin:register``) and a link to this kvtool package; the recorder modules import only the standard
+kvtool.vllm.recorder.plugin:register``) and a link to this kvtool package; the recorder modules import only the standard
 library.  If the command's Python has kvtool installed too, vLLM keys plugins by name and loads one of them.
 
 After the command exits, a Parquet spool that the engine could not convert (no pyarrow in vLLM's Python) is
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from kvtool.core.errors import UsageError
-from kvtool.vllm.plugin import ENTRY_POINT, ENV_APPENDS, ENV_PATH, ENV_SAMPLE, SUFFIXES
-from kvtool.vllm.recorder import APPENDS
-from kvtool.vllm.recorder_io import META_SUFFIX, SPOOL_SUFFIX, kvtool_version
+from kvtool.vllm.recorder.plugin import ENTRY_POINT, ENV_APPENDS, ENV_PATH, ENV_SAMPLE, SUFFIXES
+from kvtool.vllm.recorder.recorder import APPENDS
+from kvtool.vllm.recorder.writer import META_SUFFIX, SPOOL_SUFFIX, kvtool_version
 
 KILLED = "engine killed before closing the recording; rows up to its last step"
 
@@ -74,7 +74,7 @@ def check_options(options: RecordOptions) -> None:
 
 def write_plugin_dir(folder: Path) -> Path:
     """A folder that, put on PYTHONPATH, gives any Python kvtool's recorder as a vLLM general plugin."""
-    package = Path(__file__).resolve().parent.parent
+    package = Path(__file__).resolve().parents[2]  # kvtool/ (this file is kvtool/vllm/recorder/launch.py)
     (folder / "kvtool").symlink_to(package, target_is_directory=True)
     info = folder / f"kvtool_record-{kvtool_version()}.dist-info"
     info.mkdir()
@@ -84,7 +84,7 @@ def write_plugin_dir(folder: Path) -> Path:
         encoding="utf-8",
     )
     (info / "entry_points.txt").write_text(
-        f"[vllm.general_plugins]\n{ENTRY_POINT} = kvtool.vllm.plugin:register\n", encoding="utf-8"
+        f"[vllm.general_plugins]\n{ENTRY_POINT} = kvtool.vllm.recorder.plugin:register\n", encoding="utf-8"
     )
     return folder
 
@@ -202,7 +202,7 @@ def _count_csv_rows(path: Path) -> int:
 
 
 def _convert_spool(spool: Path, target: Path) -> int:
-    from kvtool.vllm.recorder_io import spool_to_parquet
+    from kvtool.vllm.recorder.writer import spool_to_parquet
 
     try:
         return spool_to_parquet(spool, target)

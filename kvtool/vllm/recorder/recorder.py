@@ -15,7 +15,7 @@ through which a request's KV blocks change hands (vLLM 0.32, ``vllm/v1/core``):
 
 The null block (``is_null``) never appears in a row.  Hybrid models keep one block list per KV-cache group; a row
 lists the ids of every group and, in ``group_blocks``, how many of them belong to each group.  Rows are tuples put
-in a preallocated list; the writer thread (:mod:`kvtool.vllm.recorder_io`) formats and writes them.  Any error in
+in a preallocated list; the writer thread (:mod:`kvtool.vllm.recorder.writer`) formats and writes them.  Any error in
 the recorder turns it off, says so once, and leaves vLLM running as if it had never been there.
 
 Only the standard library is imported: this module runs inside the vLLM engine-core process.

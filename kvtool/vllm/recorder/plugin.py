@@ -25,8 +25,8 @@ import os
 import time
 from typing import Any
 
-from kvtool.vllm.recorder import APPENDS, Recorder, RecorderOptions, say
-from kvtool.vllm.recorder_io import kvtool_version
+from kvtool.vllm.recorder.recorder import APPENDS, Recorder, RecorderOptions, say
+from kvtool.vllm.recorder.writer import kvtool_version
 
 SUPPORTED_VLLM = ("0.32.",)  # the versions whose scheduler and KV-cache manager these hooks were read from
 ENV_PATH, ENV_SAMPLE, ENV_APPENDS, ENV_FORCE = (
@@ -195,8 +195,8 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
     """A recorder, its writer thread and the hooks for one scheduler; closed at shutdown or at exit."""
     from vllm.v1.request import RequestStatus
 
-    from kvtool.vllm.recorder_hooks import Hooks
-    from kvtool.vllm.recorder_io import RowWriter, output_paths, strip_request_id, write_meta
+    from kvtool.vllm.recorder.hooks import Hooks
+    from kvtool.vllm.recorder.writer import RowWriter, output_paths, strip_request_id, write_meta
 
     facts = engine_facts(scheduler)
     paths = output_paths(options.path, facts.dp_rank, facts.dp_size)
@@ -245,7 +245,7 @@ def _base_meta(facts: EngineFacts, options: RecorderOptions, started: float) -> 
 
 def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, options: RecorderOptions, started: float):
     """Flush the last rows, stop the writer, convert a Parquet spool, write the meta file (once)."""
-    from kvtool.vllm.recorder_io import finish_output
+    from kvtool.vllm.recorder.writer import finish_output
 
     if recorder.closed:
         return

@@ -1,4 +1,4 @@
-"""The wrappers that feed a :class:`~kvtool.vllm.recorder.Recorder` from one vLLM scheduler (instance attributes).
+"""The wrappers that feed a :class:`~kvtool.vllm.recorder.recorder.Recorder` from one vLLM scheduler (instance attributes).
 
 Each wrapper calls vLLM's own method exactly once, with the arguments it was given, whatever the recorder does:
 the recorder's part runs in ``try`` blocks, and an error there turns the recorder off (``Recorder.fail``).  The time
@@ -10,7 +10,7 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any
 
-from kvtool.vllm.recorder import AllocateCall, Recorder
+from kvtool.vllm.recorder.recorder import AllocateCall, Recorder
 
 
 class Hooks:

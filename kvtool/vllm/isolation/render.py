@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtool.vllm.isolation_verdicts import INCONCLUSIVE, LEAK, PASS, DimensionResult, IsolationReport
+from kvtool.vllm.isolation.verdicts import INCONCLUSIVE, LEAK, PASS, DimensionResult, IsolationReport
 
 VERDICT_STYLE = {PASS: "green", LEAK: "bold red", INCONCLUSIVE: "yellow", "not run": "dim"}
 EXPECTED_NOTE = "control, victim: cached tokens seen / expected"
