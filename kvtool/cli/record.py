@@ -47,6 +47,12 @@ def register(app: typer.Typer) -> None:
             "--block-appends-only",
             help="Record only the appends that add blocks (most appends add a token to the last block).",
         ),
+        grace: float = typer.Option(
+            30.0,
+            "--grace",
+            help="Seconds the command's engines may run on after the command itself exits (a killed driver leaves "
+            "its engine running) before kvtool stops them; the file is finished only when every one has ended.",
+        ),
         json_output: JsonOpt = False,
     ) -> None:
         """Run a command with kvtool's recorder inside vLLM: per-request KV-block events for `kvtool analyze`.
@@ -63,8 +69,9 @@ def register(app: typer.Typer) -> None:
             command=tuple(command or ()),
             sample=sample,
             appends="blocks" if block_appends_only else "all",
+            grace_s=grace,
         )
-        result = run_record(options)
+        result = run_record(options, on_note=warn)
         if json_output:
             print_json(result)
         else:

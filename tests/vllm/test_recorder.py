@@ -209,3 +209,30 @@ def test_bad_sample_rates_are_refused(rate):
 
     with pytest.raises(ValueError, match="KVTOOL_RECORD_SAMPLE"):
         options_from_env({"KVTOOL_RECORD": "e.parquet", "KVTOOL_RECORD_SAMPLE": str(rate)})
+
+
+def test_the_recorders_memory_is_bounded_by_the_requests_in_flight(tmp_path):
+    # before: the writer kept every request id it ever wrote (about 230 MB per million ids, never shrinking)
+    from kvtool.vllm.recorder.writer import RowWriter, output_paths
+
+    manager = KVCacheManager(num_blocks=64, block_size=4)
+    scheduler = Scheduler(manager)
+    writer = RowWriter(output_paths(tmp_path / "e.csv", 0, 1), 4, randomized_ids=True, hybrid=False)
+    recorder = Recorder(RecorderOptions(path="e.csv", sample=0.5), writer.put, spare=writer.spare)
+    Hooks(scheduler, recorder, RequestStatus.FINISHED_ABORTED).install(())
+    in_flight = []
+    for i in range(3000):
+        scheduler.schedule()
+        request = Request(f"r{i}-0123abcd", 6)
+        assert manager.allocate_slots(request, 6) is not None
+        in_flight.append(request)
+        if len(in_flight) > 5:  # five requests stay in flight
+            scheduler.finish(
+                in_flight.pop(0),
+                status=RequestStatus.FINISHED_ABORTED if i % 7 == 0 else RequestStatus.FINISHED_STOPPED,
+            )
+        scheduler.update_from_output()
+    writer.close()
+    assert writer.error is None and writer.rows_written > 1000
+    assert len(writer._ids) <= 5  # only requests still in flight (sampled ones) keep their id
+    assert len(recorder._sampled) <= 6 and len(recorder.finishing) == 0

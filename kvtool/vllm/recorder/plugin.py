@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvtool.vllm.recorder.recorder import APPENDS, Recorder, RecorderOptions, say
@@ -196,26 +197,11 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
     from vllm.v1.request import RequestStatus
 
     from kvtool.vllm.recorder.hooks import Hooks
-    from kvtool.vllm.recorder.writer import RowWriter, output_paths, strip_request_id, write_meta
 
     facts = engine_facts(scheduler)
-    paths = output_paths(options.path, facts.dp_rank, facts.dp_size)
-    writer = RowWriter(paths, facts.block_size, facts.request_ids_randomized, hybrid=len(facts.groups) > 1)
-    recorder = Recorder(
-        options,
-        writer.put,
-        spare=writer.spare,
-        client_id=lambda rid: strip_request_id(rid, facts.request_ids_randomized),
-        groups=len(facts.groups),
-        sink_error=lambda: writer.error,
-    )
+    recorder, close = open_recording(facts, options)
     hooks = Hooks(scheduler, recorder, RequestStatus.FINISHED_ABORTED)
     hooks.install(windowed_groups(scheduler))
-    started = time.time()
-    # written now and again at close: an engine killed before closing (vllm serve's shutdown kills its engine core)
-    # still leaves what kvtool record needs to finish the file
-    write_meta(paths, {**_base_meta(facts, options, started), "open": True})
-    close = functools.partial(_close, recorder, writer, paths, facts, options, started)
     original_shutdown = scheduler.shutdown
 
     def shutdown(*args, **kwargs):
@@ -226,11 +212,37 @@ def start_recording(scheduler: Any, options: RecorderOptions) -> Recorder:
         return original_shutdown(*args, **kwargs)
 
     scheduler.shutdown = shutdown
+    return recorder
+
+
+def open_recording(facts: EngineFacts, options: RecorderOptions) -> tuple[Recorder, Callable[[], None]]:
+    """The recorder and writer thread of one engine, and the function that closes them (also run at exit).
+
+    Everything an engine's recording does except the hooks on vLLM's scheduler (so it is tested without vLLM): the
+    meta file is written now, marked open, and again at close.
+    """
+    from kvtool.vllm.recorder.writer import RowWriter, output_paths, strip_request_id, write_meta
+
+    paths = output_paths(options.path, facts.dp_rank, facts.dp_size)
+    writer = RowWriter(paths, facts.block_size, facts.request_ids_randomized, hybrid=len(facts.groups) > 1)
+    recorder = Recorder(
+        options,
+        writer.put,
+        spare=writer.spare,
+        client_id=lambda rid: strip_request_id(rid, facts.request_ids_randomized),
+        groups=len(facts.groups),
+        sink_error=lambda: writer.error,
+    )
+    started = time.time()
+    # written now and again at close: an engine killed before closing (vllm serve's shutdown kills its engine core)
+    # still leaves what kvtool record needs to finish the file
+    write_meta(paths, {**_base_meta(facts, options, started), "open": True})
+    close = functools.partial(_close, recorder, writer, paths, facts, options, started)
     _closers.append(close)
     atexit.register(close)
     sampled = "" if options.sample >= 1 else f", {options.sample:g} of requests"
     say(f"recording KV-block events of DP rank {facts.dp_rank} to {paths.target}{sampled}")
-    return recorder
+    return recorder, close
 
 
 def _base_meta(facts: EngineFacts, options: RecorderOptions, started: float) -> dict[str, Any]:
@@ -245,7 +257,7 @@ def _base_meta(facts: EngineFacts, options: RecorderOptions, started: float) -> 
 
 def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, options: RecorderOptions, started: float):
     """Flush the last rows, stop the writer, convert a Parquet spool, write the meta file (once)."""
-    from kvtool.vllm.recorder.writer import finish_output
+    from kvtool.vllm.recorder.writer import describe_write_error, finish_output
 
     if recorder.closed:
         return
@@ -253,9 +265,10 @@ def _close(recorder: Recorder, writer: Any, paths: Any, facts: EngineFacts, opti
     recorder.hand_over()
     recorder.on = False
     writer.close()
-    if writer.error is not None and recorder.off_reason is None:
-        recorder.off_reason = f"writing {paths.spool}: {writer.error}"
-        say(f"writing {paths.spool} failed ({writer.error}); the file holds what was written before")
+    if writer.error is not None and (recorder.off_reason or "the writer thread").startswith("the writer thread"):
+        # the writer's own error says more than the recorder's "turned off after an error in the writer thread"
+        recorder.off_reason = describe_write_error(paths.spool, writer.error)
+        say(f"{recorder.off_reason}; the file holds what was written before")
     meta = {
         **_base_meta(facts, options, started),
         "open": False,

@@ -43,6 +43,9 @@ META_SUFFIX = ".meta.json"
 # vLLM appends "-" and 8 characters of a random uuid4 hex to every request id (InputProcessor.assign_request_id).
 _RANDOM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _CLOSE = None  # the queue item that ends the writer thread
+_LAST_FREE = ("finished", "aborted")  # free reasons after which a request writes no more rows
+SPARE_BUFFERS = 8  # emptied buffers kept for reuse; a burst of steps between two writes allocates new ones
+META_RESERVED_BYTES = 4096  # the open meta file is padded to this size, so the closing one fits on a full disk
 WRITE_INTERVAL_S = 0.05  # the writer wakes at most this often (rows reach the file within this delay of their step)
 
 
@@ -90,7 +93,7 @@ class RowWriter:
         self.error: BaseException | None = None  # the first write error; the recorder turns itself off on it
         self.spare: queue.SimpleQueue = queue.SimpleQueue()  # emptied buffers, for reuse
         self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._ids: dict[str, str] = {}
+        self._ids: dict[str, str] = {}  # vLLM's request id -> the client's, for the requests in flight only
         paths.spool.parent.mkdir(parents=True, exist_ok=True)
         self._file = paths.spool.open("w", encoding="utf-8", newline="")
         self._csv = csv.writer(self._file)
@@ -130,7 +133,8 @@ class RowWriter:
                         self.cpu_s += time.thread_time() - started
                     except Exception as err:  # a full disk, a file system gone away: the recorder stops, vLLM goes on
                         self.error = err
-                self.spare.put(rows)
+                if self.spare.qsize() < SPARE_BUFFERS:  # more would only keep old rows alive
+                    self.spare.put(rows)
             if not closing:
                 time.sleep(WRITE_INTERVAL_S)
         try:
@@ -163,6 +167,8 @@ class RowWriter:
             if self.hybrid:
                 record.append(" ".join(map(str, groups)) if groups else "")
             out.append(record)
+            if event == "free" and reason in _LAST_FREE:  # the request's last row: its id is not needed again
+                del ids[rid]
         self._csv.writerows(out)
         self._file.flush()
         self.rows_written += count
@@ -210,7 +216,32 @@ def finish_output(paths: OutputPaths, meta: dict, say: Callable[[str], None]) ->
 
 
 def write_meta(paths: OutputPaths, meta: dict) -> None:
-    """The meta file, replaced atomically (a reader never sees half of it)."""
+    """The meta file, replaced atomically (a reader never sees half of it).
+
+    On a full disk the replacement cannot be written: the meta file is then rewritten in place, in the space the
+    first (padded) meta file holds, and no ``.tmp`` is left behind.
+    """
+    text = json.dumps(meta, indent=2) + "\n"
+    if meta.get("open"):  # JSON allows trailing white space: keep room for the closing meta
+        text = text.ljust(META_RESERVED_BYTES - 1) + "\n"
     tmp = paths.meta.with_name(paths.meta.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, paths.meta)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, paths.meta)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        if not paths.meta.exists() or len(text.encode("utf-8")) > paths.meta.stat().st_size:
+            raise
+        with paths.meta.open("r+", encoding="utf-8") as handle:  # blocks already allocated: no new space needed
+            handle.write(text.ljust(paths.meta.stat().st_size - 1) + "\n")
+
+
+def describe_write_error(path: Path, err: BaseException) -> str:
+    """What stopped the writer, in words: a full disk is named as such."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk is full: writing {path} failed (no space left on device)"
+    if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"writing {path} is not allowed: {err.strerror}"
+    return f"writing {path} failed: {err}"
