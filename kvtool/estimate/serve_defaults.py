@@ -62,8 +62,24 @@ class BatchDefaults:
     max_num_seqs: int
     max_num_batched_tokens: int
     reason: str  # which of vLLM's cases applied, in words ("vllm serve's default on GPUs under 70 GiB")
+    # (max_num_seqs, max_num_batched_tokens) of an A100 when only a size was given and it cannot be told from one
+    if_a100: tuple[int, int] | None
     vllm_version: str
     source: str  # upstream file and function
+
+    def max_num_seqs_words(self) -> str:
+        """The default max_num_seqs and why, as every command states it."""
+        return self._words("max-num-seqs", self.max_num_seqs, 0)
+
+    def max_num_batched_tokens_words(self) -> str:
+        """The default max_num_batched_tokens and why, as every command states it."""
+        return self._words("max-num-batched-tokens", self.max_num_batched_tokens, 1)
+
+    def _words(self, option: str, value: int, which: int) -> str:
+        why = self.reason
+        if self.if_a100 is not None and self.if_a100[which] != value:
+            why += f"; an A100 would use {self.if_a100[which]}: pass --{option}"
+        return f"{option} {value} ({why})"
 
 
 def batch_defaults_rule(vllm_version: str = MODELLED_VLLM_VERSION) -> BatchDefaultsRule:
@@ -84,19 +100,19 @@ def serve_batch_defaults(
     ``gpu_name`` (a profile name; None when only a size was given, which cannot be told from an A100)."""
     rule = batch_defaults_rule(vllm_version)
     is_a100 = gpu_name is not None and "a100" in gpu_name.lower()
+    if_a100: tuple[int, int] | None = None
     if gpu_memory_bytes is None:
         pair, why = rule.other, "vllm serve's default when the GPU is not known"
     elif gpu_memory_bytes >= rule.large_gpu_bytes:
         pair, why = rule.large, f"vllm serve's default on GPUs with >= {rule.large_gpu_bytes // _GIB} GiB"
     elif gpu_memory_bytes >= rule.mid_gpu_bytes and not is_a100:
         pair, why = rule.mid, f"vllm serve's default on non-A100 GPUs with >= {rule.mid_gpu_bytes // _GIB} GiB"
-        if not gpu_name:
-            why += f"; an A100 would use {rule.other[1]}: pass --max-num-batched-tokens"
+        if_a100 = None if gpu_name else rule.other  # a size alone cannot tell an A100-80GB from an H100
     elif is_a100:
         pair, why = rule.other, "vllm serve's default on A100s"
     else:
         pair, why = rule.other, f"vllm serve's default on GPUs under {rule.mid_gpu_bytes // _GIB} GiB"
-    return BatchDefaults(pair[0], pair[1], why, vllm_version, rule.source)
+    return BatchDefaults(pair[0], pair[1], why, if_a100, vllm_version, rule.source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +133,9 @@ def scheduler_settings(request: EstimateRequest, gpu: AskedGpu | None) -> Schedu
     mnbt, seqs = request.max_num_batched_tokens, request.max_num_seqs
     if mnbt is None:
         mnbt = serve.max_num_batched_tokens
-        said.append(f"max-num-batched-tokens {mnbt} ({serve.reason})")
+        said.append(serve.max_num_batched_tokens_words())
     if seqs is None:
         seqs = serve.max_num_seqs
-        said.append(f"max-num-seqs {seqs} (vllm serve's default for this GPU)")
+        said.append(serve.max_num_seqs_words())
     in_flight = max_in_flight_tokens(mnbt, async_scheduling=request.async_scheduling, pp=request.pp)
     return Scheduler(seqs, mnbt, in_flight, tuple(said))
