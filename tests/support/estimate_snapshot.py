@@ -90,11 +90,11 @@ COMMANDS: list[list[str]] = [
     [*E, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--quantization", "bogus"],
     # simulate
     [*S, "--dist", "fixed", "--length", "100", "--requests", "10"],
-    [*S, "--dist", "lognormal", "--mean", "1000", "--p99", "6000", "--requests", "200", "--block-sizes", "16,32"],
+    [*S, "--dist", "lognormal", "--mean", "1000", "--p99", "6000", "--requests", "200", "--block-size", "16,32"],
     [*S, "--dist", "uniform", "--min", "100", "--max", "4000", "--requests", "300", "--gpu", "h100-80gb"],
     [*S, "--dist", "lognormal", "--mean", "800", "--p99", "5000", "--requests", "300", "--serve", "--qps", "20"],
     [*S, "--dist", "fixed", "--length", "2000", "--requests", "200", "--serve", "--gpu", "h100-80gb", "--block-sizes", "16"],
-    [*S, "--dist", "fixed", "--length", "2000", "--requests", "200", "--serve", "--gpu", "l4", "--model", "llama-3.1-8b", "--block-sizes", "16,32"],
+    [*S, "--dist", "fixed", "--length", "2000", "--requests", "200", "--serve", "--gpu", "l4", "--model", "llama-3.1-8b", "--block-size", "16,32"],
     [*S, "--dist", "fixed", "--length", "1500", "--requests", "100", "--serve", "--gpu", "a100-80gb", "--max-num-seqs", "64", "--block-sizes", "16"],
     [*S, "--dist", "fixed", "--length", "1000", "--requests", "100", "--serve", "--config", f"{DATA}/mistral-7b-v0.1", "--gpu", "h200", "--block-sizes", "16"],
     [*S, "--dist", "fixed", "--length", "100", "--requests", "10", "--block-sizes", "0"],
