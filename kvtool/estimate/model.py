@@ -55,30 +55,33 @@ def _model_and_weights(request: EstimateRequest) -> tuple[ModelSpec, WeightEstim
 
 
 def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, WeightEstimate | None]:
-    """A built-in or user profile, else a Hugging Face repository id found in the local cache (offline)."""
+    """A built-in or user profile, a Hugging Face repository id found in the local cache (offline), or a local
+    model folder holding config.json (vllm serve's --model takes one too)."""
     from kvtool.estimate.hf_cache import find_snapshot
     from kvtool.estimate.profiles import find_model, find_model_by_repo, model_spec
 
     if "/" in name:
         snapshot = find_snapshot(name)
-        if snapshot is not None:
-            return _model_from_config(request, str(snapshot))
+        if snapshot is not None:  # named by its repository, not by the snapshot's commit hash
+            return _model_from_config(request, str(snapshot), name=name.strip().strip("/"))
         profile = find_model_by_repo(name, request.profile_dirs)
         if profile is None:
-            _refuse_local_path(name)
+            if _is_local_folder(name):
+                return _model_from_config(request, name)
             from kvtool.estimate.hf_cache import cache_dir
 
             raise UsageError(
                 f"{name} is neither in the local Hugging Face cache ({cache_dir()}) nor a built-in profile; kvtool "
                 "reads only local files",
                 where="--model",
-                tip=f"fetch its config first (huggingface-cli download {name} config.json), or pass --config DIR",
+                tip=f"fetch its config first (hf download {name} config.json), or pass --config DIR",
             )
     else:
         try:
             profile = find_model(name, request.profile_dirs)
         except UsageError:
-            _refuse_local_path(name)
+            if _is_local_folder(name):
+                return _model_from_config(request, name)
             raise
     spec = model_spec(profile)
     spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
@@ -86,21 +89,40 @@ def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, We
     return spec, estimate_weights(spec)
 
 
-def _refuse_local_path(name: str) -> None:
-    """A --model that names no profile or cached repository but an existing file or folder: vLLM's --model takes
-    a local folder, kvtool's --config does (the tip was 'huggingface-cli download /the/path config.json')."""
-    if Path(name).exists():
+def _is_local_folder(name: str) -> bool:
+    """A --model that names no profile or cached repository but a local folder: read as vllm serve reads it (its
+    config.json).  A file is refused: --config takes a config.json."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return True
+    if path.exists():
         raise UsageError(
-            f"{name} is a local path; --model takes a profile name or a Hugging Face id",
+            f"{name} is a file; --model takes a profile name, a Hugging Face id or a model folder",
             where="--model",
             tip=f"pass it as --config {name}",
         )
+    return False
 
 
-def _model_from_config(request: EstimateRequest, path: str) -> tuple[ModelSpec, WeightEstimate | None]:
-    """A config.json (or a directory holding one), with exact weights from safetensors headers beside it."""
-    data, file = load_config_path(path)
-    parsed = parse_config(data, where=str(file), name=Path(path).resolve().name)
+def model_name(data: dict, path: str | Path) -> str:
+    """What to call the model of a config.json: its ``_name_or_path`` when the config has one (a Hugging Face id as
+    is, a local path by its last part), else the folder's name (the folder given, or the one holding the file)."""
+    named = data.get("_name_or_path")
+    if isinstance(named, str) and named.strip().strip("/"):
+        named = named.strip()
+        looks_like_id = named.count("/") == 1 and not named.startswith((".", "/", "~"))
+        return named if looks_like_id else Path(named.rstrip("/")).name
+    p = Path(path).expanduser().resolve()
+    return p.name if p.is_dir() else p.parent.name
+
+
+def _model_from_config(
+    request: EstimateRequest, path: str, name: str | None = None
+) -> tuple[ModelSpec, WeightEstimate | None]:
+    """A config.json (or a directory holding one), with exact weights from safetensors headers beside it; ``name``
+    (a cached repository's id) else :func:`model_name` names it."""
+    data, file = load_config_path(Path(path).expanduser())
+    parsed = parse_config(data, where=str(file), name=name or model_name(data, file.parent))
     spec = _with_dtype(parsed, request.dtype)
     weights = None
     if file.parent.is_dir() and request.quantization is None:
