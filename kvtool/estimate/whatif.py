@@ -70,15 +70,21 @@ def suggest_fits(
         except KvtoolError:
             continue
         if tried.fits:
-            said.append(f"--tp {tp} fits (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+            said.append(f"--tp {tp} fits (up to {_requests(tried.max_batch)} of {seq_len:,} tokens)")
             break
     if not request.kv_dtype.startswith("fp8") and request.kv_dtype not in ("int4", "nvfp4"):
         tried = rerun(dataclasses.replace(one, kv_dtype="fp8"))
         verdict = "fits" if tried.fits else "is not enough"
-        said.append(f"--kv-dtype fp8 {verdict} (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+        said.append(f"--kv-dtype fp8 {verdict} (up to {_requests(tried.max_batch)} of {seq_len:,} tokens)")
     if capacity.max_seq_len_at_batch:
-        said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {batch:,} requests")
+        said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {_requests(batch)}")
     return tuple(said)
+
+
+def _requests(count: int | None) -> str:
+    """'1 request', '4 requests' (it said 'up to 1 requests')."""
+    n = count or 0
+    return f"{n:,} request" + ("" if n == 1 else "s")
 
 
 def compare_rows(

@@ -651,3 +651,13 @@ def test_no_built_in_profile_is_warned_about_its_model_type(run_cli):
         r = run_cli("estimate", "--model", model["name"], "--json")
         assert r.exit_code == 0, (model["name"], r.stderr)
         assert not [w for w in json.loads(r.stdout)["warnings"] if "model_type" in w], model["name"]
+
+
+def test_suggestions_count_one_request_in_the_singular(run_cli):
+    # it said "--tp 2 fits (up to 1 requests ...)" and "--seq-len 25,152 fits 1 requests". Llama-3.1-8B at its
+    # 131,072-token context: 128 KiB per token (2 x 32 layers x 8 KV heads x 128 x 2 B) is 16 GiB a request, more
+    # than an L4's KV budget; at TP 2 each GPU holds half of it, and one request fits
+    out = json.loads(run_cli("estimate", "--model", "llama-3.1-8b", "--gpu", "L4", "--json").stdout)
+    assert out["bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert out["suggestions"][0] == "--tp 2 fits (up to 1 request of 131,072 tokens)"
+    assert out["suggestions"][-1].endswith(" fits 1 request")
