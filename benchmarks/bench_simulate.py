@@ -50,7 +50,7 @@ RUNS = {
         "--seed",
         "1",
         "--serve",
-        "--block-sizes",
+        "--block-size",
         "8,16,32,64,128",
     ],
     "serve, 100,000-request bootstrap x 5 block sizes, 1,000-token shared system prompt": [
@@ -140,7 +140,7 @@ def _without_new_options(argv: list[str]) -> list[str]:
 
 def _us_per_request(argv: list[str], cpu_s: float) -> float:
     count = int(argv[argv.index("--requests") + 1]) if "--requests" in argv else 19_366
-    sizes = len(argv[argv.index("--block-sizes") + 1].split(",")) if "--block-sizes" in argv else 5
+    sizes = len(argv[argv.index("--block-size") + 1].split(",")) if "--block-size" in argv else 5
     return 1e6 * cpu_s / (count * sizes)
 
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Union
 
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES
-from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -88,12 +87,14 @@ def simulate(
     alpha: float | None = None,
     output_share: float = DEFAULT_OUTPUT_SHARE,
     shared_prefix: int = 0,
-    block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+    block_size: int | Sequence[int] = DEFAULT_BLOCK_SIZES,
     max_model_len: int | None = None,
     kv_tokens: int | None = None,
     model: str | None = None,
     config: str | None = None,
     gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    profiles: Sequence[str] = (),
     tp: int = 1,
     kv_dtype: str = "auto",
     bandwidth_gb_s: float | None = None,
@@ -102,7 +103,7 @@ def simulate(
     table_entry_us: float | None = None,
     serve: bool = False,
     qps: float | None = None,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     long_prefill_token_threshold: int = 0,
     prefix_cache: bool = True,
@@ -110,13 +111,16 @@ def simulate(
     split_pools: int | None = None,
     slo_ttft_ms: float | None = None,
     export_events: PathLike | None = None,
+    block_sizes: Sequence[int] | None = None,
 ) -> SimulateResult:
     """Compare KV-cache block sizes against real or sampled request lengths (``kvtool simulate``).
 
     One source of lengths: ``trace`` (a trace file, or a DataFrame with ``prompt_tokens``, ``output_tokens`` and
     optionally ``arrival_s``, read by the same reader), ``from_events`` (an events file), or ``dist``
     (``lognormal`` with ``mean``/``p99``, ``uniform`` with ``min_tokens``/``max_tokens``, ``fixed`` with
-    ``length``, ``zipf`` with ``alpha``).  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
+    ``length``, ``zipf`` with ``alpha``).  ``block_size`` takes one size or a sequence to compare (``block_sizes``
+    is its deprecated spelling).  ``max_num_seqs`` and ``max_num_batched_tokens`` default to vllm serve's for the
+    GPU, the rule ``kvtool estimate`` states.  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
     simulation of vLLM 0.32's scheduler (prefix cache on by default), ``model``/``config``/``gpu``/``tp``/``kv_dtype``
     and the cost overrides its roofline step time, ``export_events`` writes its events like ``--export-events``.
 
@@ -126,7 +130,7 @@ def simulate(
     Example (every request 100 tokens: block 16 leaves 12 of 112 slots empty, block 32 28 of 128):
 
     >>> from kvtool.api import simulate
-    >>> result = simulate(dist="fixed", length=100, requests=10, block_sizes=[16, 32])
+    >>> result = simulate(dist="fixed", length=100, requests=10, block_size=[16, 32])
     >>> result.table[["allocated_slots", "internal_fragmentation"]]  # doctest: +NORMALIZE_WHITESPACE
                 allocated_slots  internal_fragmentation
     block_size
@@ -138,8 +142,16 @@ def simulate(
     from kvtool.simulate.inputs import inputs_from, prepare
     from kvtool.simulate.run import run_simulation
 
+    if block_sizes is not None:
+        import warnings
+
+        warnings.warn("simulate(block_sizes=...) is deprecated: pass block_size=", DeprecationWarning, stacklevel=2)
+        block_size = block_sizes
+    sizes = (block_size,) if isinstance(block_size, int) else tuple(block_size)
     with _trace_file(trace) as trace_path:
-        given = {**locals(), "trace": trace_path, "block_sizes": ",".join(str(b) for b in block_sizes)}
+        given = {**locals(), "trace": trace_path, "block_size": ",".join(str(b) for b in sizes)}
+        given["gpu_memory"] = None if gpu_memory is None else str(gpu_memory)
+        given["profiles"] = tuple(profiles)
         given["from_events"] = None if from_events is None else Path(from_events)
         given["export_events"] = None if export_events is None else Path(export_events)
         reqs, options = prepare(inputs_from(given))  # every argument by its option name

@@ -36,7 +36,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="Profile name (see 'kvtool models'), or a Hugging Face id org/name read from the local cache.",
+        help="Profile name (see 'kvtool models'), a Hugging Face id org/name read from the local cache, or a local model folder holding config.json (as vllm serve takes it).",
     ),
 ]
 ConfigOpt = Annotated[

@@ -7,13 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvtool.cli.options import json_option, path_option
+from kvtool.cli.options import PROFILES_HELP, json_option, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
-from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 _LENGTHS = "Request lengths"
 _STATIC = "Static comparison"
@@ -86,11 +85,15 @@ def register(app: typer.Typer) -> None:
         shared_prefix: int = typer.Option(
             0, "--shared-prefix", help="Tokens common to every prompt (a system prompt).", rich_help_panel=_LENGTHS
         ),
-        block_sizes: str = typer.Option(
-            ",".join(map(str, DEFAULT_BLOCK_SIZES)),
-            "--block-sizes",
-            help="Comma-separated block sizes (tokens).",
+        block_size: Optional[str] = typer.Option(
+            None,
+            "--block-size",
+            help="Tokens per KV block; a comma list compares several "
+            f"(default {','.join(map(str, DEFAULT_BLOCK_SIZES))}).",
             rich_help_panel=_STATIC,
+        ),
+        block_sizes: Optional[str] = typer.Option(
+            None, "--block-sizes", hidden=True, help="Deprecated: --block-size takes a comma list."
         ),
         max_model_len: Optional[int] = typer.Option(
             None,
@@ -120,6 +123,16 @@ def register(app: typer.Typer) -> None:
             "--gpu",
             help=f"GPU profile, as estimate takes it (default {DEFAULT_POOL_GPU}).",
             rich_help_panel=_COST,
+        ),
+        gpu_memory: Optional[str] = typer.Option(
+            None,
+            "--gpu-memory",
+            help="GPU memory instead of --gpu, e.g. 80GiB (with --serve, also give --bandwidth-gb-s and "
+            "--peak-tflops).",
+            rich_help_panel=_COST,
+        ),
+        profiles: Optional[list[str]] = typer.Option(
+            None, "--profiles", help=PROFILES_HELP, show_default=False, rich_help_panel=_COST
         ),
         tp: int = typer.Option(
             1, "--tp", help="Tensor-parallel size (weights and KV heads split across GPUs).", rich_help_panel=_COST
@@ -154,10 +167,11 @@ def register(app: typer.Typer) -> None:
             help="Poisson arrivals at this rate (requests/s; default: the trace's timestamps, else all at t=0).",
             rich_help_panel=_SERVE,
         ),
-        max_num_seqs: int = typer.Option(
-            DEFAULT_MAX_NUM_SEQS,
+        max_num_seqs: Optional[int] = typer.Option(
+            None,
             "--max-num-seqs",
-            help="Most requests running at once (vLLM's default).",
+            help="Most requests running at once (default: vllm serve's for the GPU, as kvtool estimate takes it: "
+            "256; 1024 at >= 70 GiB but A100).",
             rich_help_panel=_SERVE,
         ),
         max_num_batched_tokens: Optional[int] = typer.Option(
@@ -221,10 +235,25 @@ def register(app: typer.Typer) -> None:
         from kvtool.simulate.inputs import inputs_from, prepare
         from kvtool.simulate.run import run_simulation
 
-        reqs, options = prepare(inputs_from(locals()))  # every option by its name
+        given = dict(locals())  # every option by its name
+        given.update(block_size=_block_size(block_size, block_sizes), profiles=tuple(profiles or ()))
+        reqs, options = prepare(inputs_from({k: v for k, v in given.items() if v is not None}))
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
         _show(report, traces, plot, json_output)
+
+
+def _block_size(block_size: Optional[str], block_sizes: Optional[str]) -> Optional[str]:
+    """--block-size, or the deprecated --block-sizes (said on stderr); not both."""
+    if block_sizes is None:
+        return block_size
+    from kvtool.cli.output import warn
+    from kvtool.core.errors import UsageError
+
+    if block_size is not None:
+        raise UsageError("give --block-size only (--block-sizes is its deprecated spelling)", where="--block-sizes")
+    warn(f"--block-sizes is deprecated: use --block-size {block_sizes} (a comma list, as estimate's --seq-len)")
+    return block_sizes
 
 
 def _show(report, traces, plot: Optional[Path], json_out: bool) -> None:

@@ -37,31 +37,11 @@ from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_RESERVE_BYTES = 2 * 1024**3  # activation peak + CUDA graphs + non-torch memory, stated in the output
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vllm/config/scheduler.py SchedulerConfig (0.32); vllm serve's: serve_defaults
 # MambaSpec.max_memory_usage_bytes / page: 2 blocks in "align" mode (prefix caching on, vLLM 0.32's default), else 1
 MAMBA_ALIGN_BLOCKS = 2
 MAMBA_NONE_BLOCKS = 1  # vLLM `vllm serve` default on GPUs under 70 GiB (EngineArgs)
 _GIB = 1024**3
-
-
-def serve_max_num_batched_tokens(gpu_memory_bytes: int | None, gpu_name: str | None) -> tuple[int, str]:
-    """vLLM 0.32's ``vllm serve`` default max_num_batched_tokens for a GPU, and why.
-
-    vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults`` (OPENAI_API_SERVER): 16384 with >= 160 GiB of
-    device memory (B200, MI300X), 8192 with >= 70 GiB unless the device name holds "a100" (H100, H200), else
-    2048 (and 2048 when the device is unknown, as with --kv-memory).
-    """
-    if gpu_memory_bytes is None:
-        return DEFAULT_MAX_NUM_BATCHED_TOKENS, "vllm serve's default when the GPU is not known"
-    if gpu_memory_bytes >= 160 * _GIB:
-        return 16384, "vllm serve's default on GPUs with >= 160 GiB"
-    is_a100 = gpu_name is not None and "a100" in gpu_name.lower()
-    if gpu_memory_bytes >= 70 * _GIB and not is_a100:
-        named = "" if gpu_name else "; an A100 would use 2048: pass --max-num-batched-tokens"
-        return 8192, f"vllm serve's default on non-A100 GPUs with >= 70 GiB{named}"
-    return DEFAULT_MAX_NUM_BATCHED_TOKENS, (
-        "vllm serve's default on A100s" if is_a100 else "vllm serve's default on GPUs under 70 GiB"
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,17 +30,6 @@ SAMPLER_BYTES_PER_LOGIT = 38.7  # fitted: 4.76 GiB / (1024 x 128,256) for Llama-
 NON_TORCH_TP1_BYTES = int(0.13 * GIB)  # cuBLAS/cuDNN workspaces allocated outside torch's allocator
 NON_TORCH_TP_BYTES = int(0.55 * GIB)  # plus NCCL and custom all-reduce buffers once TP >= 2
 CUDAGRAPH_BYTES = int(0.5 * GIB)  # vLLM's estimate of the graph pool: 0.1-1.0 GiB in public logs
-DEFAULT_MAX_NUM_SEQS = 256  # vllm serve's default on GPUs under 70 GiB and on A100s (0.32 get_batch_defaults)
-
-
-def serve_max_num_seqs(gpu_memory_bytes: int | None, gpu_name: str | None) -> int:
-    """vLLM 0.32's ``vllm serve`` default max_num_seqs: 1024 with >= 70 GiB unless an A100, else 256."""
-    if gpu_memory_bytes is None:
-        return DEFAULT_MAX_NUM_SEQS
-    is_a100 = gpu_name is not None and "a100" in gpu_name.lower()
-    if gpu_memory_bytes >= 160 * GIB or (gpu_memory_bytes >= 70 * GIB and not is_a100):
-        return 1024
-    return DEFAULT_MAX_NUM_SEQS
 
 
 @dataclasses.dataclass(frozen=True)

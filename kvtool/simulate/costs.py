@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvtool.core.errors import UsageError
+from kvtool.estimate.serve_defaults import BatchDefaults
 
 DEFAULT_STEP_OVERHEAD_MS = 1.0  # scheduler, input preparation and kernel launches per step (eager CUDA graphs off)
 DEFAULT_TABLE_ENTRY_US = 0.17  # see the module docstring
@@ -50,6 +51,8 @@ class Hardware:
     table_entry_us: float
     kv_budget_bytes_per_gpu: int
     max_num_batched_tokens: int  # vllm serve's default for this GPU (estimate's figure)
+    max_num_seqs: int  # vllm serve's default for this GPU (estimate's figure)
+    batch_defaults: BatchDefaults  # the rule both came from (kvtool.estimate.serve_defaults), with its reason
     sources: tuple[str, ...]  # one line per constant: value and origin
 
 
@@ -100,11 +103,24 @@ class _Rates:
     peak_from: str
 
 
-def _gpu_rates(gpu: str, dtype: str, overrides: CostOverrides) -> _Rates:
-    """Memory bandwidth and the dense peak for ``dtype``: the options, else the GPU profile's fields."""
+def _gpu_rates(
+    gpu: str | None, dtype: str, overrides: CostOverrides, profile_dirs: tuple[str, ...], step_times: bool
+) -> _Rates:
+    """Memory bandwidth and the dense peak for ``dtype``: the options, else the GPU profile's fields (a GPU given
+    by --gpu-memory has no profile: both options, or no step times)."""
     from kvtool.estimate.profiles import find_gpu
 
-    profile = find_gpu(gpu)
+    if gpu is None:
+        if overrides.bandwidth_gb_s is not None and overrides.peak_tflops is not None:
+            return _Rates(overrides.bandwidth_gb_s, "--bandwidth-gb-s", overrides.peak_tflops, "--peak-tflops")
+        if step_times:
+            raise UsageError(
+                "--gpu-memory gives the memory only: the step times need the GPU's bandwidth and peak",
+                where="--gpu-memory",
+                tip="give --bandwidth-gb-s and --peak-tflops, or --gpu NAME ('kvtool models' lists the GPUs)",
+            )
+        return _Rates(float("nan"), "no GPU profile", float("nan"), "no GPU profile")
+    profile = find_gpu(gpu, profile_dirs)
     if overrides.bandwidth_gb_s is not None:
         bw, why = overrides.bandwidth_gb_s, "--bandwidth-gb-s"
     elif profile.memory_bandwidth_gb_s:
@@ -133,31 +149,46 @@ def resolve_hardware(
     *,
     model: str | None,
     config: str | None,
-    gpu: str,
+    gpu: str | None,
     tp: int = 1,
     kv_dtype: str = "auto",
     kv_memory: str | None = None,
     overrides: CostOverrides = CostOverrides(),
+    gpu_memory: str | None = None,
+    profile_dirs: tuple[str, ...] = (),
+    step_times: bool = True,
 ) -> Hardware:
-    """The model and GPU through `kvtool estimate`'s resolution; a model whose weights do not fit says so."""
+    """The model and GPU (``gpu``, a profile, or ``gpu_memory``, a size) through `kvtool estimate`'s resolution; a
+    model whose weights do not fit says so.  ``step_times``: the bandwidth and peak are needed (--serve)."""
     from kvtool.estimate.estimator import EstimateRequest, estimate
+    from kvtool.estimate.serve_defaults import serve_batch_defaults
 
     result = estimate(
-        EstimateRequest(model=model, config=config, gpu=gpu, tp=tp, kv_dtype=kv_dtype, kv_memory=kv_memory)
+        EstimateRequest(
+            model=model,
+            config=config,
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            tp=tp,
+            kv_dtype=kv_dtype,
+            kv_memory=kv_memory,
+            profile_dirs=profile_dirs,
+        )
     )
     name = model or config or "model"
+    gpu_text = gpu or f"--gpu-memory {gpu_memory}"
     if not result.kv_budget_bytes or result.kv_budget_bytes <= 0 or not result.num_blocks:
         weights = result.weights_bytes_per_gpu or 0
         raise UsageError(
             f"{name}'s weights ({weights / 1e9:,.1f} GB per GPU at --tp {tp}) leave no room for a KV cache on "
-            f"{result.gpu or gpu} ({(result.gpu_memory_bytes or 0) / 2**30:,.0f} GiB, vLLM's gpu_memory_utilization "
+            f"{result.gpu or gpu_text} ({(result.gpu_memory_bytes or 0) / 2**30:,.0f} GiB, vLLM's gpu_memory_utilization "
             f"{result.gpu_memory_utilization or 0.9:g})",
             where="--model/--gpu/--tp",
             tip="; ".join(s for s in result.suggestions if s.startswith("--tp"))
             or "raise --tp or pick a larger GPU"
-            + f"; `kvtool estimate --model {name} --gpu {gpu}` shows the memory plan",
+            + f"; `kvtool estimate --model {name} {'--gpu ' + gpu if gpu else gpu_text}` shows the memory plan",
         )
-    rates = _gpu_rates(gpu, result.model_dtype, overrides)
+    rates = _gpu_rates(gpu, result.model_dtype, overrides, profile_dirs, step_times)
     bw, why, peak, pwhy = rates.bandwidth_gb_s, rates.bandwidth_from, rates.peak_tflops, rates.peak_from
     kv_dtype_used = result.kv_dtype
     sources = []
@@ -176,7 +207,7 @@ def resolve_hardware(
     )
     return Hardware(
         model=result.model,
-        gpu=result.gpu or gpu,
+        gpu=result.gpu or gpu_text,
         tp=tp,
         kv_dtype=kv_dtype_used,
         weights_bytes_per_gpu=int(result.weights_bytes_per_gpu or 0),
@@ -191,6 +222,8 @@ def resolve_hardware(
         table_entry_us=entry,
         kv_budget_bytes_per_gpu=int(result.kv_budget_bytes),
         max_num_batched_tokens=int(result.max_num_batched_tokens),
+        max_num_seqs=int(result.max_num_seqs or 0),
+        batch_defaults=serve_batch_defaults(result.gpu_memory_bytes, result.gpu),
         sources=tuple(sources),
     )
 

@@ -12,7 +12,6 @@ from typing import Any, Optional
 from kvtool.core.errors import UsageError
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, RequestSet
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, SimulateOptions
-from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +34,14 @@ class SimulateInputs:
     alpha: float | None = None  # zipf
     output_share: float = DEFAULT_OUTPUT_SHARE
     shared_prefix: int = 0  # tokens
-    block_sizes: str = ",".join(map(str, DEFAULT_BLOCK_SIZES))  # as --block-sizes takes them
+    block_size: str = ",".join(map(str, DEFAULT_BLOCK_SIZES))  # a comma list, as --block-size takes it
     max_model_len: int | None = None
     kv_tokens: int | None = None
     model: str | None = None
     config: str | None = None
     gpu: str | None = None
+    gpu_memory: str | None = None  # a size such as 80GiB, instead of --gpu
+    profiles: tuple[str, ...] = ()  # extra profile directories, as estimate takes them
     tp: int = 1
     kv_dtype: str = "auto"
     bandwidth_gb_s: float | None = None
@@ -49,7 +50,7 @@ class SimulateInputs:
     table_entry_us: float | None = None
     serve: bool = False
     qps: float | None = None
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (kvtool.estimate.serve_defaults)
     max_num_batched_tokens: int | None = None
     long_prefill_token_threshold: int = 0
     prefix_cache: bool = True
@@ -93,13 +94,11 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
         "--long-prefill-token-threshold": i.long_prefill_token_threshold or None,
     }
     _check_options(source, i.shared_prefix, i.max_model_len, i.kv_tokens, i.max_num_seqs, i.serve, serve_only)
-    _check_serving(
-        i.model, i.config, i.gpu, i.kv_tokens, i.tp, i.prefix_variant_share, i.shared_prefix, i.export_events
-    )
+    _check_serving(i)
     _check_costs(i)
     reqs = _load_requests(source)
     options = SimulateOptions(
-        block_sizes=parse_block_sizes(i.block_sizes),
+        block_sizes=parse_block_sizes(i.block_size),
         shared_prefix_tokens=i.shared_prefix,
         max_model_len=i.max_model_len,
         kv_tokens=i.kv_tokens,
@@ -116,6 +115,8 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
         model=i.model,
         config=i.config,
         gpu=i.gpu,
+        gpu_memory=i.gpu_memory,
+        profile_dirs=tuple(i.profiles),
         tp=i.tp,
         kv_dtype=i.kv_dtype,
         cost=CostOverrides(i.bandwidth_gb_s, i.peak_tflops, i.step_overhead_ms, i.table_entry_us),
@@ -197,7 +198,7 @@ def _check_options(
     shared_prefix: int,
     max_model_len: Optional[int],
     kv_tokens: Optional[int],
-    max_num_seqs: int,
+    max_num_seqs: Optional[int],
     serve: bool,
     serve_only: dict,
 ) -> None:
@@ -278,16 +279,20 @@ def _refuse_unused_parameters(src: _LengthSource) -> None:
             raise UsageError(f"{flag} is a parameter of {owners}, not of {source}: it would be ignored", where=flag)
 
 
-def _check_serving(model, config, gpu, kv_tokens, tp, variant_share, shared_prefix, export_events) -> None:
-    if model is not None and config is not None:
+def _check_serving(i: SimulateInputs) -> None:
+    tp, variant_share, shared_prefix, export_events = i.tp, i.prefix_variant_share, i.shared_prefix, i.export_events
+    if i.model is not None and i.config is not None:
         raise UsageError("give either --model or --config, not both", where="--model/--config")
     for value, flag, tip in (
-        (model, "--model", "'kvtool models' lists the models"),
-        (config, "--config", "give a config.json or its folder"),
-        (gpu, "--gpu", "'kvtool models' lists the GPUs"),
+        (i.model, "--model", "'kvtool models' lists the models"),
+        (i.config, "--config", "give a config.json or its folder"),
+        (i.gpu, "--gpu", "'kvtool models' lists the GPUs"),
+        (i.gpu_memory, "--gpu-memory", "give a size such as 80GiB"),
     ):
         if value is not None and not value.strip():  # an empty --gpu fell back to the default GPU without a word
             raise UsageError(f"{flag} is empty", where=flag, tip=tip)
+    if i.gpu is not None and i.gpu_memory is not None:
+        raise UsageError("give --gpu or --gpu-memory, not both", where="--gpu")
     if tp <= 0:
         raise UsageError(f"--tp must be a positive integer, got {tp}", where="--tp")
     if not 0 <= variant_share <= 1:

@@ -127,6 +127,8 @@ def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> Non
         )
         + f"; {setup.extras}"
     )
+    if setup.scheduler_defaults:
+        console.print(f"Scheduler defaults: {'; '.join(setup.scheduler_defaults)}")
     console.print(f"Step time: {setup.cost_text}")
     refused = serve[0].refused_too_long if serve else 0
     if refused:

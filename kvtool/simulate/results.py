@@ -34,6 +34,7 @@ class ServeSetup:
     max_num_batched_tokens: int
     long_prefill_token_threshold: int
     hardware: Hardware
+    scheduler_defaults: tuple[str, ...]  # the defaults taken for max_num_seqs / max_num_batched_tokens, in words
     cost_text: str  # the step-time formula with its parameters and where each came from
     extras: str  # prefix cache, prompts' prefix structure and split pools, in words
     slo_ttft_ms: float | None = None

@@ -14,7 +14,6 @@ from typing import Any
 from kvtool.core.errors import UsageError
 from kvtool.simulate.costs import CostOverrides, Hardware
 from kvtool.simulate.results import SimulateReport
-from kvtool.simulate.scheduler import DEFAULT_MAX_NUM_SEQS
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -41,8 +40,8 @@ class SimulateOptions:
     serve: bool = False
     qps: float | None = None
     seed: int = 0
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (estimate's figure)
+    max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (kvtool.estimate.serve_defaults)
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (the same rule)
     long_prefill_token_threshold: int = 0
     prefix_cache: bool = True
     prefix_variant_share: float = 0.0
@@ -50,6 +49,8 @@ class SimulateOptions:
     model: str | None = None
     config: str | None = None
     gpu: str | None = None
+    gpu_memory: str | None = None  # a GPU by its memory instead of --gpu (no step times without the rates)
+    profile_dirs: tuple[str, ...] = ()
     tp: int = 1
     kv_dtype: str = "auto"
     cost: CostOverrides = CostOverrides()
@@ -72,18 +73,18 @@ def parse_block_sizes(text: str) -> list[int]:
         try:
             value = int(part)
         except ValueError:
-            raise UsageError(f"block sizes must be positive integers, got {part!r}", where="--block-sizes") from None
+            raise UsageError(f"block sizes must be positive integers, got {part!r}", where="--block-size") from None
         if value <= 0:
-            raise UsageError(f"block sizes must be positive integers, got {value}", where="--block-sizes")
+            raise UsageError(f"block sizes must be positive integers, got {value}", where="--block-size")
         if value > MAX_REQUEST_TOKENS:
             raise UsageError(
                 f"block size {value:,} is above the longest request accepted ({MAX_REQUEST_TOKENS:,} tokens)",
-                where="--block-sizes",
+                where="--block-size",
             )
         if value not in sizes:
             sizes.append(value)
     if not sizes:
-        raise UsageError("no block sizes given", where="--block-sizes")
+        raise UsageError("no block sizes given", where="--block-size")
     return sizes
 
 
@@ -97,11 +98,35 @@ def resolve_serving_hardware(options: SimulateOptions) -> Hardware:
     return resolve_hardware(
         model=model,
         config=options.config,
-        gpu=options.gpu or DEFAULT_POOL_GPU,
+        gpu=None if options.gpu_memory is not None else options.gpu or DEFAULT_POOL_GPU,
+        gpu_memory=options.gpu_memory,
+        profile_dirs=options.profile_dirs,
         tp=options.tp,
         kv_dtype=options.kv_dtype,
         overrides=options.cost,
+        step_times=options.serve,
     )
+
+
+def _gpu_text(options: SimulateOptions) -> str:
+    """The GPU as the user named it (or the default)."""
+    if options.gpu_memory is not None:
+        return f"a {options.gpu_memory} GPU"
+    return options.gpu or DEFAULT_POOL_GPU
+
+
+def _gpu_given(options: SimulateOptions) -> bool:
+    return options.gpu is not None or options.gpu_memory is not None
+
+
+def scheduler_defaults_text(options: SimulateOptions, hw: Hardware) -> tuple[str, ...]:
+    """The scheduler defaults the serving simulation took, in words (the rule `kvtool estimate` states)."""
+    said = []
+    if options.max_num_seqs is None:
+        said.append(hw.batch_defaults.max_num_seqs_words())
+    if options.max_num_batched_tokens is None:
+        said.append(hw.batch_defaults.max_num_batched_tokens_words())
+    return tuple(said)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +155,9 @@ def _pool_text(options: SimulateOptions, hw: Hardware) -> str:
         return f"{options.kv_tokens:,} tokens ({options.kv_tokens_text or '--kv-tokens'})"
     text = (
         f"{hw.kv_budget_bytes_per_gpu / 2**30:,.2f} GiB of KV per GPU (kvtool estimate's plan for "
-        f"{_model_name(options)} on {options.gpu or DEFAULT_POOL_GPU}, tp {hw.tp})"
+        f"{_model_name(options)} on {_gpu_text(options)}, tp {hw.tp})"
     )
-    if options.gpu is None and options.model is None and options.config is None:
+    if not _gpu_given(options) and options.model is None and options.config is None:
         text += "; the default: set --kv-tokens or --model/--gpu"
     return text
 
@@ -174,11 +199,12 @@ def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, reco
     arrivals = _arrivals(requests, options)
     prompts = build_prompts(requests, options.shared_prefix_tokens, options.prefix_variant_share, options.seed)
     mnbt = options.max_num_batched_tokens or hw.max_num_batched_tokens
+    seqs = options.max_num_seqs or hw.max_num_seqs
     paths = export_paths(options.export_events, options.block_sizes) if options.export_events else {}
     config = ServeConfig(
         hardware=hw,
         kv_tokens=options.kv_tokens,
-        max_num_seqs=options.max_num_seqs,
+        max_num_seqs=seqs,
         max_num_batched_tokens=mnbt,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
         max_model_len=options.max_model_len,
@@ -203,13 +229,14 @@ def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, reco
             exported[b] = str(paths[b])
     setup = ServeSetup(
         pool_tokens=results[0].pool_tokens if results else 0,
-        pool_is_default=options.kv_tokens is None and options.gpu is None,
+        pool_is_default=options.kv_tokens is None and not _gpu_given(options),
         pool_text=_pool_text(options, hw),
         arrivals=arrivals.text,
-        max_num_seqs=options.max_num_seqs,
+        max_num_seqs=seqs,
         max_num_batched_tokens=mnbt,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
         hardware=hw,
+        scheduler_defaults=scheduler_defaults_text(options, hw),
         cost_text=cost_text(hw),
         extras=_extras(options, requests),
         slo_ttft_ms=options.slo_ttft_ms,
@@ -233,11 +260,11 @@ def run_simulation(
     from kvtool.simulate.static import compare_block_sizes
 
     kv_tokens = options.kv_tokens
-    if kv_tokens is None and options.gpu is not None:
+    if kv_tokens is None and _gpu_given(options):
         hw = resolve_serving_hardware(options)
         kv_tokens = hw.kv_budget_bytes_per_gpu // hw.kv_bytes_per_token_per_gpu
         options = dataclasses.replace(
-            options, kv_tokens_text=f"kvtool estimate's plan for {_model_name(options)} on {options.gpu}"
+            options, kv_tokens_text=f"kvtool estimate's plan for {_model_name(options)} on {_gpu_text(options)}"
         )
     static = compare_block_sizes(
         requests.prompt_tokens,

@@ -48,8 +48,8 @@ from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
 from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, decode_span
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool, Run
 
-# vLLM's defaults (vllm/config/scheduler.py, 0.32): max_num_seqs 256 for `vllm serve` on a GPU; the batched-token
-# budget of `vllm serve` on a GPU is 8,192 (the offline LLM class and estimate use the same figure for H100-class).
+# The engine's own defaults when a test builds one directly.  The commands never rely on them: they take vllm serve's
+# figures for the GPU from kvtool.estimate.serve_defaults (1024 and 8192 on an H100, 256 and 2048 on an A100).
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _NO_COST = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -143,9 +143,9 @@ def test_estimate_errors_are_the_clis(run_cli):
 
 def test_simulate_equals_the_cli_json(run_cli, tmp_path):
     trace = DATA / "simulate" / "generic-head20.csv"
-    args = ["--block-sizes", "16,32", "--kv-tokens", "4096", "--serve", "--max-num-seqs", "8"]
+    args = ["--block-size", "16,32", "--kv-tokens", "4096", "--serve", "--max-num-seqs", "8"]
     expected = _json(run_cli, "simulate", "--trace", trace, *args)
-    result = kvtool.api.simulate(trace, block_sizes=[16, 32], kv_tokens=4096, serve=True, max_num_seqs=8)
+    result = kvtool.api.simulate(trace, block_size=[16, 32], kv_tokens=4096, serve=True, max_num_seqs=8)
     assert result.to_dict() == {k: v for k, v in expected.items() if k != "plots"}
     assert expected["plots"] == []
     assert result.table.index.tolist() == [16, 32]
@@ -156,11 +156,11 @@ def test_simulate_equals_the_cli_json(run_cli, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "argv"),
     [
-        ({"block_sizes": [16, 32, 64], "kv_tokens": 500_000}, ["--block-sizes", "16,32,64", "--kv-tokens", "500000"]),
+        ({"block_size": [16, 32, 64], "kv_tokens": 500_000}, ["--block-size", "16,32,64", "--kv-tokens", "500000"]),
         (
-            {"block_sizes": [16], "requests": 1500, "seed": 3, "serve": True, "qps": 20.0, "kv_tokens": 200_000},
+            {"block_size": [16], "requests": 1500, "seed": 3, "serve": True, "qps": 20.0, "kv_tokens": 200_000},
             [
-                "--block-sizes",
+                "--block-size",
                 "16",
                 "--requests",
                 "1500",
@@ -181,22 +181,22 @@ def test_simulate_on_the_real_azure_trace_equals_the_cli(run_cli, kwargs, argv):
     expected = _json(run_cli, "simulate", "--trace", trace, *argv)
     result = kvtool.api.simulate(trace, **kwargs)
     assert result.to_dict() == {k: v for k, v in expected.items() if k != "plots"}
-    assert result.table.index.tolist() == kwargs["block_sizes"]
+    assert result.table.index.tolist() == kwargs["block_size"]
 
 
 def test_simulate_dataframe_trace_and_events(run_cli, tmp_path):
     """A DataFrame trace reads like its CSV; events(b) analyse like the --export-events file."""
     trace = DATA / "simulate" / "generic-head20.csv"
     frame = pd.read_csv(trace)
-    from_file = kvtool.api.simulate(trace, block_sizes=[16], kv_tokens=4096, serve=True)
-    from_frame = kvtool.api.simulate(frame, block_sizes=[16], kv_tokens=4096, serve=True)
+    from_file = kvtool.api.simulate(trace, block_size=[16], kv_tokens=4096, serve=True)
+    from_frame = kvtool.api.simulate(frame, block_size=[16], kv_tokens=4096, serve=True)
     strip = ("source",)
     assert {k: v for k, v in from_frame.to_dict().items() if k not in strip} == {
         k: v for k, v in from_file.to_dict().items() if k not in strip
     }
     out = tmp_path / "events.csv"
     cli = run_cli(
-        "simulate", "--trace", trace, "--block-sizes", "16", "--kv-tokens", "4096", "--serve", "--export-events", out
+        "simulate", "--trace", trace, "--block-size", "16", "--kv-tokens", "4096", "--serve", "--export-events", out
     )
     assert cli.exit_code == 0, cli.stderr
     expected = _json(run_cli, "analyze", out)
@@ -212,7 +212,7 @@ def test_simulate_errors_are_the_clis(run_cli):
         kvtool.api.simulate(dist="fixed", length=100, qps=3)
     assert cli.stderr.splitlines()[0] == f"Error: {err.value.one_line()}"
     with pytest.raises(UsageError, match="block sizes must be positive integers"):
-        kvtool.api.simulate(dist="fixed", length=100, block_sizes=[0])
+        kvtool.api.simulate(dist="fixed", length=100, block_size=[0])
 
 
 # ---------------------------------------------------------------------------------------------------- repro

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -512,20 +513,49 @@ def test_an_empty_config_file_is_said_to_be_empty(run_cli, tmp_path):
     )
 
 
-def test_a_local_path_given_to_model_points_to_config(run_cli, tmp_path, monkeypatch):
-    # vLLM's --model takes a folder; kvtool's tip was "huggingface-cli download /that/folder config.json"
-    (tmp_path / "config.json").write_text("{}")
-    r = run_cli("estimate", "--model", tmp_path)
+def test_a_local_folder_given_to_model_is_read_as_vllm_serve_reads_it(run_cli, tmp_path, monkeypatch):
+    # `vllm serve --model DIR` and `kvtool vllm isolation --model DIR` take a folder; estimate refused it ("is a
+    # local path; --model takes a profile name or a Hugging Face id"). tiny-llama: 4 layers x 2 KV heads x 32 dims
+    # (hidden 256 / 8 heads), bfloat16: 2 (K, V) x 4 x 2 x 32 x 2 B = 1,024 B per token
+    # (tests/data/estimate/tiny-llama/config.json)
+    folder = tmp_path / "my-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text((DATA / "estimate" / "tiny-llama" / "config.json").read_text())
+    r = run_cli("estimate", "--model", folder, "--seq-len", "1024", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["model"], out["bytes_per_token"]) == ("my-tiny", 1024)
+    assert out == json.loads(run_cli("estimate", "--config", folder, "--seq-len", "1024", "--json").stdout)
+    monkeypatch.chdir(tmp_path)
+    for relative in ("./my-tiny", "my-tiny"):
+        got = json.loads(run_cli("estimate", "--model", relative, "--seq-len", "1024", "--json").stdout)
+        assert got == {**out, "source": str(Path(relative) / "config.json")}
+    # a file is --config's; a folder without config.json is said so
+    r = run_cli("estimate", "--model", "my-tiny/config.json")
     assert (r.exit_code, r.stdout) == (EXIT_USAGE, "")
     assert r.stderr == (
-        f"Error: {tmp_path} is a local path; --model takes a profile name or a Hugging Face id (--model)\n"
-        f"Tip: pass it as --config {tmp_path}\n"
+        "Error: my-tiny/config.json is a file; --model takes a profile name, a Hugging Face id or a model folder "
+        "(--model)\nTip: pass it as --config my-tiny/config.json\n"
     )
-    monkeypatch.chdir(tmp_path)
-    r = run_cli("estimate", "--model", "config.json")
-    assert r.stderr.splitlines()[1] == "Tip: pass it as --config config.json"
+    (tmp_path / "empty").mkdir()
+    r = run_cli("estimate", "--model", "empty")
+    assert r.exit_code == EXIT_INPUT and r.stderr.startswith("Error: no config.json found (empty)")
     (tmp_path / "llama-2-7b").mkdir()  # a folder named like a profile does not shadow the profile
-    assert run_cli("estimate", "--model", "llama-2-7b").exit_code == 0
+    assert json.loads(run_cli("estimate", "--model", "llama-2-7b", "--json").stdout)["model"] == "llama-2-7b"
+
+
+def test_a_config_file_is_named_by_its_folder_or_its_name_or_path(run_cli, tmp_path):
+    # `--config dir/config.json` named the model "config.json"
+    r = run_cli("estimate", "--config", DATA / "estimate" / "tiny-llama" / "config.json", "--seq-len", "64", "--json")
+    assert json.loads(r.stdout)["model"] == "tiny-llama"
+    data = json.loads((DATA / "estimate" / "tiny-llama" / "config.json").read_text())
+    for given, named in (("acme/Tiny-Llama-1B", "acme/Tiny-Llama-1B"), ("/models/tiny-llama-ft/", "tiny-llama-ft")):
+        folder = tmp_path / "checkpoint-500"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({**data, "_name_or_path": given}))
+        for path in (folder, folder / "config.json"):
+            out = json.loads(run_cli("estimate", "--config", path, "--seq-len", "64", "--json").stdout)
+            assert out["model"] == named
 
 
 def test_without_a_gpu_the_first_line_is_the_kv_bytes(run_cli):
@@ -621,3 +651,13 @@ def test_no_built_in_profile_is_warned_about_its_model_type(run_cli):
         r = run_cli("estimate", "--model", model["name"], "--json")
         assert r.exit_code == 0, (model["name"], r.stderr)
         assert not [w for w in json.loads(r.stdout)["warnings"] if "model_type" in w], model["name"]
+
+
+def test_suggestions_count_one_request_in_the_singular(run_cli):
+    # it said "--tp 2 fits (up to 1 requests ...)" and "--seq-len 25,152 fits 1 requests". Llama-3.1-8B at its
+    # 131,072-token context: 128 KiB per token (2 x 32 layers x 8 KV heads x 128 x 2 B) is 16 GiB a request, more
+    # than an L4's KV budget; at TP 2 each GPU holds half of it, and one request fits
+    out = json.loads(run_cli("estimate", "--model", "llama-3.1-8b", "--gpu", "L4", "--json").stdout)
+    assert out["bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert out["suggestions"][0] == "--tp 2 fits (up to 1 request of 131,072 tokens)"
+    assert out["suggestions"][-1].endswith(" fits 1 request")

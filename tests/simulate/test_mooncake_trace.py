@@ -85,7 +85,7 @@ def _one_bad_record(tmp_path, record: str):
 )
 def test_non_finite_fractional_or_missing_values_are_one_error_line(run_cli, tmp_path, record, message):
     path = _one_bad_record(tmp_path, record)
-    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "100000", "--block-sizes", "16", "--json")
+    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "100000", "--block-size", "16", "--json")
     assert res.exit_code == 3
     assert res.stdout == ""
     lines = res.stderr.splitlines()
@@ -98,7 +98,7 @@ def test_token_id_prompts_refuse_a_fractional_max_tokens(run_cli, tmp_path):
     path.write_text(
         '{"prompt_token_ids": [1, 2, 3], "max_tokens": 5}\n{"prompt_token_ids": [1, 2], "max_tokens": 3.5}\n'
     )
-    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "1000", "--block-sizes", "16")
+    res = run_cli("simulate", "--trace", path, "--serve", "--kv-tokens", "1000", "--block-size", "16")
     assert res.exit_code == 3 and res.stdout == ""
     assert res.stderr == f"Error: 'max_tokens' must be a whole number of tokens, got 3.5 ({path}, record 2)\n"
 

@@ -106,7 +106,7 @@ def test_json_has_the_specified_fields(run_cli, tmp_path):
         "--requests",
         "300",
         "--serve",
-        "--block-sizes",
+        "--block-size",
         "16,32",
         "--json",
         "--plot",
@@ -194,9 +194,9 @@ def test_missing_and_binary_files(run_cli, tmp_path):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--block-sizes", "16,0"], "positive integers"),
-        (["--block-sizes", "16,x"], "positive integers"),
-        (["--block-sizes", "-8"], "positive integers"),
+        (["--block-size", "16,0"], "positive integers"),
+        (["--block-size", "16,x"], "positive integers"),
+        (["--block-size", "-8"], "positive integers"),
         (["--requests", "0"], "--requests"),
         (["--kv-tokens", "-5"], "--kv-tokens"),
         (["--qps", "3"], "add --serve"),
@@ -230,7 +230,7 @@ def test_help_names_the_command():
 
     res = run_subprocess("simulate", "--help")
     assert res.returncode == 0
-    assert "--block-sizes" in res.stdout and "--serve" in res.stdout
+    assert "--block-size" in res.stdout and "--serve" in res.stdout
 
 
 def test_unsorted_trace_is_sorted_by_arrival(tmp_path):
@@ -263,7 +263,7 @@ def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
         "--gpu",
         "h100-80gb",
         "--serve",
-        "--block-sizes",
+        "--block-size",
         "16",
         "--json",
     )
@@ -284,7 +284,7 @@ def test_model_and_gpu_pool_comes_from_the_estimate_planner(run_cli):
         "--requests",
         "10",
         "--serve",
-        "--block-sizes",
+        "--block-size",
         "16",
         "--json",
     )
@@ -365,7 +365,7 @@ def test_json_values_that_are_not_numbers_are_errors(run_cli, tmp_path, value):
         (["--dist", "fixed", "--length", "100", "--requests", "100000000000"], "--requests"),  # was a MemoryError
         (["--dist", "fixed", "--length", "100", "--kv-tokens", str(10**23)], "--kv-tokens"),  # was an OverflowError
         (["--dist", "fixed", "--length", "100", "--shared-prefix", str(10**23)], "--shared-prefix"),
-        (["--dist", "fixed", "--length", "100", "--block-sizes", str(10**23)], "--block-sizes"),
+        (["--dist", "fixed", "--length", "100", "--block-size", str(10**23)], "--block-size"),
     ],
 )
 def test_out_of_range_parameters_are_usage_errors(run_cli, args, where):
@@ -381,7 +381,7 @@ def test_fixed_length_claim_shows_its_overstatement_of_p1(run_cli, tmp_path):
     # +50% over p1.
     path = tmp_path / "t.csv"
     path.write_text("prompt_tokens,output_tokens\n15,1\n15,1\n15,1\n79,1\n")
-    res = run_cli("simulate", "--trace", path, "--block-sizes", "16", "--kv-tokens", "96")
+    res = run_cli("simulate", "--trace", path, "--block-size", "16", "--kv-tokens", "96")
     assert res.exit_code == 0, res.stderr
     assert "3 (+50% vs p1)" in res.stdout
 
@@ -407,7 +407,7 @@ def test_recommendations_state_how_ties_are_broken(run_cli):
         "2048",
         "--requests",
         "100",
-        "--block-sizes",
+        "--block-size",
         "16,128",
         "--kv-tokens",
         "100000",
@@ -427,7 +427,7 @@ def test_recommendations_state_how_ties_are_broken(run_cli):
         "1000",
         "--requests",
         "10",
-        "--block-sizes",
+        "--block-size",
         "16,32",
         "--serve",
         "--json",
@@ -440,7 +440,7 @@ def test_recommendations_state_how_ties_are_broken(run_cli):
 
 def test_slo_ttft_target_decides(run_cli):
     # An impossible TTFT target: no block size meets it, and the pick says so (lowest TTFT p99 instead).
-    args = ["--dist", "fixed", "--length", "1000", "--requests", "50", "--block-sizes", "16,32", "--serve", "--json"]
+    args = ["--dist", "fixed", "--length", "1000", "--requests", "50", "--block-size", "16,32", "--serve", "--json"]
     res = run_cli("simulate", *args, "--slo-ttft-ms", "0.001")
     rec = json.loads(res.stdout)["recommendations"][0]
     assert "no block size meets TTFT p99 <= 0.001 ms" in rec["reason"]
@@ -458,7 +458,7 @@ def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
         "1000",
         "--requests",
         "10",
-        "--block-sizes",
+        "--block-size",
         "16",
         "--kv-tokens",
         "100",
@@ -484,7 +484,7 @@ def test_static_budget_names_where_it_came_from(run_cli):
         "llama-2-7b",
         "--gpu",
         "h100-80gb",
-        "--block-sizes",
+        "--block-size",
         "16",
     )
     assert res.exit_code == 0, res.stderr
@@ -508,7 +508,7 @@ def test_export_events_to_a_folder_is_a_usage_error(run_cli, tmp_path):
 def test_static_waste_column_names_its_unit(run_cli):
     # uniform 1..4096 at b = 8: (b - 1)/2 = 3.5 empty slots per request on average (closed form)
     res = run_cli(
-        "simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000", "--block-sizes", "8"
+        "simulate", "--dist", "uniform", "--min", "1", "--max", "4096", "--requests", "20000", "--block-size", "8"
     )
     assert res.exit_code == 0, res.stderr
     assert "empty slots/req" in res.stdout
@@ -528,7 +528,7 @@ def test_azure_2024_timestamps_with_a_utc_offset(run_cli, tmp_path):
         "2024-05-10 00:00:01.509930+00:00,200,20\n"
         "2024-05-10 01:00:00.509930+01:00,300,30\n"
     )
-    res = run_cli("simulate", "--trace", path, "--serve", "--block-sizes", "16", "--json")
+    res = run_cli("simulate", "--trace", path, "--serve", "--block-size", "16", "--json")
     assert res.exit_code == 0
     assert res.stderr == ""
     json.loads(res.stdout)
@@ -787,7 +787,7 @@ def test_serve_refuses_prompts_of_max_model_len_and_counts_generated_tokens(run_
     # stops after 1 token (check_stop at num_tokens >= 500).  Generated tokens: 10 + 10 + 5 + 1 = 26.
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens\n100,10\n300,10\n600,5\n1000,20\n50,5\n500,3\n499,30\n")
-    args = ("simulate", "--trace", trace, "--serve", "--max-model-len", "500", "--block-sizes", "16")
+    args = ("simulate", "--trace", trace, "--serve", "--max-model-len", "500", "--block-size", "16")
     r = json.loads(run_cli(*args, "--json").stdout)["results"][0]
     assert (r["requests"], r["completed"], r["refused_too_long"], r["never_fit"]) == (7, 4, 3, 0)
     assert r["throughput_tokens_per_s"] == pytest.approx(26 / r["span_s"])

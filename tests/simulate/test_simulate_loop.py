@@ -29,7 +29,7 @@ def test_analyze_on_exported_events_reproduces_the_simulation(run_cli, tmp_path)
         "--serve",
         "--kv-tokens",
         "12000",
-        "--block-sizes",
+        "--block-size",
         "16",
     ]
     sim = run_cli("simulate", *args, "--export-events", events, "--json")
@@ -69,7 +69,7 @@ def test_from_events_recovers_the_simulated_lengths(run_cli, tmp_path):
         "--serve",
         "--kv-tokens",
         "15000",
-        "--block-sizes",
+        "--block-size",
         "32",
         "--export-events",
         events,
@@ -87,7 +87,7 @@ def test_from_events_recovers_the_simulated_lengths(run_cli, tmp_path):
 def test_from_events_on_hand_written_files(run_cli):
     # tests/data/analyze/basic.csv: A allocates 20 tokens at 0 and appends 10 + 5 (L 35, prompt 20); B allocates 16
     # at 1 (L 16).  With b = 16: A holds 3 blocks (13 slots empty), B 1 block (full): 13 / 64 empty.
-    res = run_cli("simulate", "--from-events", DATA / "analyze" / "basic.csv", "--block-sizes", "16", "--json")
+    res = run_cli("simulate", "--from-events", DATA / "analyze" / "basic.csv", "--block-size", "16", "--json")
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["requests"] == 2
@@ -113,7 +113,7 @@ def test_from_events_errors(run_cli, tmp_path):
 def test_exported_events_take_the_format_their_name_says(run_cli, tmp_path, name, magic):
     # --export-events ev.csv.gz used to write plain CSV under a .gz name (analyze then failed to inflate it);
     # the gzip magic is 1f 8b (RFC 1952) and a Parquet file starts with 'PAR1' (the Parquet format spec).
-    args = ["--trace", DATA / "simulate" / "generic-head20.csv", "--serve", "--block-sizes", "16"]
+    args = ["--trace", DATA / "simulate" / "generic-head20.csv", "--serve", "--block-size", "16"]
     assert run_cli("simulate", *args, "--export-events", tmp_path / "ev.csv").exit_code == 0
     assert run_cli("simulate", *args, "--export-events", tmp_path / name).exit_code == 0
     assert (tmp_path / name).read_bytes()[: len(magic)] == magic
@@ -144,7 +144,7 @@ def test_exported_events_carry_reuse_rows_for_prefix_hits(run_cli, tmp_path):
     # its 16 full blocks of 16: the export has a reuse row for each hit, and analyze reads the file cleanly.
     events = tmp_path / "ev.csv"
     args = ["--dist", "fixed", "--length", "600", "--requests", "200", "--serve", "--shared-prefix", "256"]
-    res = run_cli("simulate", *args, "--max-num-seqs", "1", "--block-sizes", "16", "--export-events", events, "--json")
+    res = run_cli("simulate", *args, "--max-num-seqs", "1", "--block-size", "16", "--export-events", events, "--json")
     assert res.exit_code == 0, res.stderr
     sim = json.loads(res.stdout)["results"][0]
     assert sim["cached_prompt_tokens"] == 199 * 256

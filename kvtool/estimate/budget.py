@@ -1,0 +1,135 @@
+"""The KV budget per GPU: --kv-memory as is, or the GPU's memory less the weights and the modelled reserve, for the
+whole model or, with pipeline parallelism, for the stage with the fewest blocks (vLLM's shared pool)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvtool.core.errors import UsageError
+from kvtool.core.units import parse_size
+from kvtool.estimate.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, Budget, gpu_budget, plan_capacity
+from kvtool.estimate.gpu import AskedGpu, implausible_size
+from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.layout import KvLayout, kv_layout
+from kvtool.estimate.model import ResolvedModel
+from kvtool.estimate.pipeline import Stage, stage_spec, stages
+from kvtool.estimate.request import EstimateRequest
+from kvtool.estimate.reserve import Reserve, ReserveOverrides, model_reserve
+from kvtool.estimate.serve_defaults import Scheduler
+from kvtool.estimate.weights import WeightEstimate
+
+DEFAULT_MANUAL_SEQ_LEN = 2048  # the length of a model that names no max_position_embeddings (manual mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBudget:
+    budget: Budget | None  # None without --kv-memory or a GPU
+    reserve: Reserve | None  # None with --kv-memory or without a GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinePlan:
+    """What sets capacity: the whole model (pp 1) or the pipeline stage with the fewest blocks."""
+
+    spec: ModelSpec  # the binding stage's layers (the whole model at pp 1)
+    layout: KvLayout
+    planned: PlannedBudget
+    stages: tuple[Stage, ...]  # empty at pp 1
+
+
+def plan_budget(
+    request: EstimateRequest, model: ResolvedModel, layout: KvLayout, gpu: AskedGpu | None, scheduler: Scheduler
+) -> PipelinePlan:
+    """Budget every pipeline stage on its own and keep the one with the fewest blocks, as vLLM's shared pool does."""
+    spec, weights = model.spec, model.weights
+    if request.pp == 1:
+        return PipelinePlan(spec, layout, resolve_budget(request, spec, weights, gpu, scheduler), ())
+    options: list[tuple[int, Stage, ModelSpec, KvLayout, PlannedBudget]] = []
+    for stage in stages(spec, weights.weights_bytes if weights else 0, request.pp, request.tp):
+        part = stage_spec(spec, stage.first_layer, stage.num_layers)
+        part_layout = kv_layout(part, request.kv_dtype, request.tp)
+        planned = resolve_budget(request, part, weights, gpu, scheduler, stage)
+        blocks = -1
+        if planned.budget is not None:
+            blocks = plan_capacity(
+                part,
+                part_layout,
+                planned.budget.kv_budget_bytes,
+                block_size=request.block_size,
+                max_model_len=spec.max_position_embeddings or DEFAULT_MANUAL_SEQ_LEN,
+                max_num_batched_tokens=scheduler.max_num_batched_tokens,
+                max_in_flight=scheduler.max_in_flight_tokens,
+                prefix_caching=request.prefix_caching,
+            ).num_blocks
+        budget_bytes = planned.budget.kv_budget_bytes if planned.budget else None
+        stage = dataclasses.replace(stage, kv_budget_bytes=budget_bytes, num_blocks=blocks if blocks >= 0 else None)
+        options.append((blocks, stage, part, part_layout, planned))
+    _, _, part, part_layout, planned = min(options, key=lambda o: (o[0], -o[1].num_layers))
+    return PipelinePlan(part, part_layout, planned, tuple(o[1] for o in options))
+
+
+def resolve_budget(
+    request: EstimateRequest,
+    spec: ModelSpec,
+    weights: WeightEstimate | None,
+    gpu: AskedGpu | None,
+    scheduler: Scheduler,
+    stage: Stage | None = None,
+) -> PlannedBudget:
+    """The per-GPU KV budget from --kv-memory, or the GPU's memory less weights and the modelled reserve.
+
+    With a pipeline ``stage``, its weights per GPU replace the whole model's, and only the last stage samples.
+    """
+    if request.kv_memory is not None:
+        text = str(request.kv_memory)
+        size = parse_size(text, option="--kv-memory")
+        implausible_size(text, size, "--kv-memory", 1024)
+        return PlannedBudget(Budget(size, "--kv-memory"), None)
+    if gpu is None:
+        return PlannedBudget(None, None)
+    if weights is None:
+        how = (
+            "put the safetensors files (headers suffice) beside config.json, or give --kv-memory"
+            if request.config
+            else "use --model or --config, or give --kv-memory in manual mode"
+        )
+        raise UsageError(f"GPU planning needs the weights: {how}", where="--gpu" if request.gpu else "--gpu-memory")
+    reserve = model_reserve(
+        spec,
+        tp=request.tp,
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        max_num_seqs=scheduler.max_num_seqs,
+        enforce_eager=request.enforce_eager,
+        overrides=_reserve_overrides(request),
+        pp=request.pp,
+        last_stage=stage is None or stage.index == request.pp - 1,
+    )
+    weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
+    budget = gpu_budget(
+        gpu_memory_bytes=gpu.memory_bytes,
+        gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
+        ),
+        weights_bytes=weights_bytes,
+        tp=request.tp,
+        reserve_bytes=reserve.total_bytes,
+        gpu_name=gpu.name,
+    )
+    return PlannedBudget(budget, reserve)
+
+
+def _reserve_overrides(request: EstimateRequest) -> ReserveOverrides:
+    return ReserveOverrides(
+        total_bytes=_size_or_none(request.reserve, "--reserve"),
+        activation_bytes=_size_or_none(request.activation_memory, "--activation-memory"),
+        non_torch_bytes=_size_or_none(request.non_torch_memory, "--non-torch-memory"),
+        cudagraph_bytes=_size_or_none(request.cudagraph_memory, "--cudagraph-memory"),
+    )
+
+
+def _size_or_none(text: str | None, option: str) -> int | None:
+    if text is None:
+        return None
+    if str(text).strip() in ("0", "0B", "0GiB", "0GB"):
+        return 0
+    return parse_size(text, option=option)

