@@ -765,8 +765,8 @@ def test_from_events_with_only_bad_rows_names_the_file_and_the_rejections(run_cl
     assert res.exit_code == 3
     assert res.stdout == ""
     assert res.stderr == (
-        f"Error: the events file has no accepted rows (2 rows rejected by the events loader) ({path})\n"
-        f"Tip: kvtool analyze {path} lists the rejected rows and why\n"
+        "Error: no event row is accepted: 2 rows rejected (1 unparseable ts, 1 unknown event type; first: row 2, "
+        f"row 3) ({path})\nTip: docs/events-schema.md#rejected-rows says what each reason means\n"
     )
 
 
