@@ -35,12 +35,14 @@ ATTR_REJECTED = "rejected_rows"  # {file: RejectedRows as a JSON dict} (attrs mu
 ATTR_BLOCK_SIZE = "block_size"  # the default block size rows without a block_size were read with
 
 
-def _paths(source: PathLike | Sequence[PathLike]) -> list[Path]:
+def _paths(source: PathLike | Sequence[PathLike], where: str = "load_events") -> list[str]:
+    """The files, directories, globs and URLs given, as text (``Path("s3://b/x")`` would read ``s3:/b/x``); none is
+    a usage error (the CLI's EVENTS argument is required)."""
     if isinstance(source, (str, os.PathLike)):
-        return [Path(source)]
-    paths = [Path(p) for p in source]
+        return [os.fspath(source)]
+    paths = [os.fspath(p) for p in source]
     if not paths:
-        raise UsageError("no events files given", where="load_events")
+        raise UsageError("no events files given", where=where, tip="give a file, a directory or a glob")
     return paths
 
 
@@ -139,9 +141,9 @@ def load_events(source: PathLike | Sequence[PathLike], *, block_size: int = DEFA
     from kvtool.events.sources import find_pool_files, is_single_file
 
     paths = _paths(source)
-    if len(paths) == 1 and is_single_file([str(paths[0])]):
+    if len(paths) == 1 and is_single_file(paths):
         return _frame(load_table(paths[0], default_block_size=block_size))
-    units = find_pool_files([str(p) for p in paths])  # directories, globs and URLs as `kvtool analyze` takes them
+    units = find_pool_files(paths)  # directories, globs and URLs as `kvtool analyze` takes them
     files = [path for unit in units for path in unit.paths]
     frames = [_frame(load_table(path, default_block_size=block_size)) for path in files]
     return _concat(frames, files, block_size)
@@ -466,7 +468,9 @@ def analyze(
 
     options = _options(block_size, long_threshold, long_share_alert, pool_blocks, top, late_free_ms)
     if not isinstance(events, (str, os.PathLike, pd.DataFrame)):
-        return _fleet_result(list(events), options, workers, scheduler)
+        given = list(events)
+        _paths(given, where="analyze")  # none given: refused as load_events([]) refuses
+        return _fleet_result(given, options, workers, scheduler)
     if workers is not None or scheduler is not None:
         raise UsageError("workers and scheduler apply to several files (a list)", where="analyze")
     return _single_result(_event_table(events, block_size), options)

@@ -21,7 +21,8 @@ Examples:
 
   kvtool vllm isolation --replay run.json --json
 
-Exit codes: 0 every dimension passed, 1 a leak, 2 inconclusive (or a usage error).
+Exit codes: 0 every dimension passed, 1 a leak, 4 inconclusive, 2 a usage error, 3 a --replay file that is not a
+record.
 """
 
 

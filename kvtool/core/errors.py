@@ -11,6 +11,7 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # the command ran, and what it checked failed (repro verdicts, analyze --strict)
 EXIT_USAGE = 2  # bad options or values: unknown model, zero/negative sizes, unknown scenario
 EXIT_INPUT = 3  # an input file is missing, unreadable, or not in an accepted format
+EXIT_INCONCLUSIVE = 4  # the command ran and could not decide either way (vllm isolation: a control did not share)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 

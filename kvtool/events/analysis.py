@@ -229,6 +229,9 @@ class RequestTable:
     events: np.ndarray
     token_seconds: np.ndarray  # integral of tokens held (not a report column: pool utilization from the rows)
     slot_seconds: np.ndarray  # integral of b x block_size
+    # sum over the request's free rows of blocks x latency_ms / 1000 x the row's block_size (not a report column:
+    # the fleet's lost slot-seconds per pool; the block size of each row, not --block-size's default)
+    late_free_slot_seconds: np.ndarray
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -721,6 +724,7 @@ def _request_table(table: EventTable, passed: _RequestPass, rows: _RowFigures, l
         events=passed.events,
         token_seconds=passed.token_seconds,
         slot_seconds=passed.slot_seconds,
+        late_free_slot_seconds=rows.late_free_slot_seconds,
     )
 
 
@@ -957,6 +961,7 @@ class _RowFigures:
     reused_tokens: np.ndarray
     free_latency_ms_max: np.ndarray  # NaN without a latency
     late_free_block_seconds: np.ndarray  # sum over free rows of blocks x latency
+    late_free_slot_seconds: np.ndarray  # sum over free rows of blocks x latency x the row's block size
 
 
 def _row_figures(table: EventTable, second_rise, tpos_of_row) -> _RowFigures:
@@ -986,13 +991,17 @@ def _row_figures(table: EventTable, second_rise, tpos_of_row) -> _RowFigures:
     reused_tokens = total(req_f[reuse_rows], nt_f[reuse_rows])
     free_latency_max = np.full(n_req, nan)
     late_free = np.zeros(n_req)
+    late_free_slots = np.zeros(n_req)
     if table.latency_ms is not None:
         rows = np.flatnonzero((ev == FREE) & ~np.isnan(table.latency_ms))
         np.fmax.at(free_latency_max, req_f[rows], table.latency_ms[rows])
-        late_free = np.bincount(
-            req_f[rows], weights=nb_f[rows] * (table.latency_ms[rows] / 1000.0), minlength=n_req
-        ).astype(float)
-    return _RowFigures(prompt_tokens, match_tokens, reused_blocks, reused_tokens, free_latency_max, late_free)
+        waited = nb_f[rows] * (table.latency_ms[rows] / 1000.0)
+        late_free = np.bincount(req_f[rows], weights=waited, minlength=n_req).astype(float)
+        bs = table.default_block_size if table.block_size is None else table.block_size[rows]
+        late_free_slots = np.bincount(req_f[rows], weights=waited * bs, minlength=n_req).astype(float)
+    return _RowFigures(
+        prompt_tokens, match_tokens, reused_blocks, reused_tokens, free_latency_max, late_free, late_free_slots
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

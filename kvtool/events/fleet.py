@@ -355,7 +355,8 @@ class PoolHealth:
     wasted_slot_seconds: float
     late_free_requests: int
     late_free_block_seconds: float
-    lost_slot_seconds: float  # wasted slot-seconds + late-free block-seconds x block size: capacity that did no work
+    # wasted slot-seconds + late-free block-seconds x the free rows' block size: capacity that did no work
+    lost_slot_seconds: float
     free_latency_ms_p99: float
     holding_time_s_p50: float
     leaked_requests: int
@@ -461,10 +462,12 @@ def reduce_fleet(units: Sequence[UnitResult], options: AnalyzeOptions) -> FleetA
 
     files = tuple(f for u in units for f in u.files)
     pools = tuple(p for u in units for p in u.pools)
+    if files and not pools:
+        raise _every_file_refused(files)
     _check_unique(pools)
     requests = _fleet_requests(pools)
     free_lat = np.concatenate([p.analysis.free_latencies_ms for p in pools]) if pools else np.zeros(0)
-    health = tuple(_health(p, options) for p in pools)
+    health = tuple(_health(p) for p in pools)
     top = options.top
     lost = np.array([h.lost_slot_seconds for h in health])
     worst = tuple(health[i] for i in np.argsort(-lost, kind="stable")[:top].tolist() if lost[i] > 0)
@@ -487,6 +490,16 @@ def reduce_fleet(units: Sequence[UnitResult], options: AnalyzeOptions) -> FleetA
         requests=requests,
         free_latencies_ms=free_lat,
         options=options,
+    )
+
+
+def _every_file_refused(files: Sequence[FileLoad]) -> InputFileError:
+    """A fleet none of whose files could be read: no pool, no answer (exit 3), as for one such file."""
+    names = ", ".join(f.path for f in files[:3]) + (f", and {len(files) - 3:,} more" if len(files) > 3 else "")
+    return InputFileError(
+        f"every events file was refused ({len(files):,} of {len(files):,}): there is no pool to analyse",
+        where=names,
+        tip=f"the first one: {files[0].refused}",
     )
 
 
@@ -515,7 +528,7 @@ def _fleet_requests(pools: Sequence[PoolResult]) -> FleetRequests:
     return FleetRequests(names, instance, tuple(r for t in tables for r in t.request_ids), values)
 
 
-def _health(pool: PoolResult, options: AnalyzeOptions) -> PoolHealth:
+def _health(pool: PoolResult) -> PoolHealth:
     a = pool.analysis
     s, p, lr, pr = a.summary, a.pool, a.long_requests, a.prefix_reuse
     return PoolHealth(
@@ -530,7 +543,7 @@ def _health(pool: PoolResult, options: AnalyzeOptions) -> PoolHealth:
         wasted_slot_seconds=s.wasted_slot_seconds,
         late_free_requests=a.late_frees.requests,
         late_free_block_seconds=p.late_free_block_seconds,
-        lost_slot_seconds=s.wasted_slot_seconds + p.late_free_block_seconds * options.default_block_size,
+        lost_slot_seconds=s.wasted_slot_seconds + float(a.requests.late_free_slot_seconds.sum()),
         free_latency_ms_p99=p.free_latency_ms_p99,
         holding_time_s_p50=s.holding_time_s_p50,
         leaked_requests=s.leaked_requests,

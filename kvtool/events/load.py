@@ -866,8 +866,27 @@ def _convert(where: str, read: _Read, default_block_size: int) -> EventTable:
     keep = ~blank & (checks.reason == 0)
     rejected = _rejected(checks.reason, keep | blank, read.bad_lines, read.first_row_number)
     rejected = dataclasses.replace(rejected, blank_rows=int(blank.sum()) + read.blank_lines)
+    if not keep.any():
+        raise _nothing_accepted(where, rejected)
     return _assemble(
         where, read, keep, required, every_row, optional, source, instance, block_ids, rejected, default_block_size
+    )
+
+
+def _nothing_accepted(where: str, rejected: RejectedRows) -> InputFileError:
+    """The error for a file none of whose rows is accepted: an analysis of nothing is no answer (exit 3)."""
+    if not rejected.count:  # a header and blank lines
+        return InputFileError(_HEADER_ONLY, where=where)
+    reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(rejected.by_reason.items(), key=lambda kv: -kv[1]))
+    first = ", ".join(f"row {row}" for row, _ in rejected.first[:3])
+    rows = "row" if rejected.count == 1 else "rows"
+    tip = "docs/events-schema.md#rejected-rows says what each reason means"
+    if set(rejected.by_reason) == {"invalid UTF-8"}:
+        tip = "the file is not UTF-8 text: convert it (iconv -f latin1 -t utf-8 FILE) or write it as UTF-8; " + tip
+    return InputFileError(
+        f"no event row is accepted: {rejected.count:,} {rows} rejected ({reasons}; first: {first})",
+        where=where,
+        tip=tip,
     )
 
 

@@ -135,16 +135,35 @@ def _write_with_rows(doc: dict[str, Any], columns: list[tuple[str, Any]], stream
     stream.flush()
 
 
+EXPORT_SUFFIXES = (".csv", ".csv.gz", ".parquet")  # what --export writes, chosen by the name's ending
+
+
 def check_export_path(path: Path) -> None:
-    """``--export`` needs a file name: a folder (``.`` included, a traceback in ``with_name``) is a usage error, said
-    before any file is read.  An empty value never gets here (``kvtool.cli.options.path_option`` refuses it)."""
+    """``--export`` needs a file name ending in one of EXPORT_SUFFIXES, in a folder that exists; anything else is a
+    usage error, said before any file is read (docs/analyze.md, "Output").  A folder (``.`` included, a traceback
+    in ``with_name``), another suffix (``x.xlsx`` was written as CSV) or a missing folder (it was created without
+    a word) is refused.  An empty value never gets here (``kvtool.cli.options.path_option`` refuses it)."""
+    where = f"--export {path}"
+    forms = "NAME.csv, NAME.csv.gz or NAME.parquet"
     if not path.name or path.is_dir():
+        raise UsageError(f"--export takes a file name ({forms}), not a folder", where=where)
+    if not path.name.lower().endswith(EXPORT_SUFFIXES):
+        suffix = Path(path.name).suffix
+        ending = f"ends in {suffix}" if suffix else "has no suffix"
         raise UsageError(
-            "--export takes a file name (NAME.csv, NAME.csv.gz or NAME.parquet), not a folder", where=f"--export {path}"
+            f"--export writes CSV, gzip-compressed CSV or Parquet, chosen by the name: {path.name!r} {ending}",
+            where=where,
+            tip=f"name the file {forms}",
         )
     folder = next((p for p in path.parents if p.exists()), None)
     if folder is not None and not folder.is_dir():  # was "[Errno 17] File exists: '...'" after the analysis
-        raise UsageError(f"{folder} is a file, not a folder", where=f"--export {path}")
+        raise UsageError(f"{folder} is a file, not a folder", where=where)
+    if not path.parent.is_dir():
+        raise UsageError(
+            f"the folder {path.parent} does not exist",
+            where=where,
+            tip=f"create it first (mkdir -p {path.parent}), or export into a folder that exists",
+        )
 
 
 def export_paths(path: Path, names: tuple[str, ...] = EXPORT_TABLES) -> dict[str, Path]:
@@ -161,7 +180,8 @@ def export_paths(path: Path, names: tuple[str, ...] = EXPORT_TABLES) -> dict[str
 
 def export_tables(tables: dict, path: Path) -> list[Path]:
     """Write every table (``kvtool.events.tables.analysis_tables``): CSV, gzip-compressed CSV or Parquet by PATH's
-    extension (``.csv``, ``.csv.gz``, ``.parquet``; anything else is CSV).  Null values are empty CSV cells.
+    extension (``.csv``, ``.csv.gz``, ``.parquet``: check_export_path refuses any other), into a folder that
+    exists.  Null values are empty CSV cells.
     Returns the paths written, the per-request table first."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -171,7 +191,6 @@ def export_tables(tables: dict, path: Path) -> list[Path]:
     check_export_path(path)
     paths = export_paths(path, tuple(tables))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         for name, table in tables.items():
             target = paths[name]
             lower = target.name.lower()

@@ -40,8 +40,8 @@ def find_pool_files(arguments: Sequence[str]) -> tuple[PoolFiles, ...]:
                 tip="give files, a directory ('.' for the current one) or a glob",
             )
         found = _expand_url(argument) if _is_remote(argument) else _expand_local(argument)
-        if not found:
-            raise UsageError(
+        if not found:  # an input that is missing or empty (README "Exit codes": 3)
+            raise InputFileError(
                 "no events files found",
                 where=argument,
                 tip=f"give files, a directory with {', '.join(EVENT_SUFFIXES)} files, or a glob",

@@ -212,6 +212,8 @@ def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, reco
         split_threshold_tokens=options.split_threshold_tokens,
         record_events=bool(paths) or record_events,
     )
+    pools = {b: pool_blocks(hw, b, options.kv_tokens) for b in options.block_sizes}
+    refuse_a_pool_without_room(requests, pools, null_block=True, options=options)
     results, traces, exported = [], {}, {}
     for b in options.block_sizes:
 
@@ -219,7 +221,7 @@ def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, reco
             if progress is not None:
                 progress(f"serve block {b}", done, requests.count)
 
-        blocks = pool_blocks(hw, b, options.kv_tokens)
+        blocks = pools[b]
         result, trace = simulate_serving(prompts, requests.output_tokens, arrivals.times_s, b, config, blocks, step)
         results.append(result)
         if keep_traces:
@@ -244,6 +246,37 @@ def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, reco
     return results, setup, traces, exported
 
 
+def refuse_a_pool_without_room(requests, pools: dict[int, int], *, null_block: bool, options: SimulateOptions) -> None:
+    """A pool that cannot hold even the shortest request alone, at every block size, is no question to answer.
+
+    ``pools``: blocks per block size.  A request of L tokens needs ceil(L / b) blocks; with ``null_block`` (the
+    serving simulation, as vLLM's pool: block 0 is never handed out) one block fewer is usable.  It printed a
+    "Recommendation (pick)" of 0 requests and exited 0; now it is a usage error (exit 2) naming the pool, the
+    request's blocks and the smallest budget that holds it (docs/simulate.md).
+    """
+    shortest = int((requests.prompt_tokens + requests.output_tokens).min())
+    reserved = 1 if null_block else 0
+    if any(pools[b] - reserved >= -(-shortest // b) for b in pools):
+        return
+    b = min(pools, key=lambda size: abs(size - 16))  # vLLM's default block size, or the nearest compared
+    need = min((-(-shortest // size) + reserved) * size for size in pools)
+    sizes = ", ".join(str(size) for size in sorted(pools))
+    compared = f"no block size compared ({sizes}) holds it" if len(pools) > 1 else f"block size {sizes} does not"
+    budget = f"--kv-tokens {need:,} or more (what the shortest request needs at its best block size)"
+    if options.kv_tokens is not None:
+        where, fix = "--kv-tokens", f"give {budget}"
+    else:
+        where = f"--gpu {options.gpu}" if options.gpu else "--model"
+        fix = f"a GPU with more memory, a smaller model, {budget}"
+    usable = f", {max(pools[b] - 1, 0):,} usable (block 0 is vLLM's null block)" if null_block else ""
+    raise UsageError(
+        f"the KV pool cannot hold one request: {pools[b]:,} blocks of {b} tokens{usable}, and the shortest request "
+        f"({shortest:,} tokens) needs {-(-shortest // b):,}; {compared}",
+        where=where,
+        tip=f"{fix}, or shorter requests",
+    )
+
+
 def run_simulation(
     requests,
     options: SimulateOptions,
@@ -266,6 +299,9 @@ def run_simulation(
         options = dataclasses.replace(
             options, kv_tokens_text=f"kvtool estimate's plan for {_model_name(options)} on {_gpu_text(options)}"
         )
+    if kv_tokens is not None:
+        pools = {b: kv_tokens // b for b in options.block_sizes}
+        refuse_a_pool_without_room(requests, pools, null_block=options.serve, options=options)
     static = compare_block_sizes(
         requests.prompt_tokens,
         requests.output_tokens,

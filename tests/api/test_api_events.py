@@ -241,3 +241,39 @@ def test_files_with_different_optional_columns_concatenate():
     assert frame.loc[basic, "source_request_id"].isna().all() and frame.loc[basic, "block_ids"].isna().all()
     assert frame.loc[~basic, "latency_ms"].isna().all() and frame.loc[basic, "latency_ms"].notna().any()
     assert isinstance(frame.source_request_id.dtype, pd.CategoricalDtype)
+
+
+@pytest.mark.parametrize("empty", [[], ()])
+def test_no_events_given_is_refused_by_analyze_as_by_load_events(empty):
+    # analyze([]) returned an empty FleetResult where load_events([]) and the CLI (EVENTS is required) refuse
+    for function, where in ((load_events, "load_events"), (analyze, "analyze")):
+        with pytest.raises(UsageError) as err:
+            function(empty)
+        assert (err.value.one_line(), err.value.tip) == (
+            f"no events files given ({where})",
+            "give a file, a directory or a glob",
+        )
+
+
+def test_a_frame_of_rows_none_accepted_is_refused_as_its_file_would_be():
+    events = pd.DataFrame(
+        {"ts": ["x"], "event": ["allocate"], "request_id": ["a"], "num_blocks": [1], "num_tokens": [1]}
+    )
+    with pytest.raises(InputFileError, match=r"no event row is accepted: 1 row rejected \(1 unparseable ts"):
+        analyze(events)
+
+
+def test_load_events_reads_urls_as_analyze_does():
+    # Path("memory://fleet/a.csv") is "memory:/fleet/a.csv": load_events said "events file not found" for a URL
+    # that analyze([...]) read
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for name in ("a.csv", "b.csv"):
+        memory.pipe(f"/api-urls/{name}", (D / "basic.csv").read_bytes())
+    one = load_events("memory://api-urls/a.csv")
+    assert len(one) == len(load_events(D / "basic.csv"))
+    both = load_events(["memory://api-urls/"])
+    # fsspec names the files it lists with a root slash: memory:///api-urls/a.csv
+    assert sorted(both.file.cat.categories) == ["memory:///api-urls/a.csv", "memory:///api-urls/b.csv"]
+    assert len(both) == 2 * len(one)

@@ -8,7 +8,6 @@ to its next event, leaks to the end of the trace).  None is copied from the prog
 from __future__ import annotations
 
 import gzip
-import math
 
 import numpy as np
 import pytest
@@ -239,12 +238,13 @@ def test_parquet_string_columns_are_checked(tmp_path):
     assert a.anomalies.first_rejected == ((3, "unparseable ts"),)  # Parquet rows are numbered from 1
 
 
-def test_trace_with_every_row_rejected_still_reports(tmp_path):
+def test_trace_with_every_row_rejected_is_refused_with_the_rejections(tmp_path):
+    # it was analysed: 0 events, a report of dashes and exit 0 (issue 24); an analysis of no row is no answer
     f = tmp_path / "e.csv"
     f.write_text("ts,event,request_id,num_blocks,num_tokens\nx,allocate,a,1,1\n")
-    a = run(f)
-    assert a.summary.events == 0 and a.summary.requests == 0 and a.summary.rejected_rows == 1
-    assert math.isnan(a.summary.utilization)
+    with pytest.raises(InputFileError) as err:
+        run(f)
+    assert err.value.one_line() == f"no event row is accepted: 1 row rejected (1 unparseable ts; first: row 2) ({f})"
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,7 @@ def test_json_null_for_undefined_utilization(run_cli, tmp_path):
 
 def test_export_csv(run_cli, tmp_path):
     out = tmp_path / "sub" / "requests.csv"
+    out.parent.mkdir()  # --export writes into a folder that exists (a missing one is refused: test_analyze_export)
     result = run_cli("analyze", D / "leak_preempt.csv", "--export", out)
     assert result.exit_code == 0, result.stderr
     rows = {r["request_id"]: r for r in csv.DictReader(out.open())}

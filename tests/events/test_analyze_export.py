@@ -72,3 +72,47 @@ def test_unwritable_export_is_a_usage_error(run_cli, tmp_path):
     result = run_cli("analyze", D / "basic.csv", "--export", blocker / "x.csv")
     assert result.exit_code == 2
     assert result.stderr == f"Error: {blocker} is a file, not a folder (--export {blocker / 'x.csv'})\n"
+
+
+@pytest.mark.parametrize(
+    "name, ending",
+    [
+        ("x.xlsx", "ends in .xlsx"),  # it wrote CSV under that name
+        ("tables.json", "ends in .json"),
+        ("out", "has no suffix"),  # it wrote CSV to a file named 'out' and out-pool_timeline.csv beside it
+        ("x.csv.bz2", "ends in .bz2"),
+    ],
+)
+def test_export_to_a_name_of_another_format_is_refused_before_reading(run_cli, tmp_path, name, ending):
+    out = tmp_path / name
+    result = run_cli("analyze", D / "basic.csv", "--export", out, "--json")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: --export writes CSV, gzip-compressed CSV or Parquet, chosen by the name: '{name}' {ending} "
+        f"(--export {out})\nTip: name the file NAME.csv, NAME.csv.gz or NAME.parquet\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_export_into_a_missing_folder_is_refused_not_created(run_cli, tmp_path):
+    # it created new/deeper/ without a word; a typo in the folder made a new tree
+    out = tmp_path / "new" / "deeper" / "x.csv"
+    result = run_cli("analyze", D / "basic.csv", "--export", out, "--json")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: the folder {out.parent} does not exist (--export {out})\n"
+        f"Tip: create it first (mkdir -p {out.parent}), or export into a folder that exists\n"
+    )
+    assert not (tmp_path / "new").exists()
+
+
+def test_export_suffix_is_read_without_case(run_cli, tmp_path):
+    out = tmp_path / "R.CSV"
+    result = run_cli("analyze", D / "basic.csv", "--export", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "R-free_latency.csv",
+        "R-pool_timeline.csv",
+        "R-prefix_matches.csv",
+        "R.CSV",
+    ]

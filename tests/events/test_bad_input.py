@@ -314,8 +314,9 @@ def test_fuzz_every_data_row_is_an_event_or_a_rejected_row(tmp_path_factory, dat
             table = load_events(path)
             analyze_events(table)
     except InputFileError as err:
-        # only a file left without any event row may be refused as a whole
-        assert expected == 0 or "no event rows" in err.message or "no events" in err.message, err.message
+        # only a file left without any event row, or without any accepted row, may be refused as a whole
+        refused = ("no event rows", "no events", "no event row is accepted")
+        assert expected == 0 or any(words in err.message for words in refused), err.message
         return
     accounted = table.events + table.rejected.count + table.rejected.blank_rows
     assert accounted == expected, (table.events, table.rejected, expected)
@@ -361,3 +362,48 @@ def test_optional_counts_out_of_range_reject_their_row(tmp_path, cells, reason):
     body += f"0,allocate,a,1,4,16,\n1,allocate,b,1,4,,7\n2,allocate,c,1,4,{cells}\n3,free,a,1,,16,8\n"
     table = load_events(_file(tmp_path, body.encode()))
     assert table.rejected.first == ((4, reason),) and table.events == 3
+
+
+@pytest.mark.parametrize(
+    "body, message, tip",
+    [
+        # every row invalid UTF-8 (a Latin-1 export): it exited 0 with 0 accepted rows and a report of dashes
+        (
+            b"ts,event,request_id,num_blocks,num_tokens\n0,allocate,caf\xe9,1,5\n1,free,caf\xe9,1,\n",
+            "no event row is accepted: 2 rows rejected (2 invalid UTF-8; first: row 2, row 3)",
+            "the file is not UTF-8 text: convert it (iconv -f latin1 -t utf-8 FILE) or write it as UTF-8; "
+            "docs/events-schema.md#rejected-rows says what each reason means",
+        ),
+        # two reasons, the more frequent first
+        (
+            b"ts,event,request_id,num_blocks,num_tokens\nx,allocate,a,1,5\n0,evict,a,1,5\ny,free,a,1,\n",
+            "no event row is accepted: 3 rows rejected (2 unparseable ts, 1 unknown event type; "
+            "first: row 2, row 3, row 4)",
+            "docs/events-schema.md#rejected-rows says what each reason means",
+        ),
+        # a header and blank lines: no event row at all (it exited 0 too)
+        (
+            b"ts,event,request_id,num_blocks,num_tokens\n\n,,,,\n",
+            "the events file has a header but no event rows: it has no events",
+            None,
+        ),
+    ],
+)
+def test_a_file_with_no_accepted_row_is_refused_with_its_rejections(tmp_path, run_cli, body, message, tip):
+    path = _file(tmp_path, body)
+    with pytest.raises(InputFileError) as err:
+        load_events(path)
+    assert (err.value.message, err.value.tip) == (message, tip)
+    result = run_cli("analyze", path)
+    assert result.exit_code == 3 and result.stdout == ""
+    assert result.stderr == f"Error: {message} ({path})\n" + (f"Tip: {tip}\n" if tip else "")
+
+
+def test_a_dataframe_with_no_accepted_row_is_refused_like_a_file():
+    import pyarrow as pa
+
+    from kvtool.events.load import events_from_arrow
+
+    table = pa.table({"ts": ["x"], "event": ["allocate"], "request_id": ["a"], "num_blocks": [1], "num_tokens": [1]})
+    with pytest.raises(InputFileError, match=r"no event row is accepted: 1 row rejected \(1 unpars"):
+        events_from_arrow(table, where="frame")

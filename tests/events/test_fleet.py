@@ -273,9 +273,41 @@ def test_workers_with_one_file_runs_in_process_and_says_so(fleet_dir, run_cli):
     assert "one file is analysed in this process" in result.stderr
 
 
-def test_no_files_matching_a_glob_is_a_usage_error(tmp_path, run_cli):
-    result = run_cli("analyze", str(tmp_path / "*.csv"), str(tmp_path / "x.csv"))
-    assert result.exit_code == 2 and result.stderr.startswith("Error: no events files found")
+@pytest.mark.parametrize("what", ["glob", "empty folder", "folder without events files", "url"])
+def test_no_events_files_found_is_an_input_error(tmp_path, run_cli, what):
+    # README "Exit codes": 3 is an input that is missing or empty; these exited 2 (a usage error)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("no events here\n")
+    argument = {
+        "glob": str(tmp_path / "*.csv"),
+        "empty folder": str(tmp_path / "empty"),
+        "folder without events files": str(tmp_path / "notes"),
+        "url": f"file://{tmp_path / 'empty'}",
+    }[what]
+    result = run_cli("analyze", argument, "--json")
+    assert result.exit_code == 3 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: no events files found ({argument})\n"
+        "Tip: give files, a directory with .csv, .csv.gz, .parquet, .pq files, or a glob\n"
+    )
+
+
+def test_a_fleet_whose_every_file_is_refused_is_an_input_error(tmp_path, run_cli):
+    # it exited 0 with a "fleet of 0 pools" report of dashes
+    (tmp_path / "a.csv").write_bytes(b"ts,event,request_id,num_blocks,num_tokens\n0,allocate,caf\xe9,1,5\n")
+    (tmp_path / "b.csv").write_bytes(b"")
+    result = run_cli("analyze", tmp_path, "--json")
+    assert result.exit_code == 3 and result.stdout == ""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert result.stderr.splitlines()[-2:] == [
+        f"Error: every events file was refused (2 of 2): there is no pool to analyse ({a}, {b})",
+        f"Tip: the first one: no event row is accepted: 1 row rejected (1 invalid UTF-8; first: row 2) ({a})",
+    ]
+    # one readable file among refused ones is a fleet of one pool, as before
+    (tmp_path / "c.csv").write_text("ts,event,request_id,num_blocks,num_tokens\n0,allocate,r,1,1\n1,free,r,1,\n")
+    result = run_cli("analyze", tmp_path, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["fleet"]["files_refused"] == 2
 
 
 def test_a_fleet_in_this_process_puts_arrow_on_the_heap_and_one_file_does_not(fleet_dir):
@@ -307,3 +339,23 @@ def test_analyze_does_not_import_pandas_or_torch(fleet_dir, json_output):
     for argv in (one_file, fleet):
         codes, _, heavy = heavy_modules_loaded_by(argv, modules=("pandas", "torch"))
         assert codes == [0] and heavy == [], argv
+
+
+def test_lost_slot_seconds_use_the_rows_block_size(tmp_path, run_cli):
+    # Hand computation.  Engine a (rows: block_size 32): A holds 2 blocks with 64 tokens for 1 s (2 x 32 = 64 slots,
+    # all used: wasted 0) and its free waits 500 ms: late-free block-seconds 2 x 0.5 = 1.0, lost slot-seconds
+    # 0 + 1.0 x 32 = 32.  Engine b (no block_size column: --block-size, 16): B holds 1 block with 16 tokens (wasted
+    # 0), its free waits 1,500 ms: 1 x 1.5 = 1.5 block-seconds, lost 1.5 x 16 = 24.  So a is the worst pool.
+    # It was 1.0 x 16 = 16 for a (the default block size, not the rows'), which ranked b first.
+    (tmp_path / "a.csv").write_text(
+        "ts,event,request_id,num_blocks,num_tokens,latency_ms,block_size\n0,allocate,A,2,64,,32\n1,free,A,2,,500,32\n"
+    )
+    (tmp_path / "b.csv").write_text(
+        "ts,event,request_id,num_blocks,num_tokens,latency_ms\n0,allocate,B,1,16,\n1,free,B,1,,1500\n"
+    )
+    fleet = analyze_fleet(find_pool_files([str(tmp_path)]), AnalyzeOptions())
+    lost = {h.instance: (h.wasted_slot_seconds, h.late_free_block_seconds, h.lost_slot_seconds) for h in fleet.health}
+    assert lost == {"a": (0.0, 1.0, 32.0), "b": (0.0, 1.5, 24.0)}
+    assert [h.instance for h in fleet.worst_instances] == ["a", "b"]
+    doc = json.loads(run_cli("analyze", tmp_path, "--json").stdout)
+    assert {i["instance"]: i["health"]["lost_slot_seconds"] for i in doc["instances"]} == {"a": 32.0, "b": 24.0}

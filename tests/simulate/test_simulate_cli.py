@@ -448,26 +448,49 @@ def test_slo_ttft_target_decides(run_cli):
     assert "TTFT p99 <= 100000 ms" in json.loads(res.stdout)["recommendations"][0]["reason"]
 
 
-def test_a_pool_too_small_for_any_request_reports_dashes_not_nan(run_cli):
-    # 1,000-token requests in a 100-token pool: ceil(1000/16) = 63 blocks > 100 // 16 = 6, so nothing runs.
-    res = run_cli(
-        "simulate",
-        "--dist",
-        "fixed",
-        "--length",
-        "1000",
-        "--requests",
-        "10",
-        "--block-size",
-        "16",
-        "--kv-tokens",
-        "100",
-        "--serve",
+def test_a_pool_too_small_for_any_request_is_a_usage_error(run_cli):
+    # It printed "Recommendation (pick): block size 16 ... 0 requests fit at once" and exited 0.  Hand computation:
+    # 1,000-token requests in a 100-token pool at block size 16: 100 // 16 = 6 blocks, 5 usable beside vLLM's null
+    # block, and ceil(1000 / 16) = 63 needed; the least budget that holds one is (63 + 1) x 16 = 1,024 tokens.
+    args = ["--dist", "fixed", "--length", "1000", "--requests", "10", "--block-size", "16", "--kv-tokens", "100"]
+    res = run_cli("simulate", *args, "--serve")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr == (
+        "Error: the KV pool cannot hold one request: 6 blocks of 16 tokens, 5 usable (block 0 is vLLM's null "
+        "block), and the shortest request (1,000 tokens) needs 63; block size 16 does not (--kv-tokens)\n"
+        "Tip: give --kv-tokens 1,024 or more (what the shortest request needs at its best block size), or shorter "
+        "requests\n"
     )
-    assert res.exit_code == 0, res.stderr
-    assert "nan" not in res.stdout
-    assert "No request ran at any block size" in res.stdout
-    assert "Recommendation (pick): block size 16" in " ".join(res.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "kv_tokens, serve, refused",
+    [
+        # the static comparison has no null block: 1,000 // 8 = 125 blocks hold ceil(1000 / 8) = 125
+        ("1000", [], False),
+        ("999", [], True),  # 124 blocks
+        ("1000", ["--serve"], True),  # 124 usable
+        ("1008", ["--serve"], False),  # 126 blocks, 125 usable
+    ],
+)
+def test_the_pool_check_holds_at_the_boundary(run_cli, kv_tokens, serve, refused):
+    args = ["--dist", "fixed", "--length", "1000", "--requests", "5", "--block-size", "8", "--kv-tokens", kv_tokens]
+    res = run_cli("simulate", *args, *serve, "--json")
+    assert res.exit_code == (2 if refused else 0), res.stderr
+    if not refused:
+        assert json.loads(res.stdout)["results"][0]["fit_at_once_p1"] == 1  # exactly one request fits
+
+
+def test_the_pool_check_of_the_static_comparison_names_the_smallest_budget(run_cli):
+    # 100 tokens: 12 blocks of 8 (125 needed) and 6 of 16 (63 needed); the least budget is min(125 x 8, 63 x 16)
+    res = run_cli("simulate", "--dist", "fixed", "--length", "1000", "--block-size", "8,16", "--kv-tokens", "100")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        "Error: the KV pool cannot hold one request: 6 blocks of 16 tokens, and the shortest request (1,000 tokens) "
+        "needs 63; no block size compared (8, 16) holds it (--kv-tokens)",
+        "Tip: give --kv-tokens 1,000 or more (what the shortest request needs at its best block size), or shorter "
+        "requests",
+    ]
 
 
 def test_static_budget_names_where_it_came_from(run_cli):
@@ -765,8 +788,8 @@ def test_from_events_with_only_bad_rows_names_the_file_and_the_rejections(run_cl
     assert res.exit_code == 3
     assert res.stdout == ""
     assert res.stderr == (
-        f"Error: the events file has no accepted rows (2 rows rejected by the events loader) ({path})\n"
-        f"Tip: kvtool analyze {path} lists the rejected rows and why\n"
+        "Error: no event row is accepted: 2 rows rejected (1 unparseable ts, 1 unknown event type; first: row 2, "
+        f"row 3) ({path})\nTip: docs/events-schema.md#rejected-rows says what each reason means\n"
     )
 
 

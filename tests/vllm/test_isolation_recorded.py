@@ -9,6 +9,7 @@ never the last prompt token): a prompt of 4 full blocks + 16 tokens = 144 tokens
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -80,3 +81,61 @@ def test_replay_through_the_cli(run_cli, name):
     assert result.exit_code == (0 if "real" in name else 1) == data["exit_code"]
     text = run_cli("vllm", "isolation", "--replay", RECORDS / name)
     assert "kvtool vllm isolation: " + data["verdict"] in text.stdout
+
+
+# The verdicts of the recorded runs, from docs/isolation.md "Negative controls" (tests/data/isolation/README.md):
+# the shipped engine passes everything, each broken build leaks on exactly the dimension it breaks.
+RECORDED_VERDICTS = {
+    "vllm-0.32-real.json": ("pass", {}),
+    "vllm-0.32-endpoint.json": ("pass", {}),
+    "vllm-0.32-broken-salt.json": ("leak", {"Tenants (cache_salt)": "leak"}),
+    "vllm-0.32-broken-lora-path.json": ("leak", {"Adapter versions": "leak"}),
+}
+TITLES = ("Tenants (cache_salt)", "LoRA adapters", "Adapter versions", "Prompt embeddings", "Cross (LoRA name =")
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED_VERDICTS))
+def test_the_report_opens_with_the_answer(run_cli, name):
+    # The overall verdict came on line 125 of 139: after every dimension's trials.  Now line 1 is the overall
+    # verdict and the next rows are one per dimension with its verdict; the trials follow.
+    overall, leaks = RECORDED_VERDICTS[name]
+    lines = run_cli("vllm", "isolation", "--replay", RECORDS / name).stdout.splitlines()
+    assert lines[0].startswith(f"kvtool vllm isolation: {overall} (")
+    first_details = next(i for i, line in enumerate(lines) if line.startswith(TITLES[0] + ": "))
+    for title in TITLES:  # every dimension's row, with its verdict, before any dimension's trials
+        row = next(i for i, line in enumerate(lines) if title in line)
+        assert row < first_details, (title, row, first_details)
+        assert re.search(rf"\b{leaks.get(title, 'pass')}\b", lines[row]), lines[row]
+
+
+def _without_cache_hits(name: str, tmp_path):
+    """The recorded run as an engine with prefix caching off would give it: no request reports a cached token."""
+    record = json.loads((RECORDS / name).read_text())
+    for result in record["results"]:
+        result["cached_tokens"] = 0
+    path = tmp_path / name
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_inconclusive_has_its_own_exit_code(run_cli, tmp_path):
+    # No control shared (docs/isolation.md: "a control did not share ... inconclusive"), so a clean victim proves
+    # nothing.  It exited 2, the code of a usage error; now 4 (kvtool.core.errors.EXIT_INCONCLUSIVE, README).
+    from kvtool.core.errors import EXIT_INCONCLUSIVE, EXIT_USAGE
+
+    assert EXIT_INCONCLUSIVE == 4 and EXIT_INCONCLUSIVE != EXIT_USAGE
+    path = _without_cache_hits("vllm-0.32-real.json", tmp_path)
+    result = run_cli("vllm", "isolation", "--replay", path, "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == data["exit_code"] == 4 and data["verdict"] == "inconclusive"
+    assert {d["verdict"] for d in data["dimensions"]} == {"inconclusive"}
+    text = run_cli("vllm", "isolation", "--replay", path)
+    assert text.exit_code == 4 and text.stdout.startswith("kvtool vllm isolation: inconclusive (")
+    # a usage error keeps 2
+    assert run_cli("vllm", "isolation", "--replay", path, "--endpoint", "http://127.0.0.1:9").exit_code == 2
+
+
+def test_the_exit_codes_are_in_the_readme_and_the_help(run_cli):
+    readme = (DATA.parent.parent / "README.md").read_text()
+    assert "| 4 | the command ran and could not decide either way (`vllm isolation` inconclusive" in readme
+    assert "4 inconclusive, 2 a usage error" in " ".join(run_cli("vllm", "isolation", "--help").stdout.split())

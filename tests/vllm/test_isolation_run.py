@@ -63,7 +63,7 @@ def test_prefix_caching_off_is_inconclusive_never_pass():
     # every victim misses, but so does every control: the misses prove nothing
     with FakeVllm(caching=False) as fake:
         report = run(fake, adapters=("lora-a",))
-    assert report.verdict == "inconclusive" and report.exit_code == 2
+    assert report.verdict == "inconclusive" and report.exit_code == 4  # not 2, a usage error's code
     assert {d.verdict for d in report.dimensions if d.verdict != "not run"} == {"inconclusive"}
     assert all(d.controls_shared == 0 for d in report.dimensions)
 

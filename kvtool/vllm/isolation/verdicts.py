@@ -26,12 +26,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, Partition
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 
 PASS, LEAK, INCONCLUSIVE = "pass", "leak", "inconclusive"
-EXIT_INCONCLUSIVE = EXIT_USAGE  # the issue: exit 2 = inconclusive (or a usage error)
 TIMING_CHANNEL_AUC = 0.75  # an AUC at or above this (with MIN_TIMING_SAMPLES each side) = "channel present"
 MIN_TIMING_SAMPLES = 4
 
@@ -109,7 +108,7 @@ class DimensionResult:
 class IsolationReport:
     engine: EngineInfo
     verdict: str  # pass | leak | inconclusive
-    exit_code: int  # 0 pass, 1 leak, 2 inconclusive
+    exit_code: int  # 0 pass, 1 leak, 4 inconclusive (kvtool.core.errors)
     probes: int
     events_captured: int | None  # KV events in the record; None when not captured
     dimensions: tuple[DimensionResult, ...]
