@@ -18,7 +18,7 @@ def _n(x: int | None) -> int:
 
 
 def render_estimate(result: EstimateResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     r = result
     heads = f"one latent of {r.head_dim}" if r.attention == "MLA" else f"{r.num_kv_heads} KV heads x {r.head_dim}"
@@ -27,7 +27,7 @@ def render_estimate(result: EstimateResult, console) -> None:
         f"model {r.model_dtype} -> KV {r.kv_dtype}"
     )
     console.print(headline(r) if r.fits is not None else kv_headline(r))
-    table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
+    table = new_table(title=title, show_header=True, header_style="bold", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", overflow="fold")
     kinds = {
@@ -183,9 +183,9 @@ def _beyond_context(r: EstimateResult) -> bool:
 
 
 def render_sweep(result: EstimateResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="Sweep (all GPUs)", header_style="bold", title_justify="left")
+    table = new_table(title="Sweep (all GPUs)", header_style="bold", title_justify="left")
     for col in ("seq_len", "batch", "KV bytes", "GiB", "GB"):
         table.add_column(col, justify="right")
     has_cap = result.sweep[0].fits is not None
@@ -207,9 +207,9 @@ def render_sweep(result: EstimateResult, console) -> None:
 
 
 def render_compare(result: EstimateResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(
+    table = new_table(
         title=f"What if (S={result.seq_len:,}, B={result.batch:,}, all GPUs)", header_style="bold", title_justify="left"
     )
     for col in ("variant", "attention", "KV heads", "KV dtype", "bytes/token", "KV bytes", "GiB", "vs as-is"):
@@ -236,12 +236,11 @@ def render_compare(result: EstimateResult, console) -> None:
 
 
 def render_models(models: list, gpus: list, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    # The name is what the user types next: it is never truncated.  The Hugging Face repository (also in
-    # --json) is shown only where it fits on one line, so an 80-column terminal keeps every other column whole.
-    show_repo = console.width >= 130
-    table = Table(
+    # The name is what the user types next: its column is never wrapped, and it is repeated in each part when a
+    # narrow terminal splits the table (the Hugging Face repository then comes in a second part).
+    table = new_table(
         title="Models (kvtool estimate --model NAME)",
         header_style="bold",
         title_justify="left",
@@ -251,17 +250,16 @@ def render_models(models: list, gpus: list, console) -> None:
     table.add_column("name", no_wrap=True)
     for col in ("attention", "layers", "KV x dim", "dtype", "sliding/state", "params"):
         table.add_column(col, no_wrap=True)
-    if show_repo:
-        table.add_column("values from", no_wrap=True)
+    table.add_column("values from", no_wrap=True)
     for m in models:
         sliding = f"{m.sliding_layers}/{m.num_layers} x {m.sliding_window:,}" if m.sliding_layers else "-"
         if m.state_layers:
             sliding = f"{m.state_layers}/{m.num_layers} state"
         params = f"{m.published_params / 1e9:,.2f} B" if m.published_params else "-"
         row = [m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params]
-        table.add_row(*row, *([m.hf_repo] if show_repo else []))
+        table.add_row(*row, m.hf_repo)
     console.print(table)
-    gt = Table(
+    gt = new_table(
         title="GPUs (kvtool estimate --gpu NAME)",
         header_style="bold",
         title_justify="left",

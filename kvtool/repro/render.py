@@ -7,9 +7,9 @@ from kvtool.repro.scenarios import SCENARIOS
 
 
 def render_list(console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="kvtool repro scenarios", title_justify="left")
+    table = new_table(title="kvtool repro scenarios", title_justify="left")
     table.add_column("name", style="bold")
     table.add_column("what it replays")
     for info in SCENARIOS:
@@ -47,11 +47,11 @@ def _verdict(impl: ImplResult) -> str:
 
 
 def _render_scenario(s: ScenarioResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     b, f = s.buggy, s.fixed
     console.print(f"\n[bold]{s.name}[/]: {s.summary}", highlight=False)
-    table = Table()
+    table = new_table()
     table.add_column("check")
     table.add_column("buggy", justify="right")
     table.add_column("fixed", justify="right")
@@ -110,9 +110,9 @@ def _tensor_cells(heads: list[CacheTensorInfo] | None) -> tuple[str, str, str]:
 
 
 def _tensor_table(b: ImplResult, f: ImplResult):
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="cache tensors per request / layer (per-head views inside)", title_justify="left")
+    table = new_table(title="cache tensors per request / layer (per-head views inside)", title_justify="left")
     table.add_column("tensor")
     for side in ("buggy", "fixed"):
         table.add_column(f"{side} data_ptr", overflow="fold")  # never an ellipsis inside an address
@@ -125,9 +125,9 @@ def _tensor_table(b: ImplResult, f: ImplResult):
 
 
 def _render_summary(report: ReproReport, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="summary", title_justify="left", title_style="bold")
+    table = new_table(title="summary", title_justify="left", title_style="bold")
     table.add_column("scenario")
     table.add_column("buggy")
     table.add_column("fixed")

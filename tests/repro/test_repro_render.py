@@ -85,7 +85,7 @@ def test_json_is_derived_from_the_same_dataclasses():
     assert data["target"]["failed_checks"] == ["isolation"]
 
 
-def test_addresses_are_folded_not_cut_on_a_narrow_terminal():
+def test_addresses_stay_whole_on_a_narrow_terminal():
     # Real heap addresses are 14 characters; at 80 columns rich used to cut them to "0x55a55…",
     # which hid the very evidence (equal data_ptr) the article diagnosed the bug with.
     from dataclasses import replace
@@ -104,5 +104,6 @@ def test_addresses_are_folded_not_cut_on_a_narrow_terminal():
     out = io.StringIO()
     render_report(report, Console(file=out, width=80, color_system=None, soft_wrap=False))
     assert "…" not in out.getvalue()
-    cells = [line.split("│")[2].strip() for line in out.getvalue().splitlines() if line.count("│") == 8]
-    assert "".join(cells[:2]).startswith(f"{big + 0x1000:#x}")  # r0's buggy data_ptr, folded over two lines
+    # the table is split into parts that repeat the tensor column: each address stays whole on one line
+    words = out.getvalue().split()
+    assert f"{big + 0x1000:#x}" in words  # r0's buggy data_ptr
