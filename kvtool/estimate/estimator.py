@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import KvtoolError, UsageError
+from kvtool.core.format import fmt_plural
 from kvtool.core.jsonable import to_jsonable
 from kvtool.core.units import GB, GIB, parse_size
 from kvtool.estimate.capacity import (
@@ -875,14 +876,16 @@ def suggest_fits(
         except KvtoolError:
             continue
         if tried.fits:
-            said.append(f"--tp {tp} fits (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+            said.append(f"--tp {tp} fits (up to {fmt_plural(tried.max_batch or 0, 'request')} of {seq_len:,} tokens)")
             break
     if not request.kv_dtype.startswith("fp8") and request.kv_dtype not in ("int4", "nvfp4"):
         tried = estimate(dataclasses.replace(one, kv_dtype="fp8"))
         verdict = "fits" if tried.fits else "is not enough"
-        said.append(f"--kv-dtype fp8 {verdict} (up to {tried.max_batch:,} requests of {seq_len:,} tokens)")
+        said.append(
+            f"--kv-dtype fp8 {verdict} (up to {fmt_plural(tried.max_batch or 0, 'request')} of {seq_len:,} tokens)"
+        )
     if capacity.max_seq_len_at_batch:
-        said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {batch:,} requests")
+        said.append(f"--seq-len {capacity.max_seq_len_at_batch:,} fits {fmt_plural(batch, 'request')}")
     return tuple(said)
 
 
