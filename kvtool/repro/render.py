@@ -39,7 +39,8 @@ def render_report(report: ReproReport, console, *, streamed: bool = False, verbo
         _render_summary(report, console)
     if report.target is not None:
         _render_target(report.target, console, streamed, verbose)
-    if not verbose and (len(shown) < len(report.scenarios) or report.target is not None):
+    hidden_evidence = report.target is not None and any(c.evidence and c.passed for c in report.target.checks)
+    if not verbose and (len(shown) < len(report.scenarios) or hidden_evidence):
         console.print("Every table, finding and piece of evidence: --verbose; all of it as JSON: --json", style="dim")
     console.print(f"took {report.elapsed_s:.1f} s; {'PASSED' if report.passed else 'FAILED'}", highlight=False)
 
