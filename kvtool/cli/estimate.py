@@ -156,6 +156,15 @@ MaxNumBatchedTokensOpt = Annotated[
 ]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Also the per-token bytes, weights, reserve terms, pipeline stages, what vLLM would log, how the "
+        "blocks were counted, the defaults used and the source (--json always has them).",
+    ),
+]
 
 
 def estimate_command(
@@ -188,6 +197,7 @@ def estimate_command(
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     compare: CompareOpt = False,
+    verbose: VerboseOpt = False,
     json_output: JsonOpt = False,
     list_models: ListOpt = False,
     profiles: ProfilesOpt = None,
@@ -199,11 +209,12 @@ def estimate_command(
     from kvtool.estimate.estimator import estimate, request_from
 
     given = dict(locals())  # every option by its name
+    given.pop("verbose")  # how much to print, not part of the request
     given.update(
         seq_len=_int_list(seq_len, "--seq-len"), batch=_int_list(batch, "--batch"), profiles=tuple(profiles or ())
     )
     request = request_from(given)
-    _print_estimate(estimate(request), json_output)
+    _print_estimate(estimate(request), json_output, verbose)
 
 
 def models_command(json_output: JsonOpt = False, profiles: ProfilesOpt = None) -> None:
@@ -216,7 +227,7 @@ def register(app: typer.Typer) -> None:
     app.command("models")(handle_errors(models_command))
 
 
-def _print_estimate(result: EstimateResult, json_output: bool) -> None:
+def _print_estimate(result: EstimateResult, json_output: bool, verbose: bool = False) -> None:
     """The tables on stdout and the warnings on stderr, or one JSON object (which carries the warnings)."""
     if json_output:
         from kvtool.cli.output import print_json
@@ -228,7 +239,7 @@ def _print_estimate(result: EstimateResult, json_output: bool) -> None:
 
     console = stdout_console()
     console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
-    render_estimate(result, console)
+    render_estimate(result, console, verbose=verbose)
     for warning in result.warnings:
         warn(warning)
 

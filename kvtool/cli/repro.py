@@ -58,6 +58,13 @@ def register(app: typer.Typer) -> None:
             help=f"Seeded random interleavings per implementation (default {SCENARIO_INTERLEAVINGS}; "
             f"{TARGET_INTERLEAVINGS} for a --target; at most {MAX_INTERLEAVINGS:,}).",
         ),
+        verbose: bool = typer.Option(
+            False,
+            "--verbose",
+            "-v",
+            help="Every scenario's tables and findings, and the evidence of every target check (by default: the "
+            "summary, and the evidence of what failed).",
+        ),
         json_output: JsonOpt = False,
     ) -> None:
         """Replay KV-cache isolation bugs in PyTorch (buggy vs fixed), or check your own attention module."""
@@ -71,7 +78,9 @@ def register(app: typer.Typer) -> None:
                 render_list(stdout_console())
             return
         if target is not None:
-            _check_target(names or None, target, device, dtype, seed, interleavings, d_model, hf_cache, json_output)
+            _check_target(
+                names or None, target, device, dtype, seed, interleavings, d_model, hf_cache, json_output, verbose
+            )
             return
         from contextlib import nullcontext
 
@@ -96,12 +105,12 @@ def register(app: typer.Typer) -> None:
         else:
             from kvtool.repro.render import render_report
 
-            render_report(report, stdout_console())
+            render_report(report, stdout_console(), verbose=verbose)
         if not report.passed:
             raise typer.Exit(EXIT_CHECK_FAILED)
 
 
-def _check_target(names, target, device, dtype, seed, interleavings, d_model, hf_cache, json_) -> None:
+def _check_target(names, target, device, dtype, seed, interleavings, d_model, hf_cache, json_, verbose) -> None:
     """--target: each check printed on stdout as it finishes (JSON at the end with --json); Ctrl-C keeps
     the finished checks and exits 130."""
     from kvtool.repro.run import run_repro
@@ -117,7 +126,7 @@ def _check_target(names, target, device, dtype, seed, interleavings, d_model, hf
             if not shown:  # the first line only once the target loaded (usage errors print nothing on stdout)
                 console.print(f"kvtool repro --target {target}: checks as they finish", highlight=False, markup=False)
             shown.append(check.name)
-            render_check(check, console)
+            render_check(check, console, verbose=verbose)
 
     report = run_repro(
         names,
@@ -135,7 +144,7 @@ def _check_target(names, target, device, dtype, seed, interleavings, d_model, hf
     else:
         from kvtool.repro.render import render_report
 
-        render_report(report, console, streamed=True)
+        render_report(report, console, streamed=True, verbose=verbose)
     if report.target is not None and report.target.interrupted:
         sys.stderr.write("Error: interrupted\n")
         raise typer.Exit(EXIT_INTERRUPTED)

@@ -56,3 +56,8 @@ def fmt_count(n: int) -> str:
     if n >= 10**6:
         return f"{n / 1e6:,.2f} million"
     return f"{n:,}"
+
+
+def fmt_plural(count: int, noun: str) -> str:
+    """``1 request``, ``3 requests``, ``1,024 requests``: a count and its noun, singular for one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.core.format import fmt_bytes as _bytes
-from kvtool.core.format import fmt_count
+from kvtool.core.format import fmt_count, fmt_plural
 from kvtool.core.units import GB, GIB
 from kvtool.estimate.estimator import EstimateResult
 
@@ -17,19 +17,45 @@ def _n(x: int | None) -> int:
     return 0 if x is None else x
 
 
-def render_estimate(result: EstimateResult, console) -> None:
-    from rich.table import Table
+def render_estimate(result: EstimateResult, console, *, verbose: bool = False) -> None:
+    """The answer first, then the formula, the budget and what fits; ``verbose`` adds how each was counted.
 
+    The default screen: the headline, the layer formulas, the KV cache, the budget, the blocks and the longest
+    request, the verdict and what would fit (and the --seq-len/--batch sweep or --compare table when asked).
+    ``verbose`` adds the per-token bytes, the weights, the reserve terms, the pipeline stages, what vLLM would log,
+    how the blocks were counted, the defaults used and the source.  ``--json`` keeps everything.
+    """
     r = result
+    console.print(headline(r) if r.fits is not None else kv_headline(r))
+    console.print(_estimate_table(r, verbose))
+    if r.fits is not None:
+        _verdict(r, console)
+    if r.suggestions:
+        console.print("Would fit: " + "; ".join(r.suggestions) + ".")
+    if r.sweep:
+        render_sweep(result, console)
+    if r.compare:
+        render_compare(result, console)
+    for note in r.notes:
+        console.print(f"Note: {note}", style="dim")
+    if verbose:
+        console.print("Defaults used: " + ("; ".join(r.defaults) if r.defaults else "none"), style="dim")
+        console.print(f"Source: {r.source}", style="dim")
+    else:
+        console.print("More with -v: weights, reserve, defaults, source (--json: all)", style="dim")
+
+
+def _estimate_table(r: EstimateResult, verbose: bool):
+    from kvtool.core.render import new_table
+
     heads = f"one latent of {r.head_dim}" if r.attention == "MLA" else f"{r.num_kv_heads} KV heads x {r.head_dim}"
     title = (
         f"KV cache of {r.model}: {r.attention}, {r.num_layers} layers, {heads}, "
         f"model {r.model_dtype} -> KV {r.kv_dtype}"
     )
-    console.print(headline(r) if r.fits is not None else kv_headline(r))
-    table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
+    table = new_table(title=title, show_header=True, header_style="bold")
     table.add_column("quantity")
-    table.add_column("value", overflow="fold")
+    table.add_column("value")
     kinds = {
         "full": "full attention",
         "sliding": "sliding window",
@@ -42,34 +68,23 @@ def render_estimate(result: EstimateResult, console) -> None:
         if g.window_tokens:
             label += f", window {g.window_tokens:,}"
         table.add_row(label, g.formula)
-    table.add_row("per token (1 sequence, all layers)", _bytes(r.bytes_per_token))
+    if verbose:
+        table.add_row("per token (1 sequence, all layers)", _bytes(r.bytes_per_token))
     s_b = f"KV cache, S={r.seq_len:,} x B={r.batch:,}"
     table.add_row(s_b + (" (all GPUs)" if r.tp > 1 else ""), _bytes(r.kv_bytes))
     if r.tp > 1:
         table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
-    if r.weights_bytes is not None:
+    if r.weights_bytes is not None and (verbose or r.kv_budget_bytes is None):
         params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
         label = "weights (whole model, all GPUs)" if r.tp * r.pp > 1 else "weights"
         table.add_row(label, f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
     if r.kv_budget_bytes is not None:
-        _capacity_rows(table, r)
-    console.print(table)
-    if r.fits is not None:
-        _verdict(r, console)
-    if r.suggestions:
-        console.print("Would fit: " + "; ".join(r.suggestions) + ".")
-    if r.sweep:
-        render_sweep(result, console)
-    if r.compare:
-        render_compare(result, console)
-    console.print("Defaults used: " + ("; ".join(r.defaults) if r.defaults else "none"), style="dim")
-    for note in r.notes:
-        console.print(f"Note: {note}", style="dim")
-    console.print(f"Source: {r.source}", style="dim")
+        _capacity_rows(table, r, verbose)
+    return table
 
 
-def _capacity_rows(table, r: EstimateResult) -> None:
-    """The budget, reserve, pipeline stages, blocks and what vLLM would log."""
+def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
+    """The budget and the blocks; with ``verbose`` also the reserve, pipeline stages and what vLLM would log."""
     if r.budget_method == "gpu":
         gpu = r.gpu or "GPU"
         table.add_row(
@@ -78,7 +93,7 @@ def _capacity_rows(table, r: EstimateResult) -> None:
             f"- weights {_gib(r.weights_bytes_per_gpu)} - reserve {_gib(r.reserve_bytes)} "
             f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
         )
-        if r.activation_bytes is not None:
+        if r.activation_bytes is not None and verbose:
             table.add_row(
                 "reserve per GPU (vLLM 0.32 profiling)",
                 f"activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
@@ -87,7 +102,7 @@ def _capacity_rows(table, r: EstimateResult) -> None:
             )
     else:
         table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
-    for st in r.stages:
+    for st in r.stages if verbose else ():
         binding = " (sets capacity)" if st.num_blocks == r.num_blocks else ""
         table.add_row(
             f"pipeline stage {st.index} (per GPU){binding}",
@@ -98,13 +113,13 @@ def _capacity_rows(table, r: EstimateResult) -> None:
     label = "blocks (one pool; every GPU holds its share of each)" if r.tp * r.pp > 1 else "blocks"
     table.add_row(label, f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
     table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
-    if _n(r.max_batch) >= 1:
+    if verbose and _n(r.max_batch) >= 1:
         table.add_row(
             "vLLM would log",
             f"KV cache size: {r.vllm_logged_tokens:,} tokens; Maximum concurrency for {r.seq_len:,} tokens "
             f"per request: {r.max_concurrency:.2f}x",
         )
-    else:
+    elif verbose:
         table.add_row(
             "vLLM would refuse to start",
             f"one request of {r.seq_len:,} tokens does not fit; the estimated maximum model length is "
@@ -116,7 +131,12 @@ def _capacity_rows(table, r: EstimateResult) -> None:
     if _beyond_context(r):
         limit = f"; the model's context (max_position_embeddings) is only {r.max_position_embeddings:,}"
     table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
-    table.add_row("how blocks were counted", r.capacity_method or "")
+    if verbose:
+        table.add_row("how blocks were counted", r.capacity_method or "")
+
+
+def _requests(count: int) -> str:
+    return fmt_plural(count, "request")
 
 
 def _verdict(r: EstimateResult, console) -> None:
@@ -129,8 +149,8 @@ def _verdict(r: EstimateResult, console) -> None:
                 f"(memory would hold {r.max_seq_len:,})"
             )
         console.print(
-            f"[green]Fits[/green]: {r.batch:,} request(s) of {r.seq_len:,} tokens fit; up to {r.max_batch:,} "
-            f"requests of {r.seq_len:,} tokens, or {longest}."
+            f"[green]Fits[/green]: {_requests(r.batch)} of {r.seq_len:,} tokens {_fit_verb(r.batch)}; up to "
+            f"{_requests(_n(r.max_batch))} of {r.seq_len:,} tokens, or {longest}."
         )
     elif r.max_seq_len == 0:
         console.print(
@@ -138,17 +158,22 @@ def _verdict(r: EstimateResult, console) -> None:
             f"(vLLM would refuse to start)."
         )
     else:
-        fitting = [f"{r.max_batch:,} request(s) of {r.seq_len:,} tokens"] if r.max_batch else []
+        fitting = [f"{_requests(_n(r.max_batch))} of {r.seq_len:,} tokens"] if r.max_batch else []
         if r.max_seq_len_at_batch:
             fitting.append(f"{r.batch:,} of {r.max_seq_len_at_batch:,} tokens")
         else:
-            fitting.append(f"no length at which {r.batch:,} requests fit")
+            fitting.append(f"no length at which {_requests(r.batch)} {_fit_verb(r.batch)}")
+        usable = max(_n(r.num_blocks) - 1, 0)
         console.print(
-            f"[red]Does not fit[/red]: {r.batch:,} request(s) of {r.seq_len:,} tokens need "
-            f"{r.batch * _n(r.blocks_per_request):,} blocks; {max(_n(r.num_blocks) - 1, 0):,} are usable. "
-            "Largest that fit: "
+            f"[red]Does not fit[/red]: {_requests(r.batch)} of {r.seq_len:,} tokens {'needs' if r.batch == 1 else 'need'} "
+            f"{fmt_plural(r.batch * _n(r.blocks_per_request), 'block')}; {usable:,} "
+            f"{'is' if usable == 1 else 'are'} usable. Largest that fit: "
             f"{', or '.join(fitting)} (one request: {r.max_seq_len:,} tokens)."
         )
+
+
+def _fit_verb(count: int) -> str:
+    return "fits" if count == 1 else "fit"
 
 
 def headline(r: EstimateResult) -> str:
@@ -160,15 +185,19 @@ def headline(r: EstimateResult) -> str:
             + ", ".join(part for part in (f"tp {r.tp}" if r.tp > 1 else "", f"pp {r.pp}" if r.pp > 1 else "") if part)
             + ")"
         )
-    asked = f"{r.batch:,} request{'s' if r.batch != 1 else ''} of {r.seq_len:,} tokens{where} fit"
+    asked = f"{_requests(r.batch)} of {r.seq_len:,} tokens{where} {_fit_verb(r.batch)}"
     if r.fits:
-        return f"[bold]{asked}: [green]yes[/green], up to {r.max_batch:,}[/bold]"
-    return f"[bold]{asked}: [red]no[/red], {r.max_batch:,} do[/bold]"
+        return f"[bold]{asked}: [green]yes[/green], up to {_n(r.max_batch):,}[/bold]"
+    if _n(r.max_batch) == 0 and r.max_seq_len:
+        return f"[bold]{asked}: [red]no[/red], not even one at that length; longest: {r.max_seq_len:,} tokens[/bold]"
+    if _n(r.max_batch) == 0:
+        return f"[bold]{asked}: [red]no[/red], not even one request: the KV budget holds no block to spare[/bold]"
+    return f"[bold]{asked}: [red]no[/red], only {_n(r.max_batch):,} {'does' if r.max_batch == 1 else 'do'}[/bold]"
 
 
 def kv_headline(r: EstimateResult) -> str:
     """Without a GPU the answer is the KV bytes: "KV cache of 1 request of 4,096 tokens: 2,147,483,648 B (...)"."""
-    asked = f"{r.batch:,} request{'s' if r.batch != 1 else ''} of {r.seq_len:,} tokens"
+    asked = f"{_requests(r.batch)} of {r.seq_len:,} tokens"
     per_gpu = f"; {_bytes(r.kv_bytes_per_gpu)} per GPU (tp {r.tp})" if r.tp > 1 else ""
     return f"[bold]KV cache of {asked}: {_bytes(r.kv_bytes)}{per_gpu}[/bold]"
 
@@ -183,9 +212,9 @@ def _beyond_context(r: EstimateResult) -> bool:
 
 
 def render_sweep(result: EstimateResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="Sweep (all GPUs)", header_style="bold", title_justify="left")
+    table = new_table(title="Sweep (all GPUs)", header_style="bold", title_justify="left")
     for col in ("seq_len", "batch", "KV bytes", "GiB", "GB"):
         table.add_column(col, justify="right")
     has_cap = result.sweep[0].fits is not None
@@ -207,9 +236,9 @@ def render_sweep(result: EstimateResult, console) -> None:
 
 
 def render_compare(result: EstimateResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(
+    table = new_table(
         title=f"What if (S={result.seq_len:,}, B={result.batch:,}, all GPUs)", header_style="bold", title_justify="left"
     )
     for col in ("variant", "attention", "KV heads", "KV dtype", "bytes/token", "KV bytes", "GiB", "vs as-is"):
@@ -236,12 +265,11 @@ def render_compare(result: EstimateResult, console) -> None:
 
 
 def render_models(models: list, gpus: list, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    # The name is what the user types next: it is never truncated.  The Hugging Face repository (also in
-    # --json) is shown only where it fits on one line, so an 80-column terminal keeps every other column whole.
-    show_repo = console.width >= 130
-    table = Table(
+    # The name is what the user types next: its column is never wrapped, and it is repeated in each part when a
+    # narrow terminal splits the table (the Hugging Face repository then comes in a second part).
+    table = new_table(
         title="Models (kvtool estimate --model NAME)",
         header_style="bold",
         title_justify="left",
@@ -251,17 +279,16 @@ def render_models(models: list, gpus: list, console) -> None:
     table.add_column("name", no_wrap=True)
     for col in ("attention", "layers", "KV x dim", "dtype", "sliding/state", "params"):
         table.add_column(col, no_wrap=True)
-    if show_repo:
-        table.add_column("values from", no_wrap=True)
+    table.add_column("values from", no_wrap=True)
     for m in models:
         sliding = f"{m.sliding_layers}/{m.num_layers} x {m.sliding_window:,}" if m.sliding_layers else "-"
         if m.state_layers:
             sliding = f"{m.state_layers}/{m.num_layers} state"
         params = f"{m.published_params / 1e9:,.2f} B" if m.published_params else "-"
         row = [m.name, m.attention, str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}", m.dtype, sliding, params]
-        table.add_row(*row, *([m.hf_repo] if show_repo else []))
+        table.add_row(*row, m.hf_repo)
     console.print(table)
-    gt = Table(
+    gt = new_table(
         title="GPUs (kvtool estimate --gpu NAME)",
         header_style="bold",
         title_justify="left",

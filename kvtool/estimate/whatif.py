@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kvtool.core.errors import KvtoolError
+from kvtool.core.format import fmt_plural
 from kvtool.estimate.capacity import Budget, Capacity
 from kvtool.estimate.fit import capacity_at
 from kvtool.estimate.hf_config import KvShape, ModelSpec
@@ -83,8 +84,7 @@ def suggest_fits(
 
 def _requests(count: int | None) -> str:
     """'1 request', '4 requests' (it said 'up to 1 requests')."""
-    n = count or 0
-    return f"{n:,} request" + ("" if n == 1 else "s")
+    return fmt_plural(count or 0, "request")
 
 
 def compare_rows(

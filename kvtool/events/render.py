@@ -241,9 +241,9 @@ def _pct0(value: Any) -> str:
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]):
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    table = new_table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     for name, value in rows:
@@ -291,9 +291,9 @@ def _summary_section(analysis: Analysis, console) -> None:
 
 
 def _culprits_section(analysis: Analysis, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    culprits = Table(
+    culprits = new_table(
         title="Culprits: requests that hold long and use little (by wasted slot-seconds)", title_justify="left"
     )
     for name, justify in (
@@ -329,7 +329,7 @@ def _culprits_section(analysis: Analysis, console) -> None:
 
 def _late_frees_section(analysis: Analysis, console) -> None:
     """The requests freed later than the threshold, named, by the block-seconds their late frees cost."""
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     late = analysis.late_frees
     if not analysis.pool.free_latency_count:
@@ -339,7 +339,7 @@ def _late_frees_section(analysis: Analysis, console) -> None:
         console.print(f"{head}: none")
         console.print()
         return
-    table = Table(
+    table = new_table(
         title=f"{head}: {late.requests:,} requests, {late.block_seconds:,.1f} block-seconds lost "
         f"({_pct(late.share_of_late_free_block_seconds)} of all frees' waiting)",
         title_justify="left",
@@ -527,13 +527,13 @@ def _fleet_summary_section(fleet: FleetAnalysis, console) -> None:
 
 def _health_section(fleet: FleetAnalysis, console) -> None:
     """Pool health per instance, the worst first (lost slot-seconds); the worst --top marked."""
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     worst = {h.instance for h in fleet.worst_instances}
     rows = sorted(fleet.health, key=lambda h: -h.lost_slot_seconds)
     from rich import box
 
-    table = Table(
+    table = new_table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         title="Pool health per instance, worst first (* the worst --top). reqs: requests; rej: rejected rows; "
@@ -545,7 +545,7 @@ def _health_section(fleet: FleetAnalysis, console) -> None:
     columns = ("instance", "reqs", "rej", "peak", "util", "lost", "late", "leak", "long", "hits")
     for name in columns:
         if name == "instance":
-            table.add_column(name, justify="left", no_wrap=True, max_width=16, overflow="ellipsis")
+            table.add_column(name, justify="left")  # a long instance name wraps, never cut
         else:
             table.add_column(name, justify="right", min_width=len(name))
     for h in rows[:MAX_HEALTH_ROWS]:
@@ -568,9 +568,9 @@ def _health_section(fleet: FleetAnalysis, console) -> None:
 
 
 def _request_rows_table(title: str, requests, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title=title, title_justify="left")
+    table = new_table(title=title, title_justify="left")
     for name in ("#", "instance", "request_id", "wasted slot-s", "holding s", "utilization", "free ms", "late block-s"):
         table.add_column(name, justify="left" if name in ("instance", "request_id") else "right")
     for i, r in enumerate(requests, 1):

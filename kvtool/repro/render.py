@@ -7,9 +7,9 @@ from kvtool.repro.scenarios import SCENARIOS
 
 
 def render_list(console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="kvtool repro scenarios", title_justify="left")
+    table = new_table(title="kvtool repro scenarios", title_justify="left")
     table.add_column("name", style="bold")
     table.add_column("what it replays")
     for info in SCENARIOS:
@@ -17,23 +17,52 @@ def render_list(console) -> None:
     console.print(table)
 
 
-def render_report(report: ReproReport, console, *, streamed: bool = False) -> None:
-    """The whole report; ``streamed``: the target's check lines were already printed as they finished."""
+def render_report(report: ReproReport, console, *, streamed: bool = False, verbose: bool = False) -> None:
+    """The verdict first, then the summary and the evidence of what failed; ``verbose``: every table.
+
+    ``streamed``: the target's check lines were already printed as they finished.  By default a scenario that
+    passed is one row of the summary, and a target check that passed one line; a failed one keeps its tables,
+    findings and evidence, what a user needs to act on.  ``verbose`` shows every scenario's tables and findings.
+    """
     tol = report.tolerance
+    console.print(_answer(report), highlight=False, soft_wrap=True)
     console.print(
-        f"kvtool repro: device {report.device}, dtype {report.dtype} "
-        f"(torch.allclose rtol {tol.rtol:g}, atol {tol.atol:g}), seed {report.seed}, "
-        f"{report.interleavings} interleavings",
+        f"device {report.device}, dtype {report.dtype} (torch.allclose rtol {tol.rtol:g}, atol {tol.atol:g}), "
+        f"seed {report.seed}, {report.interleavings} interleavings",
         highlight=False,
         soft_wrap=True,
     )
-    for scenario in report.scenarios:
+    shown = [s for s in report.scenarios if verbose or not s.passed]
+    for scenario in shown:
         _render_scenario(scenario, console)
     if report.scenarios:
         _render_summary(report, console)
     if report.target is not None:
-        _render_target(report.target, console, streamed)
+        _render_target(report.target, console, streamed, verbose)
+    hidden_evidence = report.target is not None and any(c.evidence and c.passed for c in report.target.checks)
+    if not verbose and (len(shown) < len(report.scenarios) or hidden_evidence):
+        console.print("Every table, finding and piece of evidence: --verbose; all of it as JSON: --json", style="dim")
     console.print(f"took {report.elapsed_s:.1f} s; {'PASSED' if report.passed else 'FAILED'}", highlight=False)
+
+
+def _answer(report: ReproReport) -> str:
+    """The first line: did every buggy version get caught and every fixed one stay clean."""
+    parts = []
+    if report.scenarios:
+        passed = sum(s.passed for s in report.scenarios)
+        failed = [s.name for s in report.scenarios if not s.passed]
+        parts.append(
+            f"{passed} of {len(report.scenarios)} scenarios passed (buggy detected, fixed clean)"
+            + (f"; failed: {', '.join(failed)}" if failed else "")
+        )
+    if report.target is not None:
+        t = report.target
+        checks = sum(c.passed and not c.skipped for c in t.checks)
+        parts.append(
+            f"target {t.target}: {checks} of {len(t.checks)} checks passed"
+            + (f"; failed: {', '.join(t.failed_checks)}" if t.failed_checks else "")
+        )
+    return f"kvtool repro: {'PASSED' if report.passed else 'FAILED'}: " + "; ".join(parts)
 
 
 def _yes_no(flag: bool) -> str:
@@ -47,11 +76,11 @@ def _verdict(impl: ImplResult) -> str:
 
 
 def _render_scenario(s: ScenarioResult, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     b, f = s.buggy, s.fixed
     console.print(f"\n[bold]{s.name}[/]: {s.summary}", highlight=False)
-    table = Table()
+    table = new_table()
     table.add_column("check")
     table.add_column("buggy", justify="right")
     table.add_column("fixed", justify="right")
@@ -110,9 +139,9 @@ def _tensor_cells(heads: list[CacheTensorInfo] | None) -> tuple[str, str, str]:
 
 
 def _tensor_table(b: ImplResult, f: ImplResult):
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="cache tensors per request / layer (per-head views inside)", title_justify="left")
+    table = new_table(title="cache tensors per request / layer (per-head views inside)", title_justify="left")
     table.add_column("tensor")
     for side in ("buggy", "fixed"):
         table.add_column(f"{side} data_ptr", overflow="fold")  # never an ellipsis inside an address
@@ -125,15 +154,17 @@ def _tensor_table(b: ImplResult, f: ImplResult):
 
 
 def _render_summary(report: ReproReport, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title="summary", title_justify="left", title_style="bold")
+    table = new_table(title="summary", title_justify="left", title_style="bold")
     table.add_column("scenario")
     table.add_column("buggy")
     table.add_column("fixed")
     table.add_column("result")
+    table.add_column("buggy: what differed")
     for s in report.scenarios:
-        table.add_row(s.name, _verdict(s.buggy), _verdict(s.fixed), "[green]ok[/]" if s.passed else "[red]FAIL[/]")
+        result = "[green]ok[/]" if s.passed else "[red]FAIL[/]"
+        table.add_row(s.name, _verdict(s.buggy), _verdict(s.fixed), result, _evidence(s.buggy))
     console.print(table)
     passed = sum(s.passed for s in report.scenarios)
     console.print(
@@ -142,16 +173,29 @@ def _render_summary(report: ReproReport, console) -> None:
     )
 
 
+def _evidence(impl: ImplResult) -> str:
+    """The checks that fired, in a few words: '|logit diff| 0.435; shared memory; 200/200 interleavings'."""
+    seen = [] if impl.allclose else [f"|logit diff| {impl.max_abs_diff:.3g}"]
+    seen += ["shared memory"] if impl.shared_storage else []
+    seen += [] if impl.shapes_ok else ["cache shapes"]
+    if impl.interleaving_mismatches:
+        seen.append(f"{impl.interleaving_mismatches}/{impl.interleavings} interleavings")
+    if impl.greedy_divergence_step is not None:
+        seen.append(f"greedy step {impl.greedy_divergence_step}")
+    return "; ".join(seen) or "nothing"
+
+
 _STATUS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}
 
 
-def render_check(c: TargetCheck, console) -> None:
-    """One target check: a status line, then its evidence (repeats already collapsed)."""
+def render_check(c: TargetCheck, console, *, verbose: bool = True) -> None:
+    """One target check: a status line, then its evidence (repeats already collapsed); without ``verbose`` the
+    evidence of a failed check only."""
     from rich.markup import escape
 
     status = "skip" if c.skipped else ("pass" if c.passed else "fail")
     console.print(f"{_STATUS[status]} {c.name}: {escape(c.message)}", highlight=False, soft_wrap=True)
-    for line in c.evidence:
+    for line in c.evidence if verbose or status == "fail" else ():
         console.print(f"    {line}", highlight=False, markup=False, soft_wrap=True)
 
 
@@ -160,7 +204,7 @@ def _target_title(t: TargetResult) -> str:
     return f"target {t.target} ({t.module_type}, protocol {t.protocol}, {inputs})"
 
 
-def _render_target(t: TargetResult, console, streamed: bool = False) -> None:
+def _render_target(t: TargetResult, console, streamed: bool = False, verbose: bool = True) -> None:
     from rich.markup import escape
 
     console.print(f"[bold]{escape(_target_title(t))}[/]", highlight=False, soft_wrap=True)
@@ -170,7 +214,7 @@ def _render_target(t: TargetResult, console, streamed: bool = False) -> None:
         console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     if not streamed:
         for c in t.checks:
-            render_check(c, console)
+            render_check(c, console, verbose=verbose)
     passed = sum(c.passed and not c.skipped for c in t.checks)  # a skipped check is no pass ("5 of 7" for 4 + 1)
     skipped = sum(c.skipped for c in t.checks)
     counts = f"{passed} of {len(t.checks)} checks passed" + (f", {skipped} skipped" if skipped else "")

@@ -16,7 +16,7 @@ def to_json(report: SimulateReport) -> dict[str, Any]:
 
 
 def render(report: SimulateReport, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     st = report.static
     console.print(f"[bold]kvtool simulate[/bold]: {report.source}")
@@ -26,7 +26,7 @@ def render(report: SimulateReport, console) -> None:
         f"p99 {st.p99_length_tokens:,.1f}, max {st.max_length_tokens:,} tokens"
     )
     has_prefix = st.results[0].shared_prefix_tokens > 0
-    table = Table(title="Static comparison: final lengths in blocks", title_justify="left")
+    table = new_table(title="Static comparison: final lengths in blocks", title_justify="left")
     for col in ("block", "frag.", "util.", "empty slots/req", "entries mean", "p99", "max"):
         table.add_column(col, justify="right")
     for r in st.results:
@@ -41,7 +41,7 @@ def render(report: SimulateReport, console) -> None:
         )
     console.print(table)
     if has_prefix:
-        t2 = Table(
+        t2 = new_table(
             title=f"Shared prefix of {st.results[0].shared_prefix_tokens} tokens (full blocks only)",
             title_justify="left",
         )
@@ -58,7 +58,7 @@ def render(report: SimulateReport, console) -> None:
             )
         console.print(t2)
     if st.kv_tokens is not None:
-        t3 = Table(title=f"Requests that fit at once in {st.kv_tokens:,} KV tokens", title_justify="left")
+        t3 = new_table(title=f"Requests that fit at once in {st.kv_tokens:,} KV tokens", title_justify="left")
         for col in ("block", "pool blocks", "p50", "p99", "p1", "fixed-length claim"):
             t3.add_column(col, justify="right")
         for r in st.results:
@@ -114,7 +114,7 @@ def _render_recommendations(report: SimulateReport, console) -> None:
 
 
 def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> None:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
     console.print()
     console.print(
@@ -136,7 +136,7 @@ def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> Non
             f"{refused:,} of {serve[0].requests:,} requests refused: a prompt of --max-model-len tokens or more, "
             "which vLLM 0.32 rejects at input (never scheduled, not in the figures below)"
         )
-    t = Table(title="Serving: the block pool", title_justify="left")
+    t = new_table(title="Serving: the block pool", title_justify="left")
     for col in ("block", "pool blocks", "peak", "mean", "util.", "prefix hits", "evicted", "preemptions", "never fit"):
         t.add_column(col, justify="right")
     for r in serve:
@@ -152,7 +152,7 @@ def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> Non
             f"{r.never_fit:,}",
         )
     console.print(t)
-    t = Table(title="Serving: latency and throughput", title_justify="left")
+    t = new_table(title="Serving: latency and throughput", title_justify="left")
     for col in (
         "block",
         "queue p50",

@@ -31,7 +31,7 @@ CONTRACT_KEYS = {
 
 
 def test_table_shows_formula_bytes_gib_and_gb(run_cli):
-    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048")
+    r = run_cli("estimate", "--model", "llama-2-7b", "--seq-len", "2048", "-v")
     assert r.exit_code == 0 and r.stderr == ""
     out = " ".join(r.stdout.split())
     assert "2 x 32 x 32 x 2048 x 128 x 2 x 1 = 1,073,741,824 bytes" in out
@@ -163,7 +163,7 @@ def test_fp32_config_runs_in_bf16_under_auto_and_fp32_when_asked(run_cli, tmp_pa
 
 
 def test_gpu_verdict_table(run_cli):
-    r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--seq-len", "4096", "--batch", "64")
+    r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--seq-len", "4096", "--batch", "64", "-v")
     assert r.exit_code == 0
     out = " ".join(r.stdout.split())
     assert "Does not fit" in out and "vLLM would log" in out and "reserve per GPU (vLLM 0.32 profiling)" in out
@@ -272,10 +272,63 @@ def test_does_not_fit_verdict_never_offers_zero(run_cli):
     )
     out = " ".join(r.stdout.split())
     assert (
-        "Largest that fit: 2 request(s) of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)"
+        "Largest that fit: 2 requests of 16 tokens, or no length at which 4 requests fit (one request: 32 tokens)"
         in out
     )
     assert " of 0 tokens" not in out and "0 request(s)" not in out
+
+
+MANUAL_TINY = ("--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--kv-memory", "12288")
+
+
+def test_one_request_that_does_not_fit_is_said_in_english(run_cli):
+    # The manual model above: 12,288 B = 3 blocks of 16 tokens, 2 usable (one is vLLM's null block), so the
+    # longest request is 2 x 16 = 32 tokens.  One request of 64 tokens needs 4 blocks: none fits at that length.
+    # Issue 24: the headline said "1 request of ... fit: no, 0 do".
+    r = run_cli("estimate", *MANUAL_TINY, "--seq-len", "64")
+    first = r.stdout.splitlines()[0]
+    assert first == "1 request of 64 tokens fits: no, not even one at that length; longest: 32 tokens"
+    out = " ".join(r.stdout.split())
+    assert "Does not fit: 1 request of 64 tokens needs 4 blocks; 2 are usable." in out
+    assert "request(s)" not in out and " 0 do" not in out
+
+
+def test_counts_of_one_are_singular(run_cli):
+    # 2 requests of 32 tokens need 2 x 2 = 4 blocks, 2 usable: exactly one fits (the headline said "1 do").
+    r = run_cli("estimate", *MANUAL_TINY, "--seq-len", "32", "--batch", "2")
+    assert r.stdout.splitlines()[0] == "2 requests of 32 tokens fit: no, only 1 does"
+    out = " ".join(r.stdout.split())
+    assert "Largest that fit: 1 request of 32 tokens, or 2 of 16 tokens" in out
+    assert "--seq-len 16 fits 2 requests" in out
+    # exactly 2 usable blocks of 32 tokens: one request of 32 tokens fits, and up to one
+    r = run_cli("estimate", *MANUAL_TINY, "--seq-len", "32")
+    out = " ".join(r.stdout.split())
+    assert r.stdout.startswith("1 request of 32 tokens fits: yes, up to 1")
+    assert "Fits: 1 request of 32 tokens fits; up to 1 request of 32 tokens" in out
+
+
+def test_suggestions_say_one_request_not_one_requests(run_cli):
+    # Llama-3.1-8B's whole context (131,072 tokens) on one L4 does not fit; at --tp 2 exactly one such request
+    # does (the --tp 2 run's own max_batch), and the suggestion said "up to 1 requests" (issue 24).
+    asked = ("estimate", "--model", "llama-3.1-8b", "--gpu", "L4", "-s", "131072")
+    assert json.loads(run_cli(*asked, "--tp", "2", "--json").stdout)["max_batch"] == 1
+    out = " ".join(run_cli(*asked).stdout.split())
+    assert "--tp 2 fits (up to 1 request of 131,072 tokens)" in out and "1 requests" not in out
+    assert "--seq-len 25,152 fits 1 request." in out
+
+
+def test_the_default_screen_is_the_answer_and_verbose_has_the_rest(run_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    asked = ("estimate", "--model", "llama-3.1-8b", "--gpu", "L4", "-s", "8192", "-b", "4")
+    short, long = run_cli(*asked).stdout, run_cli(*asked, "--verbose").stdout
+    detail = ("per token", "reserve per GPU", "vLLM would log", "how blocks were counted", "Defaults used", "Source:")
+    assert short.startswith("4 requests of 8,192 tokens on L4 fit: no, only 3 do")
+    for must in ("2 x 32 x 8 x 8192 x 128 x 2 x 4 = 4,294,967,296", "KV budget per GPU", "Does not fit", "Would fit"):
+        assert must in " ".join(short.split())
+    assert not [d for d in detail if d in short]
+    assert all(d in long for d in detail)
+    assert len(short.splitlines()) <= 25 < len(long.splitlines())  # about 50 lines before (issue 24)
+    assert run_cli(*asked, "-v").stdout == long
 
 
 def err(run_cli, *args):

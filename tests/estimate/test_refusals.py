@@ -89,4 +89,7 @@ def test_does_not_fit_suggests_what_would(run_cli):
     text = " ".join(
         run_cli("estimate", "--model", "llama-3.1-70b", "--gpu", "H100", "--seq-len", "8192").stdout.split()
     )
-    assert text.startswith("1 request of 8,192 tokens on H100-80GB fit: no, 0 do") and "Would fit: --tp 4 fits" in text
+    assert (
+        text.startswith("1 request of 8,192 tokens on H100-80GB fits: no, not even one request")
+        and "Would fit: --tp 4 fits" in text
+    )

@@ -20,9 +20,9 @@ TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every poin
 
 
 def capture_table(result: CaptureResult):
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title=f"kvtool capture -> {result.output}", show_header=False)
+    table = new_table(title=f"kvtool capture -> {result.output}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
     rows = [
@@ -52,9 +52,9 @@ def capture_table(result: CaptureResult):
 
 def record_table(result: RecordResult):
     """One row per file written by `kvtool record` (one per data-parallel rank that ran)."""
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(
+    table = new_table(
         title=f"kvtool record: command exited with {result.command_exit_code} after {result.duration_s:.1f} s"
     )
     table.add_column("file", overflow="fold", min_width=24)
@@ -82,12 +82,13 @@ def _stats_row(name: str, stats: Stats) -> tuple[str, ...]:
 
 def analysis_tables(analysis: VllmAnalysis) -> list:
     """The rich renderables of one analysis, in print order."""
-    from rich.table import Table
     from rich.text import Text
+
+    from kvtool.core.render import new_table
 
     c = analysis.counts
     out: list[Any] = []
-    summary = Table(title=f"vLLM KV-cache events: {analysis.source}", show_header=False)
+    summary = new_table(title=f"vLLM KV-cache events: {analysis.source}", show_header=False)
     summary.add_column("what")
     summary.add_column("value", justify="right")
     for name, value in [
@@ -109,7 +110,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
         summary.add_row(name, value)
     out.append(summary)
 
-    timeline = Table(title="Prefix-cache blocks over time")
+    timeline = new_table(title="Prefix-cache blocks over time")
     for name in ("t (s)", "seq", "cached blocks", "stored so far", "evicted so far"):
         timeline.add_column(name, justify="right")
     points = analysis.timeline
@@ -127,7 +128,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
         )
     out.append(timeline)
 
-    life = Table(title="Block lifetimes in the prefix cache (s)")
+    life = new_table(title="Block lifetimes in the prefix cache (s)")
     for name in ("ended by", "blocks", "min", "median", "mean", "p90", "max"):
         life.add_column(name, justify="right" if name != "ended by" else "left")
     life.add_row(*_stats_row("evicted (BlockRemoved)", analysis.lifetimes.evicted))
@@ -136,7 +137,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     out.append(life)
 
     ch, chains, hits = analysis.churn, analysis.chains, analysis.hits
-    work = Table(title="Churn, prefix chains and hits", show_header=False)
+    work = new_table(title="Churn, prefix chains and hits", show_header=False)
     work.add_column("what")
     work.add_column("value", justify="right")
     for name, value in [
@@ -161,7 +162,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     out.append(work)
 
     if analysis.sessions:
-        sessions = Table(title="Per session_id")
+        sessions = new_table(title="Per session_id")
         for name in (
             "session_id",
             "store events",

@@ -37,9 +37,9 @@ def _tokens(values: tuple[int, ...]) -> str:
 
 
 def _table(title: Any, columns: tuple[tuple[str, str], ...], caption: str | None = None) -> Any:
-    from rich.table import Table
+    from kvtool.core.render import new_table
 
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table = new_table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     return table
