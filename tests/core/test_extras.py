@@ -125,13 +125,20 @@ class _Blocker:
 
 @pytest.fixture
 def uninstalled(monkeypatch):
+    blockers: list[_Blocker] = []
+
     def block(*names: str) -> None:
         for name in names:
             for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 monkeypatch.delitem(sys.modules, loaded)
-        monkeypatch.setattr(sys, "meta_path", [_Blocker(*names), *sys.meta_path])
+        blockers.append(_Blocker(*names))
+        # in place, not a new list: a finder that a module imported meanwhile appends (tlz's, imported with dask)
+        # must stay on sys.meta_path after the test
+        sys.meta_path.insert(0, blockers[-1])
 
-    return block
+    yield block
+    for blocker in blockers:
+        sys.meta_path.remove(blocker)
 
 
 def test_require_names_the_feature_the_module_and_the_extra(uninstalled):

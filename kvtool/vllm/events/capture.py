@@ -76,8 +76,9 @@ class CaptureResult:
 
 
 def _import_zmq():
+    zmq = require("zmq", feature="kvtool capture")
     require("msgpack", feature="kvtool capture")
-    return require("zmq", feature="kvtool capture")
+    return zmq
 
 
 def vllm_binds(endpoint: str) -> bool:
