@@ -51,6 +51,9 @@ def check_target(
     >>> report.passed, [check.name for check in report.target.checks if check.passed]
     (True, ['determinism', 'isolation', 'consistency', 'no-shared-storage', 'no-aliasing', 'cache-length', 'batch'])
     """
+    from kvtool.core.extras import require
+
+    require("torch", feature="kvtool.api.check_target")
     from kvtool.repro.run import run_repro
 
     return run_repro(

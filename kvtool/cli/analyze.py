@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--plot",
             empty_tip="give a folder for the charts ('.' for the current one)",
+            needs=("matplotlib", "kvtool analyze --plot"),
             help="Write four PNG charts into this directory (a fleet: one folder per worst pool).",
         ),
         workers: Optional[int] = typer.Option(

@@ -27,13 +27,17 @@ JsonOpt = Annotated[bool, json_option()]
 ProfilesOpt = Annotated[Optional[list[str]], typer.Option("--profiles", help=PROFILES_HELP, show_default=False)]
 
 
-def path_option(default: Any, *names: str, empty_tip: str, **kwargs: Any) -> Any:
+def path_option(default: Any, *names: str, empty_tip: str, needs: tuple[str, str] | None = None, **kwargs: Any) -> Any:
     """A ``Path`` option that refuses an empty value with a usage error naming the option (exit 2).
 
     typer turns ``''`` into ``Path('.')``, the current folder, before the command sees it: ``--plot ''`` wrote its
     charts into the current folder, ``capture -o ''`` ended in a traceback. typer's ``parser`` receives the raw
     string, so the check is made there. ``empty_tip`` says what to give instead; the other arguments are
     ``typer.Option``'s. The error is a :class:`UsageError`, which ``kvtool.cli.run`` reports as the commands do.
+
+    ``needs``: (an optional module, the feature) that a given value needs, checked as the option is parsed, before
+    any work (``--plot`` needs matplotlib: a missing one was a traceback after the whole analysis); see
+    ``kvtool.core.extras.require``.
     """
     option = names[0]
 
@@ -42,6 +46,10 @@ def path_option(default: Any, *names: str, empty_tip: str, **kwargs: Any) -> Any
             return value
         if value == "":
             raise UsageError(f"{option} is empty", where=option, tip=empty_tip)
+        if needs is not None:
+            from kvtool.core.extras import require
+
+            require(needs[0], feature=needs[1])
         return Path(value)
 
     return typer.Option(default, *names, parser=path, **kwargs)

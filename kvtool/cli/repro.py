@@ -1,7 +1,8 @@
 """`kvtool repro`: replay the KV-cache isolation bugs in real PyTorch, or check the user's own module.
 
 Thin layer: parse options, call ``kvtool.repro.run.run_repro``, render.  torch is imported only inside
-the command function (through the core modules), never by ``kvtool --help``.
+the command function (through the core modules), never by ``kvtool --help``; it is the ``repro`` extra, checked
+first (``--list`` needs none).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 from kvtool.cli.options import JsonOpt
 from kvtool.cli.output import handle_errors, print_json, stdout_console
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED
+from kvtool.core.extras import require
 from kvtool.repro.defaults import MAX_INTERLEAVINGS, SCENARIO_INTERLEAVINGS, TARGET_INTERLEAVINGS
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ def register(app: typer.Typer) -> None:
             else:
                 render_list(stdout_console())
             return
+        require("torch", feature="kvtool repro")  # before anything else: torch is what every run needs
         if target is not None:
             _check_target(
                 names or None, target, device, dtype, seed, interleavings, d_model, hf_cache, json_output, verbose

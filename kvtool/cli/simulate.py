@@ -222,6 +222,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--plot",
             empty_tip="give a folder for the charts ('.' for the current one)",
+            needs=("matplotlib", "kvtool simulate --plot"),
             metavar="DIR",
             help="Write PNG charts into DIR.",
             rich_help_panel=_OUT,

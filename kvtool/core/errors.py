@@ -12,6 +12,10 @@ EXIT_CHECK_FAILED = 1  # the command ran, and what it checked failed (repro verd
 EXIT_USAGE = 2  # bad options or values: unknown model, zero/negative sizes, unknown scenario
 EXIT_INPUT = 3  # an input file is missing, unreadable, or not in an accepted format
 EXIT_INCONCLUSIVE = 4  # the command ran and could not decide either way (vllm isolation: a control did not share)
+# a command needs an optional extra that is not installed (torch for repro, matplotlib for --plot, ...): the
+# install is incomplete, not the command line; 69 is sysexits.h's EX_UNAVAILABLE ("a support program ... does
+# not exist"), away from the small codes a command's own outcomes take
+EXIT_MISSING_EXTRA = 69
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
@@ -43,6 +47,12 @@ class InputFileError(KvtoolError):
     """An input file is missing, unreadable or malformed (exit 3)."""
 
     exit_code = EXIT_INPUT
+
+
+class MissingExtraError(KvtoolError):
+    """A feature needs an optional extra that is not installed or does not import (exit 69); see core/extras.py."""
+
+    exit_code = EXIT_MISSING_EXTRA
 
 
 class CheckFailed(KvtoolError):

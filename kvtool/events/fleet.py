@@ -667,14 +667,13 @@ def _check_scheduler_address(scheduler: str) -> None:
 
 def _on_dask(units, options, workers, scheduler, note) -> list[UnitResult]:
     """One task per engine on a Dask cluster (a local one of ``workers`` processes, or ``scheduler``'s)."""
-    try:
-        from dask.distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise UsageError(
-            "--workers and --scheduler run on Dask, which is not installed", tip="pip install 'kvtool[fleet]'"
-        ) from None
+    from kvtool.core.extras import require
+
+    require("dask.distributed", feature="kvtool analyze --workers/--scheduler")
     import contextlib
     import logging
+
+    from dask.distributed import Client, LocalCluster, as_completed
 
     if scheduler is not None:
         _check_scheduler_address(scheduler)

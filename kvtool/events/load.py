@@ -216,12 +216,9 @@ class EventSource:
         """A binary file object (local, or through fsspec for a URL)."""
         if self.local is not None:
             return self.local.open("rb")
-        try:
-            import fsspec
-        except ImportError:  # pragma: no cover - fsspec comes with pyarrow's usual companions
-            raise InputFileError(
-                "reading a URL needs fsspec", where=self.name, tip="pip install 'kvtool[fleet]'"
-            ) from None
+        from kvtool.core.extras import require
+
+        fsspec = require("fsspec", feature="kvtool analyze on a URL", where=self.name)
         try:
             return fsspec.open(self.name, "rb").open()
         except (OSError, ValueError, ImportError) as err:

@@ -19,6 +19,9 @@ CHARTS = (
 
 def write_plots(analysis: Analysis, directory: Path) -> list[Path]:
     """Write the charts into ``directory`` (created if needed); return their paths."""
+    from kvtool.core.extras import require
+
+    require("matplotlib", feature="kvtool analyze --plot")
     import matplotlib
 
     matplotlib.use("Agg")

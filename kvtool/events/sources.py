@@ -85,10 +85,11 @@ def _expand_local(argument: str) -> list[str]:
 
 
 def _expand_url(argument: str) -> list[str]:
-    try:
-        from fsspec.core import url_to_fs
-    except ImportError:  # pragma: no cover - fsspec comes with the fleet extra
-        raise UsageError("reading URLs needs fsspec", where=argument, tip="pip install 'kvtool[fleet]'") from None
+    from kvtool.core.extras import require
+
+    require("fsspec", feature="kvtool analyze on a URL", where=argument)
+    from fsspec.core import url_to_fs
+
     try:
         fs, root = url_to_fs(argument)
         if set(root) & _GLOB_CHARS:

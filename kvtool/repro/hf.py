@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kvtool.core.errors import InputFileError, UsageError
+from kvtool.core.extras import require
 from kvtool.core.jsonfile import read_json_object
 from kvtool.repro.drivers import USER_ERRORS, Driver, Live, TargetFailure
 
@@ -47,12 +48,9 @@ def load_hf_dir(path: str, *, seed: int, dtype: torch.dtype) -> tuple[torch.nn.M
     if not (folder / "config.json").is_file():  # a missing input file: exit 3, as estimate --config DIR
         raise InputFileError(f"no config.json in '{folder}'", where="--target", tip="hf:DIR names a local model folder")
     _check_config_json(folder / "config.json")
-    try:
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError:
-        raise UsageError(
-            "hf: targets need the transformers package", where="--target", tip="pip install 'kvtool[hf]'"
-        ) from None
+    require("transformers", feature="kvtool repro --target hf:DIR", where="--target")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         if any((folder / name).is_file() for name in WEIGHT_FILES):

@@ -203,6 +203,9 @@ def _claim(r) -> str:
 
 def write_plots(report: SimulateReport, traces: dict[int, Any], directory: Path) -> list[Path]:
     """PNG charts: fragmentation and table size against block size; blocks in use over time per block size."""
+    from kvtool.core.extras import require
+
+    require("matplotlib", feature="kvtool simulate --plot")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,4 +1,5 @@
-"""The README's install and test commands are exactly what CI (.ci/run) runs, so a newcomer's first steps work."""
+"""The README's install and test commands: the first gives a working estimate with the base install, and the Test
+section is exactly what CI (.ci/run) runs, so a newcomer's first steps work."""
 
 from __future__ import annotations
 
@@ -21,9 +22,16 @@ def _ci_commands() -> list[str]:
     return [line.strip() for line in lines[start:] if line.strip() and not line.lstrip().startswith("#")]
 
 
-def test_readme_install_and_test_commands_are_what_ci_runs():
+def test_the_first_install_command_is_the_base_install_then_estimate():
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    install = _commands_after(readme, "Install")
+    assert _commands_after(readme, "Install") == [
+        "pip install kvtool            # from a clone: pip install -e .",
+        "kvtool estimate --model llama-3.1-8b --gpu L4",
+    ]
+
+
+def test_readme_test_commands_are_what_ci_runs():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     checks = _commands_after(readme, "Test")
-    assert install == ['pip install torch==2.13.0 -e ".[dev]"']
-    assert install + checks == _ci_commands()
+    assert checks[0] == 'pip install "torch==2.13.0+cpu" -e ".[dev]"'  # the CPU-only wheel named: never CUDA
+    assert checks == _ci_commands()

@@ -25,6 +25,7 @@ import msgpack  # the capture extra, in dev: imported, not skipped
 import pytest
 import zmq
 
+from kvtool.core.errors import EXIT_MISSING_EXTRA
 from kvtool.vllm.events.capture import CaptureOptions, resolve_role, run_capture, vllm_binds
 from tests.support import DATA, REPO_ROOT
 
@@ -541,10 +542,10 @@ def test_ipc_bind_in_a_missing_directory(run_cli, tmp_path):
 def test_missing_pyzmq_gives_one_line_and_the_install_tip(run_cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "zmq", None)
     result = run_cli("capture", "-o", tmp_path / "e.jsonl", "--duration", "1")
-    assert result.exit_code == 2
-    assert result.stderr == (
-        "Error: kvtool capture needs pyzmq and msgpack (zmq is not installed)\n"
-        "Tip: install the optional extra: pip install 'kvtool[capture]' (pyzmq and msgpack)\n"
+    assert result.exit_code == EXIT_MISSING_EXTRA
+    assert (
+        result.stderr
+        == "Error: kvtool capture needs pyzmq, which is not installed\nTip: pip install 'kvtool[capture]'\n"
     )
 
 

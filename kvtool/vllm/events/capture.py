@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from kvtool.core.errors import UsageError
+from kvtool.core.extras import require
 from kvtool.vllm.events.wire import (
     END_SEQ,
     MalformedFrame,
@@ -37,7 +38,6 @@ ROLES = ("auto", "bind", "connect")
 _TCP = re.compile(
     r"^tcp://(?P<host>\*|\[[0-9A-Fa-f:.*]+\]|[A-Za-z0-9_.\-]+|[0-9A-Fa-f:]*::[0-9A-Fa-f:]*):(?P<port>\d+)$"
 )
-INSTALL_TIP = "install the optional extra: pip install 'kvtool[capture]' (pyzmq and msgpack)"
 MAX_MALFORMED_REASONS = 5  # distinct reasons kept in the result
 
 
@@ -76,13 +76,8 @@ class CaptureResult:
 
 
 def _import_zmq():
-    try:
-        import msgpack  # noqa: F401
-        import zmq
-    except ImportError as err:
-        raise UsageError(
-            f"kvtool capture needs pyzmq and msgpack ({err.name} is not installed)", tip=INSTALL_TIP
-        ) from None
+    zmq = require("zmq", feature="kvtool capture")
+    require("msgpack", feature="kvtool capture")
     return zmq
 
 

@@ -196,6 +196,9 @@ def write_plots(analysis: VllmAnalysis, plot_dir: Path) -> list[Path]:
         plot_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"cannot create the plot directory: {err.strerror or err}", where=str(plot_dir)) from None
+    from kvtool.core.extras import require
+
+    require("matplotlib", feature="kvtool analyze --plot")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -72,7 +72,9 @@ def prompt_token_ids(probe: Probe, plan: Plan) -> list[int]:
 
 def prompt_embeds_b64(probe: Probe, plan: Plan, hidden_size: int) -> str:
     """base64 of ``torch.save`` of the probe's embedding rows (float32; vLLM casts to the model's dtype)."""
-    import torch
+    from kvtool.core.extras import require
+
+    torch = require("torch", feature="kvtool vllm isolation's prompt-embeddings probes")
 
     parts = []
     for n, seed in enumerate(probe.block_seeds):
