@@ -50,10 +50,18 @@ __all__ = [
 ]
 
 
+# the modules whose results are pandas DataFrames: pandas is the `api` extra (pip install 'kvtool[api]')
+_NEEDS_PANDAS = {"kvtool.api._events", "kvtool.api._simulate"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         import importlib
 
+        if _WHERE[name] in _NEEDS_PANDAS:
+            from kvtool.core.extras import require_installed
+
+            require_installed("pandas", feature=f"kvtool.api.{name}")
         value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value
         return value

@@ -40,6 +40,7 @@ EXTRAS: dict[str, Extra] = {
             also=f" (without a GPU, first the CPU-only wheel: pip install torch --index-url {TORCH_CPU_INDEX})",
         ),
         Extra("matplotlib", "matplotlib", "plots", "matplotlib"),
+        Extra("pandas", "pandas", "api", "pandas"),
         Extra("transformers", "transformers", "hf", "transformers"),
         Extra("zmq", "pyzmq", "capture", "pyzmq"),
         Extra("msgpack", "msgpack", "capture", "msgpack"),
@@ -71,6 +72,18 @@ def require(module: str, *, feature: str, where: str | None = None) -> ModuleTyp
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         message = f"{feature} needs {extra.title}, which is installed but does not import: {first}"
         raise MissingExtraError(message, where=where, tip=f"reinstall it: {extra.tip()}") from None
+
+
+def require_installed(module: str, *, feature: str, where: str | None = None) -> None:
+    """:func:`require`'s error where ``module`` is not installed, without importing it (the import stays lazy)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or a broken entry in sys.modules
+        found = False
+    if not found:
+        require(module, feature=feature, where=where)  # raises, naming the extra
 
 
 def _top(module: str) -> str:

@@ -189,7 +189,7 @@ def headline(r: EstimateResult) -> str:
     if r.fits:
         return f"[bold]{asked}: [green]yes[/green], up to {_n(r.max_batch):,}[/bold]"
     if _n(r.max_batch) == 0 and r.max_seq_len:
-        return f"[bold]{asked}: [red]no[/red], not even one at that length; longest: {r.max_seq_len:,} tokens[/bold]"
+        return f"[bold]{asked}: [red]no[/red]; longest that fits: {r.max_seq_len:,} tokens[/bold]"
     if _n(r.max_batch) == 0:
         return f"[bold]{asked}: [red]no[/red], not even one request: the KV budget holds no block to spare[/bold]"
     return f"[bold]{asked}: [red]no[/red], only {_n(r.max_batch):,} {'does' if r.max_batch == 1 else 'do'}[/bold]"

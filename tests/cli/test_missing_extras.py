@@ -52,7 +52,7 @@ def run_without(blocked: set[str], *args, body: str = _CLI, cwd=None) -> subproc
     )
 
 
-BASE = {"torch", "matplotlib"}  # what `pip install kvtool` leaves out (transformers comes with torch's extras)
+BASE = {"torch", "matplotlib", "pandas"}  # what `pip install kvtool` leaves out (transformers: with torch's extras)
 
 
 @pytest.mark.parametrize(
@@ -122,6 +122,32 @@ def test_check_target_of_the_api_without_torch():
         "kvtool.api.check_target needs PyTorch, which is not installed",
         TORCH_ERROR.splitlines()[1].removeprefix("Tip: "),
     ]
+
+
+@pytest.mark.parametrize("name", ["load_events", "analyze", "simulate", "AnalyzeResult"])
+def test_the_dataframe_api_without_pandas_names_the_api_extra(name):
+    body = (
+        "import kvtool.api\n"
+        "from kvtool.core.errors import MissingExtraError\n"
+        "try:\n"
+        f"    kvtool.api.{name}\n"
+        "except MissingExtraError as err:\n"
+        "    print(err.exit_code, err.one_line(), err.tip, sep='|')\n"
+    )
+    proc = run_without(BASE, body=body)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().split("|") == [
+        "69",
+        f"kvtool.api.{name} needs pandas, which is not installed",
+        "pip install 'kvtool[api]'",
+    ]
+
+
+def test_the_api_estimate_needs_no_pandas():
+    body = "from kvtool.api import estimate\nprint(estimate(model='llama-3.1-8b', gpu='L4').kv_bytes)\n"
+    proc = run_without(BASE, body=body)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) > 0
 
 
 @pytest.mark.parametrize(
