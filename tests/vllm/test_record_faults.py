@@ -101,7 +101,7 @@ def test_sigterm_to_the_driver_waits_for_the_orphaned_engine(tmp_path):
     code, result, _ = _finish(proc)
     assert code == 128 + signal.SIGTERM  # the command's own exit, as a shell reports it
     assert _assert_whole_steps(output, at_least=60) == 60  # the engine ran to its end and closed its recording
-    assert result["files"][0]["rows"] == 60 * ROWS
+    assert result["files"][0]["rows"] == result["files"][0]["engine_rows"] == 60 * ROWS
     assert result["stopped_processes"] == 0
 
 

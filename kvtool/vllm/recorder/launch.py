@@ -58,6 +58,7 @@ class RecordedFile:
     turned_off: str | None  # why the recorder stopped early (an error), None when it ran to the end
     spool_converted: bool  # the engine's Python had no pyarrow: its CSV spool was converted here
     partial_row_dropped: bool = False  # the spool ended in half a row (the engine stopped mid-write): not a row
+    engine_rows: int | None = None  # the rows the engine's writer flushed, by its own count (None: it never closed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,6 +314,7 @@ def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
             meta = {"open": True}
         else:
             continue
+        engine_rows = None if meta.get("open") else meta.get("rows")  # what the engine's writer says it flushed
         if meta.get("open"):
             meta["turned_off"] = KILLED
         partial = paths.spool.exists() and _drop_partial_row(paths.spool)
@@ -327,6 +329,7 @@ def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
                 meta["spool"], final = str(paths.spool), paths.spool
                 meta["turned_off"] = "; ".join(filter(None, (meta.get("turned_off"), problem)))
         meta["rows"] = count_rows(final) if final.exists() else 0
+        meta["engine_rows"] = engine_rows
         meta["open"] = False
         write_meta(paths, meta)
         found.append(
@@ -334,6 +337,7 @@ def collect_outputs(output: Path) -> tuple[RecordedFile, ...]:
                 path=str(final),
                 dp_rank=int(meta.get("dp_rank", 0)),
                 rows=int(meta["rows"]),
+                engine_rows=engine_rows,
                 engine_steps=int(meta.get("steps", 0)),
                 recorder_s=float(meta.get("recorder_s", 0.0)),
                 turned_off=meta.get("turned_off"),
