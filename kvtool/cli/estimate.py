@@ -245,15 +245,20 @@ def _print_estimate(result: EstimateResult, json_output: bool, verbose: bool = F
 
 
 def _print_models(dirs: tuple[str, ...], json_output: bool) -> None:
-    from kvtool.estimate.profiles import list_gpus, model_catalog
+    """The catalog on stdout; each profile file that does not load is one warning on stderr (with --json: the
+    ``warnings`` field), and the rest is listed."""
+    from kvtool.estimate.profiles import model_catalog
 
-    models, gpus = model_catalog(dirs), list_gpus(dirs)
+    catalog = model_catalog(dirs)
+    warnings = [s.warning for s in catalog.skipped]
     if json_output:
         from kvtool.cli.output import print_json
 
-        print_json({"models": models, "gpus": gpus})
+        print_json({"models": catalog.models, "gpus": catalog.gpus, "warnings": warnings})
     else:
-        from kvtool.cli.output import stdout_console
+        from kvtool.cli.output import stdout_console, warn
         from kvtool.estimate.render import render_models
 
-        render_models(models, gpus, stdout_console())
+        render_models(list(catalog.models), list(catalog.gpus), stdout_console())
+        for warning in warnings:
+            warn(warning)

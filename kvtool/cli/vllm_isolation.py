@@ -31,7 +31,9 @@ def _tenant_keys(values: list[str]) -> tuple[tuple[str, str], ...]:
     for value in values:
         tenant, sep, key = value.partition("=")
         if not sep or not tenant or not key:
-            raise UsageError(f"--api-key takes TENANT=KEY, not {value!r}", where="--api-key")
+            # the value is not quoted: without its '=' it may be a key alone
+            what = "no '='" if not sep else "an empty tenant" if not tenant else f"tenant {tenant!r} with an empty key"
+            raise UsageError(f"--api-key takes TENANT=KEY; the value given has {what}", where="--api-key")
         pairs.append((tenant, key))
     return tuple(pairs)
 

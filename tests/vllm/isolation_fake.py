@@ -4,8 +4,9 @@ It hashes prompts the way vLLM 0.32 does (vllm/v1/core/kv_cache_utils.py: a chai
 over (parent, block tokens, extra keys), extra keys = LoRA name and path, and the cache salt on the first block),
 reports ``usage.prompt_tokens_details.cached_tokens`` = the longest cached chain of full blocks, capped at
 prompt length - 1 and rounded down to whole blocks, and serves ``/metrics`` counters and ``/version``.
-``caching=False`` keeps nothing (prefix caching off); ``drop`` names a dimension to leave out of the hash (the negative control); ``report_cached=False`` behaves
-like vLLM without --enable-prompt-tokens-details (prompt_tokens_details is null).
+``caching=False`` keeps nothing (prefix caching off); ``drop`` names a dimension to leave out of the hash (the
+negative control); ``report_cached=False`` behaves like vLLM without --enable-prompt-tokens-details
+(prompt_tokens_details is null); ``refused_keys`` are answered 401 the way OpenAI's API answers a wrong key.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class FakeVllm:
         adapters=("lora-a",),
         caching=True,
         salt_from_key=False,
+        refused_keys: frozenset[str] = frozenset(),
     ):
+        self.refused_keys = refused_keys  # keys answered 401 with OpenAI's message, which quotes the key
         self.salt_from_key = salt_from_key  # a gateway that salts each API key's requests
         self.drop = drop
         self.caching = caching  # False: prefix caching off (nothing is ever kept)
@@ -127,6 +130,11 @@ class FakeVllm:
                         self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
                         return
                     key = self.headers.get("Authorization")
+                    if key and key.removeprefix("Bearer ") in fake.refused_keys:
+                        # the body OpenAI's API answers for a wrong key (it quotes the key it refused)
+                        message = f"Incorrect API key provided: {key.removeprefix('Bearer ')}."
+                        self._send(401, {"error": {"message": message, "type": "invalid_request_error"}})
+                        return
                     if fake.salt_from_key and key:
                         body = dict(body, cache_salt=key)
                     self._send(200, fake.complete(body))

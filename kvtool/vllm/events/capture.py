@@ -24,6 +24,7 @@ from typing import Any, NoReturn, TextIO
 
 from kvtool.core.errors import UsageError
 from kvtool.core.extras import require
+from kvtool.core.redact import redact_url
 from kvtool.vllm.events.wire import (
     END_SEQ,
     MalformedFrame,
@@ -92,13 +93,13 @@ def validate_endpoint(endpoint: str, option: str = "--endpoint") -> None:
     match = _TCP.match(endpoint)
     if match is not None and not 0 < int(match["port"]) < 65536:
         raise UsageError(
-            f"{option} '{endpoint}': port {int(match['port'])} is not one of 1 to 65535",
+            f"{option} '{redact_url(endpoint)}': port {int(match['port'])} is not one of 1 to 65535",
             where=option,
             tip="use the port of vLLM's KVEventsConfig endpoint (vLLM's default tcp://*:5557)",
         )
     if match is None:
         raise UsageError(
-            f"{option} '{endpoint}' is not a ZMQ endpoint",
+            f"{option} '{redact_url(endpoint)}' is not a ZMQ endpoint",
             where=option,
             tip="use tcp://HOST:PORT (for example tcp://127.0.0.1:5557) or ipc://PATH",
         )

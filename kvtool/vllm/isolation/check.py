@@ -37,6 +37,7 @@ from kvtool.vllm.isolation.record import (
     ProbeResult,
     SkippedDimension,
     keep_event,
+    redact_keys,
 )
 
 EVENTS_SETTLE_S = 5.0  # how long to wait for the last probe's KV events after its response
@@ -269,7 +270,8 @@ def _check(
         sessions = {p.session_id for p in plan.probes}
         events = tuple(keep_event(r) for r in rows if r.get("session_id") in sessions or r.get("type") != "BlockStored")
     engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note)
-    return IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped)
+    # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)
+    return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped))
 
 
 @contextlib.contextmanager

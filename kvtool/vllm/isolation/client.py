@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any
 
 from kvtool.core.errors import KvtoolError, UsageError
+from kvtool.core.redact import redact_url, without_secrets
 from kvtool.vllm.isolation.plan import Plan, Probe
 
 TOKEN_LOW, TOKEN_HIGH = 10, 1000  # random prompt token ids; every real vocabulary has at least 1,000 tokens
@@ -87,7 +88,8 @@ def prompt_embeds_b64(probe: Probe, plan: Plan, hidden_size: int) -> str:
 
 def _http_base_url(url: str) -> str:
     """``url`` without a trailing / or /v1, refused unless it is an http(s) URL with a host (urllib's own error
-    for ``junk`` or ``http://[::1`` was a traceback)."""
+    for ``junk`` or ``http://[::1`` was a traceback) and without credentials: urllib never sends a URL's
+    ``user:password@`` (it took them for part of the host name), and a refused URL is quoted with them masked."""
     try:
         parts = urllib.parse.urlsplit(url)
         valid = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -96,9 +98,15 @@ def _http_base_url(url: str) -> str:
         valid = False
     if not valid:
         raise UsageError(
-            f"--endpoint must be an http(s) URL with a host, not {url!r}",
+            f"--endpoint must be an http(s) URL with a host, not {redact_url(url)!r}",
             where="--endpoint",
             tip="give the server's base URL, for example http://127.0.0.1:8000",
+        )
+    if "@" in parts.netloc:
+        raise UsageError(
+            f"--endpoint {redact_url(url)!r} carries credentials, which kvtool does not send",
+            where="--endpoint",
+            tip="give the URL without them and the API key with --key (or KVTOOL_API_KEY): it is sent as a bearer token",
         )
     return url.rstrip("/").removesuffix("/v1")
 
@@ -126,16 +134,22 @@ class Client:
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode("utf-8", "replace")
         except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
+            reason = without_secrets(str(getattr(err, "reason", err)), (key,))
             raise EndpointError(
                 f"cannot reach {self.base_url}: {reason}", where="--endpoint", tip="check the URL and that vLLM serves"
             ) from None
 
+    def _quote(self, text: str, api_key: str | None = None) -> str:
+        """What the server answered, for an error line: its message, with the keys this client sends masked
+        (OpenAI's 401 quotes the key it refused)."""
+        keys = (api_key, self.api_key)
+        return without_secrets(_error_text(without_secrets(text, keys)), keys)  # masked before it is cut short
+
     def get_json(self, path: str) -> Any:
         status, text = self._request("GET", path)
         if status != 200:
-            raise EndpointError(f"GET {path} answered HTTP {status}: {_error_text(text)}", where=self.base_url)
-        return _parse_json(text, path)
+            raise EndpointError(f"GET {path} answered HTTP {status}: {self._quote(text)}", where=self.base_url)
+        return _parse_json(text, path, (self.api_key,))
 
     def served_models(self) -> tuple[str, ...]:
         return tuple(str(m.get("id")) for m in self.get_json("/v1/models").get("data", []))
@@ -157,7 +171,7 @@ class Client:
             if status == 404:
                 tip = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (runtime adapter loading)"
             raise EndpointError(
-                f"loading LoRA adapter '{name}' from {path} answered HTTP {status}: {_error_text(text)}",
+                f"loading LoRA adapter '{name}' from {path} answered HTTP {status}: {self._quote(text)}",
                 where=self.base_url,
                 tip=tip,
             )
@@ -171,11 +185,11 @@ class Client:
         if status != 200:
             raise EndpointError(
                 f"probe {probe.index} ({probe.trial} {probe.role}, {probe.partition.label}) answered HTTP {status}: "
-                f"{_error_text(text)}",
+                f"{self._quote(text, probe.partition.api_key)}",
                 where=self.base_url,
-                tip=_status_tip(status, text),
+                tip=_status_tip(status, text),  # fixed texts: never quotes the answer
             )
-        usage = _parse_json(text, "/v1/completions").get("usage") or {}
+        usage = _parse_json(text, "/v1/completions", (probe.partition.api_key, self.api_key)).get("usage") or {}
         details = usage.get("prompt_tokens_details")
         if not isinstance(details, dict) or not isinstance(details.get("cached_tokens"), int):
             raise EndpointError(
@@ -231,11 +245,11 @@ def parse_block_size(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _parse_json(text: str, path: str) -> Any:
+def _parse_json(text: str, path: str, keys: tuple[str | None, ...]) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        raise EndpointError(f"{path} did not answer JSON: {text[:120]!r}") from None
+        raise EndpointError(f"{path} did not answer JSON: {without_secrets(text, keys)[:120]!r}") from None
 
 
 def _error_text(text: str) -> str:

@@ -3,20 +3,27 @@
 The verdicts (:mod:`kvtool.vllm.isolation.verdicts`) are computed from this record alone, so a recorded run
 (``kvtool vllm isolation --record FILE``) can be judged again without an engine (``--replay FILE``); the test
 fixtures under tests/data/isolation/ are such records from real vLLM runs.
+
+A record never holds a secret: each tenant's API key is replaced by a label (``key#1``, ``key#2``, ... in the order
+the keys first appear; equal keys get equal labels, so the verdicts, which tell partitions apart by their key,
+come out the same), URLs are written without credentials, and the file is created readable by its owner only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from kvtool.core.errors import InputFileError
+from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.jsonable import to_jsonable
+from kvtool.core.redact import redact_url
 from kvtool.vllm.isolation.plan import Partition, Plan, Probe, Trial
 
 RECORD_FORMAT = "kvtool-isolation/1"
+RECORD_FILE_MODE = 0o600  # the owner only: a record names the endpoint, the tenants and the served adapters
 # KV-event fields kept in a record (token_ids are dropped: the verdicts never need them and they are large).
 EVENT_FIELDS = ("seq", "batch_ts", "type", "block_hashes", "block_size", "lora_name", "extra_keys", "session_id")
 
@@ -65,12 +72,56 @@ def keep_event(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in EVENT_FIELDS if k in row}
 
 
+class _KeyLabels:
+    """``key#1``, ``key#2``, ...: one label per distinct API key, in the order the keys first appear.
+
+    A label says nothing about its key (a short hash of a weak key could be reversed by guessing), yet equal keys
+    get equal labels, which is all the verdicts need to tell partitions apart."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}
+
+    def partition(self, partition: Partition) -> Partition:
+        if partition.api_key is None:
+            return partition
+        label = self.labels.setdefault(partition.api_key, f"key#{len(self.labels) + 1}")
+        return dataclasses.replace(partition, api_key=label)
+
+    def probe(self, probe: Probe) -> Probe:
+        return dataclasses.replace(probe, partition=self.partition(probe.partition))
+
+    def trial(self, trial: Trial) -> Trial:
+        prime, control, victim = (self.probe(p) for p in trial.probes)
+        return dataclasses.replace(trial, probes=(prime, control, victim))
+
+
+def redact_keys(record: IsolationRecord) -> IsolationRecord:
+    """The record with every API key replaced by its label and the URLs without credentials (idempotent: a
+    redacted record comes back unchanged)."""
+    labels = _KeyLabels()
+    plan = dataclasses.replace(record.plan, trials=tuple(labels.trial(t) for t in record.plan.trials))
+    by_index = {p.index: p for p in plan.probes}
+    results = tuple(dataclasses.replace(r, probe=by_index[r.probe.index]) for r in record.results)
+    engine = record.engine
+    events_endpoint = None if engine.events_endpoint is None else redact_url(engine.events_endpoint)
+    engine = dataclasses.replace(engine, endpoint=redact_url(engine.endpoint), events_endpoint=events_endpoint)
+    return dataclasses.replace(record, engine=engine, plan=plan, results=results)
+
+
 def write_record(record: IsolationRecord, path: Path) -> None:
-    """One JSON document; each result names its probe by index (the plan holds the probes)."""
-    data = to_jsonable(record)
+    """One JSON document, keys redacted, mode 0600; each result names its probe by index (the plan holds the
+    probes)."""
+    data = to_jsonable(redact_keys(record))
     for result in data["results"]:
         result["probe"] = result["probe"]["index"]
-    Path(path).write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+    text = json.dumps(data, separators=(",", ":")) + "\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, RECORD_FILE_MODE)
+        with open(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), RECORD_FILE_MODE)  # a file that existed keeps its mode through O_CREAT
+            handle.write(text)
+    except OSError as err:
+        raise UsageError(f"cannot write the record: {err.strerror or err}", where=str(path)) from None
 
 
 def _partition(obj: dict[str, Any]) -> Partition:
@@ -104,7 +155,7 @@ def record_from_json(obj: Any) -> IsolationRecord:
     by_index = {p.index: p for p in plan.probes}
     results = tuple(ProbeResult(**dict(r, probe=by_index[_index(r["probe"])])) for r in obj["results"])
     events = None if obj.get("events") is None else tuple(dict(e) for e in obj["events"])
-    return IsolationRecord(
+    record = IsolationRecord(
         RECORD_FORMAT,
         EngineInfo(**obj["engine"]),
         plan,
@@ -112,6 +163,7 @@ def record_from_json(obj: Any) -> IsolationRecord:
         events,
         tuple(SkippedDimension(**s) for s in obj.get("skipped", ())),
     )
+    return redact_keys(record)  # a record written before keys were redacted holds them in plaintext
 
 
 def read_record(path: Path) -> IsolationRecord:
