@@ -151,6 +151,8 @@ def load_events(
     except (pa.ArrowException, OSError, EOFError) as err:
         if "could not skip initial" in str(err).lower():  # pyarrow's words for a header without a newline
             raise InputFileError(_HEADER_ONLY, where=source.name) from None
+        if "straddling" in str(err).lower():  # a row longer than a block, or an unclosed quote: which one?
+            _refuse_a_line_longer_than_a_block(source, max_input_bytes)
         raise InputFileError(_plain_reason("cannot read the events file", err), where=source.name) from None
     note("checking rows")
     try:
@@ -245,6 +247,38 @@ _ARROW_MESSAGES = (
     ("no such file", "the file disappeared while being read"),
     ("truncated compressed stream", "not a valid gzip file (corrupt or truncated)"),
 )
+
+
+def _refuse_a_line_longer_than_a_block(source: EventSource, max_input_bytes: int) -> None:
+    """Raise InputFileError naming the first line longer than the CSV reader's block, if there is one: pyarrow
+    says "straddling" for it as for an unclosed quote, and a 100 MB field was called "an unclosed double quote"
+    (there was none).  Streams the (inflated, capped) content in 1 MiB pieces: memory stays bounded."""
+    import numpy as np
+
+    from kvtool.core.format import fmt_bytes
+
+    with source.open() as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+    with source.open() as raw:
+        fh = gzip.open(raw, "rb") if gzipped else raw
+        cap = InflateCap(source.name, max_input_bytes)
+        line, line_start, at = 1, 0, 0
+        while piece := fh.read(1 << 20):
+            cap.count(len(piece))
+            ends = np.flatnonzero(np.frombuffer(piece, dtype=np.uint8) == 10) + at
+            starts = np.concatenate(([line_start], ends[:-1] + 1)) if ends.size else np.array([line_start])
+            lengths = (ends if ends.size else np.array([at + len(piece)])) - starts
+            long = np.flatnonzero(lengths > _READ_BLOCK_BYTES)
+            if long.size:
+                raise InputFileError(
+                    f"line {line + int(long[0]):,} is longer than the CSV reader's block of "
+                    f"{fmt_bytes(_READ_BLOCK_BYTES)} (at least {fmt_bytes(int(lengths[long[0]]))}): no value of an "
+                    "events file is that large, and no option raises the block",
+                    where=source.name,
+                )
+            if ends.size:
+                line, line_start = line + ends.size, int(ends[-1]) + 1
+            at += len(piece)
 
 
 def _plain_reason(what: str, err: BaseException) -> str:

@@ -163,3 +163,18 @@ def test_a_broken_line_in_the_middle_is_still_an_error(run_cli, tmp_path):
     broken.write_bytes(b"".join(lines[:3]) + b'{"seq": \n' + b"".join(lines[3:]))
     result = run_cli("analyze", broken)
     assert result.exit_code == EXIT_INPUT and f"{broken}, line 4" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- a huge field
+
+
+def test_a_100_mb_field_is_named_as_such_not_as_an_unclosed_quote(run_cli, tmp_path):
+    """The reader parses 8 MiB blocks (kvtool.events.load._READ_BLOCK_BYTES); a row of 100 MiB cannot fit one.
+    The file has no double quote at all, so "unclosed double quote?" was wrong."""
+    path = tmp_path / "big.csv"
+    path.write_bytes(HEADER + b"0.1,allocate,a,1,1\n0.2,allocate," + b"x" * (100 << 20) + b",1,1\n0.3,free,a,1,\n")
+    result = run_cli("analyze", path)
+    assert result.exit_code == EXIT_INPUT
+    assert "quote" not in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.startswith("Error: line 3 is longer than the CSV reader's block of 8,388,608 B")
+    assert result.stderr.strip().endswith(f"({path})")
