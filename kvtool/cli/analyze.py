@@ -16,6 +16,7 @@ from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
+from kvtool.core.inflate import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_ENV, MAX_INPUT_OPTION
 from kvtool.core.memory import arrow_on_the_heap, keep_freed_memory
 
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # show a progress bar on a terminal for files at least this large
@@ -72,7 +73,14 @@ def register(app: typer.Typer) -> None:
             False,
             "--strict",
             help="Exit 1 if any row was rejected, a free was clamped, or a request leaked (vLLM "
-            "events: if batches were lost; a fleet: also if a file was refused).",
+            "events: if batches were lost or a line was rejected; a fleet: also if a file was refused).",
+        ),
+        max_input_bytes: str = typer.Option(
+            "8GiB",
+            MAX_INPUT_OPTION,
+            envvar=MAX_INPUT_ENV,
+            help="Refuse a compressed file (.csv.gz, .jsonl.gz) that inflates past this size (8GiB, 500MB, bytes), "
+            "counted while it inflates: a gzip bomb stops there. Also KVTOOL_MAX_INPUT_BYTES.",
         ),
     ) -> None:
         """Per-request KV block holding time versus utilization, and the health of the block pool.
@@ -87,9 +95,11 @@ def register(app: typer.Typer) -> None:
         Examples: kvtool analyze events.csv --plot charts/
         kvtool analyze 'logs/instance=*/**/*.parquet' --workers 8 --json > fleet.json
         """
+        from kvtool.core.units import parse_size
         from kvtool.events.fleet import AnalyzeOptions
         from kvtool.events.sources import is_single_file
 
+        max_inflated_bytes = parse_size(max_input_bytes, option=MAX_INPUT_OPTION)
         options = AnalyzeOptions(
             default_block_size=_positive(block_size, "--block-size"),
             long_threshold_tokens=long_threshold,
@@ -98,6 +108,7 @@ def register(app: typer.Typer) -> None:
             pool_blocks=pool_blocks,
             late_free_ms=late_free_ms,
             keep_timelines=plot is not None,  # a fleet's step curves: only the charts draw them
+            max_input_bytes=max_inflated_bytes,
         )
         output = _Output(json_output=json_output, export=export, plot=plot, strict=strict)
         if export is not None:
@@ -128,9 +139,8 @@ def register(app: typer.Typer) -> None:
                 )
                 if value != default
             ]
-            return _analyze_jsonl(
-                events_file, json_output=json_output, plot=plot, export=export, strict=strict, ignored=ignored
-            )
+            output = dataclasses.replace(output, max_input_bytes=max_inflated_bytes)
+            return _analyze_jsonl(events_file, output, ignored=ignored)
         _analyze_file(events_file, options, output)
 
 
@@ -140,6 +150,7 @@ class _Output:
     export: Optional[Path]
     plot: Optional[Path]
     strict: bool
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES  # vLLM's KV events (the CSV path has it in its AnalyzeOptions)
 
 
 def _analyze_file(events_file: Path, options, output: _Output) -> None:
@@ -151,7 +162,12 @@ def _analyze_file(events_file: Path, options, output: _Output) -> None:
 
     with _progress(events_file) as progress:
         note = progress.stage
-        table = load_events(events_file, default_block_size=options.default_block_size, progress=note)
+        table = load_events(
+            events_file,
+            default_block_size=options.default_block_size,
+            progress=note,
+            max_input_bytes=options.max_input_bytes,
+        )
         if table.instance is not None and len(set(table.instance.tolist())) > 1:
             unit = pools_of_table(table, str(events_file), (str(events_file),), options)
             del table
@@ -289,16 +305,15 @@ def _is_vllm_events_file(path: Path) -> bool:
     return looks_like_vllm_events(path)
 
 
-def _analyze_jsonl(
-    path: Path, *, json_output: bool, plot: Optional[Path], export: Optional[Path], strict: bool, ignored: list[str]
-) -> None:
+def _analyze_jsonl(path: Path, output: _Output, *, ignored: list[str]) -> None:
     """vLLM's JSON-lines KV-cache events (as recorded or captured by `kvtool capture`): issue 6, section 3.
 
     These events carry no request ids, so the per-request table (--export) does not exist for them, and the
     per-request options (``ignored``: given but meaningless here) are named in a warning, not dropped silently.
-    A malformed line is an error already; --strict also fails on lost batches (missing sequence numbers).
+    A malformed line is an error already (a cut last line is a rejected line); --strict also fails on lost batches
+    (missing sequence numbers) and on a rejected line.
     """
-    if export is not None:
+    if output.export is not None:
         raise UsageError(
             "--export writes the per-request table, which vLLM's KV events cannot give (they carry no request id)",
             where=str(path),
@@ -313,10 +328,15 @@ def _analyze_jsonl(
             f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to vLLM's KV events "
             "(no request ids, no per-request table): ignored"
         )
-    analysis = run_vllm_analysis(path, json_output=json_output, plot_dir=plot)
+    analysis = run_vllm_analysis(
+        path, json_output=output.json_output, plot_dir=output.plot, max_input_bytes=output.max_input_bytes
+    )
     missing = analysis.counts.missing_seqs
-    if strict and missing:
+    if output.strict and missing:
         raise CheckFailed(f"{missing:,} batch sequence numbers are missing: those events were lost", where=str(path))
+    if output.strict and analysis.rejected_lines:
+        line, reason = analysis.rejected_lines[0]
+        raise CheckFailed(f"a line was rejected: {reason}", where=f"{path}, line {line}")
 
 
 def _progress(path: Path) -> StderrProgress:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import InputFileError, KvtoolError, UsageError
+from kvtool.core.inflate import DEFAULT_MAX_INPUT_BYTES
 from kvtool.events.analysis import (
     DEFAULT_LATE_FREE_MS,
     DEFAULT_LONG_SHARE_ALERT,
@@ -48,6 +49,7 @@ class AnalyzeOptions:
     # a fleet's pools keep their step curves (for charts and the library's pool_timeline); the CLI keeps them
     # only for --plot: 50 pools' curves are 40 MB of the fleet's peak memory, and nothing else prints them
     keep_timelines: bool = True
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES  # a compressed file inflating past this is refused
 
     def analyze(self, table: EventTable, progress: Callable[[str], None] | None = None) -> Analysis:
         return analyze_events(
@@ -103,7 +105,9 @@ def analyze_pool(pool_files: PoolFiles, options: AnalyzeOptions) -> UnitResult:
     tables: list[EventTable] = []
     for path in pool_files.paths:
         try:
-            table = load_events(path, default_block_size=options.default_block_size)
+            table = load_events(
+                path, default_block_size=options.default_block_size, max_input_bytes=options.max_input_bytes
+            )
         except InputFileError as err:
             loads.append(FileLoad(path, pool_files.name, 0, 0, {}, 0, refused=err.one_line()))
             continue

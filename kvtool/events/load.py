@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.header import column_key, other_separator, repeated_column
+from kvtool.core.inflate import DEFAULT_MAX_INPUT_BYTES, InflateCap, read_capped
 from kvtool.core.threads import in_background
 from kvtool.events.kernels import compiled
 
@@ -126,10 +127,12 @@ def load_events(
     path: str | Path,
     default_block_size: int = DEFAULT_BLOCK_SIZE,
     progress: Callable[[str], None] | None = None,
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
 ) -> EventTable:
     """Read an events file (.csv, .csv.gz, .parquet; detected by content) into an :class:`EventTable`.
 
-    ``path`` is a local path or an fsspec URL.  Raises InputFileError (exit 3) for a missing, empty, binary or
+    ``path`` is a local path or an fsspec URL.  A gzip-compressed CSV that inflates past ``max_input_bytes`` is
+    refused while it inflates (kvtool.core.inflate).  Raises InputFileError (exit 3) for a missing, empty, binary or
     malformed file and for missing required columns; rows with bad values are rejected and counted, not raised.
     No message of the reading library reaches the user as is: each known failure is said in kvtool's words.
     """
@@ -144,10 +147,12 @@ def load_events(
         if kind == "parquet":
             read = _read_parquet(source)
         else:
-            read = _read_csv(source, header)
+            read = _read_csv(source, header, max_input_bytes)
     except (pa.ArrowException, OSError, EOFError) as err:
         if "could not skip initial" in str(err).lower():  # pyarrow's words for a header without a newline
             raise InputFileError(_HEADER_ONLY, where=source.name) from None
+        if "straddling" in str(err).lower():  # a row longer than a block, or an unclosed quote: which one?
+            _refuse_a_line_longer_than_a_block(source, max_input_bytes)
         raise InputFileError(_plain_reason("cannot read the events file", err), where=source.name) from None
     note("checking rows")
     try:
@@ -242,6 +247,38 @@ _ARROW_MESSAGES = (
     ("no such file", "the file disappeared while being read"),
     ("truncated compressed stream", "not a valid gzip file (corrupt or truncated)"),
 )
+
+
+def _refuse_a_line_longer_than_a_block(source: EventSource, max_input_bytes: int) -> None:
+    """Raise InputFileError naming the first line longer than the CSV reader's block, if there is one: pyarrow
+    says "straddling" for it as for an unclosed quote, and a 100 MB field was called "an unclosed double quote"
+    (there was none).  Streams the (inflated, capped) content in 1 MiB pieces: memory stays bounded."""
+    import numpy as np
+
+    from kvtool.core.format import fmt_bytes
+
+    with source.open() as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+    with source.open() as raw:
+        fh = gzip.open(raw, "rb") if gzipped else raw
+        cap = InflateCap(source.name, max_input_bytes)
+        line, line_start, at = 1, 0, 0
+        while piece := fh.read(1 << 20):
+            cap.count(len(piece))
+            ends = np.flatnonzero(np.frombuffer(piece, dtype=np.uint8) == 10) + at
+            starts = np.concatenate(([line_start], ends[:-1] + 1)) if ends.size else np.array([line_start])
+            lengths = (ends if ends.size else np.array([at + len(piece)])) - starts
+            long = np.flatnonzero(lengths > _READ_BLOCK_BYTES)
+            if long.size:
+                raise InputFileError(
+                    f"line {line + int(long[0]):,} is longer than the CSV reader's block of "
+                    f"{fmt_bytes(_READ_BLOCK_BYTES)} (at least {fmt_bytes(int(lengths[long[0]]))}): no value of an "
+                    "events file is that large, and no option raises the block",
+                    where=source.name,
+                )
+            if ends.size:
+                line, line_start = line + ends.size, int(ends[-1]) + 1
+            at += len(piece)
 
 
 def _plain_reason(what: str, err: BaseException) -> str:
@@ -400,19 +437,19 @@ class _Read:
 _TEXT_COLUMNS = ("event", "request_id", "source_request_id", *INSTANCE_COLUMNS)
 
 
-def _read_csv(source: EventSource, names: list[str]) -> _Read:
+def _read_csv(source: EventSource, names: list[str], max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> _Read:
     """Read the known columns, typed; fall back to strings where a value does not parse."""
     import pyarrow as pa
 
     _check_columns(source.name, names)
-    reader = _CsvReader(source, names)
+    reader = _CsvReader(source, names, max_input_bytes)
     invalid_lines: tuple[int, ...] = ()
     try:
         table, bad = reader.read_all()
     except pa.ArrowException:
         # A row with both a wrong field count and invalid UTF-8 stops pyarrow (it decodes the row's text for the
         # handler).  Read a copy with the bad bytes replaced, and reject the lines that had them.
-        content, invalid_lines = _replace_invalid_utf8(source, reader.gzip_content)
+        content, invalid_lines = _replace_invalid_utf8(source, reader.gzip_content, max_input_bytes)
         if not invalid_lines:
             raise
         reader.cleaned = content
@@ -425,10 +462,11 @@ def _read_csv(source: EventSource, names: list[str]) -> _Read:
 class _CsvReader:
     """pyarrow's CSV reader with kvtool's options: known columns typed, malformed rows collected, not fatal."""
 
-    def __init__(self, source: EventSource, names: list[str]):
+    def __init__(self, source: EventSource, names: list[str], max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES):
         import pyarrow as pa
 
         self.source = source
+        self.max_input_bytes = max_input_bytes
         self.names = names
         self.include = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *INSTANCE_COLUMNS) if c in names]
         text = pa.dictionary(pa.int32(), pa.string())
@@ -485,7 +523,10 @@ class _CsvReader:
         # which Python would print to stderr as "Exception ignored": the read then fails and is retried cleaned
         sys.unraisablehook = lambda u: None if isinstance(u.exc_value, UnicodeDecodeError) else previous_hook(u)
         raw = pa.BufferReader(self.cleaned) if self.cleaned is not None else self.source.arrow_file()
-        stream = pa.CompressedInputStream(raw, "gzip") if self.gzip_content and self.cleaned is None else raw
+        stream = raw
+        if self.gzip_content and self.cleaned is None:  # inflated under the cap: a bomb stops there, not in memory
+            cap = InflateCap(self.source.name, self.max_input_bytes)
+            stream = pa.TransformInputStream(pa.CompressedInputStream(raw, "gzip"), cap)
         try:
             table = pacsv.read_csv(
                 stream,
@@ -510,12 +551,16 @@ class _CsvReader:
         return table, bad
 
 
-def _replace_invalid_utf8(source: EventSource, gzip_content: bool) -> tuple[bytes, tuple[int, ...]]:
+def _replace_invalid_utf8(
+    source: EventSource, gzip_content: bool, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+) -> tuple[bytes, tuple[int, ...]]:
     """The whole content with each line's invalid UTF-8 replaced (U+FFFD), and those lines' numbers (1-based)."""
     with source.open() as fh:
-        data = fh.read()
-    if gzip_content:
-        data = gzip.decompress(data)
+        if gzip_content:
+            with gzip.open(fh, "rb") as inflated:
+                data = read_capped(inflated, InflateCap(source.name, max_input_bytes))
+        else:
+            data = fh.read()
     try:
         data.decode("utf-8")
         return data, ()

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.header import other_separator, repeated_column
+from kvtool.core.jsonfile import loads_bounded
 from kvtool.simulate.limits import MAX_ARRIVAL_S, MAX_REQUEST_TOKENS
 
 # The default share of output tokens in a request's final length, used when a source gives only a total length
@@ -319,7 +320,7 @@ def _read_json_lines(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = loads_bounded(line, f"{path}, line {lineno}")
                 except json.JSONDecodeError:
                     raise InputFileError("not valid JSON", where=f"{path}, line {lineno}") from None
                 if not isinstance(obj, dict):

@@ -19,11 +19,12 @@ from them; block lifetimes here are how long a block's content stayed in the pre
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from kvtool.core.errors import InputFileError
+from kvtool.core.inflate import DEFAULT_MAX_INPUT_BYTES
+from kvtool.core.jsonfile import loads_bounded
 from kvtool.vllm.events.wire import (
     ALL_BLOCKS_CLEARED,
     BLOCK_REMOVED,
@@ -32,7 +33,7 @@ from kvtool.vllm.events.wire import (
     VllmEvent,
     check_readable_head,
     open_text,
-    read_event_file,
+    read_event_lines,
 )
 
 MAX_TIMELINE_POINTS = 500  # the stored-over-time series is thinned to at most this many points
@@ -171,6 +172,8 @@ class VllmAnalysis:
     hits: Hits
     sessions: tuple[SessionSummary, ...]  # empty when no event carried a session_id
     notes: tuple[str, ...]
+    # lines not read, as (line number, reason): a cut last line (a capture stopped by a full disk); reported
+    rejected_lines: tuple[tuple[int, str], ...] = ()
 
 
 def looks_like_vllm_events(path: Path) -> bool:
@@ -178,10 +181,10 @@ def looks_like_vllm_events(path: Path) -> bool:
     try:
         with open_text(Path(path)) as handle:
             read = 0
-            for text in handle:
+            for number, text in enumerate(handle, start=1):
                 read += len(text)
                 if text.strip():
-                    row = json.loads(text)
+                    row = loads_bounded(text, f"{path}, line {number}")
                     return isinstance(row, dict) and "seq" in row and row.get("type") in EVENT_TYPES
                 if read > SNIFF_BYTES:
                     return False
@@ -467,8 +470,9 @@ def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAn
     )
 
 
-def analyze_vllm_events(path: Path) -> VllmAnalysis:
-    """Read and analyse a vLLM KV-event file; a file that is not one -> InputFileError (exit 3)."""
+def analyze_vllm_events(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> VllmAnalysis:
+    """Read and analyse a vLLM KV-event file; a file that is not one -> InputFileError (exit 3).  A ``.gz``
+    inflating past ``max_input_bytes`` is refused; a cut last line is a rejected line (with a note)."""
     path = Path(path)
     if not path.exists():
         raise InputFileError("no such file", where=str(path))
@@ -480,4 +484,9 @@ def analyze_vllm_events(path: Path) -> VllmAnalysis:
             where=str(path),
             tip="record one with 'kvtool capture --endpoint tcp://127.0.0.1:5557 -o events.jsonl'",
         )
-    return analyze_kv_events(read_event_file(path), str(path))
+    read = read_event_lines(path, max_input_bytes)
+    analysis = analyze_kv_events(read.events, str(path))
+    if not read.rejected_lines:
+        return analysis
+    cut = "; ".join(f"line {number:,}: {reason}" for number, reason in read.rejected_lines)
+    return dataclasses.replace(analysis, rejected_lines=read.rejected_lines, notes=(*analysis.notes, f"rejected {cut}"))

@@ -25,6 +25,7 @@ Nothing heavy is imported here; msgpack is imported inside :func:`decode_payload
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvtool.core.errors import InputFileError
+from kvtool.core.inflate import DEFAULT_MAX_INPUT_BYTES, InflateCap, capped_binary
+from kvtool.core.jsonfile import loads_bounded
 
 BLOCK_STORED = "BlockStored"
 BLOCK_REMOVED = "BlockRemoved"
@@ -279,17 +282,30 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
     )
 
 
-def open_text(path: Path) -> TextIO:
+def open_text(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> TextIO:
     """Open an event file for reading as UTF-8 text (a leading byte order mark skipped); ``.gz`` files are
-    decompressed."""
+    decompressed, and refused once they inflate past ``max_input_bytes`` (kvtool.core.inflate)."""
     if str(path).endswith(".gz"):
         import gzip
 
-        return gzip.open(path, "rt", encoding="utf-8-sig")
+        inflated = capped_binary(gzip.open(path, "rb"), InflateCap(str(path), max_input_bytes))
+        return io.TextIOWrapper(inflated, encoding="utf-8-sig")
     return Path(path).open("r", encoding="utf-8-sig")
 
 
 _BAD_GZIP = "not a valid gzip file (corrupt or truncated)"
+# A last line without its newline that is not JSON: the writer stopped mid-line (a full disk, a killed capture).
+# Its complete lines before it are read; the cut one is a rejected line, reported.
+CUT_LAST_LINE = "the last line is cut short (no newline, not complete JSON: the writer stopped mid-line)"
+
+
+@dataclasses.dataclass(frozen=True)
+class EventFile:
+    """The events of a JSON-lines vLLM KV-event file, and the lines rejected (only a cut last line is: any other
+    bad line is an error naming it)."""
+
+    events: tuple[VllmEvent, ...]
+    rejected_lines: tuple[tuple[int, str], ...]  # (line number, reason)
 
 
 def check_readable_head(path: Path, chars: int) -> None:
@@ -309,10 +325,17 @@ def check_readable_head(path: Path, chars: int) -> None:
         raise InputFileError(message, where=str(path)) from None
 
 
-def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON) for each non-blank line; bad JSON -> InputFileError."""
+def iter_event_rows(
+    path: Path,
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    rejected: list[tuple[int, str]] | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) for each non-blank line; bad JSON -> InputFileError, except a cut last line
+    (no newline) when ``rejected`` is given: it is appended there as (line number, reason) instead.
+
+    JSON nested deeper than kvtool.core.jsonfile.MAX_JSON_DEPTH is an InputFileError naming the line."""
     try:
-        handle = open_text(path)
+        handle = open_text(path, max_input_bytes)
     except OSError as err:
         raise InputFileError(f"cannot read the file: {err.strerror or err}", where=str(path)) from None
     with handle:
@@ -321,8 +344,11 @@ def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 if not text.strip():
                     continue
                 try:
-                    yield number, json.loads(text)
+                    yield number, loads_bounded(text, f"{path}, line {number}")
                 except json.JSONDecodeError as err:
+                    if rejected is not None and not text.endswith("\n"):  # only the last line lacks one
+                        rejected.append((number, CUT_LAST_LINE))
+                        return
                     raise InputFileError(f"not valid JSON ({err.msg})", where=f"{path}, line {number}") from None
         except UnicodeDecodeError:
             raise InputFileError("not a UTF-8 text file", where=str(path)) from None
@@ -331,6 +357,15 @@ def iter_event_rows(path: Path) -> Iterator[tuple[int, Any]]:
             raise InputFileError(message, where=str(path)) from None
 
 
-def read_event_file(path: Path) -> tuple[VllmEvent, ...]:
+def read_event_file(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> tuple[VllmEvent, ...]:
     """Every event of a JSON-lines vLLM KV-event file, in file order; errors name the line and field."""
-    return tuple(_event_from_row(row, number, str(path)) for number, row in iter_event_rows(path))
+    return read_event_lines(path, max_input_bytes).events
+
+
+def read_event_lines(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> EventFile:
+    """Every event of a JSON-lines vLLM KV-event file, in file order, and a cut last line as a rejected line
+    (a capture stopped by a full disk keeps its complete lines); any other bad line is an error naming it."""
+    rejected: list[tuple[int, str]] = []
+    rows = iter_event_rows(path, max_input_bytes, rejected)
+    events = tuple(_event_from_row(row, number, str(path)) for number, row in rows)
+    return EventFile(events, tuple(rejected))

@@ -19,6 +19,7 @@ from typing import Any
 
 from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.jsonable import to_jsonable
+from kvtool.core.jsonfile import loads_bounded
 from kvtool.core.redact import redact_url
 from kvtool.vllm.isolation.plan import Partition, Plan, Probe, Trial
 
@@ -173,6 +174,6 @@ def read_record(path: Path) -> IsolationRecord:
     except OSError as err:
         raise InputFileError(f"cannot read the record: {err.strerror or err}", where=str(path)) from None
     try:
-        return record_from_json(json.loads(text))
+        return record_from_json(loads_bounded(text, str(path)))
     except (ValueError, KeyError, TypeError) as err:
         raise InputFileError(f"not an isolation record ({err})", where=str(path)) from None
