@@ -1,7 +1,12 @@
 """Start-up: `kvtool estimate --model llama-2-7b` against a hello-world typer app printing a one-row rich table.
 
 Both run in this interpreter and environment (same typer, click, rich, site-packages), alternately, so a busy
-machine slows both alike.  The target (issue 9): estimate within 1.5x of the hello-world app.
+machine slows both alike.  The target (issues 9 and 24): estimate within 1.5x of the hello-world app.
+
+The children run without PYTHONDONTWRITEBYTECODE (the script drops it from their environment, whatever the shell
+sets), so Python caches kvtool's bytecode as on a user's machine, where pip compiled site-packages at install; with
+it set, every run would recompile every kvtool module and charge kvtool ~3x its real import time.  The first round
+of runs writes the .pyc files (and warms the file cache) and is not counted.
 
 Run from the repository root:  python benchmarks/bench_estimate.py [--runs N]
 Prints the medians (ms) and the ratio; the README "Performance" section quotes it.
@@ -49,7 +54,8 @@ def one_run(cmd: list[str], env: dict) -> tuple[float, float]:
 
 
 def measure(runs: int, env: dict) -> dict[str, Timing]:
-    """Medians per command; the commands take turns, and the first round (cold file cache) is dropped."""
+    """Medians per command; the commands take turns, and the first round (it writes the .pyc files, cold file
+    cache) is dropped."""
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in COMMANDS}
     for _ in range(runs + 1):
         for name, cmd in COMMANDS.items():
@@ -66,9 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    # As on a user's machine from the second run on: kvtool's bytecode is cached (the dropped first round writes
-    # it), like the site-packages that pip compiled at install.  Without this, a PYTHONDONTWRITEBYTECODE=1 shell
-    # recompiles every kvtool module on each run and charges kvtool ~3x its real import time.
+    # Bytecode cached, as on a user's machine (module docstring): the dropped first round writes the .pyc files.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     timings = measure(args.runs, env)
     base = timings[BASELINE]

@@ -237,8 +237,7 @@ def _print_estimate(result: EstimateResult, json_output: bool, verbose: bool = F
     from kvtool.cli.output import stdout_console, warn
     from kvtool.estimate.render import render_estimate
 
-    console = stdout_console()
-    console.highlight = False  # numbers are formatted already; skip rich's regex highlighter
+    console = stdout_console(highlight=False)  # numbers are formatted already; skip rich's regex highlighter
     render_estimate(result, console, verbose=verbose)
     for warning in result.warnings:
         warn(warning)

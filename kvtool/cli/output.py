@@ -6,7 +6,6 @@ stdout carries the answer (rich tables or ``--json``); stderr carries progress, 
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +16,9 @@ from kvtool.core.jsonable import to_jsonable
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def stdout_console():
+def stdout_console(*, highlight: bool = True):
+    """The console of the answer; ``highlight=False`` skips rich's regex highlighter (for text whose numbers are
+    formatted already)."""
     from rich.console import Console
 
     class _StdoutConsole(Console):
@@ -30,7 +31,7 @@ def stdout_console():
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise BrokenPipeError
 
-    return _StdoutConsole(soft_wrap=False)
+    return _StdoutConsole(soft_wrap=False, highlight=highlight)
 
 
 def stderr_console():
@@ -41,6 +42,8 @@ def stderr_console():
 
 def print_json(value: Any) -> None:
     """Print one JSON object on stdout and nothing else."""
+    import json  # here, not at the top: a table answer does not pay for the import
+
     sys.stdout.write(json.dumps(to_jsonable(value), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
 

@@ -8,8 +8,6 @@ traceback in every reader (analyze's vLLM events, ``estimate --config``, ``simul
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +16,16 @@ from kvtool.core.errors import InputFileError
 # Deeper nesting is refused: kvtool's JSON (configs, events, traces, records) nests fewer than 10 levels, and 200
 # keeps the parser's recursion far below Python's limit (1,000 frames) wherever it is called from.
 MAX_JSON_DEPTH = 200
-_STRUCTURE = re.compile(r'\\.|["\[\]{}]', re.DOTALL)  # an escape (skipped whole), a quote or a bracket
+# an escape (skipped whole), a quote or a bracket; compiled on first use (`kvtool estimate` never needs it)
+_STRUCTURE = r'\\.|["\[\]{}]'
 
 
 def loads_bounded(text: str | bytes, where: str) -> Any:
     """``json.loads(text)``, with nesting deeper than MAX_JSON_DEPTH refused as an InputFileError (exit 3) naming
     ``where`` (the file, and the line for JSON lines); invalid JSON raises json.JSONDecodeError as json does, for
     the caller to word."""
+    import json  # here, not at import: `kvtool estimate --model NAME` reads no JSON
+
     if isinstance(text, bytes):
         text = text.decode("utf-8")
     if _nesting_depth(text) > MAX_JSON_DEPTH:
@@ -46,9 +47,11 @@ def _nesting_depth(text: str) -> int:
     nest deeper: counted in C, so ordinary lines never reach the scan."""
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
         return 0
+    import re
+
     depth = deepest = 0
     in_string = False
-    for match in _STRUCTURE.finditer(text):
+    for match in re.finditer(_STRUCTURE, text, re.DOTALL):
         token = match.group()
         if token == '"':
             in_string = not in_string
@@ -67,6 +70,8 @@ def read_json_object(file: Path) -> dict[str, Any]:
 
     json's own "Expecting value at line 1 column 1" does not say that a file is empty, and transformers words the
     same failures as an OSError, so both estimate and repro read config.json through here."""
+    import json  # here: `kvtool estimate --model NAME` reads a YAML profile and never pays for the import
+
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -4,6 +4,7 @@ whole model or, with pipeline parallelism, for the stage with the fewest blocks 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from kvtool.core.errors import UsageError
 from kvtool.core.units import parse_size
@@ -12,17 +13,21 @@ from kvtool.estimate.gpu import AskedGpu, implausible_size
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.layout import KvLayout, kv_layout
 from kvtool.estimate.model import ResolvedModel
-from kvtool.estimate.pipeline import Stage, stage_spec, stages
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.reserve import Reserve, ReserveOverrides, model_reserve
 from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
+
+if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only
+    from kvtool.estimate.pipeline import Stage
 
 DEFAULT_MANUAL_SEQ_LEN = 2048  # the length of a model that names no max_position_embeddings (manual mode)
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannedBudget:
+    """The KV budget per GPU and the reserve it was computed with (both None without a GPU or --kv-memory)."""
+
     budget: Budget | None  # None without --kv-memory or a GPU
     reserve: Reserve | None  # None with --kv-memory or without a GPU
 
@@ -44,6 +49,8 @@ def plan_budget(
     spec, weights = model.spec, model.weights
     if request.pp == 1:
         return PipelinePlan(spec, layout, resolve_budget(request, spec, weights, gpu, scheduler), ())
+    from kvtool.estimate.pipeline import stage_spec, stages
+
     options: list[tuple[int, Stage, ModelSpec, KvLayout, PlannedBudget]] = []
     for stage in stages(spec, weights.weights_bytes if weights else 0, request.pp, request.tp):
         part = stage_spec(spec, stage.first_layer, stage.num_layers)

@@ -30,8 +30,8 @@ import math
 from decimal import Decimal
 
 from kvtool.core.errors import UsageError
-from kvtool.estimate.hf_config import CHUNKED, FULL, SLIDING, ModelSpec
-from kvtool.estimate.hybrid import MAMBA
+from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.kinds import CHUNKED, FULL, MAMBA, SLIDING
 from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
 
 DEFAULT_BLOCK_SIZE = 16

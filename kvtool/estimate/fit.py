@@ -14,6 +14,8 @@ from kvtool.estimate.serve_defaults import Scheduler
 
 @dataclasses.dataclass(frozen=True)
 class Lengths:
+    """The sequence lengths and batch sizes asked (or defaulted), each once."""
+
     seq_lens: tuple[int, ...]  # each once, in the order asked
     batches: tuple[int, ...]
     defaults: tuple[str, ...]  # the defaults used for them, in words
@@ -21,6 +23,8 @@ class Lengths:
 
 @dataclasses.dataclass(frozen=True)
 class SweepPoint:
+    """One (seq_len, batch) of a --seq-len / --batch sweep: its KV bytes and, with a budget, whether it fits."""
+
     seq_len: int
     batch: int
     kv_bytes: int

@@ -26,17 +26,22 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.core.jsonfile import read_json_object
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
-from kvtool.estimate.hybrid import READERS, MambaState, read_hybrid
-from kvtool.estimate.quant import WeightQuant, from_quantization_config
+from kvtool.estimate.kinds import CHUNKED, FULL, SLIDING
 
-FULL = "full"
-SLIDING = "sliding"
-CHUNKED = "chunked"  # chunked local attention (Llama 4): attends within fixed chunks of attention_chunk_size tokens
+if TYPE_CHECKING:  # imported where a config needs them, so a plain decoder's estimate never loads them
+    from kvtool.estimate.hybrid import MambaState
+    from kvtool.estimate.quant import WeightQuant
+
+# The model_types whose state layers kvtool.estimate.hybrid sizes (the keys of its READERS; a test keeps them equal).
+HYBRID_TYPES = frozenset(
+    {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h", "granitemoehybrid",
+     "falcon_h1", "jamba"}
+)  # fmt: skip
 LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
 GEMMA4_TYPES = frozenset({"gemma4", "gemma4_text"})
 # Gemma 3n and Gemma 4 add per-layer embeddings, AltUp, Laurel (3n) and per-layer MLP widths that kvtool's weight
@@ -319,7 +324,7 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
     listed = text.get("layer_types")
     layer_types: list[Any] = listed if isinstance(listed, list) else []
     odd = sorted({str(t) for t in layer_types} - {"full_attention", "sliding_attention", "attention"})
-    if model_type in READERS:
+    if model_type in HYBRID_TYPES:
         return  # sized as vLLM 0.32 sizes it (kvtool.estimate.hybrid)
     hybrid_key = next((k for k in HYBRID_KEYS if k in text and not _all_full_attention(k, text[k])), None)
     if model_type in HYBRID_MODEL_TYPES or hybrid_key or odd:
@@ -334,7 +339,7 @@ def refuse_unmodelled(data: dict[str, Any], where: str) -> None:
             f"hybrid model not modelled: {why}; vLLM keeps per-request recurrent state for those layers "
             "(MambaSpec) and sizes the KV groups differently, so kvtool will not count them as full attention"
             + (" (and vLLM 0.32 has no MiniMax-Text-01/M1 model class)" if model_type.startswith("minimax") else "")
-            + f"; modelled: {', '.join(sorted(READERS))}",
+            + f"; modelled: {', '.join(sorted(HYBRID_TYPES))}",
             where=f"{where}: field {'layer_types' if odd else hybrid_key or 'model_type'}",
             tip="vLLM's own start-up log gives its figure ('GPU KV cache size' and 'Maximum concurrency' lines)",
         )
@@ -449,7 +454,7 @@ KNOWN_MODEL_TYPES = (
     | LLAMA4_TYPES
     | PER_LAYER_EMBEDDING_TYPES
     | frozenset(_FALCON_TYPES)
-    | frozenset(READERS)
+    | HYBRID_TYPES
     | frozenset(_CLASS_DEFAULTS)
 )
 
@@ -510,7 +515,11 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
             head_dim = hidden // num_heads
         num_kv_heads = _kv_heads(cfg, model_type, num_heads, notes)
 
-    hybrid = read_hybrid(cfg.data, model_type, cfg.where, MODEL_DTYPE_BYTES.get(dtype, 2), num_layers)
+    hybrid = None
+    if model_type in HYBRID_TYPES:
+        from kvtool.estimate.hybrid import read_hybrid
+
+        hybrid = read_hybrid(cfg.data, model_type, cfg.where, MODEL_DTYPE_BYTES.get(dtype, 2), num_layers)
     chunked = _chunked_layer_kinds(cfg, model_type, num_layers, notes)
     chunk_size = None
     if hybrid is not None:
@@ -776,6 +785,8 @@ def _weight_quant(top: _Reader, dtype: str, notes: list[str]) -> WeightQuant | N
     config = top.get("quantization_config")
     if config is None:
         return None
+    from kvtool.estimate.quant import from_quantization_config
+
     quant = from_quantization_config(config, top.where, MODEL_DTYPE_BYTES.get(dtype, 2))
     if quant is None:
         notes.append(

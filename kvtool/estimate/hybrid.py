@@ -21,8 +21,7 @@ import dataclasses
 from typing import Any
 
 from kvtool.core.errors import InputFileError
-
-MAMBA = "mamba"  # a layer kind: fixed state per request
+from kvtool.estimate.kinds import MAMBA  # the layer kind: a fixed state per request
 
 
 @dataclasses.dataclass(frozen=True)

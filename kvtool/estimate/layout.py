@@ -19,8 +19,8 @@ from fractions import Fraction
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.dtypes import FP8_DS_MLA_BYTES_PER_TOKEN, KV_DTYPE_BYTES, kv_vector_bytes, resolve_kv_dtype
-from kvtool.estimate.hf_config import CHUNKED, FULL, SLIDING, ModelSpec
-from kvtool.estimate.hybrid import MAMBA
+from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.kinds import CHUNKED, FULL, MAMBA, SLIDING
 
 MLA = "mla"
 

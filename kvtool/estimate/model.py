@@ -57,10 +57,11 @@ def _model_and_weights(request: EstimateRequest) -> tuple[ModelSpec, WeightEstim
 def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, WeightEstimate | None]:
     """A built-in or user profile, a Hugging Face repository id found in the local cache (offline), or a local
     model folder holding config.json (vllm serve's --model takes one too)."""
-    from kvtool.estimate.hf_cache import find_snapshot
     from kvtool.estimate.profiles import find_model, find_model_by_repo, model_spec
 
     if "/" in name:
+        from kvtool.estimate.hf_cache import find_snapshot
+
         snapshot = find_snapshot(name)
         if snapshot is not None:  # named by its repository, not by the snapshot's commit hash
             return _model_from_config(request, str(snapshot), name=name.strip().strip("/"))

@@ -14,7 +14,7 @@ import dataclasses
 from kvtool.core.errors import UsageError
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
-from kvtool.estimate.hybrid import MAMBA
+from kvtool.estimate.kinds import MAMBA
 
 
 def pp_partitions(num_layers: int, pp: int) -> tuple[int, ...]:

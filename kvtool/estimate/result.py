@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.core.jsonable import to_jsonable
 from kvtool.core.units import GB, GIB
@@ -15,15 +15,19 @@ from kvtool.estimate.fit import Fit, Lengths, SweepPoint
 from kvtool.estimate.hf_config import MANUAL, NO_MODEL_TYPE, PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.layout import KvLayout, group_formula
 from kvtool.estimate.model import ResolvedModel
-from kvtool.estimate.pipeline import Stage
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import MODELLED_VLLM_VERSION, Scheduler
 from kvtool.estimate.weights import WeightEstimate
 from kvtool.estimate.whatif import CompareRow
 
+if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only
+    from kvtool.estimate.pipeline import Stage
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerGroupResult:
+    """One kind of layer of the result (full, sliding, chunked, MLA, state): its shape, bytes and formula."""
+
     kind: str
     num_layers: int
     kv_heads_per_gpu: int

@@ -21,11 +21,13 @@ import dataclasses
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import PER_LAYER_EMBEDDING_TYPES, ModelSpec
-from kvtool.estimate.hybrid import MAMBA
+from kvtool.estimate.kinds import MAMBA
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightEstimate:
+    """The weights of the whole model: parameters, bytes as vLLM loads them, and how they were counted."""
+
     num_params: int
     weights_bytes: int
     method: str  # "config estimate", "safetensors headers", "index.json total_size"
@@ -33,6 +35,8 @@ class WeightEstimate:
 
 @dataclasses.dataclass(frozen=True)
 class _Parts:
+    """The parameters of the decoder, split into what a quantization method stores its way and the rest."""
+
     linear: tuple[tuple[int, int, int], ...]  # (rows, cols, count) of the decoder's linear weight matrices
     other: int  # embeddings, LM head, norms, router, biases: parameters never quantized
     experts: int = 0  # routed experts over all layers, each gate + up (inter x hidden) and down (hidden x inter)

@@ -29,6 +29,8 @@ class _Tried(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class CompareRow:
+    """One row of --compare: the model with another attention layout or KV dtype, against the model as is."""
+
     label: str
     attention: str
     kv_heads: int

@@ -714,3 +714,17 @@ def test_suggestions_count_one_request_in_the_singular(run_cli):
     assert out["bytes_per_token"] == 2 * 32 * 8 * 128 * 2
     assert out["suggestions"][0] == "--tp 2 fits (up to 1 request of 131,072 tokens)"
     assert out["suggestions"][-1].endswith(" fits 1 request")
+
+
+def test_headline_is_not_recoloured_by_rich_on_a_terminal(run_cli, monkeypatch):
+    # _print_estimate meant to turn rich's regex highlighter off ("numbers are formatted already") but set an
+    # attribute rich never reads (console.highlight; rich keeps console._highlight), so on a terminal every digit
+    # run of the headline was wrapped in colour codes, and each run compiled the highlighter's ~10 regexes.
+    # FORCE_COLOR makes rich colour as on a terminal. The figures: 2 x 32 layers x 32 KV heads x 128 x 2 B x 4,096
+    # tokens = 2,147,483,648 B (Llama-2-7B at its 4,096-token context).
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "100")
+    r = run_cli("estimate", "--model", "llama-2-7b")
+    assert r.exit_code == 0
+    headline = r.stdout.splitlines()[0]  # bold as a whole (its markup), the figures in it left alone
+    assert "KV cache of 1 request of 4,096 tokens: 2,147,483,648 B (2.00 GiB, 2.15 GB)" in headline

@@ -91,3 +91,12 @@ def test_without_prefix_caching_a_state_holds_one_block(run_cli, tmp_path):
         run_cli, tmp_path, QWEN3_NEXT, "--kv-memory", "20GiB", "--seq-len", "262144", "--no-enable-prefix-caching"
     )
     assert out["blocks_per_request"] == 482 + 3
+
+
+def test_hf_config_names_every_hybrid_type_that_hybrid_reads():
+    # hf_config keeps the list of hybrid model_types itself so that a plain decoder's estimate never imports
+    # kvtool.estimate.hybrid; the list must stay the keys of hybrid.READERS (one reader per listed type)
+    from kvtool.estimate.hf_config import HYBRID_TYPES
+    from kvtool.estimate.hybrid import READERS
+
+    assert HYBRID_TYPES == frozenset(READERS)
