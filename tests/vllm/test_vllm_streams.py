@@ -74,7 +74,7 @@ def test_strict_fails_on_a_batch_lost_before_the_restart(run_cli, tmp_path):
     assert result.stderr.splitlines()[0].startswith("Error: 1 batch sequence numbers are missing")
     tables = run_cli("analyze", path)
     assert tables.exit_code == 0
-    assert "Streams: one per engine run" in tables.stdout and "sequence reset" in tables.stdout
+    assert "Streams (one per engine run)" in tables.stdout and "sequence reset" in tables.stdout
 
 
 def test_a_whole_restarted_capture_passes_strict(run_cli, tmp_path):

@@ -458,8 +458,9 @@ def _notes(replay: _CacheReplay, streams: tuple[Stream, ...]) -> tuple[str, ...]
     if lossy:
         missing = sum(s.missing_seqs for s in lossy)
         where = ", ".join(f"stream {s.index}: {s.missing_seqs:,}" for s in lossy)
+        numbers = "number is" if missing == 1 else "numbers are"
         notes.append(
-            f"{missing:,} batch sequence numbers are missing ({where}): those events were lost, so counts are low."
+            f"{missing:,} batch sequence {numbers} missing ({where}): those events were lost, so counts are low."
         )
     if replay.removed_unknown or replay.unknown_parent:
         notes.append(

@@ -198,7 +198,7 @@ def _streams_table(analysis: VllmAnalysis):
     """One row per engine run in the file: each has its own sequence numbers, so its own gaps."""
     from kvtool.core.render import new_table
 
-    table = new_table(title="Streams: one per engine run (a rank until its sequence numbers go back)")
+    table = new_table(title="Streams (one per engine run)")
     for name in ("stream", "dp rank", "started by", "line", "seq range", "batches", "missing", "t (s)"):
         table.add_column(name, justify="left" if name == "started by" else "right")
     for s in analysis.streams:
