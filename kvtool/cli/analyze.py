@@ -227,11 +227,11 @@ def _report_fleet(fleet, output: _Output, where: str) -> None:
     if output.export is not None:
         written += [str(p) for p in export_fleet_tables(fleet, output.export)]
     if output.plot is not None:
-        from kvtool.events.plots import write_plots
+        from kvtool.events.plots import pool_plot_folder, write_plots
 
         for health in fleet.worst_instances or fleet.health[:1]:
             pool = next(p for p in fleet.pools if p.instance == health.instance)
-            folder = output.plot / _safe_folder(pool.instance)
+            folder = pool_plot_folder(output.plot, pool.instance)
             written += [str(p) for p in write_plots(pool.analysis, folder)]
     _print(output, lambda: write_fleet_json(fleet, sys.stdout), lambda console: render_fleet(fleet, console), written)
     if output.strict and fleet_anomalies(fleet):
@@ -249,10 +249,6 @@ def _print(output: _Output, as_json, as_tables, written: list[str]) -> None:
     as_tables(console)
     for path in written:
         console.print(f"wrote {path}", highlight=False)
-
-
-def _safe_folder(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name) or "pool"
 
 
 def _require_content(path: Path) -> None:

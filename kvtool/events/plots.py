@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from kvtool.core.errors import UsageError
 from kvtool.events.analysis import Analysis
 
+MAX_NAME_CHARS = 80  # a pool's folder name keeps at most this much of the pool name (then a digest)
+NAME_DIGEST_CHARS = 8  # hex digits of sha256(name) added to a name that had to change: two names never share a folder
 MAX_STEP_POINTS = 20_000  # a longer step curve is thinned to its per-bucket maxima before plotting
 
 CHARTS = (
@@ -15,6 +18,32 @@ CHARTS = (
     "match_length_hist.png",
     "free_latency_hist.png",
 )
+
+
+def safe_file_name(name: str, fallback: str = "pool") -> str:
+    """A pool or instance name as one plain file name: ASCII letters, digits and ``-_.=``, no leading dot, at most
+    about MAX_NAME_CHARS.  A name that had to change gets ``-`` and a digest of the original, so ``a/b`` and ``a_b``
+    stay apart; ``..``, ``/abs``, a NUL or 300 characters can never name a folder outside the one given."""
+    cleaned = "".join(c if (c.isascii() and c.isalnum()) or c in "-_.=" else "_" for c in name)
+    if cleaned.startswith("."):  # ".", "..", a hidden folder
+        cleaned = "_" + cleaned[1:]
+    cleaned = cleaned or fallback
+    if cleaned == name and len(name) <= MAX_NAME_CHARS:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:NAME_DIGEST_CHARS]
+    return f"{cleaned[:MAX_NAME_CHARS]}-{digest}"
+
+
+def pool_plot_folder(plot_dir: Path, pool_name: str) -> Path:
+    """The folder of one pool's charts: a child of ``plot_dir`` named by :func:`safe_file_name`, checked to be one
+    once both are resolved (symlinks included)."""
+    folder = plot_dir / safe_file_name(pool_name)
+    root = plot_dir.resolve()
+    if folder.resolve().parent != root:
+        raise UsageError(
+            f"the charts of pool {pool_name!r} would be written outside the plot folder", where=str(folder)
+        )
+    return folder
 
 
 def write_plots(analysis: Analysis, directory: Path) -> list[Path]:

@@ -83,12 +83,33 @@ class EventCounts:
     block_removed_events: int
     all_blocks_cleared_events: int
     other_events: int  # events of a type this analysis does not know (kept, not analysed)
-    batches: int  # distinct (dp_rank, seq) pairs
+    batches: int  # batches over all streams (one engine run's (dp_rank, seq) pairs each)
     first_seq: int
     last_seq: int
-    missing_seqs: int  # sequence numbers absent between the first and last of each rank (lost batches)
+    missing_seqs: int  # sequence numbers absent between the first and last of each stream (lost batches)
     dp_ranks: tuple[int, ...]
     duration_s: float  # last batch_ts - first batch_ts
+    sequence_resets: int  # engine restarts seen: a rank's sequence numbers went back (each starts a new stream)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """One engine run inside a file: one rank's batches from its first sequence number until it goes back.
+
+    vLLM's publisher numbers batches from 0 in each engine process (``ZmqEventPublisher``), so a capture that
+    spans a restart holds several runs of one rank; each has its own sequence numbers and so its own gaps.
+    """
+
+    index: int  # 1-based, in the order the streams begin in the file
+    dp_rank: int
+    started_by: str  # "file start", or "sequence reset" (the rank's seq went back: the engine restarted)
+    first_line: int  # the file line of its first event
+    first_seq: int
+    last_seq: int
+    batches: int  # distinct sequence numbers in the stream
+    missing_seqs: int  # last_seq - first_seq + 1 - batches: batches lost inside this stream
+    start_t_s: float  # its first batch, seconds since the file's first batch
+    end_t_s: float  # its last batch, likewise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +130,7 @@ class Lifetimes:
     evicted: Stats  # ended by BlockRemoved
     cleared: Stats  # ended by AllBlocksCleared
     still_cached: Stats  # age at the end of the file of blocks never removed (censored lifetimes)
+    restarted: Stats  # ended by an engine restart (a new stream of the rank: a new process starts with no cache)
     removed_unknown_blocks: int  # BlockRemoved of a hash not cached by this file (stored before the capture)
     evicted_histogram: tuple[tuple[float, float, int], ...]  # (from_s, to_s, blocks) of evicted lifetimes
 
@@ -121,7 +143,7 @@ class Churn:
     recomputed_hashes: int  # distinct hashes among them
     recomputed_tokens: int | None  # recomputed_blocks x block_size
     recomputed_fraction: float | None  # recomputed_blocks / computed_blocks
-    restored_after_clear_blocks: int  # stored again after an AllBlocksCleared (not counted as churn)
+    restored_after_clear_blocks: int  # stored again after an AllBlocksCleared or an engine restart (not churn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +193,7 @@ class VllmAnalysis:
     chains: Chains
     hits: Hits
     sessions: tuple[SessionSummary, ...]  # empty when no event carried a session_id
+    streams: tuple[Stream, ...]  # one per engine run (a rank, until its sequence numbers reset)
     notes: tuple[str, ...]
     # lines not read, as (line number, reason): a cut last line (a capture stopped by a full disk); reported
     rejected_lines: tuple[tuple[int, str], ...] = ()
@@ -225,18 +248,72 @@ def _thin(points: list[CachePoint]) -> tuple[CachePoint, ...]:
     return tuple(points[round(i * step)] for i in range(MAX_TIMELINE_POINTS))
 
 
-def _missing_seqs(events: tuple[VllmEvent, ...]) -> int:
-    by_rank: dict[int, set[int]] = defaultdict(set)
+STARTED_AT_FILE_START = "file start"
+STARTED_BY_RESET = "sequence reset"
+
+
+class _OpenStream:
+    """A stream while the events are read: its rank, where it began, and the sequence numbers seen."""
+
+    def __init__(self, index: int, event: VllmEvent, started_by: str):
+        self.index, self.dp_rank, self.started_by, self.first_line = index, event.dp_rank, started_by, event.line
+        self.seqs: set[int] = set()
+        self.last_seq, self.last_ts = event.seq, event.batch_ts
+        self.first_ts = event.batch_ts
+
+    def restarts_at(self, event: VllmEvent) -> bool:
+        """The rank's engine started again: its sequence number went back, or one repeats with another time."""
+        return event.seq < self.last_seq or (event.seq == self.last_seq and event.batch_ts != self.last_ts)
+
+    def add(self, event: VllmEvent) -> None:
+        self.seqs.add(event.seq)
+        self.last_seq, self.last_ts = event.seq, event.batch_ts
+
+    def close(self, t0: float) -> Stream:
+        first, last = min(self.seqs), max(self.seqs)
+        return Stream(
+            index=self.index,
+            dp_rank=self.dp_rank,
+            started_by=self.started_by,
+            first_line=self.first_line,
+            first_seq=first,
+            last_seq=last,
+            batches=len(self.seqs),
+            missing_seqs=last - first + 1 - len(self.seqs),
+            start_t_s=self.first_ts - t0,
+            end_t_s=self.last_ts - t0,
+        )
+
+
+def split_streams(events: tuple[VllmEvent, ...]) -> tuple[Stream, ...]:
+    """The engine runs of a file, in the order they begin (see :class:`Stream`).
+
+    Ranks are streams of their own (each rank's publisher counts its own batches); within a rank, a sequence
+    number lower than the last one (or the same one with another batch time) is a restart, not a gap: capture
+    writes batches recovered from the replay socket in order, before the batch that revealed the gap.
+    """
+    t0 = events[0].batch_ts
+    current: dict[int, _OpenStream] = {}
+    done: list[_OpenStream] = []
     for event in events:
-        by_rank[event.dp_rank].add(event.seq)
-    return sum(max(seqs) - min(seqs) + 1 - len(seqs) for seqs in by_rank.values())
+        stream = current.get(event.dp_rank)
+        if stream is None or stream.restarts_at(event):
+            if stream is not None:
+                done.append(stream)
+            started_by = STARTED_AT_FILE_START if stream is None else STARTED_BY_RESET
+            stream = current[event.dp_rank] = _OpenStream(0, event, started_by)  # numbered below
+        stream.add(event)
+    every = sorted([*done, *current.values()], key=lambda s: s.first_line)
+    return tuple(dataclasses.replace(s.close(t0), index=i) for i, s in enumerate(every, start=1))
 
 
 class _CacheReplay:
     """The prefix cache as the events build it, keyed by (dp_rank, medium, group_idx, hash), and what they did."""
 
-    def __init__(self, t0: float):
+    def __init__(self, t0: float, restart_lines: frozenset[int] = frozenset()):
         self.t0 = t0
+        self.restart_lines = restart_lines  # first lines of streams that began with a sequence reset
+        self.restarted_s: list[float] = []
         self.cached: dict[tuple, float] = {}  # key -> time stored
         self.evicted_keys: set[tuple] = set()
         self.cleared_keys: set[tuple] = set()
@@ -256,6 +333,8 @@ class _CacheReplay:
         for index, event in enumerate(events):
             t = event.batch_ts - self.t0
             self.type_counts[event.type] += 1
+            if event.line in self.restart_lines:
+                self.restarted(event, t)
             if event.type == BLOCK_STORED:
                 self.stored(event, t)
             elif event.type == BLOCK_REMOVED:
@@ -347,6 +426,15 @@ class _CacheReplay:
             self.cleared_s.append(t - self.cached.pop(key))
             self.cleared_keys.add(key)
 
+    def restarted(self, event: VllmEvent, t: float) -> None:
+        """A new engine run of the rank: its old cache is gone (like a clear), and what it evicted is not churn."""
+        for key in [k for k in self.cached if k[0] == event.dp_rank]:
+            self.restarted_s.append(t - self.cached.pop(key))
+            self.cleared_keys.add(key)
+        for key in [k for k in self.evicted_keys if k[0] == event.dp_rank]:
+            self.evicted_keys.discard(key)
+            self.cleared_keys.add(key)
+
     def close_batch(self, event: VllmEvent) -> None:
         point = CachePoint(event.batch_ts - self.t0, event.seq, len(self.cached), self.stored_total, self.removed_total)
         timeline = self.timeline
@@ -360,10 +448,23 @@ class _CacheReplay:
         return self.first_time + self.recomputed + self.after_clear
 
 
-def _notes(events: tuple[VllmEvent, ...], replay: _CacheReplay, missing: int) -> tuple[str, ...]:
+def _notes(replay: _CacheReplay, streams: tuple[Stream, ...]) -> tuple[str, ...]:
     notes = [NOTE_NO_REQUESTS, NOTE_FULL if replay.hits > 0 else NOTE_INCREMENTAL, NOTE_VLLM_LIFETIME]
-    if missing:
-        notes.append(f"{missing:,} batch sequence numbers are missing: those events were lost, so counts are low.")
+    resets = [s for s in streams if s.started_by == STARTED_BY_RESET]
+    if resets:
+        notes.append(
+            f"The engine restarted {len(resets):,} time{'s' if len(resets) != 1 else ''} (sequence numbers went back, "
+            f"at line{'s' if len(resets) != 1 else ''} {', '.join(f'{s.first_line:,}' for s in resets)}): "
+            f"{len(streams):,} streams, each with its own sequence numbers and gaps."
+        )
+    lossy = [s for s in streams if s.missing_seqs]
+    if lossy:
+        missing = sum(s.missing_seqs for s in lossy)
+        where = ", ".join(f"stream {s.index}: {s.missing_seqs:,}" for s in lossy)
+        numbers = "number is" if missing == 1 else "numbers are"
+        notes.append(
+            f"{missing:,} batch sequence {numbers} missing ({where}): those events were lost, so counts are low."
+        )
     if replay.removed_unknown or replay.unknown_parent:
         notes.append(
             f"{replay.removed_unknown:,} removed blocks and {replay.unknown_parent:,} parent links refer to blocks "
@@ -375,19 +476,22 @@ def _notes(events: tuple[VllmEvent, ...], replay: _CacheReplay, missing: int) ->
     return tuple(notes)
 
 
-def _counts(events: tuple[VllmEvent, ...], replay: _CacheReplay, missing: int, duration_s: float) -> EventCounts:
+def _counts(
+    events: tuple[VllmEvent, ...], replay: _CacheReplay, streams: tuple[Stream, ...], duration_s: float
+) -> EventCounts:
     types = replay.type_counts
     return EventCounts(
         block_stored_events=types[BLOCK_STORED],
         block_removed_events=types[BLOCK_REMOVED],
         all_blocks_cleared_events=types[ALL_BLOCKS_CLEARED],
         other_events=sum(n for k, n in types.items() if k not in EVENT_TYPES),
-        batches=len({(e.dp_rank, e.seq) for e in events}),
+        batches=sum(s.batches for s in streams),
         first_seq=min(e.seq for e in events),
         last_seq=max(e.seq for e in events),
-        missing_seqs=missing,
+        missing_seqs=sum(s.missing_seqs for s in streams),
         dp_ranks=tuple(sorted({e.dp_rank for e in events})),
         duration_s=duration_s,
+        sequence_resets=sum(1 for s in streams if s.started_by == STARTED_BY_RESET),
     )
 
 
@@ -439,15 +543,15 @@ def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAn
     t0 = events[0].batch_ts
     sizes = Counter(e.block_size for e in events if e.type == BLOCK_STORED and e.block_size)
     block_size = sizes.most_common(1)[0][0] if sizes else None
-    replay = _CacheReplay(t0)
+    streams = split_streams(events)
+    replay = _CacheReplay(t0, frozenset(s.first_line for s in streams if s.started_by == STARTED_BY_RESET))
     replay.replay(events)
     t_end = events[-1].batch_ts - t0
-    missing = _missing_seqs(events)
     return VllmAnalysis(
         source=source,
         kind="vllm-kv-events",
         block_size=block_size,
-        counts=_counts(events, replay, missing, t_end),
+        counts=_counts(events, replay, streams, t_end),
         peak_cached_blocks=replay.peak,
         final_cached_blocks=len(replay.cached),
         distinct_blocks=len(replay.stored_keys),
@@ -456,6 +560,7 @@ def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAn
             evicted=_stats(replay.evicted_s),
             cleared=_stats(replay.cleared_s),
             still_cached=_stats([t_end - s for s in replay.cached.values()]),
+            restarted=_stats(replay.restarted_s),
             removed_unknown_blocks=replay.removed_unknown,
             evicted_histogram=_histogram(replay.evicted_s),
         ),
@@ -466,7 +571,8 @@ def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAn
             SessionSummary(sid, s["store_events"], s["computed"], s["hits"], s["recomputed"], s["first"], s["last"])
             for sid, s in sorted(replay.sessions.items())
         ),
-        notes=_notes(events, replay, missing),
+        streams=streams,
+        notes=_notes(replay, streams),
     )
 
 

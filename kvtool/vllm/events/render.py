@@ -99,6 +99,7 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
         ("other events (not analysed)", _num(c.other_events)),
         ("batches (seq range)", f"{c.batches:,} ({c.first_seq} .. {c.last_seq})"),
         ("missing sequence numbers", _num(c.missing_seqs)),
+        ("streams (engine runs) / restarts", f"{len(analysis.streams):,} / {c.sequence_resets:,}"),
         ("data-parallel rank ids", ", ".join(map(str, c.dp_ranks))),
         ("duration (s)", _num(c.duration_s)),
         ("block size (tokens)", _num(analysis.block_size)),
@@ -109,6 +110,8 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     ]:
         summary.add_row(name, value)
     out.append(summary)
+    if len(analysis.streams) > 1:
+        out.append(_streams_table(analysis))
 
     timeline = new_table(title="Prefix-cache blocks over time")
     for name in ("t (s)", "seq", "cached blocks", "stored so far", "evicted so far"):
@@ -134,6 +137,8 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     life.add_row(*_stats_row("evicted (BlockRemoved)", analysis.lifetimes.evicted))
     life.add_row(*_stats_row("cleared (AllBlocksCleared)", analysis.lifetimes.cleared))
     life.add_row(*_stats_row("still cached at end (age)", analysis.lifetimes.still_cached))
+    if analysis.lifetimes.restarted.count:
+        life.add_row(*_stats_row("engine restart", analysis.lifetimes.restarted))
     out.append(life)
 
     ch, chains, hits = analysis.churn, analysis.chains, analysis.hits
@@ -187,6 +192,27 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
     for note in analysis.notes:
         out.append(Text(f"Note: {note}"))
     return out
+
+
+def _streams_table(analysis: VllmAnalysis):
+    """One row per engine run in the file: each has its own sequence numbers, so its own gaps."""
+    from kvtool.core.render import new_table
+
+    table = new_table(title="Streams (one per engine run)")
+    for name in ("stream", "dp rank", "started by", "line", "seq range", "batches", "missing", "t (s)"):
+        table.add_column(name, justify="left" if name == "started by" else "right")
+    for s in analysis.streams:
+        table.add_row(
+            str(s.index),
+            str(s.dp_rank),
+            s.started_by,
+            f"{s.first_line:,}",
+            f"{s.first_seq} .. {s.last_seq}",
+            f"{s.batches:,}",
+            f"{s.missing_seqs:,}",
+            f"{s.start_t_s:,.3f} .. {s.end_t_s:,.3f}",
+        )
+    return table
 
 
 def write_plots(analysis: VllmAnalysis, plot_dir: Path) -> list[Path]:
