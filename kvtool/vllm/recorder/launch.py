@@ -222,7 +222,10 @@ def _stop_the_rest(group: int, grace_s: float, notes: list[str], on_note) -> int
     on_note(notes[-1])
     _signal_group(group, signal.SIGTERM)
     if not _wait_group(group, STOP_S):
-        notes.append(f"still running {STOP_S:g} s after SIGTERM: killed (SIGKILL); their last rows may be missing")
+        notes.append(
+            f"still running {STOP_S:g} s after SIGTERM: killed (SIGKILL); an engine that had not closed its recording "
+            "by then is marked so in its file's result"
+        )
         on_note(notes[-1])
         _signal_group(group, signal.SIGKILL)
         _wait_group(group, STOP_S)
