@@ -11,17 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvtool.estimate.profiles import model_catalog
+from tests.estimate.test_profiles import MY_MODEL
 
-GOOD = """\
-    name: my-model
-    hf_repo: me/my-model
-    config:
-      hidden_size: 1024
-      num_hidden_layers: 4
-      num_attention_heads: 8
-      num_key_value_heads: 2
-      torch_dtype: bfloat16
-"""
+GOOD = MY_MODEL  # a valid user profile (tests/estimate/test_profiles.py)
 BROKEN = GOOD.replace("my-model", "my-broken")
 BAD_MODELS = [
     # (file text, what the warning must say after the file name)
