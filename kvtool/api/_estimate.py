@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvtool.estimate.estimator import EstimateResult
 
@@ -51,6 +53,7 @@ def estimate(
     max_num_batched_tokens: int | None = None,
     compare: bool = False,
     profiles: Sequence[str] = (),
+    vllm_version: str = NEWEST_RELEASE,
 ) -> EstimateResult:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES
 
@@ -97,6 +98,7 @@ def simulate(
     profiles: Sequence[str] = (),
     tp: int = 1,
     kv_dtype: str = "auto",
+    vllm_version: str = NEWEST_RELEASE,
     bandwidth_gb_s: float | None = None,
     peak_tflops: float | None = None,
     step_overhead_ms: float | None = None,
@@ -121,7 +123,7 @@ def simulate(
     ``length``, ``zipf`` with ``alpha``).  ``block_size`` takes one size or a sequence to compare (``block_sizes``
     is its deprecated spelling).  ``max_num_seqs`` and ``max_num_batched_tokens`` default to vllm serve's for the
     GPU, the rule ``kvtool estimate`` states.  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
-    simulation of vLLM 0.32's scheduler (prefix cache on by default), ``model``/``config``/``gpu``/``tp``/``kv_dtype``
+    simulation of vLLM 0.32's scheduler (prefix cache on by default), ``model``/``config``/``gpu``/``tp``/``kv_dtype``/``vllm_version``
     and the cost overrides its roofline step time, ``export_events`` writes its events like ``--export-events``.
 
     Returns a :class:`SimulateResult`: ``table`` (one row per block size), ``recommendations``, ``to_dict()``,

@@ -9,6 +9,7 @@ import typer
 from kvtool.cli.options import JsonOpt, ProfilesOpt
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 
 if TYPE_CHECKING:
     from kvtool.estimate.estimator import EstimateResult
@@ -154,6 +155,14 @@ MaxNumBatchedTokensOpt = Annotated[
         help="vLLM's scheduler budget; sizes sliding-window and chunked-local layers. Default: vllm serve's for the GPU (2048; 8192 at >= 70 GiB but A100; 16384 at >= 160 GiB).",
     ),
 ]
+VllmVersionOpt = Annotated[
+    str,
+    typer.Option(
+        "--vllm-version",
+        help="The vLLM release whose rules apply (0.10.0 to 0.33.0; 0.19 means its newest patch): the reserve its "
+        "profiler subtracts, vllm serve's defaults, the token count it logs.",
+    ),
+]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
 VerboseOpt = Annotated[
@@ -196,6 +205,7 @@ def estimate_command(
     quantization: QuantizationOpt = None,
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    vllm_version: VllmVersionOpt = NEWEST_RELEASE,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

@@ -10,6 +10,7 @@ import typer
 from kvtool.cli.options import PROFILES_HELP, json_option, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, DEFAULT_POOL_GPU, DEFAULT_POOL_MODEL
@@ -139,6 +140,12 @@ def register(app: typer.Typer) -> None:
         ),
         kv_dtype: str = typer.Option(
             "auto", "--kv-dtype", help="KV-cache dtype, as estimate takes it.", rich_help_panel=_COST
+        ),
+        vllm_version: str = typer.Option(
+            NEWEST_RELEASE,
+            "--vllm-version",
+            help="The vLLM release whose rules size the pool and pick vllm serve's defaults, as estimate takes it.",
+            rich_help_panel=_COST,
         ),
         bandwidth_gb_s: Optional[float] = typer.Option(
             None, "--bandwidth-gb-s", help="Memory bandwidth (decimal GB/s; default: the GPU's).", rich_help_panel=_COST

@@ -28,6 +28,7 @@ from kvtool.estimate.model import ResolvedModel, resolve_model
 from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_request, request_from
 from kvtool.estimate.result import EstimateResult, LayerGroupResult, WhatIf, build_result
 from kvtool.estimate.serve_defaults import scheduler_settings
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.estimate.whatif import CompareRow, compare_rows, suggest_fits
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 
 def estimate(request: EstimateRequest) -> EstimateResult:
     """Bytes of KV cache for the asked lengths and batches, and with a budget what fits (vLLM's way)."""
-    check_request(request)
+    request = check_request(request)
     model = resolve_model(request)
     layout = kv_layout(model.spec, request.kv_dtype, request.tp)
     gpu = asked_gpu(request)
@@ -89,6 +90,7 @@ def kv_budget_tokens(
     max_model_len: int | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     profile_dirs: tuple[str, ...] = (),
+    vllm_version: str = NEWEST_RELEASE,
 ) -> Capacity:
     """Public API (used by ``kvtool simulate``): a model and a GPU or KV budget -> vLLM's block capacity.
 
@@ -109,7 +111,9 @@ def kv_budget_tokens(
         seq_lens=(max_model_len,) if max_model_len else (),
         max_num_batched_tokens=max_num_batched_tokens,
         profile_dirs=tuple(profile_dirs),
+        vllm_version=vllm_version,
     )
+    request = check_request(request)
     resolved = resolve_model(request)
     spec = resolved.spec
     layout = kv_layout(spec, kv_dtype, tp)

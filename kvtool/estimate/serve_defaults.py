@@ -13,11 +13,9 @@ import dataclasses
 from kvtool.estimate.capacity import max_in_flight_tokens
 from kvtool.estimate.gpu import AskedGpu
 from kvtool.estimate.request import EstimateRequest
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 
 _GIB = 1024**3
-
-# The vLLM release whose rules kvtool models (every table below has a row for it).
-MODELLED_VLLM_VERSION = "0.32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +80,7 @@ class BatchDefaults:
         return f"{option} {value} ({why})"
 
 
-def batch_defaults_rule(vllm_version: str = MODELLED_VLLM_VERSION) -> BatchDefaultsRule:
+def batch_defaults_rule(vllm_version: str = NEWEST_RELEASE) -> BatchDefaultsRule:
     """The row of :data:`BATCH_DEFAULTS_RULES` for ``vllm_version``: the newest whose ``since`` is not later."""
     asked = _version_key(vllm_version)
     rows = [r for r in BATCH_DEFAULTS_RULES if _version_key(r.since) <= asked]
@@ -94,7 +92,7 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 def serve_batch_defaults(
-    gpu_memory_bytes: int | None, gpu_name: str | None, vllm_version: str = MODELLED_VLLM_VERSION
+    gpu_memory_bytes: int | None, gpu_name: str | None, vllm_version: str = NEWEST_RELEASE
 ) -> BatchDefaults:
     """``vllm serve``'s defaults for a GPU of ``gpu_memory_bytes`` (None: not known, as with --kv-memory) named
     ``gpu_name`` (a profile name; None when only a size was given, which cannot be told from an A100)."""
@@ -128,7 +126,7 @@ class Scheduler:
 def scheduler_settings(request: EstimateRequest, gpu: AskedGpu | None) -> Scheduler:
     """max_num_batched_tokens and max_num_seqs as ``vllm serve`` picks them for the GPU, unless given."""
     memory, name = (gpu.memory_bytes, gpu.name) if gpu else (None, None)
-    serve = serve_batch_defaults(memory, name)
+    serve = serve_batch_defaults(memory, name, request.vllm_version)
     said: list[str] = []
     mnbt, seqs = request.max_num_batched_tokens, request.max_num_seqs
     if mnbt is None:

@@ -26,6 +26,7 @@ import dataclasses
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.serve_defaults import BatchDefaults
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 
 DEFAULT_STEP_OVERHEAD_MS = 1.0  # scheduler, input preparation and kernel launches per step (eager CUDA graphs off)
 DEFAULT_TABLE_ENTRY_US = 0.17  # see the module docstring
@@ -157,6 +158,7 @@ def resolve_hardware(
     gpu_memory: str | None = None,
     profile_dirs: tuple[str, ...] = (),
     step_times: bool = True,
+    vllm_version: str = NEWEST_RELEASE,
 ) -> Hardware:
     """The model and GPU (``gpu``, a profile, or ``gpu_memory``, a size) through `kvtool estimate`'s resolution; a
     model whose weights do not fit says so.  ``step_times``: the bandwidth and peak are needed (--serve)."""
@@ -173,6 +175,7 @@ def resolve_hardware(
             kv_dtype=kv_dtype,
             kv_memory=kv_memory,
             profile_dirs=profile_dirs,
+            vllm_version=vllm_version,
         )
     )
     name = model or config or "model"
@@ -223,7 +226,7 @@ def resolve_hardware(
         kv_budget_bytes_per_gpu=int(result.kv_budget_bytes),
         max_num_batched_tokens=int(result.max_num_batched_tokens),
         max_num_seqs=int(result.max_num_seqs or 0),
-        batch_defaults=serve_batch_defaults(result.gpu_memory_bytes, result.gpu),
+        batch_defaults=serve_batch_defaults(result.gpu_memory_bytes, result.gpu, result.vllm_version),
         sources=tuple(sources),
     )
 

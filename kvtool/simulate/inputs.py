@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from kvtool.core.errors import UsageError
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, RequestSet
 from kvtool.simulate.run import DEFAULT_BLOCK_SIZES, SimulateOptions
 
@@ -44,6 +45,7 @@ class SimulateInputs:
     profiles: tuple[str, ...] = ()  # extra profile directories, as estimate takes them
     tp: int = 1
     kv_dtype: str = "auto"
+    vllm_version: str = NEWEST_RELEASE  # whose rules size the pool and pick the scheduler defaults
     bandwidth_gb_s: float | None = None
     peak_tflops: float | None = None
     step_overhead_ms: float | None = None
@@ -119,6 +121,7 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
         profile_dirs=tuple(i.profiles),
         tp=i.tp,
         kv_dtype=i.kv_dtype,
+        vllm_version=i.vllm_version,
         cost=CostOverrides(i.bandwidth_gb_s, i.peak_tflops, i.step_overhead_ms, i.table_entry_us),
         slo_ttft_ms=i.slo_ttft_ms,
         export_events=i.export_events,

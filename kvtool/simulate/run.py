@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.simulate.costs import CostOverrides, Hardware
 from kvtool.simulate.results import SimulateReport
 
@@ -53,6 +54,7 @@ class SimulateOptions:
     profile_dirs: tuple[str, ...] = ()
     tp: int = 1
     kv_dtype: str = "auto"
+    vllm_version: str = NEWEST_RELEASE
     cost: CostOverrides = CostOverrides()
     slo_ttft_ms: float | None = None
     export_events: Path | None = None
@@ -103,6 +105,7 @@ def resolve_serving_hardware(options: SimulateOptions) -> Hardware:
         profile_dirs=options.profile_dirs,
         tp=options.tp,
         kv_dtype=options.kv_dtype,
+        vllm_version=options.vllm_version,
         overrides=options.cost,
         step_times=options.serve,
     )

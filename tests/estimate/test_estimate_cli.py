@@ -166,7 +166,7 @@ def test_gpu_verdict_table(run_cli):
     r = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a10g", "--seq-len", "4096", "--batch", "64", "-v")
     assert r.exit_code == 0
     out = " ".join(r.stdout.split())
-    assert "Does not fit" in out and "vLLM would log" in out and "reserve per GPU (vLLM 0.32 profiling)" in out
+    assert "Does not fit" in out and "vLLM would log" in out and "reserve per GPU (vLLM 0.33.0 profiling)" in out
     assert out.startswith("64 requests of 4,096 tokens on A10G fit: no, ")  # the question answered first
 
 
