@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+import dataclasses
+import re
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -74,14 +76,28 @@ KvDtypeOpt = Annotated[
     str,
     typer.Option(
         "--kv-dtype",
+        "--kv-cache-dtype",
         help="vLLM KV cache dtype: auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8, int4, nvfp4, fp8_ds_mla.",
     ),
 ]
 TpOpt = Annotated[
-    int, typer.Option("--tp", "--num-gpus", help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp)).")
+    int,
+    typer.Option(
+        "--tp",
+        "--tensor-parallel-size",
+        "-tp",
+        "--num-gpus",
+        help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp)).",
+    ),
 ]
 PpOpt = Annotated[
-    int, typer.Option("--pp", help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage).")
+    int,
+    typer.Option(
+        "--pp",
+        "--pipeline-parallel-size",
+        "-pp",
+        help="Pipeline stages (vLLM's split of the layers; capacity by the most loaded stage).",
+    ),
 ]
 GpuOpt = Annotated[
     Optional[str], typer.Option("--gpu", help="GPU profile for capacity planning (see 'kvtool models').")
@@ -89,7 +105,12 @@ GpuOpt = Annotated[
 GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory instead of --gpu, e.g. 80GiB.")]
 KvMemoryOpt = Annotated[
     Optional[str],
-    typer.Option("--kv-memory", help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB or bytes."),
+    typer.Option(
+        "--kv-memory",
+        "--kv-cache-memory-bytes",
+        "--kv-cache-memory",
+        help="KV budget per GPU (vLLM kv_cache_memory_bytes): 10GiB, 10GB, bytes, or vLLM's 10G (2**30) / 10g (10**9).",
+    ),
 ]
 GpuMemoryUtilizationOpt = Annotated[
     Optional[float],
@@ -165,6 +186,15 @@ VllmVersionOpt = Annotated[
 ]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
+VllmLineArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(
+        metavar="[-- VLLM_SERVE_LINE...]",
+        show_default=False,
+        help="A whole vllm serve command line after --: its model and the settings kvtool has (-tp, -pp, "
+        "--max-model-len, --kv-cache-dtype, --kv-cache-memory-bytes, ...); other vLLM flags are named and ignored.",
+    ),
+]
 VerboseOpt = Annotated[
     bool,
     typer.Option(
@@ -177,6 +207,8 @@ VerboseOpt = Annotated[
 
 
 def estimate_command(
+    ctx: typer.Context,
+    vllm_line: VllmLineArg = None,
     model: ModelOpt = None,
     config: ConfigOpt = None,
     layers: LayersOpt = None,
@@ -212,19 +244,87 @@ def estimate_command(
     list_models: ListOpt = False,
     profiles: ProfilesOpt = None,
 ) -> None:
-    """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it."""
+    """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
+
+    vLLM's own flag names work too (-tp, -pp, --kv-cache-dtype, --kv-cache-memory-bytes, ...), and so does a whole
+    vllm serve line after --: `kvtool estimate --gpu H100 -- vllm serve Qwen/Qwen3-8B --max-model-len 32768 -tp 2
+    --kv-cache-dtype fp8`.
+    """
     if list_models:
         _print_models(tuple(profiles or ()), json_output)
         return
     from kvtool.estimate.estimator import estimate, request_from
 
     given = dict(locals())  # every option by its name
-    given.pop("verbose")  # how much to print, not part of the request
+    for name in ("verbose", "ctx", "vllm_line"):  # how much to print, the click context, the line: not the request
+        given.pop(name)
+    line_warnings: tuple[str, ...] = ()
+    if vllm_line:
+        given, line_warnings = _with_vllm_line(given, vllm_line, ctx)
+    given["kv_memory"] = _kv_memory_text(given["kv_memory"])
+    seq_len, batch = given["seq_len"], given["batch"]
     given.update(
         seq_len=_int_list(seq_len, "--seq-len"), batch=_int_list(batch, "--batch"), profiles=tuple(profiles or ())
     )
     request = request_from(given)
-    _print_estimate(estimate(request), json_output, verbose)
+    result = estimate(request)
+    if line_warnings:  # said as the estimate's own warnings are: on stderr, or in --json's warnings field
+        result = dataclasses.replace(result, warnings=(*line_warnings, *result.warnings))
+    _print_estimate(result, json_output, verbose)
+
+
+def _with_vllm_line(
+    given: dict[str, Any], words: list[str], ctx: typer.Context
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The options with the vllm serve line's settings added, and the warnings naming what the line set that kvtool
+    does not model.  An option given to kvtool and set otherwise by the line is a usage error naming both: neither
+    silently wins."""
+    from kvtool.estimate.vllm_args import parse_vllm_serve
+
+    line = parse_vllm_serve(words)
+    spelled = {s.option: s.flag for s in line.settings} | {"model": "the model"}
+    merged = dict(given)
+    for option, value in line.values().items():
+        source = ctx.get_parameter_source(option)
+        typed = source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+        if typed and not _same_setting(option, given[option], value):
+            name = _option_name(ctx, option)
+            raise UsageError(
+                f"{name} {given[option]} and the vllm serve line's {spelled[option]} {value} disagree",
+                where=f"{name} and the vllm serve line",
+                tip="give the setting once, as kvtool's option or in the vllm serve line",
+            )
+        merged[option] = value
+    return merged, line.warnings()
+
+
+def _same_setting(option: str, ours: Any, theirs: Any) -> bool:
+    """Whether kvtool's value and the vLLM line's say the same (32768 and 32k's 32000 do not)."""
+    if option == "seq_len":
+        return _int_list(ours, "--seq-len") == _int_list(theirs, "--max-model-len")
+    if option == "kv_memory":
+        from kvtool.core.units import parse_size
+
+        return parse_size(_kv_memory_text(ours) or "", option="--kv-memory") == int(theirs)
+    return bool(ours == theirs)
+
+
+def _option_name(ctx: typer.Context, option: str) -> str:
+    """The first name of a parameter (``tp`` -> ``--tp``)."""
+    for param in ctx.command.params:
+        if param.name == option and param.opts:
+            return param.opts[0]
+    return option
+
+
+def _kv_memory_text(text: Optional[str]) -> Optional[str]:
+    """--kv-memory as kvtool's size parser takes it: vLLM's forms (``10G`` = 10 x 2**30 bytes, ``10g`` = 10**10,
+    vllm/utils/argparse_utils.py human_readable_int, 0.33.0) as bytes; kvtool's own (10GiB, 10GB, bytes) as given."""
+    if text is None or not re.fullmatch(r"\s*\d+(?:\.\d+)?[kKmMgGtT]\s*", text):
+        return text
+    from kvtool.estimate.vllm_args import human_readable_int
+
+    return str(human_readable_int(text, flag="--kv-memory"))
 
 
 def models_command(json_output: JsonOpt = False, profiles: ProfilesOpt = None) -> None:

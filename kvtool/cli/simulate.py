@@ -136,10 +136,19 @@ def register(app: typer.Typer) -> None:
             None, "--profiles", help=PROFILES_HELP, show_default=False, rich_help_panel=_COST
         ),
         tp: int = typer.Option(
-            1, "--tp", help="Tensor-parallel size (weights and KV heads split across GPUs).", rich_help_panel=_COST
+            1,
+            "--tp",
+            "--tensor-parallel-size",
+            "-tp",
+            help="Tensor-parallel size (weights and KV heads split across GPUs).",
+            rich_help_panel=_COST,
         ),
         kv_dtype: str = typer.Option(
-            "auto", "--kv-dtype", help="KV-cache dtype, as estimate takes it.", rich_help_panel=_COST
+            "auto",
+            "--kv-dtype",
+            "--kv-cache-dtype",
+            help="KV-cache dtype, as estimate takes it.",
+            rich_help_panel=_COST,
         ),
         vllm_version: str = typer.Option(
             NEWEST_RELEASE,
@@ -196,6 +205,7 @@ def register(app: typer.Typer) -> None:
         prefix_cache: bool = typer.Option(
             True,
             "--prefix-cache/--no-prefix-cache",
+            "--enable-prefix-caching/--no-enable-prefix-caching",
             help="vLLM's automatic prefix caching (on by default).",
             rich_help_panel=_SERVE,
         ),

