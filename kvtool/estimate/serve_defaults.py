@@ -176,5 +176,7 @@ def scheduler_settings(request: EstimateRequest, gpu: AskedGpu | None) -> Schedu
     async_scheduling = request.async_scheduling
     if async_scheduling is None:  # check_request resolves it; a request built by hand may not have been checked
         async_scheduling = default_async_scheduling(request.vllm_version, request.pp)
-    in_flight = max_in_flight_tokens(mnbt, async_scheduling=async_scheduling, pp=request.pp)
+    in_flight = max_in_flight_tokens(
+        mnbt, async_scheduling=async_scheduling, pp=request.pp, vllm_version=request.vllm_version
+    )
     return Scheduler(seqs, mnbt, in_flight, tuple(said))

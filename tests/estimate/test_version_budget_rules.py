@@ -122,13 +122,19 @@ def test_the_async_scheduling_default_per_release(version, pp, expected):
 
 
 def test_the_async_default_sizes_sliding_windows(run_cli):
-    # gpt-oss-20b's sliding layers hold blocks for max_in_flight_tokens (capacity.max_in_flight_tokens): one batch
-    # of 8,192 without async scheduling (vLLM 0.13), two with it (0.14); the sliding group holds more blocks per
-    # request, so fewer requests fit in the same budget
-    args = ["estimate", "--model", "gpt-oss-20b", "--kv-memory", "20GiB", "-s", "16384", "--json"]
+    # gpt-oss-20b's sliding layers hold blocks for max_in_flight_tokens = max_num_batched_tokens x (pp + 1) with
+    # async scheduling, x pp without (VllmConfig.max_in_flight_tokens, from 0.26.0: capacity.IN_FLIGHT_RULES).
+    # vllm/config/vllm.py VllmConfig.__post_init__ (0.32.0) leaves async scheduling off at PP > 1 (V1 model
+    # runner), (0.33.0) turns it on: at --pp 2 the 0.32 default is --no-async-scheduling's count
+    args = ["estimate", "--model", "gpt-oss-20b", "--kv-memory", "20GiB", "-s", "65536", "--json", "--pp", "2"]
     args += ["--max-num-batched-tokens", "8192"]
-    sync = json.loads(run_cli(*args, "--vllm-version", "0.13.0").stdout)
-    both = json.loads(run_cli(*args, "--vllm-version", "0.14.0").stdout)
-    forced = json.loads(run_cli(*args, "--vllm-version", "0.13.0", "--async-scheduling").stdout)
-    assert both["max_concurrency"] < sync["max_concurrency"]
-    assert forced["max_concurrency"] == both["max_concurrency"]
+
+    def concurrency(*extra: str) -> float:
+        result = run_cli(*args, *extra)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)["max_concurrency"]
+
+    default_032 = concurrency("--vllm-version", "0.32.0")
+    assert default_032 == concurrency("--vllm-version", "0.32.0", "--no-async-scheduling")
+    assert concurrency("--vllm-version", "0.32.0", "--async-scheduling") < default_032
+    assert concurrency("--vllm-version", "0.33.0") == concurrency("--vllm-version", "0.33.0", "--async-scheduling")
