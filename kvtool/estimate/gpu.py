@@ -35,15 +35,16 @@ def asked_gpu(request: EstimateRequest) -> AskedGpu | None:
     given = (("--reserve", request.reserve), ("--gpu-memory-utilization", request.gpu_memory_utilization))
     gpu_only = [option for option, value in given if value is not None]  # options that size a GPU budget only
     if request.kv_memory is not None:
-        if request.gpu or request.gpu_memory:
-            raise UsageError("--kv-memory gives the KV budget directly; drop --gpu/--gpu-memory", where="--kv-memory")
         if gpu_only:  # vLLM too ignores gpu_memory_utilization once kv_cache_memory_bytes is set
             raise UsageError(
                 f"{' and '.join(gpu_only)} would be ignored: --kv-memory is the KV budget itself",
                 where=gpu_only[0],
                 tip="drop it, or give --gpu/--gpu-memory instead of --kv-memory",
             )
-        return None
+        if not (request.gpu or request.gpu_memory):
+            return None
+        # as vllm serve --kv-cache-memory-bytes on a GPU: the budget is the bytes given, the GPU still picks the
+        # scheduler defaults (max_num_seqs, max_num_batched_tokens) and the attention backends' block sizes
     if request.gpu and request.gpu_memory:
         raise UsageError("give --gpu or --gpu-memory, not both", where="--gpu")
     if not (request.gpu or request.gpu_memory):

@@ -457,7 +457,19 @@ def test_reserve_zero_and_conflicting_budgets(run_cli):
         ).stdout
     )
     assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
-    assert err(run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB").exit_code == EXIT_USAGE
+    # --kv-memory on a GPU is vllm serve --kv-cache-memory-bytes: the budget as given; the L4 (under 70 GiB) still
+    # sets vllm serve's defaults, max_num_seqs 256 (vllm/engine/arg_utils.py get_batch_defaults)
+    on_gpu = json.loads(
+        run_cli("estimate", "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB", "--json").stdout
+    )
+    assert on_gpu["kv_budget_bytes"] == 1024**3 and on_gpu["max_num_seqs"] == 256
+    # gpu_memory_utilization is what vLLM ignores once kv_cache_memory_bytes is set: refused
+    assert (
+        err(
+            run_cli, "--model", "llama-2-7b", "--gpu", "l4", "--kv-memory", "1GiB", "--gpu-memory-utilization", "0.8"
+        ).exit_code
+        == EXIT_USAGE
+    )
 
 
 def test_config_dir_with_header_only_safetensors(run_cli, tmp_path):
