@@ -443,6 +443,8 @@ STANDARD_DECODER_TYPES = frozenset(
     {
         "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
         "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "minimax_m2",
+        # Qwen3-VL's language models: plain Qwen3 / Qwen3-MoE decoders (vllm/model_executor/models/qwen3_vl*.py)
+        "qwen3_vl_text", "qwen3_vl_moe_text",
     }
 )  # fmt: skip
 # Every model_type kvtool knows: those plain decoders and the types that kvtool's reading rules name (Falcon's KV
