@@ -94,6 +94,7 @@ class RankFigures:
     profile_weights_gib: Figure | None = None  # DEBUG "weights memory"
     cudagraph_estimate_gib: Figure | None = None  # "Estimated CUDA graph memory" (0.19+)
     cudagraph_captured_gib: Figure | None = None  # "Graph capturing finished in .. took"
+    requested_gib: Figure | None = None  # DEBUG "Requested memory: U (util), R GiB" (gpu_worker.py, 0.10+)
     suggestion: Suggestion | None = None
 
     @property
@@ -166,6 +167,7 @@ _FIGURES: dict[str, re.Pattern[str]] = {
     "profile_consumed_gib": re.compile(r"total consumed \(from mem_get_info\): " + _NUM + r" ?GiB"),
     "profile_weights_gib": re.compile(r"; weights memory: " + _NUM + r" ?GiB"),
     "cudagraph_estimate_gib": re.compile(r"Estimated CUDA graph memory: " + _NUM + r" ?GiB"),
+    "requested_gib": re.compile(r"Requested memory: [0-9.]+ \(util\), " + _NUM + r" ?GiB"),
     "cudagraph_captured_gib": re.compile(r"Graph capturing finished in \S+ secs?, took (-?" + _NUM[1:] + r" ?GiB"),
 }
 _KV_SIZE = re.compile(r"(\w+(?: \+ host)?) KV cache size: " + _NUM + r" tokens")
@@ -312,7 +314,7 @@ class _Reader:
 
     def read(self, text: str, number: int) -> None:
         self._read_settings(text, number)
-        figures = self.rank(_rank_of(text)) if any(k in text for k in ("GiB", "Free memory")) else None
+        figures = self.rank(_rank_of(text)) if "GiB" in text else None
         if figures is not None:
             for name, pattern in _FIGURES.items():
                 if name not in figures and (m := pattern.search(text)):

@@ -81,6 +81,11 @@ class LoggedTerms:
     non_torch: tuple[float | None, int | None, float]
     cudagraph: tuple[float | None, int | None, float]
     available: tuple[float | None, int | None, float]
+    requested: tuple[float | None, int | None, float]  # util x total as the log prints it
+    # 0.27+ print "peak activation" with the CUDA-graph estimate inside (gpu_worker.py determine_available_memory:
+    # peak_activation_memory = transient_peak_headroom + cudagraph_memory_estimate_applied): the activation term
+    # then already holds the graphs, which the budget must not take twice
+    graphs_in_activation: bool = False
 
 
 def _from_suggestion(s: Suggestion | None, field: str) -> tuple[float | None, int | None, float]:
@@ -114,22 +119,38 @@ def filled_rank(log: StartupLog) -> RankFigures:
 
 def logged_terms(rank: RankFigures) -> LoggedTerms:
     """The explained rank's terms: "Model loading took" for the weights, the DEBUG profiling line, else the
-    --kv-cache-memory suggestion line (which prints each term to two decimals)."""
+    --kv-cache-memory suggestion line (which prints each term to two decimals).
+
+    0.10-0.26 log the non-torch increase and the torch peak, whose sum with the weights is the non-KV memory
+    (vllm/utils/mem_utils.py memory_profiling). 0.27+ log the memory consumed (weights + non-torch) instead, and
+    the non-KV memory is consumed + the transient peak headroom, so the activation term is non-KV - consumed.
+    """
     s = rank.suggestion
     weights = _first(_gib(rank.weights_gib), _gib(rank.profile_weights_gib), _from_suggestion(s, "weights_gib"))
+    activation = _first(_gib(rank.profile_torch_peak_gib), _from_suggestion(s, "activation_gib"))
     non_torch = _first(_gib(rank.profile_non_torch_gib), _from_suggestion(s, "non_torch_gib"))
-    if non_torch[0] is None and weights[0] is not None:  # 0.27+: consumed = weights + non-torch
-        consumed = _first(_gib(rank.profile_consumed_gib), _from_suggestion(s, "consumed_gib"))
-        if consumed[0] is not None:
+    cudagraph = _first(_gib(rank.cudagraph_estimate_gib), _gib(rank.cudagraph_captured_gib))
+    folded = False
+    consumed = _first(_gib(rank.profile_consumed_gib), _from_suggestion(s, "consumed_gib"))
+    if consumed[0] is not None:
+        if weights[0] is not None:
             non_torch = (consumed[0] - weights[0], consumed[1], consumed[2] + weights[2])
+        non_kv = _gib(rank.profile_non_kv_gib)
+        if non_kv[0] is not None:
+            activation = (non_kv[0] - consumed[0], non_kv[1], non_kv[2] + consumed[2])
+        elif s is not None and s.consumed_gib is not None:
+            activation, folded = _from_suggestion(s, "activation_gib"), True
+    if cudagraph[0] is None:  # with the graphs folded into the activation: the captured pool, shown, not summed
+        cudagraph = _from_suggestion(s, "cudagraph_gib")
+    available = _first(_gib(rank.available_kv_gib), _from_suggestion(s, "current_kv_gib"))
     return LoggedTerms(
         weights=weights,
-        activation=_first(_gib(rank.profile_torch_peak_gib), _from_suggestion(s, "activation_gib")),
+        activation=activation,
         non_torch=non_torch,
-        cudagraph=_first(
-            _gib(rank.cudagraph_estimate_gib), _gib(rank.cudagraph_captured_gib), _from_suggestion(s, "cudagraph_gib")
-        ),
-        available=_gib(rank.available_kv_gib),
+        cudagraph=cudagraph,
+        available=available,
+        requested=_first(_gib(rank.requested_gib), _from_suggestion(s, "requested_gib")),
+        graphs_in_activation=folded,
     )
 
 
@@ -209,10 +230,11 @@ def budget_terms(terms: LoggedTerms, scratch: EstimateResult | None, subtracted:
     in :func:`method_notes`)."""
     s = scratch
     graphs = "CUDA graphs" + ("" if subtracted else " (logged apart, not in the budget)")
+    activation = "activation peak" + (" (with the CUDA-graph estimate)" if terms.graphs_in_activation else "")
     how = "from scratch" if s is not None else "no estimate (see warnings)"
     rows = (
         ("weights", terms.weights, None if s is None else s.weights_bytes_per_gpu),
-        ("activation peak", terms.activation, None if s is None else s.activation_bytes),
+        (activation, terms.activation, None if s is None else s.activation_bytes),
         ("non-torch", terms.non_torch, None if s is None else s.non_torch_bytes),
         (graphs, terms.cudagraph, None if s is None else s.cudagraph_bytes),
     )
@@ -244,12 +266,17 @@ def closed_budget(
         ("activation", terms.activation, None if s is None else s.activation_bytes),
         ("non-torch", terms.non_torch, None if s is None else s.non_torch_bytes),
     ]
-    if subtracted:
+    if subtracted and not terms.graphs_in_activation:
         parts.append(("CUDA graphs", terms.cudagraph, None if s is None else s.cudagraph_bytes))
-    if settings.gpu_memory_bytes is None:
-        return None, 0.0, "needs the device total (--gpu-memory)"
     util = settings.gpu_memory_utilization
-    value, rounding, modelled = util * settings.gpu_memory_bytes, util * settings.gpu_memory_rounding_bytes, []
+    if terms.requested[0] is not None:
+        value, rounding, start = terms.requested[0], terms.requested[2], "requested (logged)"
+    elif settings.gpu_memory_bytes is not None:
+        value, rounding = util * settings.gpu_memory_bytes, util * settings.gpu_memory_rounding_bytes
+        start = f"{util} x total"
+    else:
+        return None, 0.0, "needs the device total (--gpu-memory)"
+    modelled: list[str] = []
     for name, (logged, _line, logged_rounding), model in parts:
         if logged is None and model is None:
             return None, 0.0, f"needs the {name} term (not logged, no estimate)"
@@ -259,7 +286,7 @@ def closed_budget(
             modelled.append(name)
     names = " + ".join(name for name, _, _ in parts)
     said = f"; kvtool's {', '.join(modelled)}" if modelled else ""
-    return value, rounding, f"{util} x total - ({names}), as logged{said}"
+    return value, rounding, f"{start} - ({names}), as logged{said}"
 
 
 def kv_figures(

@@ -112,7 +112,9 @@ def _release(log: StartupLog, given: Given) -> tuple[str, str, tuple[str, ...]]:
     )
 
 
-def _gpu_memory(log: StartupLog, given: Given) -> tuple[int | None, int, str | None]:
+def _gpu_memory(log: StartupLog, given: Given, util: float) -> tuple[int | None, int, str | None]:
+    """The device total: --gpu-memory, the suggestion line's, else the DEBUG "Requested memory" over the
+    utilisation (requested = util x total, gpu_worker.py determine_available_memory)."""
     if given.gpu_memory:
         return parse_size(given.gpu_memory, option="--gpu-memory"), 0, "--gpu-memory"
     if given.gpu:
@@ -124,6 +126,13 @@ def _gpu_memory(log: StartupLog, given: Given) -> tuple[int | None, int, str | N
             gib_bytes(0.005),
             f"logged: device total {suggestion.total_gib} GiB (line {suggestion.line})",
         )
+    requested = next((r.requested_gib for r in [log.explained_rank, *log.ranks] if r.requested_gib), None)
+    if requested is not None:
+        return (
+            gib_bytes(requested.value / util),
+            gib_bytes(requested.rounding / util),
+            f"logged requested {requested.value} GiB / {util} (line {requested.line})",
+        )
     return None, 0, None
 
 
@@ -131,7 +140,8 @@ def log_settings(log: StartupLog, given: Given) -> LogSettings:
     """The settings of the log's engine: its non-default args, its engine config line, else vLLM's defaults."""
     args, config = log.args, log.engine_config
     release, version_source, warnings = _release(log, given)
-    total, rounding, total_source = _gpu_memory(log, given)
+    util = float(args.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+    total, rounding, total_source = _gpu_memory(log, given, util)
     kv_memory = args.get("kv_cache_memory_bytes", args.get("kv_cache_memory"))
     eager = _flag(args.get("enforce_eager", config.get("enforce_eager")))
     caching = _flag(args.get("enable_prefix_caching", config.get("enable_prefix_caching")))
@@ -142,7 +152,7 @@ def log_settings(log: StartupLog, given: Given) -> LogSettings:
         model=given.model or (None if given.config else log.model),
         config=given.config,
         max_model_len=log.max_model_len,
-        gpu_memory_utilization=float(args.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
+        gpu_memory_utilization=util,
         kv_dtype=str(args.get("kv_cache_dtype") or config.get("kv_cache_dtype") or "auto"),
         tp=log.tp,
         pp=log.pp,

@@ -115,6 +115,10 @@ def answer_what_if(settings: LogSettings, calibration: Calibration, setting: str
     """One what-if: the changed settings' terms from estimate(), the calibrated budget, then vLLM's counts."""
     change = _request_change(setting, value)
     logged_value = _logged_value(settings, setting)
+    if settings.model is None and settings.config is None:
+        return WhatIf(
+            setting, logged_value, value, None, None, None, None, None, "needs the model: give --model or --config"
+        )
     try:
         new = estimate(settings.request(**change)) if calibration.base is not None else None
         util = float(value) if setting == "gpu_memory_utilization" else settings.gpu_memory_utilization

@@ -15,7 +15,9 @@ from kvtool.explain.parse import parse_startup_log
 from kvtool.explain.reproduce import filled_rank, logged_terms
 from tests.support import REPO_ROOT
 
-CASES = REPO_ROOT / "tests" / "data" / "gpu-logs"
+GPU_LOGS = REPO_ROOT / "tests" / "data" / "gpu-logs"
+# logs kept for explain's own figures (the DEBUG profiling line, the 0.27+ "consumed memory" suggestion)
+EXPLAIN_LOGS = REPO_ROOT / "tests" / "data" / "explain"
 # figures of `logged:` that are not lines of a start-up log (read by the case's author from elsewhere)
 NOT_LOG_FIGURES = {"num_gpu_blocks"}
 # (case, figure) the source gives beside the quoted lines: qwen3-next-class-3090-tp2's "measured 2 x 4.99 GiB pool"
@@ -31,11 +33,12 @@ def _log_text(case) -> str | None:
     return text if ("KV cache memory" in text or "KV cache size" in text) else None
 
 
-LOG_CASES = sorted(c.name for c in CASES.iterdir() if c.is_dir() and _log_text(c) is not None)
+CASES = {c.name: c for root in (GPU_LOGS, EXPLAIN_LOGS) for c in root.iterdir() if c.is_dir()}
+LOG_CASES = sorted(name for name, case in CASES.items() if _log_text(case) is not None)
 
 
 def test_the_real_logs_are_found():
-    assert len(LOG_CASES) >= 10  # log.txt cases and the older multi-line `log:` ones
+    assert len(LOG_CASES) >= 12  # log.txt cases, the older multi-line `log:` ones, explain's own
 
 
 def _parsed_figures(text: str, name: str, pp: int) -> dict[str, float | None]:
@@ -50,7 +53,7 @@ def _parsed_figures(text: str, name: str, pp: int) -> dict[str, float | None]:
         return None if term[0] is None else term[0] / GIB
 
     return {
-        "kv_gib": rank.available_kv_gib and rank.available_kv_gib.value,
+        "kv_gib": gib(terms.available),
         "tokens": log.kv_cache_tokens and log.kv_cache_tokens.value,
         "concurrency": log.concurrency and log.concurrency.value,
         "weights_gib": gib(terms.weights),
@@ -61,12 +64,15 @@ def _parsed_figures(text: str, name: str, pp: int) -> dict[str, float | None]:
         "kv_cache_memory_suggestion_bytes": s and s.to_requested_bytes,
         "kv_cache_memory_in_use_bytes": s and s.current_kv_gib * GIB,
         "free_memory_on_startup_gib": s and s.free_gib,
+        "consumed_gib": s and s.consumed_gib,
+        "requested_gib": gib(terms.requested),
+        "profile_non_kv_gib": rank.profile_non_kv_gib and rank.profile_non_kv_gib.value,
     }
 
 
 @pytest.mark.parametrize("name", LOG_CASES)
 def test_each_logged_figure_is_read_as_the_case_copied_it(name):
-    case = CASES / name
+    case = CASES[name]
     meta = yaml.safe_load((case / "case.yaml").read_text())
     logged = meta["logged"]
     found = _parsed_figures(_log_text(case) or "", name, int(meta.get("pp") or 1))
