@@ -45,7 +45,7 @@ def _terms_table(title: str, terms: tuple[Term, ...]):
             _value(t.logged, t.unit),
             fmt_num(t.line),
             _value(t.modelled, t.unit),
-            t.status,
+            t.status if t.checked or t.logged is None else f"{t.status}, not checked",
             _difference(t),
             t.how,
             style=style,

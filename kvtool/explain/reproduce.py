@@ -43,6 +43,8 @@ class Term:
     # modelled: the log does not give it, kvtool's value stands; differs: they disagree by ``difference``
     status: str
     difference: float | None  # modelled - logged, in ``unit``
+    # both values exist and were compared (a "logged" figure kvtool has no value for is shown, not checked)
+    checked: bool = False
 
     @property
     def relative_difference(self) -> float | None:
@@ -61,7 +63,7 @@ def make_term(
         return Term(name, unit, logged, line, None, how, tolerance, LOGGED, None)
     difference = modelled - logged
     status = LOGGED if abs(difference) <= tolerance + 1e-9 * max(1.0, abs(logged)) else DIFFERS
-    return Term(name, unit, logged, line, modelled, how, tolerance, status, difference)
+    return Term(name, unit, logged, line, modelled, how, tolerance, status, difference, checked=True)
 
 
 def _gib(figure: Figure | None) -> tuple[float | None, int | None, float]:

@@ -32,6 +32,8 @@ def test_a_term_is_logged_within_its_rounding_differs_beyond_it_and_modelled_wit
     assert off.status == DIFFERS and off.difference == pytest.approx(0.10 * GIB)
     assert off.relative_difference == pytest.approx(0.10 / 37.10)
     assert make_term("graphs", "bytes", None, None, 0.5 * GIB, "", 0).status == MODELLED
+    unchecked = make_term("kv", "bytes", 37.10 * GIB, 7, None, "", half)
+    assert unchecked.status == LOGGED and not unchecked.checked
 
 
 def test_the_debug_log_closes_term_by_term():
