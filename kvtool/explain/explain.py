@@ -24,6 +24,7 @@ from kvtool.explain.reproduce import (
     method_notes,
     model_log,
     suggestion_figures,
+    with_set_budget,
 )
 from kvtool.explain.settings import Given, LogSettings, log_settings
 from kvtool.explain.whatif import Calibration, WhatIf, answer_what_if, default_what_ifs
@@ -93,7 +94,7 @@ def explain_log(text: str, source: str, given: Given, what_ifs: dict[str, Any] |
     log = parse_startup_log(text, source)
     settings = log_settings(log, given)
     rank = filled_rank(log)
-    terms = logged_terms(rank)
+    terms = with_set_budget(logged_terms(rank), settings, log)
     modelled = model_log(settings, terms.available[0], terms.available[2])
     settings = modelled.settings
     subtracted = graphs_subtracted(log, modelled.scratch)

@@ -120,6 +120,7 @@ class StartupLog:
     max_model_len: int | None
     max_num_batched_tokens: int | None
     attention_block_size: int | None  # "Setting attention block size to N tokens" (hybrid models)
+    block_size_override: int | None  # the platform's block size over the asked one ("requires block_size=N")
     ranks: tuple[RankFigures, ...]  # sorted by rank
     kv_pool: str  # "GPU", "CPU", ...: the device the KV cache size line names
     kv_cache_tokens: Figure | None  # the pool's (the smallest when each worker printed one)
@@ -202,10 +203,15 @@ _ENGINE_KEYS = (
     "enforce_eager",
     "enable_prefix_caching",
     "dtype",
+    "device_config",
+    "async_scheduling",
 )
 _MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
 _BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
+# vllm/platforms/cpu.py check_and_update_config: "CPU MLA backend requires block_size=16, overriding user-specified
+# block_size=32."
+_BLOCK_OVERRIDE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size=\d+")
 _CG_PROFILING = re.compile(r"CUDA graph memory profiling is (enabled|disabled)")
 _CALL_SITE = re.compile(r"\[(?:[\w/]*/)?(\w+\.py):(\d+)\] (.*)$")
 _SITE_TEXTS = ("Available KV cache memory", "Model loading took", "KV cache size", "Maximum concurrency for")
@@ -307,6 +313,7 @@ class _Reader:
     batched: int | None = None
     block: int | None = None
     cg_subtracted: bool | None = None
+    block_override: int | None = None
     sites: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
 
     def rank(self, name: str) -> dict[str, Any]:
@@ -354,6 +361,8 @@ class _Reader:
             self.batched = int(m.group(1))
         if self.block is None and (m := _BLOCK.search(text)):
             self.block = int(m.group(1))
+        if self.block_override is None and (m := _BLOCK_OVERRIDE.search(text)):
+            self.block_override = int(m.group(1))
         if self.cg_subtracted is None and (m := _CG_PROFILING.search(text)):
             self.cg_subtracted = m.group(1) == "enabled"
         if any(t in text for t in _SITE_TEXTS) and (m := _CALL_SITE.search(text)):
@@ -403,6 +412,7 @@ def parse_startup_log(text: str, source: str) -> StartupLog:
         max_model_len=_max_model_len(args, config, reader),
         max_num_batched_tokens=_optional_int(args.get("max_num_batched_tokens")) or reader.batched,
         attention_block_size=reader.block,
+        block_size_override=reader.block_override,
         ranks=ranks,
         kv_pool=reader.kv_pool,
         kv_cache_tokens=kv_tokens,

