@@ -119,6 +119,7 @@ class StartupLog:
     pp: int
     max_model_len: int | None
     max_num_batched_tokens: int | None
+    max_num_seqs: int | None  # the args', else the DEBUG "Setting max_num_seqs to N" default
     attention_block_size: int | None  # "Setting attention block size to N tokens" (hybrid models)
     block_size_override: int | None  # the platform's block size over the asked one ("requires block_size=N")
     ranks: tuple[RankFigures, ...]  # sorted by rank
@@ -208,6 +209,8 @@ _ENGINE_KEYS = (
 )
 _MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
 _BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+# vllm/engine/arg_utils.py _set_default_args (DEBUG): the usage context's defaults
+_DEFAULT_SEQS = re.compile(r"Setting max_num_seqs to (\d+) for \w+ usage context")
 _BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
 # vllm/platforms/cpu.py check_and_update_config: "CPU MLA backend requires block_size=16, overriding user-specified
 # block_size=32."
@@ -314,6 +317,7 @@ class _Reader:
     block: int | None = None
     cg_subtracted: bool | None = None
     block_override: int | None = None
+    default_seqs: int | None = None
     sites: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
 
     def rank(self, name: str) -> dict[str, Any]:
@@ -361,6 +365,8 @@ class _Reader:
             self.batched = int(m.group(1))
         if self.block is None and (m := _BLOCK.search(text)):
             self.block = int(m.group(1))
+        if self.default_seqs is None and (m := _DEFAULT_SEQS.search(text)):
+            self.default_seqs = int(m.group(1))
         if self.block_override is None and (m := _BLOCK_OVERRIDE.search(text)):
             self.block_override = int(m.group(1))
         if self.cg_subtracted is None and (m := _CG_PROFILING.search(text)):
@@ -411,6 +417,7 @@ def parse_startup_log(text: str, source: str) -> StartupLog:
         pp=max(_int_setting(args, config, "pipeline_parallel_size", "pipeline_parallel_size", 1), _stages(ranks)),
         max_model_len=_max_model_len(args, config, reader),
         max_num_batched_tokens=_optional_int(args.get("max_num_batched_tokens")) or reader.batched,
+        max_num_seqs=_optional_int(args.get("max_num_seqs")) or reader.default_seqs,
         attention_block_size=reader.block,
         block_size_override=reader.block_override,
         ranks=ranks,

@@ -160,7 +160,7 @@ def log_settings(log: StartupLog, given: Given) -> LogSettings:
         kv_dtype=str(args.get("kv_cache_dtype") or config.get("kv_cache_dtype") or "auto"),
         tp=log.tp,
         pp=log.pp,
-        max_num_seqs=_int(args.get("max_num_seqs")),
+        max_num_seqs=log.max_num_seqs,
         max_num_batched_tokens=log.max_num_batched_tokens,
         # the hybrid attention block ("Setting attention block size") estimate derives itself; a platform's
         # override is what the engine ran with

@@ -5,9 +5,9 @@ The calibration keeps what the log measured and lets kvtool's model say only how
     budget' = logged available KV + (util' - util) x total
               - (weights' - weights) - (activation' - activation) - (non-torch' - non-torch) [- (graphs' - graphs)]
 
-where each primed term is the logged one moved by kvtool's model: the weights scale by kvtool's ratio (they split
-over TP), the other terms shift by kvtool's difference (estimate() for the changed settings against estimate() for
-the log's own). The CUDA-graph term counts where the release takes it from the budget. The token count and
+where each primed term is the logged one moved by kvtool's model: the weights and the activation peak scale by
+kvtool's ratio (weights split over TP; the peak follows the profiled batch), the non-torch and CUDA-graph terms shift
+by kvtool's difference (estimate() for the changed settings against estimate() for the log's own), none below zero. The CUDA-graph term counts where the release takes it from the budget. The token count and
 concurrency at ``budget'`` are vLLM's rules for the changed settings (estimate() --kv-memory).
 """
 
@@ -78,12 +78,15 @@ class Calibration:
 
 
 def _shift(logged: float | None, base: int | None, new: int | None, scale: bool = False) -> float:
-    """How much a term moves: kvtool's change, applied to the logged value (ratio for weights, difference else)."""
+    """How much a term moves: kvtool's change applied to the logged value, by ratio (``scale``) or by difference;
+    a term never goes below zero."""
     if base is None or new is None:
         return 0.0
-    if scale and logged is not None and base > 0:
-        return logged * (new / base) - logged
-    return float(new - base)
+    if logged is None:
+        return float(new - base)
+    if scale:
+        return logged * (new / base) - logged if base > 0 else 0.0
+    return max(float(new - base), -logged)
 
 
 def calibrated_budget(
@@ -104,7 +107,7 @@ def calibrated_budget(
             return None, "a new utilisation needs the device total: give --gpu-memory"
         change += (util - settings.gpu_memory_utilization) * settings.gpu_memory_bytes
     change -= _shift(terms.weights[0], base.weights_bytes_per_gpu, new.weights_bytes_per_gpu, scale=True)
-    change -= _shift(terms.activation[0], base.activation_bytes, new.activation_bytes)
+    change -= _shift(terms.activation[0], base.activation_bytes, new.activation_bytes, scale=True)
     change -= _shift(terms.non_torch[0], base.non_torch_bytes, new.non_torch_bytes)
     if calibration.graphs_subtracted:
         change -= _shift(terms.cudagraph[0], base.cudagraph_bytes, new.cudagraph_bytes)

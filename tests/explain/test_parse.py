@@ -8,6 +8,8 @@ import dataclasses
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtool.core.errors import EXIT_INPUT, InputFileError
 from kvtool.core.units import GIB
@@ -98,3 +100,32 @@ def test_a_file_that_is_not_a_vllm_log_names_the_line_expected():
     assert err.value.exit_code == EXIT_INPUT
     assert "no 'Available KV cache memory: N GiB' line" in err.value.one_line()
     assert err.value.one_line().endswith("(notes.txt)")
+
+
+_PIECES = st.sampled_from(
+    [
+        "Available KV cache memory: ",
+        "GPU KV cache size: ",
+        "Maximum concurrency for ",
+        " tokens per request: ",
+        "Model loading took ",
+        " GiB",
+        "(Worker_TP1 pid=3) ",
+        "non-default args: {",
+        "Free memory on device (",
+        "1,024",
+        "-0.5",
+        "x",
+        "\n",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40))
+def test_any_text_is_read_or_refused_with_one_line(parts):
+    """Fragments of vLLM's lines in any order never crash the parser: a StartupLog or the one-line refusal."""
+    try:
+        parse_startup_log("".join(parts), "fuzz.log")
+    except InputFileError as err:
+        assert "\n" not in err.one_line()
