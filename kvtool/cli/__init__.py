@@ -24,6 +24,7 @@ COMMAND_MODULES: dict[str, str] = {
     "capture": "kvtool.cli.capture",
     "vllm": "kvtool.cli.vllm_isolation",
     "record": "kvtool.cli.record",
+    "explain": "kvtool.cli.explain",
 }
 
 

@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "vllm": {"core", "events"},
     "simulate": {"core", "estimate", "events", "vllm"},
     "api": {"core", "estimate", "events", "vllm", "simulate", "repro"},
-    "cli": {"core", "estimate", "events", "vllm", "simulate", "repro", "api", "kvtool"},
+    "explain": {"core", "estimate"},
+    "cli": {"core", "estimate", "events", "vllm", "simulate", "repro", "api", "kvtool", "explain"},
     "kvtool": {"cli", "api", "core"},
 }
 RENDERERS = ("render", "plots")
