@@ -144,7 +144,18 @@ def _model_from_config(
                     found.num_params * model_dtype_bytes(spec.dtype),
                     f"{found.method} (parameters) at {spec.dtype}",
                 )
-    return spec, weights or estimate_weights(spec)
+    if weights is None:
+        weights = estimate_weights(spec)
+        towers = [key for key in ("vision_config", "audio_config") if isinstance(data.get(key), dict)]
+        if weights is not None and towers:
+            # vLLM loads the encoder too ("Model loading took" counts it); the config estimate sizes the language
+            # model only, so it says so rather than passing the figure off as the whole checkpoint
+            weights = dataclasses.replace(
+                weights,
+                method=f"{weights.method} of the language model only: the {' and '.join(towers)} encoder is not "
+                "counted (a folder with the safetensors files is exact)",
+            )
+    return spec, weights
 
 
 def _with_quantization(

@@ -42,6 +42,9 @@ class SamplerRule:
     sort_bytes_per_logit: float  # below triton_min_requests: the torch-sort path
     triton_min_requests: int | None  # None: no Triton path, always the sort
     how: str  # the path, in words
+    # bytes per (batched token x hidden) still alive while the sampler runs: the dummy forward's output hidden
+    # states and residual (2 x model dtype); 0 where the fitted per-logit figure absorbs them
+    resident_hidden_dtype_copies: int = 0
 
 
 # The torch-sort figure is fitted by benchmarks/fit_reserve.py (least squares through the origin) on the fitting
@@ -50,6 +53,10 @@ class SamplerRule:
 # qwen3-0.6b-h100 and qwen3-32b-h100-tp1 log 38.5, 38.4 and 38.9 B; qwen3-235b-a22b-fp8-l40s-tp8-v0.10.2's 0.10.2
 # suggestion line 1.40 GiB at 256 requests x 151,936 = 38.6 B.
 _SORT_BYTES_PER_LOGIT = 38.7
+# Fitted by benchmarks/fit_reserve.py (least squares through the origin of the logged torch peak less the resident
+# hidden states and the MoE workspace, over requests x vocabulary) on the fitting half's vLLM 0.19.0 H100 DEBUG logs;
+# the held-out half's error is in docs/estimate.md ("The reserve").
+_TRITON_BYTES_PER_LOGIT = 14.4
 SAMPLER_RULES: tuple[SamplerRule, ...] = (
     # apply_top_k_top_p_pytorch: logits.sort (float32 values + int64 indices), the top-k gather, softmax and cumsum
     # of the sorted values, the top-p mask and the scatter back, beside the model-dtype and float32 logits
@@ -62,27 +69,80 @@ SAMPLER_RULES: tuple[SamplerRule, ...] = (
         how="torch-sort top-k/top-p",
     ),
     # logits.shape[0] >= 8 takes apply_top_k_top_p_triton, which masks the float32 logits in place: what stays alive
-    # is the model-dtype logits (2 B), their float32 copy (Sampler.forward, 4 B), the softmax probs (4 B) and
-    # random_sample's exponential q (4 B) = 14 B per logit, read from the source (no log of 0.17+ in
-    # tests/data/gpu-logs logs an activation peak to fit it on).  FlashInfer sampling is opt-in.
+    # is the model-dtype logits, their float32 copy (Sampler.forward), the softmax probs and random_sample's
+    # exponential q, about 14 B per logit by the source, beside the dummy forward's hidden states and residual
+    # (2 x tokens x hidden x model dtype).  The per-logit figure is fitted by benchmarks/fit_reserve.py on the
+    # fitting half's vLLM 0.19.0 H100 DEBUG logs (llm-d-planner sweep): see _TRITON_BYTES_PER_LOGIT.
     SamplerRule(
         since="0.17.0",
         source="vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (0.17.0)",
-        bytes_per_logit=14.0,
+        bytes_per_logit=_TRITON_BYTES_PER_LOGIT,
         sort_bytes_per_logit=_SORT_BYTES_PER_LOGIT,
         triton_min_requests=8,
         how="Triton in-place top-k/top-p",
+        resident_hidden_dtype_copies=2,
     ),
     # the small-batch sort path is gone: Triton at any batch
     SamplerRule(
         since="0.30.0",
         source="vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (0.30.0)",
-        bytes_per_logit=14.0,
-        sort_bytes_per_logit=14.0,
+        bytes_per_logit=_TRITON_BYTES_PER_LOGIT,
+        sort_bytes_per_logit=_TRITON_BYTES_PER_LOGIT,
         triton_min_requests=None,
         how="Triton in-place top-k/top-p",
+        resident_hidden_dtype_copies=2,
     ),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeWorkspaceRule:
+    """Whether the fused-MoE scratch buffers of the profiling forward stay allocated (and so count in the torch
+    peak), for the releases from ``since``."""
+
+    since: str
+    source: str
+    persistent: bool
+
+
+MOE_WORKSPACE_RULES: tuple[MoeWorkspaceRule, ...] = (
+    # each fused_experts call allocates and frees its intermediate caches (torch.empty in fused_moe.py)
+    MoeWorkspaceRule(
+        since="0.10.0",
+        source="vllm/model_executor/layers/fused_moe/modular_kernel.py FusedMoEModularKernel.forward (0.10.0)",
+        persistent=False,
+    ),
+    # the WorkspaceManager keeps the largest workspace13 + workspace2 ever asked for (get_simultaneous), so the
+    # profiling forward's MoE scratch stays allocated through the sampler run
+    MoeWorkspaceRule(
+        since="0.13.0",
+        source="vllm/v1/worker/workspace.py WorkspaceManager; modular_kernel.py _allocate_buffers (0.13.0)",
+        persistent=True,
+    ),
+)
+
+
+def moe_workspace_bytes(spec: ModelSpec, tokens: int, tp: int, vllm_version: str = NEWEST_RELEASE) -> int:
+    """The fused-MoE workspace the profiling forward of ``tokens`` tokens leaves allocated (0 without experts, or
+    before the release that keeps it).
+
+    TritonExperts.workspace_shapes (fused_moe.py): workspace13 (M, topk, max(N / 2, K)) shared with the output
+    (M, K), workspace2 (M, topk, max(N, K)), N = 2 x moe_intermediate_size / TP (gate and up), K = hidden, in the
+    activation dtype.  gpt-oss's MXFP4 experts (OAITritonExperts, gpt_oss_triton_kernels_moe.py) ask only for the
+    output (M, K) and workspace2 (M x topk, N / 2).
+    """
+    if not (spec.num_experts and spec.moe_intermediate_size and spec.hidden_size):
+        return 0
+    if not pick(MOE_WORKSPACE_RULES, vllm_version).persistent:
+        return 0
+    topk = spec.num_experts_per_tok or 1
+    n = 2 * spec.moe_intermediate_size // tp
+    k = spec.hidden_size
+    if spec.model_type == "gpt_oss":
+        elements = tokens * k + tokens * topk * (n // 2)
+    else:
+        elements = tokens * topk * (max(n // 2, k) + max(n, k))
+    return elements * model_dtype_bytes(spec.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +152,12 @@ class NonTorchRule:
     since: str
     source: str
     tp1_bytes: int  # one GPU: cuBLAS/cuDNN workspaces
-    tp_bytes: int  # TP x PP > 1: plus NCCL communicators and custom all-reduce buffers
+    tp_bytes: int  # TP > 1: plus NCCL communicators and custom all-reduce buffers
+    pp_only_bytes: int | None = None  # TP 1 x PP > 1 (no all-reduce buffers); None: as tp_bytes
 
 
+# (TP 1, TP > 1, PP only) GiB, fitted by benchmarks/fit_reserve.py on the fitting half's vLLM 0.19.0 DEBUG logs
+_NON_TORCH_0_19 = (0.25, 2.07, 0.07)
 NON_TORCH_RULES: tuple[NonTorchRule, ...] = (
     # fitted by benchmarks/fit_reserve.py (medians) on the fitting half's logged non-torch figures: TP 1 the vLLM
     # 0.11 H100 tables of gpt-oss-120b, Llama-3.1-8B and Mistral-Small-3.2 (0.13, 0.13, 0.14 GiB); TP > 1 the one
@@ -107,6 +170,17 @@ NON_TORCH_RULES: tuple[NonTorchRule, ...] = (
         tp1_bytes=int(0.13 * GIB),
         tp_bytes=int(0.54 * GIB),
     ),
+    # the vLLM 0.19.0 H100 DEBUG logs (llm-d-planner sweep) log 0.25-0.27 GiB at TP 1, 2.07-2.17 GiB at TP 2-4
+    # (NCCL, custom all-reduce and symmetric-memory buffers) and 0.07 GiB at PP 2 alone; medians of the fitting half
+    # (benchmarks/fit_reserve.py).  No DEBUG log between 0.11 and 0.19 is at hand, so the row starts at the first
+    # release whose logs show the change.
+    NonTorchRule(
+        since="0.19.0",
+        source="vllm/utils/mem_utils.py memory_profiling (0.19.0)",
+        tp1_bytes=int(_NON_TORCH_0_19[0] * GIB),
+        tp_bytes=int(_NON_TORCH_0_19[1] * GIB),
+        pp_only_bytes=int(_NON_TORCH_0_19[2] * GIB),
+    ),
 )
 
 
@@ -117,10 +191,17 @@ class CudagraphRule:
     since: str
     source: str
     subtracted: bool  # False: graphs are captured after the KV cache is sized, out of the headroom
-    estimate_bytes: int  # the pool modelled when subtracted
+    estimate_bytes: int  # the pool modelled when subtracted: a dense model on one GPU at 512 capture sizes
     how: str
+    moe_estimate_bytes: int = 0  # the same for a model with routed experts
+    multi_gpu_estimate_bytes: int = 0  # at TP > 1 (the all-reduce inside each graph)
+    # the share of the pool that does not scale with the largest capture size min(2 x max_num_seqs, 512)
+    # (vllm/config/vllm.py _set_cudagraph_sizes)
+    fixed_share: float = 1.0
 
 
+# (dense TP 1, MoE TP 1, TP > 1) GiB at 512 capture sizes, fitted by benchmarks/fit_reserve.py
+_CUDAGRAPH_ESTIMATE = (0.84, 1.49, 1.55)
 CUDAGRAPH_RULES: tuple[CudagraphRule, ...] = (
     # the KV budget is requested - non_kv_cache_memory; compile_or_warm_up_model captures the graphs afterwards and
     # logs "Graph capturing finished in N secs, took X GiB" apart (0.10.2's --kv-cache-memory suggestion names it)
@@ -140,16 +221,35 @@ CUDAGRAPH_RULES: tuple[CudagraphRule, ...] = (
         estimate_bytes=0,
         how="estimated, not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 by default)",
     ),
-    # the env default turns "1" (vllm/envs.py (0.20.0)); the estimate is 0.43 and 0.65 GiB in the 0.20.0 and 0.22.0
-    # DGX Spark logs (qwen3.6-35b-a3b-*-spark-*), 0.5 GiB kept as the typical pool, not fitted
+    # the env default turns "1" (vllm/envs.py (0.20.0)).  The pool sizes are the medians of the "estimated CUDA graph
+    # memory" that the fitting half's vLLM 0.19.0 H100 DEBUG logs print (it is estimated there, not subtracted) at
+    # max_num_seqs 1024 (capture sizes up to 512): dense TP 1, MoE TP 1, TP > 1 (benchmarks/fit_reserve.py);
+    # the fixed share from gemma-4-31b-kaggle-v0.23.0 (max_num_seqs 20: 0.13 GiB against a dense model's 0.84).
     CudagraphRule(
         since="0.20.0",
         source="vllm/v1/worker/gpu_worker.py determine_available_memory (0.20.0)",
         subtracted=True,
-        estimate_bytes=int(0.5 * GIB),
+        estimate_bytes=int(_CUDAGRAPH_ESTIMATE[0] * GIB),
         how="subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default)",
+        moe_estimate_bytes=int(_CUDAGRAPH_ESTIMATE[1] * GIB),
+        multi_gpu_estimate_bytes=int(_CUDAGRAPH_ESTIMATE[2] * GIB),
+        fixed_share=0.1,
     ),
 )
+
+
+def cudagraph_estimate_bytes(spec: ModelSpec, tp: int, max_num_seqs: int, rule: CudagraphRule) -> int:
+    """The CUDA-graph pool ``rule`` takes from the KV budget for this model, TP and max_num_seqs."""
+    if not rule.subtracted:
+        return 0
+    if tp > 1:
+        full = rule.multi_gpu_estimate_bytes
+    elif spec.num_experts:
+        full = rule.moe_estimate_bytes
+    else:
+        full = rule.estimate_bytes
+    capture = min(2 * max_num_seqs, 512) / 512
+    return int(full * (rule.fixed_share + (1 - rule.fixed_share) * capture))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +300,11 @@ def sampler_bytes_per_logit(requests: int, vllm_version: str = NEWEST_RELEASE) -
 def non_torch_bytes(tp: int, pp: int = 1, vllm_version: str = NEWEST_RELEASE) -> int:
     """Non-torch memory per GPU at ``tp`` x ``pp`` under ``vllm_version``."""
     rule = pick(NON_TORCH_RULES, vllm_version)
-    return rule.tp1_bytes if tp * pp == 1 else rule.tp_bytes
+    if tp * pp == 1:
+        return rule.tp1_bytes
+    if tp == 1 and rule.pp_only_bytes is not None:
+        return rule.pp_only_bytes
+    return rule.tp_bytes
 
 
 def model_reserve(
@@ -221,7 +325,10 @@ def model_reserve(
     requests = min(max_num_batched_tokens, max_num_seqs)
     vocab = spec.vocab_size or 32_000
     per_logit, path = sampler_bytes_per_logit(requests, vllm_version)
-    sampler = int(per_logit * requests * vocab) if last_stage else 0
+    copies = pick(SAMPLER_RULES, vllm_version).resident_hidden_dtype_copies
+    resident = copies * max_num_batched_tokens * (spec.hidden_size or 0) * model_dtype_bytes(spec.dtype)
+    workspace = moe_workspace_bytes(spec, max_num_batched_tokens, tp, vllm_version)
+    sampler = int(per_logit * requests * vocab) + resident if last_stage else 0
     said: list[str] = []
     if overrides.total_bytes is not None:
         return Reserve(
@@ -229,10 +336,13 @@ def model_reserve(
         )
     activation = overrides.activation_bytes
     if activation is None:
-        activation = max(forward, sampler)
+        activation = max(forward, sampler) + workspace
         said.append(
             f"activation = max(forward of {max_num_batched_tokens:,} tokens, sampler on {requests:,} requests "
-            f"x {vocab:,} vocab x {per_logit:g} B, {path})"
+            f"x {vocab:,} vocab x {per_logit:g} B, {path}"
+            + (f", + {copies} resident hidden-state copies" if copies and last_stage else "")
+            + ")"
+            + (f" + MoE workspace {workspace / GIB:.2f} GiB" if workspace else "")
         )
     non_torch = overrides.non_torch_bytes
     if non_torch is None:
@@ -248,7 +358,7 @@ def model_reserve(
             graphs = 0
             said.append(f"CUDA graphs {rule.how} by vLLM {vllm_version}")
         else:
-            graphs = rule.estimate_bytes
+            graphs = cudagraph_estimate_bytes(spec, tp, max_num_seqs, rule)
             said.append(f"CUDA graphs {graphs / GIB:.2f} GiB {rule.how}")
     method = "; ".join(said) if said else "all terms given"
     return Reserve(

@@ -197,7 +197,11 @@ def build_result(
         defaults=defaults_in_words(request, spec, layout, plan, scheduler, lengths),
         notes=(*spec.notes, *layout.notes, *_weights_notes(request, spec, weights), *_budget_notes(budget)),
         max_position_embeddings=spec.max_position_embeddings,
-        warnings=(*_model_type_warnings(spec), *_context_warnings(spec, lengths.seq_lens)),
+        warnings=(
+            *_model_type_warnings(spec),
+            *_context_warnings(spec, lengths.seq_lens),
+            *_encoder_warnings(weights, plan),
+        ),
         sweep=fit.sweep,
         compare=what_if.compare,
         suggestions=what_if.suggestions,
@@ -276,6 +280,16 @@ def _model_type_warnings(spec: ModelSpec) -> tuple[str, ...]:
     return (
         f"{what}: it was sized as a standard decoder from num_hidden_layers, num_key_value_heads and "
         "head_dim; check the figure (vLLM's start-up log prints it as 'GPU KV cache size')",
+    )
+
+
+def _encoder_warnings(weights: WeightEstimate | None, plan: PipelinePlan) -> tuple[str, ...]:
+    """A budget from config-estimated weights of a multimodal checkpoint is too large by its encoder's weights."""
+    if weights is None or "is not counted" not in weights.method or plan.planned.reserve is None:
+        return ()
+    return (
+        f"weights are a {weights.method}; the KV budget is too large by the encoder's weights (vLLM's log prints "
+        "them in 'Model loading took')",
     )
 
 
