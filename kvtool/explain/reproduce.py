@@ -84,6 +84,10 @@ class LoggedTerms:
     cudagraph: tuple[float | None, int | None, float]
     available: tuple[float | None, int | None, float]
     requested: tuple[float | None, int | None, float]  # util x total as the log prints it
+    # the captured pool ("Graph capturing finished ... took", "(actual)", the suggestion's "CUDAGraph memory") and
+    # vLLM's estimate ("Estimated CUDA graph memory", "(estimated)"); ``cudagraph`` is the estimate where logged
+    cudagraph_captured: tuple[float | None, int | None, float] = (None, None, 0.0)
+    cudagraph_estimate: tuple[float | None, int | None, float] = (None, None, 0.0)
     # 0.27+ print "peak activation" with the CUDA-graph estimate inside (gpu_worker.py determine_available_memory:
     # peak_activation_memory = transient_peak_headroom + cudagraph_memory_estimate_applied): the activation term
     # then already holds the graphs, which the budget must not take twice
@@ -131,7 +135,11 @@ def logged_terms(rank: RankFigures) -> LoggedTerms:
     weights = _first(_gib(rank.weights_gib), _gib(rank.profile_weights_gib), _from_suggestion(s, "weights_gib"))
     activation = _first(_gib(rank.profile_torch_peak_gib), _from_suggestion(s, "activation_gib"))
     non_torch = _first(_gib(rank.profile_non_torch_gib), _from_suggestion(s, "non_torch_gib"))
-    cudagraph = _first(_gib(rank.cudagraph_estimate_gib), _gib(rank.cudagraph_captured_gib))
+    estimate = _first(_gib(rank.cudagraph_estimate_gib), _gib(rank.cudagraph_pool_estimate_gib))
+    captured = _first(
+        _gib(rank.cudagraph_captured_gib), _gib(rank.cudagraph_pool_actual_gib), _from_suggestion(s, "cudagraph_gib")
+    )
+    cudagraph = _first(estimate, _gib(rank.cudagraph_captured_gib), _gib(rank.cudagraph_pool_actual_gib))
     folded = False
     consumed = _first(_gib(rank.profile_consumed_gib), _from_suggestion(s, "consumed_gib"))
     if consumed[0] is not None:
@@ -152,6 +160,8 @@ def logged_terms(rank: RankFigures) -> LoggedTerms:
         cudagraph=cudagraph,
         available=available,
         requested=_first(_gib(rank.requested_gib), _from_suggestion(s, "requested_gib")),
+        cudagraph_captured=captured,
+        cudagraph_estimate=estimate,
         graphs_in_activation=folded,
     )
 
