@@ -167,3 +167,79 @@ def test_state_blocks_one_before_0_15_then_two_in_align_mode():
     assert state_blocks_per_request(True, "0.14.1") == 1
     assert state_blocks_per_request(True, "0.15.0") == 2
     assert state_blocks_per_request(False, "0.33.0") == 1
+
+
+# --- mixed sliding + full models at the logged max_num_batched_tokens -----------------------------------------
+
+
+def test_gemma_2_on_0_19_0_at_the_h100_batch_default_logs_20_60x():
+    # tests/data/gpu-logs/gemma-2-9b-it-h100-v0.19.0: 54.12 GiB, 42 layers (21 sliding 4096 + 21 full), 8 KV heads x
+    # 256 at bf16: a page of 16 x 8 x 256 x 2 x 2 = 131,072 B; 2 groups of 21 layers, num_blocks = 54.12 GiB //
+    # 131,072 // 21 = 21,111; logged 168,880 tokens (21,111 // 2 x 16) and 20.60x.  A request of 8,192 needs 512 full
+    # blocks and, with vllm serve's H100 max_num_batched_tokens 8192 (one batch in flight on 0.19.0),
+    # cdiv(min(4095 + 8192, 8192), 16) + 1 = 513 sliding ones: 21,111 / 1,025 = 20.596.  With the unknown-device
+    # default 2048 the sliding group would need cdiv(6143, 16) + 1 = 385 blocks: 23.53x, not the log's.
+    in_flight = max_in_flight_tokens(8192, async_scheduling=False, vllm_version="0.19.0")
+    full, sliding = KvGroup("full", 21, None), KvGroup("sliding", 21, 4096)
+    per_request = full.blocks_for(8192, 16, in_flight) + sliding.blocks_for(8192, 16, in_flight)
+    assert per_request == 1025
+    assert f"{21111 / per_request:.2f}" == "20.60"
+    assert sliding.blocks_for(8192, 16, 2048) == 385
+    assert logged_tokens((full, sliding), 21111, 16, 21111 / per_request, 8192, "0.19.0") == 168_880
+
+
+def test_gemma_4_31b_full_blocks_of_32_tokens_and_the_release_in_flight_allowance():
+    # Gemma 4 31B (tests/data/estimate/gemma-4-31b-it): 50 sliding (1024; 16 KV heads x 256) + 10 full layers
+    # (attention_k_eq_v: 4 global KV heads x global_head_dim 512, K and V both cached, vllm/model_executor/models/
+    # gemma4.py Gemma4DecoderLayer (0.26.0)).  Pages at 16 tokens: 262,144 B sliding, 131,072 B full, so the full
+    # group's block holds 32 tokens (unify_kv_cache_spec_page_size); 6 groups of 10 layers.
+    # 0.26.0 on a B300 (gemma-4-31b-b300-v0.26.0): 182.37 GiB // 262,144 // 10 = 74,698 blocks; max_num_batched_tokens
+    # 8192 logged, 2 batches in flight (async scheduling): sliding cdiv(min(1023 + 16384, 16384), 16) + 1 = 1,025,
+    # full 16,384 / 32 = 512; 5 x 1,025 + 512 = 5,637 blocks: 13.25x (logged), int(13.2514 x 16384) = 217,112.
+    in_flight = max_in_flight_tokens(8192, async_scheduling=True, vllm_version="0.26.0")
+    assert in_flight == 16384
+    full, sliding = KvGroup("full", 10, None, block_size=32), KvGroup("sliding", 10, 1024)
+    groups = (full, *(sliding,) * 5)
+    per_request = sum(g.blocks_for(16384, 16, in_flight) for g in groups)
+    assert per_request == 5 * 1025 + 512
+    nb_low, nb_high = (int(gib * 1024**3) // 262_144 // 10 for gib in (182.365, 182.375))
+    assert f"{nb_low / per_request:.2f}" <= "13.25" <= f"{nb_high / per_request:.2f}"
+    assert logged_tokens(groups, nb_low, 16, nb_low / per_request, 16384, "0.26.0") <= 217_116
+    assert 217_116 <= logged_tokens(groups, nb_high, 16, nb_high / per_request, 16384, "0.26.0")
+    # 0.23.0 (gemma-4-31b-kaggle-v0.23.0): one batch of 8192 in flight; 32,768-token requests: sliding
+    # cdiv(1023 + 8192, 16) + 1 = 577, full 32,768 / 32 = 1,024; 5 x 577 + 1,024 = 3,909; 28.41 GiB -> 11,637 blocks,
+    # 11,637 / 3,909 = 2.977 (logged 2.98x), int(2.977 x 32768) = 97,548 (logged 97,541 at the budget's low end)
+    in_flight = max_in_flight_tokens(8192, async_scheduling=True, vllm_version="0.23.0")
+    assert in_flight == 8192
+    per_request = sum(g.blocks_for(32768, 16, in_flight) for g in groups)
+    assert per_request == 3909
+    nb_low, nb_high = (int(gib * 1024**3) // 262_144 // 10 for gib in (28.405, 28.415))
+    assert f"{nb_low / per_request:.2f}" <= "2.98" <= f"{nb_high / per_request:.2f}"
+    assert logged_tokens(groups, nb_low, 16, nb_low / per_request, 32768, "0.23.0") <= 97_541
+    assert 97_541 <= logged_tokens(groups, nb_high, 16, nb_high / per_request, 32768, "0.23.0")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gemma-2-9b-it-h100-v0.19.0",
+        "gemma-3-4b-it-h100-v0.19.0",
+        "gemma-3-27b-it-h100-v0.19.0",
+        "gemma-4-31b-b300-v0.26.0",
+        "gemma-4-31b-kaggle-v0.23.0",
+        "gpt-oss-20b-h100-tp2-v0.19",
+    ],
+)
+def test_mixed_sliding_logs_need_their_max_num_batched_tokens(run_cli, name):
+    # each log runs at max_num_batched_tokens 8192 ('Chunked prefill is enabled with max_num_batched_tokens=8192'
+    # or, where that part of the log was not copied, vllm serve's >= 70 GiB default): at 8192 the logged count and
+    # concurrency come out; at the 2048 kvtool takes when the device is unknown they do not
+    case = _case(name)
+    logged = case["logged"]
+    args = ["--seq-len", str(case["seq_len"]), "--vllm-version", str(case["vllm_version"])]
+    args += ["--tp", str(case.get("tp", 1))]
+    assert case["engine_args"]["max_num_batched_tokens"] == 8192
+    low, high = _bracket(run_cli, LOGS / name, logged["kv_gib"], *args, "--max-num-batched-tokens", "8192")
+    _assert_logged(low, high, logged["tokens"], logged["concurrency"])
+    low, high = _bracket(run_cli, LOGS / name, logged["kv_gib"], *args, "--max-num-batched-tokens", "2048")
+    assert not f"{low['max_concurrency']:.2f}" <= logged["concurrency"] <= f"{high['max_concurrency']:.2f}"
