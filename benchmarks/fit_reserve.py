@@ -220,7 +220,10 @@ def _say(label: str, fitted: float | None, used: list[str], table: float, unit: 
         print(f"{label}: no case in the fitting half; the table holds {table:g} {unit}")
         return True
     same = abs(fitted - table) <= (0.05 if unit == "B/logit" else 0.005)
-    print(f"{label}: {fitted:.2f} {unit} (fitted on {', '.join(used)}); the table holds {table:g}" + ("" if same else "  <- DIFFERS"))
+    print(
+        f"{label}: {fitted:.2f} {unit} (fitted on {', '.join(used)}); the table holds {table:g}"
+        + ("" if same else "  <- DIFFERS")
+    )
     return same
 
 
@@ -233,9 +236,13 @@ def main() -> int:
     print()
     ok = True
     sort_b, used = fit_sampler(fitting, triton=False)
-    ok &= _say("sampler, torch sort (< 0.17.0)", sort_b, used, pick(reserve.SAMPLER_RULES, "0.10.0").bytes_per_logit, "B/logit")
+    ok &= _say(
+        "sampler, torch sort (< 0.17.0)", sort_b, used, pick(reserve.SAMPLER_RULES, "0.10.0").bytes_per_logit, "B/logit"
+    )
     tri_b, used = fit_sampler(fitting, triton=True)
-    ok &= _say("sampler, Triton (0.17.0 on)", tri_b, used, pick(reserve.SAMPLER_RULES, "0.19.0").bytes_per_logit, "B/logit")
+    ok &= _say(
+        "sampler, Triton (0.17.0 on)", tri_b, used, pick(reserve.SAMPLER_RULES, "0.19.0").bytes_per_logit, "B/logit"
+    )
     for since_0_19, release in ((False, "0.10.0"), (True, "0.19.0")):
         row = pick(reserve.NON_TORCH_RULES, release)
         fits = fit_non_torch(fitting, since_0_19)
@@ -250,7 +257,9 @@ def main() -> int:
     ok &= _say("CUDA graphs, MoE TP 1 (0.20.0 on)", *fits["moe"], graphs.moe_estimate_bytes / GIB, "GiB")
     ok &= _say("CUDA graphs, TP > 1 (0.20.0 on)", *fits["tp"], graphs.multi_gpu_estimate_bytes / GIB, "GiB")
     if not ok:
-        print("  (a table differs from this fit: update kvtool/estimate/reserve.py, or the held-out error is not held out)")
+        print(
+            "  (a table differs from this fit: update kvtool/estimate/reserve.py, or the held-out error is not held out)"
+        )
 
     _report("held-out half, from scratch", [(c.name, c.version, *errors(c)) for c in held if c.usable])
     _report("fitting half, from scratch", [(c.name, c.version, *errors(c)) for c in fitting if c.usable])
