@@ -81,7 +81,7 @@ def _rank_rows(log: StartupLog) -> tuple[RankRow, ...]:
             r.rank,
             b(r.available_kv_gib),
             b(r.weights_gib),
-            b(r.cudagraph_estimate_gib or r.cudagraph_captured_gib),
+            b(r.cudagraph_estimate_gib or r.cudagraph_pool_estimate_gib or r.cudagraph_captured_gib),
             r.rank == chosen,
         )
         for r in log.ranks

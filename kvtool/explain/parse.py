@@ -14,13 +14,19 @@ The format strings are vLLM's own, read from each release's source (0.10.0-0.33.
 - ``GPU KV cache size: %s tokens`` and ``Maximum concurrency for %s tokens per request: %.2fx`` on two lines
   (0.10-0.27), on one line (0.28+), ``%s KV cache size`` with the device name (``GPU``, ``CPU``; 0.31+):
   vllm/v1/core/kv_cache_utils.py _report_kv_cache_config / update_kv_cache_capacity
-- ``Graph capturing finished in %.0f secs, took %.2f GiB``: gpu_model_runner.py capture_model;
-  ``Estimated CUDA graph memory: %.2f GiB total`` (0.19+): gpu_model_runner.py profile_cudagraph_memory
+- ``Graph capturing finished in %.0f secs, took %.2f GiB`` (the captured pool): gpu_model_runner.py capture_model;
+  ``Estimated CUDA graph memory: %.2f GiB total`` (0.18+): gpu_model_runner.py profile_cudagraph_memory;
+  ``CUDA graph pool memory: %s GiB (actual), %s GiB (estimated), difference: ...`` (0.18+, round(x, 2)):
+  gpu_worker.py compile_or_warm_up_model; whether the estimate was taken from the budget: ``CUDA graph memory
+  profiling is enabled`` / ``... is disabled`` (0.18+) and ``In v0.19, CUDA graph memory profiling will be enabled
+  by default`` (0.18-0.19, printed when it is not): gpu_worker.py determine_available_memory
 - ``Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (U, R GiB). Actual usage is ...
   --kv-cache-memory=N ... --kv-cache-memory=M ... Current kv cache memory in use is K GiB.``: gpu_worker.py
   compile_or_warm_up_model (DEBUG until 0.2x, INFO in 0.33), with "W GiB for weight, A GiB for peak activation,
   N GiB for non-torch memory, and G GiB for CUDAGraph memory" or, 0.27+, "C GiB for consumed memory (weights +
-  non-torch), A GiB for peak activation, and G GiB for CUDAGraph memory"
+  non-torch), A GiB for peak activation, and G GiB for CUDAGraph memory" (G is the captured pool, capture_model's
+  return value); its opening ``Free memory on device (F/T GiB)`` is also read alone (excerpts cut the line there)
+- ``... num_gpu_blocks is: N`` (vllm/v1/metrics/loggers.py, the engine's cache_config_info)
 - the version: ``vLLM API server version %s`` (vllm/entrypoints/openai/api_server.py), the banner's ``version %s``
   (vllm/entrypoints/utils.py), ``vLLM server version %s, serving model %s`` (0.33), ``Initializing a V1 LLM engine
   (v%s) with config: ...`` (vllm/v1/engine/core.py); ``non-default args: %s`` (vllm/entrypoints/openai/cli_args.py,
@@ -78,6 +84,7 @@ class Suggestion:
     to_requested_bytes: int  # the first --kv-cache-memory=N ("to fit into requested memory")
     to_gpu_bytes: int  # the second ("to fully utilize gpu memory")
     current_kv_gib: float  # "Current kv cache memory in use" (0.10.2-0.11.0 print bytes: converted)
+    current_kv_unit: str = "GiB"  # the unit the line printed it in ("bytes" in 0.10.2-0.11.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +100,12 @@ class RankFigures:
     profile_consumed_gib: Figure | None = None  # DEBUG "total consumed (from mem_get_info)" (0.27+)
     profile_weights_gib: Figure | None = None  # DEBUG "weights memory"
     cudagraph_estimate_gib: Figure | None = None  # "Estimated CUDA graph memory" (0.19+)
-    cudagraph_captured_gib: Figure | None = None  # "Graph capturing finished in .. took"
+    cudagraph_captured_gib: Figure | None = None  # "Graph capturing finished in .. took" (the captured pool)
+    # "CUDA graph pool memory: A GiB (actual), E GiB (estimated)" (0.18+): the captured pool and the estimate again
+    cudagraph_pool_actual_gib: Figure | None = None
+    cudagraph_pool_estimate_gib: Figure | None = None
+    free_on_startup_gib: Figure | None = None  # "Free memory on device (F/T GiB)": F, or "Initial free memory: F GiB"
+    device_total_gib: Figure | None = None  # ... T
     requested_gib: Figure | None = None  # DEBUG "Requested memory: U (util), R GiB" (gpu_worker.py, 0.10+)
     suggestion: Suggestion | None = None
 
@@ -130,6 +142,7 @@ class StartupLog:
     # "CUDA graph memory profiling is enabled/disabled" (gpu_worker.py determine_available_memory, 0.19+): whether
     # the estimate was taken from the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS); None when not logged
     cudagraph_estimate_subtracted: bool | None
+    num_gpu_blocks: int | None  # the engine's "num_gpu_blocks is: N" (metrics cache_config_info); None when not logged
     # (file, source line, text) of each KV line's "[file.py:NNN]" prefix: the releases it can come from
     call_sites: tuple[tuple[str, int, str], ...]
 
@@ -171,7 +184,14 @@ _FIGURES: dict[str, re.Pattern[str]] = {
     "cudagraph_estimate_gib": re.compile(r"Estimated CUDA graph memory: " + _NUM + r" ?GiB"),
     "requested_gib": re.compile(r"Requested memory: [0-9.]+ \(util\), " + _NUM + r" ?GiB"),
     "cudagraph_captured_gib": re.compile(r"Graph capturing finished in \S+ secs?, took (-?" + _NUM[1:] + r" ?GiB"),
+    "cudagraph_pool_actual_gib": re.compile(r"CUDA graph pool memory: (-?" + _NUM[1:] + r" GiB \(actual\)"),
+    "cudagraph_pool_estimate_gib": re.compile(r"CUDA graph pool memory: .*?, (-?" + _NUM[1:] + r" GiB \(estimated\)"),
+    # the same init_snapshot.free_memory: "Initial free memory: F GiB; Requested memory" (DEBUG, determine_available_memory)
+    "free_on_startup_gib": re.compile(r"(?:Free memory on device \(|Initial free memory: )" + _NUM + r"(?:/| GiB; )"),
+    "device_total_gib": re.compile(r"Free memory on device \([0-9.,]+/" + _NUM + r" GiB\)"),
 }
+# figures vLLM prints with "%s" of round(x, 2): "0.7" is 0.70 to two decimals
+_TWO_DECIMALS = {"cudagraph_pool_actual_gib", "cudagraph_pool_estimate_gib"}
 _KV_SIZE = re.compile(r"(\w+(?: \+ host)?) KV cache size: " + _NUM + r" tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r" ?x")
 _SUGGESTION = re.compile(
@@ -215,7 +235,8 @@ _BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
 # vllm/platforms/cpu.py check_and_update_config: "CPU MLA backend requires block_size=16, overriding user-specified
 # block_size=32."
 _BLOCK_OVERRIDE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size=\d+")
-_CG_PROFILING = re.compile(r"CUDA graph memory profiling is (enabled|disabled)")
+_CG_PROFILING = re.compile(r"CUDA graph memory profiling (is enabled|is disabled|will be enabled by default)")
+_NUM_GPU_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)")
 _CALL_SITE = re.compile(r"\[(?:[\w/]*/)?(\w+\.py):(\d+)\] (.*)$")
 _SITE_TEXTS = ("Available KV cache memory", "Model loading took", "KV cache size", "Maximum concurrency for")
 
@@ -292,11 +313,25 @@ def _read_suggestion(m: re.Match[str], line: int) -> Suggestion | None:
             to_requested,
             to_gpu,
             current,
+            groups[8],
         )
     assert new is not None
     consumed, activation, graphs = (_number(g) for g in new.groups())
     return Suggestion(
-        line, free, total, util, requested, None, None, consumed, activation, graphs, to_requested, to_gpu, current
+        line,
+        free,
+        total,
+        util,
+        requested,
+        None,
+        None,
+        consumed,
+        activation,
+        graphs,
+        to_requested,
+        to_gpu,
+        current,
+        groups[8],
     )
 
 
@@ -318,6 +353,7 @@ class _Reader:
     cg_subtracted: bool | None = None
     block_override: int | None = None
     default_seqs: int | None = None
+    num_gpu_blocks: int | None = None
     sites: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
 
     def rank(self, name: str) -> dict[str, Any]:
@@ -329,7 +365,10 @@ class _Reader:
         if figures is not None:
             for name, pattern in _FIGURES.items():
                 if name not in figures and (m := pattern.search(text)):
-                    figures[name] = _figure(m.group(1), number)
+                    figure = _figure(m.group(1), number)
+                    if name in _TWO_DECIMALS:
+                        figure = dataclasses.replace(figure, decimals=max(figure.decimals, 2))
+                    figures[name] = figure
             if "suggestion" not in figures and (m := _SUGGESTION.search(text)):
                 if (suggestion := _read_suggestion(m, number)) is not None:
                     figures["suggestion"] = suggestion
@@ -370,7 +409,9 @@ class _Reader:
         if self.block_override is None and (m := _BLOCK_OVERRIDE.search(text)):
             self.block_override = int(m.group(1))
         if self.cg_subtracted is None and (m := _CG_PROFILING.search(text)):
-            self.cg_subtracted = m.group(1) == "enabled"
+            self.cg_subtracted = m.group(1) == "is enabled"  # "will be enabled by default (..=1)": it is not yet
+        if self.num_gpu_blocks is None and (m := _NUM_GPU_BLOCKS.search(text)):
+            self.num_gpu_blocks = int(m.group(1))
         if any(t in text for t in _SITE_TEXTS) and (m := _CALL_SITE.search(text)):
             self.sites.append((m.group(1), int(m.group(2)), m.group(3)))
 
@@ -426,6 +467,7 @@ def parse_startup_log(text: str, source: str) -> StartupLog:
         concurrency=concurrency,
         concurrency_max_model_len=reader.concurrency_len,
         cudagraph_estimate_subtracted=reader.cg_subtracted,
+        num_gpu_blocks=reader.num_gpu_blocks,
         call_sites=tuple(reader.sites),
     )
 

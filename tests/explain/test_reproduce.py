@@ -122,3 +122,15 @@ def test_real_vllm_032_logs_reproduce_their_pool(name):
     size, concurrency = (t for t in explanation.figures if t.unit in ("tokens", "x"))
     assert size.name == "CPU KV cache size" and size.checked and concurrency.checked
     assert (size.status, concurrency.status) == (LOGGED, LOGGED), (size, concurrency)
+
+
+def test_graphs_logged_apart_are_shown_not_compared_with_a_budget_that_has_none():
+    # vLLM 0.19.0 prints "In v0.19, CUDA graph memory profiling will be enabled by default (...=1)" when it does NOT
+    # take the estimate from the budget (vllm/v1/worker/gpu_worker.py determine_available_memory, 0.19.0), and the
+    # log's budget closes without it: 0.95 x 79.19 - (51.45 + 3.99 + 0.26) = 19.53 GiB, the logged KV memory
+    case = REPO_ROOT / "tests" / "data" / "gpu-logs" / "gemma-3-27b-it-h100-v0.19.0"
+    log = parse_startup_log((case / "log.txt").read_text(), case.name)
+    assert log.cudagraph_estimate_subtracted is False
+    result = explain_log((case / "log.txt").read_text(), case.name, Given())
+    graphs = next(t for t in result.terms if t.name.startswith("CUDA graphs"))
+    assert graphs.logged == round(1.05 * GIB) and graphs.status == LOGGED and not graphs.checked
