@@ -140,17 +140,18 @@ def fit_non_torch(fitting: list[Case], since_0_19: bool) -> dict[str, tuple[floa
 
 
 def fit_cudagraphs(fitting: list[Case]) -> dict[str, tuple[float | None, list[str]]]:
+    """Medians of vLLM's own "Estimated CUDA graph memory" (0.18 on), scaled to 512 capture sizes by the rule's
+    fixed share, per kind: dense TP 1, MoE TP 1, TP > 1."""
+    rule = pick(reserve.CUDAGRAPH_RULES, "0.20.0")
     groups: dict[str, list[tuple[float, str]]] = {"dense": [], "moe": [], "tp": []}
     for case in fitting:
-        if "cudagraph_gib" not in case.logged or not (0, 18) <= version_key(case.version) < (0, 20):
+        if "cudagraph_estimate_gib" not in case.logged or version_key(case.version) < (0, 18):
             continue
-        if not (LOGS / case.name / "config.json").is_file() or _scheduler(case)[1] < 256:
+        if not (LOGS / case.name / "config.json").is_file() or case.gpus[1] > 1:
             continue
-        tp, pp = case.gpus
-        if pp > 1:
-            continue
-        key = "tp" if tp > 1 else "moe" if case.spec().num_experts else "dense"
-        groups[key].append((case.logged["cudagraph_gib"], case.name))
+        share = rule.fixed_share + (1 - rule.fixed_share) * min(2 * _scheduler(case)[1], 512) / 512
+        key = "tp" if case.gpus[0] > 1 else "moe" if case.spec().num_experts else "dense"
+        groups[key].append((case.logged["cudagraph_estimate_gib"] / share, case.name))
     return {k: (_median([v for v, _ in rows]), [n for _, n in rows]) for k, rows in groups.items()}
 
 
