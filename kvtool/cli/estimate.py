@@ -184,6 +184,15 @@ VllmVersionOpt = Annotated[
         "profiler subtracts, vllm serve's defaults, the token count it logs.",
     ),
 ]
+ModelRunnerOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-runner",
+        help="vLLM's model runner, as VLLM_USE_V2_MODEL_RUNNER sets it: auto (unset: the --vllm-version's default "
+        "for the model; Model Runner V2 for some models from 0.22, for all from 0.29), v1 (=0) or v2 (=1). V2 "
+        "profiles a greedy sampler and, before 0.29, takes no CUDA-graph memory from the budget.",
+    ),
+]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
 VllmLineArg = Annotated[
@@ -238,6 +247,7 @@ def estimate_command(
     block_size: BlockSizeOpt = 16,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     vllm_version: VllmVersionOpt = NEWEST_RELEASE,
+    model_runner: ModelRunnerOpt = "auto",
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

@@ -13,6 +13,7 @@ from kvtool.estimate.gpu import AskedGpu, implausible_size
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.layout import KvLayout, kv_layout
 from kvtool.estimate.model import ResolvedModel
+from kvtool.estimate.model_runner import choose_runner
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.reserve import Reserve, ReserveOverrides, model_reserve
 from kvtool.estimate.serve_defaults import Scheduler
@@ -101,6 +102,7 @@ def resolve_budget(
             else "use --model or --config, or give --kv-memory in manual mode"
         )
         raise UsageError(f"GPU planning needs the weights: {how}", where="--gpu" if request.gpu else "--gpu-memory")
+    runner = choose_runner(spec, request.model_runner, request.vllm_version)
     reserve = model_reserve(
         spec,
         tp=request.tp,
@@ -111,7 +113,9 @@ def resolve_budget(
         pp=request.pp,
         last_stage=stage is None or stage.index == request.pp - 1,
         vllm_version=request.vllm_version,
+        model_runner=runner.runner,
     )
+    reserve = dataclasses.replace(reserve, method=f"{runner.why}; {reserve.method}")
     weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
     budget = gpu_budget(
         gpu_memory_bytes=gpu.memory_bytes,

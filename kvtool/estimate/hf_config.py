@@ -113,6 +113,7 @@ class ModelSpec:
     # Gemma 3n / Gemma 4: the last kv_shared_layers layers reuse an earlier layer's KV cache and allocate none
     kv_shared_layers: int = 0
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
+    architectures: tuple[str, ...] = ()  # config.json's architectures (vLLM picks its model runner by them)
 
     @property
     def kv_layer_kinds(self) -> tuple[str, ...]:
@@ -540,6 +541,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
     spec = ModelSpec(
         name=name or model_type,
         source=where,
+        architectures=tuple(str(a) for a in top.get("architectures") or ()),
         model_type=model_type,
         num_layers=num_layers,
         num_attention_heads=num_heads,

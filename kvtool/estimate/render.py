@@ -96,7 +96,7 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
         if r.activation_bytes is not None and verbose:
             table.add_row(
                 f"reserve per GPU (vLLM {r.vllm_version} profiling)",
-                f"activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
+                f"model runner {r.model_runner}: activation peak {_gib(r.activation_bytes)} + non-torch {_gib(r.non_torch_bytes)} "
                 f"+ CUDA graphs {_gib(r.cudagraph_bytes)} (each overridable: --activation-memory, "
                 f"--non-torch-memory, --cudagraph-memory)",
             )

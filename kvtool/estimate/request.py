@@ -51,6 +51,9 @@ class EstimateRequest:
     # the vLLM release whose rules apply (kvtool.estimate.vllm_versions); --vllm-version as typed, resolved by
     # check_request into a modelled release
     vllm_version: str = NEWEST_RELEASE
+    # vLLM's model runner (VLLM_USE_V2_MODEL_RUNNER): "auto" (unset: the release's default for the model,
+    # kvtool.estimate.model_runner), "v1" (=0) or "v2" (=1)
+    model_runner: str = "auto"
     profile_dirs: tuple[str, ...] = ()
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
@@ -74,6 +77,12 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
     scheduling, when not given, to that release's default."""
     _check_not_empty(request)
     _check_positive(request)
+    if request.model_runner not in ("auto", "v1", "v2"):
+        raise UsageError(
+            f"--model-runner takes auto, v1 or v2, not {request.model_runner!r}",
+            where="--model-runner",
+            tip="v1 and v2 are VLLM_USE_V2_MODEL_RUNNER=0 and =1; auto is the release's default for the model",
+        )
     release = resolve_vllm_version(request.vllm_version)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:

@@ -27,6 +27,7 @@ import dataclasses
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.model_runner import GUMBEL_BYTES_PER_LOGIT, V1, V2_RESERVE_RULES
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 GIB = 1024**3
@@ -275,6 +276,7 @@ class Reserve:
     max_num_seqs: int
     method: str  # how each term was obtained, in words
     vllm_version: str = NEWEST_RELEASE  # the release whose rules were applied
+    model_runner: str = V1  # the vLLM model runner whose profile_run was modelled (kvtool.estimate.model_runner)
 
 
 def _forward_bytes(spec: ModelSpec, tokens: int, tp: int) -> int:
@@ -307,6 +309,16 @@ def non_torch_bytes(tp: int, pp: int = 1, vllm_version: str = NEWEST_RELEASE) ->
     return rule.tp_bytes
 
 
+def _v2_sampler_bytes_per_logit(spec: ModelSpec, requests: int, vllm_version: str) -> tuple[float, str]:
+    """Model Runner V2's sampler peak per logit in its profiling run (kvtool.estimate.model_runner.V2_RESERVE_RULES):
+    the model-dtype logits and gumbel_sample's partials, or V1's figure where the float32 pipeline runs too."""
+    rule = pick(V2_RESERVE_RULES, vllm_version)
+    if rule.sampler_fp32_pipeline:
+        per_logit, _ = sampler_bytes_per_logit(requests, vllm_version)
+        return per_logit, rule.how
+    return model_dtype_bytes(spec.dtype) + GUMBEL_BYTES_PER_LOGIT, rule.how
+
+
 def model_reserve(
     spec: ModelSpec,
     *,
@@ -318,13 +330,18 @@ def model_reserve(
     pp: int = 1,
     last_stage: bool = True,
     vllm_version: str = NEWEST_RELEASE,
+    model_runner: str = V1,
 ) -> Reserve:
-    """The reserve per GPU as ``vllm_version`` profiles it, each term modelled unless overridden (only the last
-    pipeline stage samples)."""
+    """The reserve per GPU as ``vllm_version`` profiles it with ``model_runner`` (V1 or V2), each term modelled
+    unless overridden (only the last pipeline stage samples)."""
     forward = _forward_bytes(spec, max_num_batched_tokens, tp)
     requests = min(max_num_batched_tokens, max_num_seqs)
     vocab = spec.vocab_size or 32_000
-    per_logit, path = sampler_bytes_per_logit(requests, vllm_version)
+    if model_runner == V1:
+        per_logit, path = sampler_bytes_per_logit(requests, vllm_version)
+    else:
+        per_logit, path = _v2_sampler_bytes_per_logit(spec, requests, vllm_version)
+    # both runners keep the dummy forward's hidden states alive through the sampler run
     copies = pick(SAMPLER_RULES, vllm_version).resident_hidden_dtype_copies
     resident = copies * max_num_batched_tokens * (spec.hidden_size or 0) * model_dtype_bytes(spec.dtype)
     workspace = moe_workspace_bytes(spec, max_num_batched_tokens, tp, vllm_version)
@@ -332,7 +349,16 @@ def model_reserve(
     said: list[str] = []
     if overrides.total_bytes is not None:
         return Reserve(
-            0, 0, 0, overrides.total_bytes, forward, sampler, max_num_seqs, "--reserve (all terms)", vllm_version
+            0,
+            0,
+            0,
+            overrides.total_bytes,
+            forward,
+            sampler,
+            max_num_seqs,
+            "--reserve (all terms)",
+            vllm_version,
+            model_runner,
         )
     activation = overrides.activation_bytes
     if activation is None:
@@ -350,16 +376,7 @@ def model_reserve(
         said.append(f"non-torch {non_torch / GIB:.2f} GiB at TP {tp}" + (f" x PP {pp}" if pp > 1 else ""))
     graphs = overrides.cudagraph_bytes
     if graphs is None:
-        rule = pick(CUDAGRAPH_RULES, vllm_version)
-        if enforce_eager:
-            graphs = 0
-            said.append("no CUDA graphs (--enforce-eager)")
-        elif not rule.subtracted:
-            graphs = 0
-            said.append(f"CUDA graphs {rule.how} by vLLM {vllm_version}")
-        else:
-            graphs = cudagraph_estimate_bytes(spec, tp, max_num_seqs, rule)
-            said.append(f"CUDA graphs {graphs / GIB:.2f} GiB {rule.how}")
+        graphs = _modelled_graphs(spec, tp, max_num_seqs, enforce_eager, vllm_version, model_runner, said)
     method = "; ".join(said) if said else "all terms given"
     return Reserve(
         activation,
@@ -371,4 +388,30 @@ def model_reserve(
         max_num_seqs,
         method,
         vllm_version,
+        model_runner,
     )
+
+
+def _modelled_graphs(
+    spec: ModelSpec,
+    tp: int,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    vllm_version: str,
+    model_runner: str,
+    said: list[str],
+) -> int:
+    """The CUDA-graph pool taken from the budget, its words appended to ``said``."""
+    rule = pick(CUDAGRAPH_RULES, vllm_version)
+    if enforce_eager:
+        said.append("no CUDA graphs (--enforce-eager)")
+        return 0
+    if model_runner != V1 and not pick(V2_RESERVE_RULES, vllm_version).cudagraphs_estimated:
+        said.append(f"CUDA graphs not subtracted (Model Runner V2's profile_cudagraph_memory is 0 in {vllm_version})")
+        return 0
+    if not rule.subtracted:
+        said.append(f"CUDA graphs {rule.how} by vLLM {vllm_version}")
+        return 0
+    graphs = cudagraph_estimate_bytes(spec, tp, max_num_seqs, rule)
+    said.append(f"CUDA graphs {graphs / GIB:.2f} GiB {rule.how}")
+    return graphs

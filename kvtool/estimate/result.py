@@ -81,6 +81,7 @@ class EstimateResult:
     non_torch_bytes: int | None
     cudagraph_bytes: int | None
     reserve_method: str | None
+    model_runner: str | None  # the vLLM model runner whose profiling the reserve models (V1, V2; None without)
     max_num_seqs: int | None
     kv_budget_bytes: int | None  # per GPU
     block_size: int
@@ -178,6 +179,7 @@ def build_result(
         non_torch_bytes=reserve.non_torch_bytes if reserve and modelled else None,
         cudagraph_bytes=reserve.cudagraph_bytes if reserve and modelled else None,
         reserve_method=reserve.method if reserve else None,
+        model_runner=reserve.model_runner if reserve else None,
         max_num_seqs=scheduler.max_num_seqs,
         kv_budget_bytes=budget.kv_budget_bytes if budget else None,
         block_size=capacity.block_size if capacity else request.block_size,
