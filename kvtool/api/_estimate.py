@@ -47,13 +47,14 @@ def estimate(
     max_num_seqs: int | None = None,
     enforce_eager: bool = False,
     prefix_caching: bool = True,
-    async_scheduling: bool = True,
+    async_scheduling: bool | None = None,
     quantization: str | None = None,
     block_size: int = 16,
     max_num_batched_tokens: int | None = None,
     compare: bool = False,
     profiles: Sequence[str] = (),
     vllm_version: str = NEWEST_RELEASE,
+    model_runner: str = "auto",
 ) -> EstimateResult:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 
@@ -62,6 +63,8 @@ def estimate(
     ``kv_heads`` and ``head_dim`` by hand.  ``seq_len`` and ``batch`` take one value or a sequence (a sweep);
     sizes (``gpu_memory``, ``kv_memory``, ``reserve`` and the reserve terms ``activation_memory``,
     ``non_torch_memory``, ``cudagraph_memory``) take ``"80GiB"``, ``"10GB"`` or a number of bytes.
+    ``vllm_version`` picks the release whose rules apply (0.10.0-0.33.0, default the newest), ``model_runner``
+    the model runner (``auto``: that release's default for the model) and ``async_scheduling`` None its default.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
