@@ -35,6 +35,7 @@ from kvtool.estimate import reserve  # noqa: E402
 from kvtool.estimate.dtypes import model_dtype_bytes  # noqa: E402
 from kvtool.estimate.estimator import estimate  # noqa: E402
 from kvtool.estimate.hf_config import ModelSpec, load_config_path, parse_config  # noqa: E402
+from kvtool.estimate.model_runner import default_runner  # noqa: E402
 from kvtool.estimate.request import EstimateRequest  # noqa: E402
 from kvtool.estimate.serve_defaults import serve_batch_defaults  # noqa: E402
 from kvtool.estimate.vllm_versions import pick, version_key  # noqa: E402
@@ -113,6 +114,8 @@ def fit_sampler(fitting: list[Case], triton: bool) -> tuple[float | None, list[s
         if (version_key(case.version) >= (0, 17)) != triton:
             continue
         spec = case.spec()
+        if default_runner(spec, case.version).runner != "V1":
+            continue  # Model Runner V2 profiles its own sampler (kvtool.estimate.model_runner)
         tokens, seqs = _scheduler(case)
         requests = min(tokens, seqs)
         tp = case.gpus[0]

@@ -53,11 +53,11 @@ class SamplerRule:
 # llama-3.1-8b-h100 (4.76 GiB / 128,256) and qwen3-32b-h100-tp2 (5.64 GiB / 151,936).  Held out: gpt-oss-20b-h100,
 # qwen3-0.6b-h100 and qwen3-32b-h100-tp1 log 38.5, 38.4 and 38.9 B; qwen3-235b-a22b-fp8-l40s-tp8-v0.10.2's 0.10.2
 # suggestion line 1.40 GiB at 256 requests x 151,936 = 38.6 B.
-_SORT_BYTES_PER_LOGIT = 38.7
+_SORT_BYTES_PER_LOGIT = 38.6
 # Fitted by benchmarks/fit_reserve.py (least squares through the origin of the logged torch peak less the resident
 # hidden states and the MoE workspace, over requests x vocabulary) on the fitting half's vLLM 0.19.0 H100 DEBUG logs;
 # the held-out half's error is in docs/estimate.md ("The reserve").
-_TRITON_BYTES_PER_LOGIT = 14.4
+_TRITON_BYTES_PER_LOGIT = 14.3
 SAMPLER_RULES: tuple[SamplerRule, ...] = (
     # apply_top_k_top_p_pytorch: logits.sort (float32 values + int64 indices), the top-k gather, softmax and cumsum
     # of the sorted values, the top-p mask and the scatter back, beside the model-dtype and float32 logits
@@ -169,7 +169,7 @@ NON_TORCH_RULES: tuple[NonTorchRule, ...] = (
         since="0.10.0",
         source="vllm/utils/__init__.py memory_profiling (0.10.0)",
         tp1_bytes=int(0.13 * GIB),
-        tp_bytes=int(0.54 * GIB),
+        tp_bytes=int(0.55 * GIB),
     ),
     # the vLLM 0.19.0 H100 DEBUG logs (llm-d-planner sweep) log 0.25-0.27 GiB at TP 1, 2.07-2.17 GiB at TP 2-4
     # (NCCL, custom all-reduce and symmetric-memory buffers) and 0.07 GiB at PP 2 alone; medians of the fitting half
@@ -202,7 +202,7 @@ class CudagraphRule:
 
 
 # (dense TP 1, MoE TP 1, TP > 1) GiB at 512 capture sizes, fitted by benchmarks/fit_reserve.py
-_CUDAGRAPH_ESTIMATE = (0.84, 1.49, 1.55)
+_CUDAGRAPH_ESTIMATE = (0.84, 1.39, 0.59)
 CUDAGRAPH_RULES: tuple[CudagraphRule, ...] = (
     # the KV budget is requested - non_kv_cache_memory; compile_or_warm_up_model captures the graphs afterwards and
     # logs "Graph capturing finished in N secs, took X GiB" apart (0.10.2's --kv-cache-memory suggestion names it)
