@@ -87,7 +87,7 @@ def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, We
     spec = model_spec(profile)
     spec = dataclasses.replace(spec, source=f"{profile.file} (values from {profile.hf_repo} config.json)")
     spec = _with_dtype(spec, request.dtype)
-    return spec, estimate_weights(spec)
+    return spec, estimate_weights(spec, request.vllm_version, request.tp)
 
 
 def _is_local_folder(name: str) -> bool:
@@ -133,7 +133,7 @@ def _model_from_config(
         if found is not None:
             weights = WeightEstimate(found.num_params, found.weights_bytes, found.method)
             quant = spec.weight_quant
-            if quant is not None and quant.pad_intermediate_to > 1:
+            if quant is not None and quant.mxfp4_experts:
                 weights = None  # vLLM pads the experts on the GPU (kvtool.estimate.quant): the config estimate does
             elif quant is None and found.num_params and spec.dtype != parsed.dtype:
                 # vLLM loads an unquantized checkpoint in the run dtype, whatever the files store
@@ -145,7 +145,7 @@ def _model_from_config(
                     f"{found.method} (parameters) at {spec.dtype}",
                 )
     if weights is None:
-        weights = estimate_weights(spec)
+        weights = estimate_weights(spec, request.vllm_version, request.tp)
         towers = [key for key in ("vision_config", "audio_config") if isinstance(data.get(key), dict)]
         if weights is not None and towers:
             # vLLM loads the encoder too ("Model loading took" counts it); the config estimate sizes the language
@@ -177,7 +177,7 @@ def _with_quantization(
             )
         return spec, weights
     spec = dataclasses.replace(spec, weight_quant=online(method))
-    return spec, estimate_weights(spec)
+    return spec, estimate_weights(spec)  # online methods are not mxfp4: no version rule
 
 
 def _model_from_options(request: EstimateRequest) -> ModelSpec:

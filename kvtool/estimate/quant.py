@@ -6,10 +6,8 @@ and routers stay at the model dtype (vLLM's ``LinearMethodBase`` is applied to l
 
 - ``fp8`` (DeepSeek-V3, Qwen3-FP8): one byte per weight plus a float32 scale per ``weight_block_size`` block, or one
   per matrix without blocks; vLLM's online ``--quantization fp8`` is the per-tensor form.
-- ``mxfp4`` (gpt-oss): MoE experts only, 4-bit values plus one 1-byte E8M0 scale per 32 (4.25 bits); vLLM pads the
-  expert intermediate size to a multiple of 256 for its Hopper kernels (vllm/model_executor/layers/quantization/
-  mxfp4.py ``round_up(intermediate_size_per_partition, 256)``).  With this, gpt-oss-20b/120b come to 13.4/64.5 GiB
-  where vLLM logs "Model loading took 13.47/64.38 GiB" (tests/data/gpu-logs).
+- ``mxfp4`` (gpt-oss): MoE experts only, 4-bit values plus one 1-byte E8M0 scale per 32 (4.25 bits), laid out per
+  TP rank as each release's Hopper kernel keeps them (:data:`MXFP4_LAYOUTS`, :func:`mxfp4_expert_bytes`).
 - ``awq``: packed 4-bit weights, per group of ``group_size`` inputs a float16 scale and a packed 4-bit zero point.
 - ``gptq``: packed ``bits`` weights, per group a float16 scale and a packed zero point, plus an int32 ``g_idx`` per
   input channel.
@@ -41,7 +39,7 @@ class WeightQuant:
     scale_bytes: float  # bytes of one scale plus its zero point
     block: tuple[int, int] | None = None  # 2-D scale blocks (rows, cols), fp8 only
     experts_only: bool = False  # only the MoE experts are quantized (mxfp4)
-    pad_intermediate_to: int = 1  # expert intermediate size rounded up to this (mxfp4 on Hopper)
+    mxfp4_experts: bool = False  # the experts laid out by the release's MXFP4 kernel (MXFP4_LAYOUTS)
     per_input_bytes: int = 0  # bytes per input channel (GPTQ's int32 g_idx)
 
     def matrix_bytes(self, rows: int, cols: int) -> int:
@@ -55,6 +53,64 @@ class WeightQuant:
         else:
             scales = rows * math.ceil(cols / self.group_size)
         return values + math.ceil(scales * self.scale_bytes) + cols * self.per_input_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Mxfp4Layout:
+    """How one release keeps the MXFP4 experts of one TP rank on a Hopper GPU (the TRITON MoE backend)."""
+
+    since: str
+    pad_intermediate_to: int  # the intermediate size per TP partition rounded up to this
+    hopper_swizzle: bool  # values padded to 64 x 64 bytes, the original scales kept beside a copy padded to 256 rows
+    source: str
+
+
+MXFP4_LAYOUTS: tuple[Mxfp4Layout, ...] = (
+    # Fitted, not read: 0.11.0's source pads to 64 on Hopper (create_weights' last branch; 256 is the SM100 TRTLLM
+    # and ROCm branch) and, on its pinned torch 2.8.0, _swizzle_mxfp4 keeps StridedLayout views (no copy, no
+    # padding): 12.80 / 60.69 GiB for gpt-oss-20b / 120b at TP 1, where its logs say 13.47 / 64.38 GiB.  Padding to
+    # 256 without a copy gives 13.43 / 64.48 GiB, and is kept for 0.10.0-0.11.0 until a log explains the difference.
+    Mxfp4Layout(
+        "0.10.0",
+        256,
+        False,
+        "fitted to the 0.11.0 gpt-oss logs; vllm/model_executor/layers/quantization/mxfp4.py "
+        "Mxfp4MoEMethod.create_weights (0.11.0) pads Hopper to 64",
+    ),
+    # 0.11.1 is the first release on torch 2.9 (vllm-project/vllm#27228), so _swizzle_mxfp4's Hopper branch
+    # (torch >= 2.8.1) swizzles: HopperMXValueLayout.swizzle_data pads both byte dims to 64, HopperMXScaleLayout the
+    # scales' rows to 2 x num_warps(8) x 2 x 8 = 256 and their columns to 2; the swizzled scales are new tensors and
+    # the loaded w13/w2_weight_scale parameters stay (only w13/w2_weight are deleted).  Same in every release since:
+    # the padding moved to fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size (0.19.0),
+    # the swizzle to convert_to_mxfp4_moe_kernel_format (0.19.0).
+    Mxfp4Layout(
+        "0.11.1",
+        64,
+        True,
+        "vllm/model_executor/layers/quantization/utils/mxfp4_utils.py _swizzle_mxfp4 (0.11.1); "
+        "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size "
+        "(0.19.0)",
+    ),
+)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def mxfp4_expert_bytes(layout: Mxfp4Layout, hidden: int, inter_per_rank: int, matrices: int = 3) -> int:
+    """Bytes of one MXFP4 expert on one TP rank: gate + up fused as w13 (2 x inter rows of hidden inputs; up only
+    when ``matrices`` is 2) and down as w2 (hidden rows of inter inputs), half a byte per value and a byte per 32."""
+    inter = _round_up(inter_per_rank, layout.pad_intermediate_to)
+    rows13 = (matrices - 1) * inter
+    scales = rows13 * math.ceil(hidden / 32) + hidden * math.ceil(inter / 32)
+    if not layout.hopper_swizzle:
+        return math.ceil(rows13 * hidden / 2) + math.ceil(hidden * inter / 2) + scales
+    # transposed to (inputs / 2 bytes, rows), both padded to 64; the scales' copy (rows, inputs / 32) to (256, 2)
+    values = _round_up(hidden // 2, 64) * _round_up(rows13, 64) + _round_up(inter // 2, 64) * _round_up(hidden, 64)
+    copy = _round_up(rows13, 256) * _round_up(math.ceil(hidden / 32), 2)
+    copy += _round_up(hidden, 256) * _round_up(math.ceil(inter / 32), 2)
+    return values + scales + copy
 
 
 def _int(config: dict[str, Any], where: str, *keys: str, default: int) -> int:
@@ -119,7 +175,7 @@ def from_quantization_config(config: dict[str, Any], where: str, dtype_bytes: in
         return _fp8(config, where)
     if method == "mxfp4":
         return WeightQuant(
-            "mxfp4 MoE experts (4-bit + E8M0 scale per 32)", 4, 32, 1, experts_only=True, pad_intermediate_to=256
+            "mxfp4 MoE experts (4-bit + E8M0 scale per 32)", 4, 32, 1, experts_only=True, mxfp4_experts=True
         )
     if method == "awq":
         bits = _int(config, where, "w_bit", "bits", default=4)

@@ -22,6 +22,8 @@ import dataclasses
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.kinds import MAMBA
+from kvtool.estimate.quant import MXFP4_LAYOUTS, mxfp4_expert_bytes
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +187,9 @@ def estimate_params(spec: ModelSpec) -> int | None:
     return None if parts is None else parts.params
 
 
-def estimate_weights(spec: ModelSpec) -> WeightEstimate | None:
+def estimate_weights(spec: ModelSpec, vllm_version: str = NEWEST_RELEASE, tp: int = 1) -> WeightEstimate | None:
+    """The whole model's weights as ``vllm_version`` loads them over ``tp`` ranks (the sum of the ranks: MXFP4
+    experts are padded per TP partition, kvtool.estimate.quant.MXFP4_LAYOUTS)."""
     if spec.model_type in PER_LAYER_EMBEDDING_TYPES:
         return None  # per-layer embeddings, AltUp, Laurel: not in the formula (safetensors headers give them)
     parts = _parts(spec)
@@ -199,9 +203,13 @@ def estimate_weights(spec: ModelSpec) -> WeightEstimate | None:
         linear = sum(r * c * n for r, c, n in parts.linear) * dtype_bytes
     else:
         linear = sum(quant.matrix_bytes(r, c) * n for r, c, n in parts.linear)
-    inter = -(-parts.expert_inter // quant.pad_intermediate_to) * quant.pad_intermediate_to
-    up = quant.matrix_bytes(inter, parts.hidden)
-    per_expert = (parts.expert_matrices - 1) * up + quant.matrix_bytes(parts.hidden, inter)
+    if quant.mxfp4_experts:
+        layout = pick(MXFP4_LAYOUTS, vllm_version)
+        per_rank = -(-parts.expert_inter // tp)
+        per_expert = tp * mxfp4_expert_bytes(layout, parts.hidden, per_rank, parts.expert_matrices)
+    else:
+        up = quant.matrix_bytes(parts.expert_inter, parts.hidden)
+        per_expert = (parts.expert_matrices - 1) * up + quant.matrix_bytes(parts.hidden, parts.expert_inter)
     return WeightEstimate(
         parts.params,
         linear + per_expert * parts.experts + parts.other * dtype_bytes,

@@ -80,3 +80,22 @@ def test_a_quantized_checkpoint_refuses_another_method(run_cli, tmp_path):
 def test_matrix_bytes_by_hand(config, rows, cols, expected):
     quant = from_quantization_config(config, "config.json", 2)
     assert quant is not None and quant.matrix_bytes(rows, cols) == expected
+
+
+def test_mxfp4_expert_bytes_per_tp_rank_as_each_release_lays_them_out():
+    from kvtool.estimate.quant import MXFP4_LAYOUTS, mxfp4_expert_bytes
+    from kvtool.estimate.vllm_versions import pick
+
+    # gpt-oss-20b: hidden 2880, intermediate 2880 (huggingface.co/openai/gpt-oss-20b config.json)
+    # 0.11.0 (the row fitted to its logs): intermediate 2880 -> 3072; w13 6144 x 2880 / 2 + 6144 x 90 scales,
+    # w2 2880 x 3072 / 2 + 2880 x 96 scales
+    old = pick(MXFP4_LAYOUTS, "0.11.0")
+    assert mxfp4_expert_bytes(old, 2880, 2880) == 8_847_360 + 552_960 + 4_423_680 + 276_480
+    # 0.19.0 at TP 2 (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py (0.19.0), Hopper TRITON): 1440 -> 1472
+    # per rank; values (1440 -> 1472 bytes) x 2944 and (736 -> 768 bytes) x 2880 (HopperMXValueLayout pads to 64);
+    # the loaded scales 2944 x 90 + 2880 x 46 and their swizzled copy, rows to 256: 3072 x 90 + 3072 x 46
+    new = pick(MXFP4_LAYOUTS, "0.19.0")
+    assert mxfp4_expert_bytes(new, 2880, 1440) == (
+        1472 * 2944 + 768 * 2880 + 2944 * 90 + 2880 * 46 + 3072 * 90 + 3072 * 46
+    )
+    assert new.source.endswith("(0.19.0)") and pick(MXFP4_LAYOUTS, "0.11.1") is new

@@ -10,7 +10,7 @@ import pytest
 from kvtool.core.errors import InputFileError
 from kvtool.estimate.profiles import find_model, model_spec
 from kvtool.estimate.safetensors import weights_from_dir
-from kvtool.estimate.weights import estimate_params
+from kvtool.estimate.weights import estimate_params, estimate_weights
 
 
 # Published parameter counts (Hugging Face model cards / Meta's Llama papers): Llama-2-7B 6.74B, 13B 13.0B,
@@ -234,3 +234,20 @@ def test_a_bad_safetensors_index_is_one_line_exit_3(tmp_path, run_cli, index, me
     result = run_cli("estimate", "--config", tmp_path, "--gpu", "H100")
     assert (result.exit_code, result.stdout) == (3, "")
     assert result.stderr == "Error: " + message.format(index=path, dir=tmp_path) + "\n"
+
+
+def test_gpt_oss_20b_mxfp4_experts_per_tp_rank_on_0_19_0():
+    import json
+    from pathlib import Path
+
+    from kvtool.estimate.hf_config import parse_config
+
+    path = Path(__file__).parent.parent / "data" / "gpu-logs" / "gpt-oss-20b-h100" / "config.json"
+    spec = parse_config(json.loads(path.read_text()), where=str(path))
+    old = estimate_weights(spec, "0.11.0", tp=2)
+    new = estimate_weights(spec, "0.19.0", tp=2)
+    assert old is not None and new is not None
+    # 24 layers x 32 experts, two ranks each: 7,360,640 B per expert per rank on 0.19.0 (tests/estimate/test_quant.py
+    # by hand) where the 0.11.0 row pads each rank's 1440 to 1536: w13 3072 x 1440 + 3072 x 90, w2 2880 x 768 + 2880 x 48
+    per_rank_old = 3072 * 1440 + 3072 * 90 + 2880 * 768 + 2880 * 48
+    assert new.weights_bytes - old.weights_bytes == 24 * 32 * 2 * (7_360_640 - per_rank_old)
