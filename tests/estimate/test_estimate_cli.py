@@ -314,11 +314,11 @@ def test_suggestions_say_one_request_not_one_requests(run_cli):
     assert json.loads(run_cli(*asked, "--tp", "2", "--json").stdout)["max_batch"] == 1
     out = " ".join(run_cli(*asked).stdout.split())
     assert "--tp 2 fits (up to 1 request of 131,072 tokens)" in out and "1 requests" not in out
-    # vLLM 0.33 (the default): 22.05 GiB x 0.9 - weights 14.96 GiB - reserve (sampler 256 x 128,256 x 14.4 B =
-    # 0.44 GiB + two resident hidden copies 2 x 2,048 x 4,096 x 2 B = 0.03 GiB; non-torch 0.25; CUDA graphs 0.84 GiB,
-    # a dense model at 512 capture sizes) = 3.33 GiB = 1,702 blocks of 16 x 128 KiB; one is the null block:
-    # 1,701 x 16 = 27,216 tokens
-    assert "--seq-len 27,216 fits 1 request." in out
+    # vLLM 0.33 (the default; Model Runner V2, whose 0.33 sampler warm-up profiles as V1's): 22.05 GiB x 0.9 -
+    # weights 14.96 GiB - reserve (sampler 256 x 128,256 x 14.3 B = 0.44 GiB + two resident hidden copies
+    # 2 x 2,048 x 4,096 x 2 B = 0.03 GiB; non-torch 0.25; CUDA graphs 0.84 GiB, a dense model at 512 capture
+    # sizes) = 3.33 GiB = 1,704 blocks of 16 x 128 KiB; one is the null block: 1,703 x 16 = 27,248 tokens
+    assert "--seq-len 27,248 fits 1 request." in out
 
 
 def test_the_default_screen_is_the_answer_and_verbose_has_the_rest(run_cli, monkeypatch):
