@@ -3,13 +3,12 @@ and serve_defaults, which imports the request, re-exports it)."""
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 
-@dataclasses.dataclass(frozen=True)
-class AsyncSchedulingRule:
+class AsyncSchedulingRule(NamedTuple):
     """``vllm serve``'s async-scheduling default (no --async-scheduling flag) on a GPU, for the releases from
     ``since``."""
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from decimal import Decimal
+from typing import NamedTuple
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import ModelSpec
@@ -118,8 +119,7 @@ class Capacity:
     method: str  # how blocks were counted, in words
 
 
-@dataclasses.dataclass(frozen=True)
-class LoggedTokensRule:
+class LoggedTokensRule(NamedTuple):
     """How vLLM computes the "GPU KV cache size: N tokens" it logs."""
 
     since: str
@@ -143,8 +143,7 @@ LOGGED_TOKENS_RULES: tuple[LoggedTokensRule, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class GroupSizeRule:
+class GroupSizeRule(NamedTuple):
     """How many layers share one block table in a hybrid model (vLLM's ``group_size``)."""
 
     since: str
@@ -175,8 +174,7 @@ GROUP_SIZE_RULES: tuple[GroupSizeRule, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class InFlightRule:
+class InFlightRule(NamedTuple):
     """What sliding-window and chunked-local layers hold beyond their window for one request."""
 
     since: str
@@ -201,8 +199,7 @@ IN_FLIGHT_RULES: tuple[InFlightRule, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class StateBlocksRule:
+class StateBlocksRule(NamedTuple):
     """The blocks one request holds in each state (Mamba / Gated DeltaNet) group of a hybrid model."""
 
     since: str

@@ -13,6 +13,7 @@ logits processors, dual batch overlap ...) are none that kvtool models, so they 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import ModelSpec
@@ -29,8 +30,7 @@ LISTED_OR_DENSE = "listed or dense"  # the listed architectures, or any model wi
 ALL = "all"  # every model (on CUDA)
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelRunnerRule:
+class ModelRunnerRule(NamedTuple):
     """Which models ``vllm serve`` runs with Model Runner V2 by default, for the releases from ``since``."""
 
     since: str
@@ -183,8 +183,7 @@ def choose_runner(spec: ModelSpec, asked: str, vllm_version: str = NEWEST_RELEAS
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class V2ReserveRule:
+class V2ReserveRule(NamedTuple):
     """What Model Runner V2's profiling takes from the KV budget, for the releases from ``since``."""
 
     since: str

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvtool.core.errors import InputFileError, UsageError
 
@@ -55,8 +55,7 @@ class WeightQuant:
         return values + math.ceil(scales * self.scale_bytes) + cols * self.per_input_bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class Mxfp4Layout:
+class Mxfp4Layout(NamedTuple):
     """How one release keeps the MXFP4 experts of one TP rank on a Hopper GPU (the TRITON MoE backend)."""
 
     since: str

@@ -24,6 +24,7 @@ profiling (profile_run's encoder-cache dummy batch) is not modelled.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
@@ -33,8 +34,7 @@ from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 GIB = 1024**3
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplerRule:
+class SamplerRule(NamedTuple):
     """The profiling run's sampler peak per logit (requests x vocabulary), for the releases from ``since``."""
 
     since: str  # the first vLLM release this row applies to
@@ -96,8 +96,7 @@ SAMPLER_RULES: tuple[SamplerRule, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class MoeWorkspaceRule:
+class MoeWorkspaceRule(NamedTuple):
     """Whether the fused-MoE scratch buffers of the profiling forward stay allocated (and so count in the torch
     peak), for the releases from ``since``."""
 
@@ -146,8 +145,7 @@ def moe_workspace_bytes(spec: ModelSpec, tokens: int, tp: int, vllm_version: str
     return elements * model_dtype_bytes(spec.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class NonTorchRule:
+class NonTorchRule(NamedTuple):
     """Memory vLLM's profiler counts outside torch's allocator, for the releases from ``since``."""
 
     since: str
@@ -185,8 +183,7 @@ NON_TORCH_RULES: tuple[NonTorchRule, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class CudagraphRule:
+class CudagraphRule(NamedTuple):
     """Whether the KV budget loses the CUDA-graph pool, for the releases from ``since``."""
 
     since: str

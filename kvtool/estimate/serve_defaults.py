@@ -9,6 +9,7 @@ upstream function it is read from, so a new release is one row.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from kvtool.estimate.async_scheduling import ASYNC_SCHEDULING_RULES, AsyncSchedulingRule, default_async_scheduling
 from kvtool.estimate.capacity import max_in_flight_tokens
@@ -21,8 +22,7 @@ __all__ = ["ASYNC_SCHEDULING_RULES", "AsyncSchedulingRule", "default_async_sched
 _GIB = 1024**3
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchDefaultsRule:
+class BatchDefaultsRule(NamedTuple):
     """``vllm serve``'s (OPENAI_API_SERVER's) scheduler defaults by device memory, for the releases from ``since``.
 
     A device of ``large_gpu_bytes`` or more (where the release has that tier) takes ``large``; of ``mid_gpu_bytes`` or more, unless its name holds
