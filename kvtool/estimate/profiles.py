@@ -301,10 +301,15 @@ def find_model(name: str, extra: Iterable[str | Path] = ()) -> ModelProfile:
 
 
 def find_model_by_repo(repo_id: str, extra: Iterable[str | Path] = ()) -> ModelProfile | None:
-    """The profile whose ``hf_repo`` is ``org/name`` (case-insensitive); None when no profile names it."""
+    """The profile whose ``hf_repo`` (or one of its ``aliases``: another checkpoint of the same architecture, such as
+    the -Instruct one) is ``org/name`` (case-insensitive); None when no profile names it."""
     key = repo_id.strip().strip("/").lower()
-    for profile in list_models(extra):
+    profiles = list_models(extra)
+    for profile in profiles:
         if profile.hf_repo.lower() == key:
+            return profile
+    for profile in profiles:
+        if key in (a.lower() for a in profile.aliases):
             return profile
     return None
 
