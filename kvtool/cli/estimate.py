@@ -204,6 +204,19 @@ VllmLineArg = Annotated[
         "--max-model-len, --kv-cache-dtype, --kv-cache-memory-bytes, ...); other vLLM flags are named and ignored.",
     ),
 ]
+# CPU KV offloading (vLLM's names and units; kvtool.estimate.offload)
+KvOffloadingSizeOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--kv-offloading-size",
+        help="As vLLM's: GiB of CPU memory for offloaded KV blocks, all TP ranks together (vLLM 0.14.0 on, native "
+        "backend); adds the CPU tier's blocks and tokens.",
+    ),
+]
+KvOffloadingBackendOpt = Annotated[
+    str,
+    typer.Option("--kv-offloading-backend", help="As vLLM's: native (vLLM's OffloadingConnector) or lmcache."),
+]
 VerboseOpt = Annotated[
     bool,
     typer.Option(
@@ -248,6 +261,8 @@ def estimate_command(
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     vllm_version: VllmVersionOpt = NEWEST_RELEASE,
     model_runner: ModelRunnerOpt = "auto",
+    kv_offloading_size: KvOffloadingSizeOpt = None,
+    kv_offloading_backend: KvOffloadingBackendOpt = "native",
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

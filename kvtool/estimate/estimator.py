@@ -9,6 +9,7 @@
     scheduler settings     serve_defaults.scheduler_settings -> Scheduler (vllm serve's defaults by GPU and version)
     budget                 budget.plan_budget           -> PipelinePlan (KV budget, reserve, pipeline stages)
     capacity               fit.asked_lengths, fit.plan_fit -> Lengths, Fit (blocks and requests at each length)
+    CPU tier               offload.plan_offload         -> OffloadTier | None (--kv-offloading-size)
     what-ifs               whatif.compare_rows, whatif.suggest_fits
     result                 result.build_result          -> EstimateResult (the table's and --json's record)
 
@@ -25,6 +26,7 @@ from kvtool.estimate.fit import SweepPoint, asked_lengths, plan_fit
 from kvtool.estimate.gpu import AskedGpu, asked_gpu, check_block_size
 from kvtool.estimate.layout import kv_layout
 from kvtool.estimate.model import ResolvedModel, resolve_model
+from kvtool.estimate.offload import plan_offload
 from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_request, request_from
 from kvtool.estimate.result import EstimateResult, LayerGroupResult, WhatIf, build_result
 from kvtool.estimate.serve_defaults import scheduler_settings
@@ -72,7 +74,15 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         else ()
     )
     what_if = WhatIf(compare, suggest_fits(request, model.spec, fit.capacity, scheduler, estimate))
-    return build_result(request, model, layout, scheduler, plan, lengths, fit, what_if)
+    offload = plan_offload(
+        request.kv_offloading_size,
+        request.kv_offloading_backend,
+        fit.capacity,
+        request.tp,
+        request.pp,
+        request.vllm_version,
+    )
+    return build_result(request, model, layout, scheduler, plan, lengths, fit, what_if, offload)
 
 
 def kv_budget_tokens(

@@ -112,6 +112,14 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
         )
     label = "blocks (one pool; every GPU holds its share of each)" if r.tp * r.pp > 1 else "blocks"
     table.add_row(label, f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
+    if r.cpu_kv_blocks is not None and r.cpu_kv_tokens is not None:
+        table.add_row(
+            f"CPU tier (--kv-offloading-size {r.kv_offloading_size_gib:g} GiB, {r.kv_offloading_backend})",
+            f"{r.cpu_kv_blocks:,} blocks of {r.block_size} tokens = {r.cpu_kv_tokens:,} tokens "
+            f"(GPU + CPU: {_n(r.kv_cache_tokens) + r.cpu_kv_tokens:,} tokens)",
+        )
+        if verbose:
+            table.add_row("how CPU blocks were counted", r.cpu_kv_method or "")
     table.add_row("blocks per request", f"{r.blocks_per_request:,} for {r.seq_len:,} tokens")
     if verbose and _n(r.max_batch) >= 1:
         table.add_row(

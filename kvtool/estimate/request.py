@@ -9,6 +9,7 @@ from typing import Any
 from kvtool.core.errors import UsageError
 from kvtool.estimate.async_scheduling import default_async_scheduling
 from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE
+from kvtool.estimate.offload import check_offload_options
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, resolve_vllm_version
 
 
@@ -55,6 +56,9 @@ class EstimateRequest:
     # kvtool.estimate.model_runner), "v1" (=0) or "v2" (=1)
     model_runner: str = "auto"
     profile_dirs: tuple[str, ...] = ()
+    # vLLM's --kv-offloading-size (GiB, all ranks together; None: no CPU tier) and --kv-offloading-backend
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
@@ -84,6 +88,7 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
             tip="v1 and v2 are VLLM_USE_V2_MODEL_RUNNER=0 and =1; auto is the release's default for the model",
         )
     release = resolve_vllm_version(request.vllm_version)
+    check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(release, request.pp)

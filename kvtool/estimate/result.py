@@ -15,6 +15,7 @@ from kvtool.estimate.fit import Fit, Lengths, SweepPoint
 from kvtool.estimate.hf_config import MANUAL, NO_MODEL_TYPE, PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.layout import KvLayout, group_formula
 from kvtool.estimate.model import ResolvedModel
+from kvtool.estimate.offload import OffloadTier
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
@@ -107,6 +108,14 @@ class EstimateResult:
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
     suggestions: tuple[str, ...]  # when it does not fit: changes that would make it fit, in words
+    # the CPU tier of --kv-offloading-size (null without it): vLLM's offloading connector's blocks, the tokens of
+    # every KV-cache group they hold, and how they were counted
+    kv_offloading_backend: str | None = None
+    kv_offloading_size_gib: float | None = None
+    cpu_kv_bytes_per_block: int | None = None  # all ranks, after the host-page rounding
+    cpu_kv_blocks: int | None = None
+    cpu_kv_tokens: int | None = None
+    cpu_kv_method: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtool estimate --json`` object."""
@@ -130,6 +139,7 @@ def build_result(
     lengths: Lengths,
     fit: Fit,
     what_if: WhatIf,
+    offload: OffloadTier | None = None,
 ) -> EstimateResult:
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
@@ -207,6 +217,12 @@ def build_result(
         sweep=fit.sweep,
         compare=what_if.compare,
         suggestions=what_if.suggestions,
+        kv_offloading_backend=offload.backend if offload else None,
+        kv_offloading_size_gib=offload.size_gib if offload else None,
+        cpu_kv_bytes_per_block=offload.bytes_per_cpu_block if offload else None,
+        cpu_kv_blocks=offload.cpu_kv_blocks if offload else None,
+        cpu_kv_tokens=offload.cpu_kv_tokens if offload else None,
+        cpu_kv_method=offload.method if offload else None,
     )
 
 
