@@ -55,6 +55,8 @@ def estimate(
     profiles: Sequence[str] = (),
     vllm_version: str = NEWEST_RELEASE,
     model_runner: str = "auto",
+    kv_offloading_size: float | None = None,
+    kv_offloading_backend: str = "native",
 ) -> EstimateResult:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 
@@ -64,7 +66,8 @@ def estimate(
     sizes (``gpu_memory``, ``kv_memory``, ``reserve`` and the reserve terms ``activation_memory``,
     ``non_torch_memory``, ``cudagraph_memory``) take ``"80GiB"``, ``"10GB"`` or a number of bytes.
     ``vllm_version`` picks the release whose rules apply (0.10.0-0.33.0, default the newest), ``model_runner``
-    the model runner (``auto``: that release's default for the model) and ``async_scheduling`` None its default.
+    the model runner (``auto``: that release's default for the model) and ``async_scheduling`` None its default;
+    ``kv_offloading_size`` (GiB) and ``kv_offloading_backend`` size a CPU tier as vLLM's ``--kv-offloading-size``.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
