@@ -130,6 +130,20 @@ ActivationMemoryOpt = Annotated[
     Optional[str],
     typer.Option("--activation-memory", help="Override the modelled activation peak of vLLM's profiling run."),
 ]
+LimitMmOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--limit-mm-per-prompt",
+        help="vLLM's items per prompt as JSON, e.g. '{\"image\": 0}': image 0 skips the vision encoder's profiling run.",
+    ),
+]
+MmEncoderTpModeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--mm-encoder-tp-mode",
+        help="vLLM's vision-encoder parallelism: weights (split over TP, default) or data (replicated on each rank).",
+    ),
+]
 NonTorchMemoryOpt = Annotated[
     Optional[str], typer.Option("--non-torch-memory", help="Override the modelled non-torch memory (NCCL, cuBLAS).")
 ]
@@ -250,6 +264,8 @@ def estimate_command(
     gpu_memory_utilization: GpuMemoryUtilizationOpt = None,
     reserve: ReserveOpt = None,
     activation_memory: ActivationMemoryOpt = None,
+    limit_mm_per_prompt: LimitMmOpt = None,
+    mm_encoder_tp_mode: MmEncoderTpModeOpt = None,
     non_torch_memory: NonTorchMemoryOpt = None,
     cudagraph_memory: CudagraphMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,

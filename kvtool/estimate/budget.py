@@ -20,6 +20,7 @@ from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
 
 if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only
+    from kvtool.estimate.multimodal import EncoderPlan
     from kvtool.estimate.pipeline import Stage
 
 DEFAULT_MANUAL_SEQ_LEN = 2048  # the length of a model that names no max_position_embeddings (manual mode)
@@ -31,6 +32,7 @@ class PlannedBudget:
 
     budget: Budget | None  # None without --kv-memory or a GPU
     reserve: Reserve | None  # None with --kv-memory or without a GPU
+    encoder: EncoderPlan | None = None  # a multimodal checkpoint's vision encoder (kvtool.estimate.multimodal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +51,19 @@ def plan_budget(
     """Budget every pipeline stage on its own and keep the one with the fewest blocks, as vLLM's shared pool does."""
     spec, weights = model.spec, model.weights
     if request.pp == 1:
-        return PipelinePlan(spec, layout, resolve_budget(request, spec, weights, gpu, scheduler), ())
+        return PipelinePlan(
+            spec,
+            layout,
+            resolve_budget(request, spec, weights, gpu, scheduler, encoder=encoder_plan(request, model, scheduler)),
+            (),
+        )
     from kvtool.estimate.pipeline import stage_spec, stages
 
     options: list[tuple[int, Stage, ModelSpec, KvLayout, PlannedBudget]] = []
     for stage in stages(spec, weights.weights_bytes if weights else 0, request.pp, request.tp):
         part = stage_spec(spec, stage.first_layer, stage.num_layers)
         part_layout = kv_layout(part, request.kv_dtype, request.tp)
-        planned = resolve_budget(request, part, weights, gpu, scheduler, stage)
+        planned = resolve_budget(request, part, weights, gpu, scheduler, stage, encoder_plan(request, model, scheduler))
         blocks = -1
         if planned.budget is not None:
             blocks = plan_capacity(
@@ -83,6 +90,7 @@ def resolve_budget(
     gpu: AskedGpu | None,
     scheduler: Scheduler,
     stage: Stage | None = None,
+    encoder: EncoderPlan | None = None,
 ) -> PlannedBudget:
     """The per-GPU KV budget from --kv-memory, or the GPU's memory less weights and the modelled reserve.
 
@@ -114,9 +122,12 @@ def resolve_budget(
         last_stage=stage is None or stage.index == request.pp - 1,
         vllm_version=request.vllm_version,
         model_runner=runner.runner,
+        encoder=encoder,
     )
     reserve = dataclasses.replace(reserve, method=f"{runner.why}; {reserve.method}")
     weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
+    if encoder is not None and encoder.weights_bytes_per_gpu and (stage is None or stage.index == 0):
+        weights_bytes += encoder.weights_bytes_per_gpu * request.tp  # gpu_budget divides by TP
     budget = gpu_budget(
         gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=(
@@ -127,7 +138,30 @@ def resolve_budget(
         reserve_bytes=reserve.total_bytes,
         gpu_name=gpu.name,
     )
-    return PlannedBudget(budget, reserve)
+    return PlannedBudget(budget, reserve, encoder)
+
+
+def encoder_plan(request: EstimateRequest, model: ResolvedModel, scheduler: Scheduler) -> EncoderPlan | None:
+    """The vision encoder's weights (when the config estimate left them out) and profiling terms, or None."""
+    if model.encoder is None:
+        return None
+    from kvtool.estimate.dtypes import model_dtype_bytes
+    from kvtool.estimate.multimodal import check_tp_mode, parse_limit_mm_per_prompt, plan_encoder
+
+    plan = plan_encoder(
+        model.encoder,
+        dtype_bytes=model_dtype_bytes(model.spec.dtype),
+        tp=request.tp,
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        max_num_seqs=scheduler.max_num_seqs,
+        max_model_len=max(request.seq_lens) if request.seq_lens else model.spec.max_position_embeddings or 2048,
+        limit_mm_per_prompt=parse_limit_mm_per_prompt(request.limit_mm_per_prompt),
+        tp_mode=check_tp_mode(request.mm_encoder_tp_mode, request.vllm_version),
+        vllm_version=request.vllm_version,
+    )
+    if model.encoder_in_weights:  # the safetensors headers hold it already
+        plan = dataclasses.replace(plan, weights_bytes_per_gpu=0)
+    return plan
 
 
 def _reserve_overrides(request: EstimateRequest) -> ReserveOverrides:

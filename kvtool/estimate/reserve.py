@@ -18,18 +18,22 @@ runs.  What changes between releases is one row of a table below, looked up with
 - :data:`CUDAGRAPH_RULES`: whether the CUDA-graph pool is taken from the KV budget (0.20.0 on), and its size.
 
 The fitted coefficients come from benchmarks/fit_reserve.py (docs/estimate.md, "The reserve").  Multimodal encoder
-profiling (profile_run's encoder-cache dummy batch) is not modelled.
+profiling (profile_run's encoder-cache dummy batch) enters the activation term through
+:class:`kvtool.estimate.multimodal.EncoderPlan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.model_runner import GUMBEL_BYTES_PER_LOGIT, V1, V2_RESERVE_RULES
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
+
+if TYPE_CHECKING:
+    from kvtool.estimate.multimodal import EncoderPlan
 
 GIB = 1024**3
 
@@ -274,6 +278,7 @@ class Reserve:
     method: str  # how each term was obtained, in words
     vllm_version: str = NEWEST_RELEASE  # the release whose rules were applied
     model_runner: str = V1  # the vLLM model runner whose profile_run was modelled (kvtool.estimate.model_runner)
+    encoder_activation_bytes: int = 0  # of activation_bytes: what the multimodal encoder's profiling adds
 
 
 def _forward_bytes(spec: ModelSpec, tokens: int, tp: int) -> int:
@@ -328,6 +333,7 @@ def model_reserve(
     last_stage: bool = True,
     vllm_version: str = NEWEST_RELEASE,
     model_runner: str = V1,
+    encoder: EncoderPlan | None = None,
 ) -> Reserve:
     """The reserve per GPU as ``vllm_version`` profiles it with ``model_runner`` (V1 or V2), each term modelled
     unless overridden (only the last pipeline stage samples)."""
@@ -358,8 +364,12 @@ def model_reserve(
             model_runner,
         )
     activation = overrides.activation_bytes
+    encoder_term = 0
     if activation is None:
         activation = max(forward, sampler) + workspace
+        if encoder is not None and encoder.profiled:  # kvtool.estimate.multimodal: the encoder ran first
+            encoder_term = max(0, encoder.transient_bytes - max(forward, sampler)) + encoder.resident_bytes
+            activation += encoder_term
         said.append(
             f"activation = max(forward of {max_num_batched_tokens:,} tokens, sampler on {requests:,} requests "
             f"x {vocab:,} vocab x {per_logit:g} B, {path}"
@@ -374,6 +384,11 @@ def model_reserve(
     graphs = overrides.cudagraph_bytes
     if graphs is None:
         graphs = _modelled_graphs(spec, tp, max_num_seqs, enforce_eager, vllm_version, model_runner, said)
+    if encoder is not None and encoder_term:
+        said.append(
+            f"+ encoder profiling: max with its transient {encoder.transient_bytes / GIB:.2f} GiB, + "
+            f"{encoder.resident_bytes / GIB:.2f} GiB of dummy images and encoder outputs resident"
+        )
     method = "; ".join(said) if said else "all terms given"
     return Reserve(
         activation,
@@ -386,6 +401,7 @@ def model_reserve(
         method,
         vllm_version,
         model_runner,
+        encoder_term,
     )
 
 

@@ -81,6 +81,12 @@ class EstimateResult:
     activation_bytes: int | None  # the reserve's terms, per GPU (None without a GPU budget or with --reserve)
     non_torch_bytes: int | None
     cudagraph_bytes: int | None
+    # a multimodal checkpoint's vision encoder, per GPU (kvtool.estimate.multimodal): its weights (within
+    # weights_bytes_per_gpu; 0 when safetensors headers already count them) and what its profiling run adds to
+    # activation_bytes; None without a known encoder or a GPU budget
+    encoder_weights_bytes: int | None
+    encoder_activation_bytes: int | None
+    encoder_method: str | None
     reserve_method: str | None
     model_runner: str | None  # the vLLM model runner whose profiling the reserve models (V1, V2; None without)
     max_num_seqs: int | None
@@ -144,6 +150,7 @@ def build_result(
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
     budget, reserve = plan.planned.budget, plan.planned.reserve
+    encoder = plan.planned.encoder
     capacity = fit.capacity
     seq_len, batch = fit.seq_len, fit.batch
     per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
@@ -188,6 +195,9 @@ def build_result(
         activation_bytes=reserve.activation_bytes if reserve and modelled else None,
         non_torch_bytes=reserve.non_torch_bytes if reserve and modelled else None,
         cudagraph_bytes=reserve.cudagraph_bytes if reserve and modelled else None,
+        encoder_weights_bytes=encoder.weights_bytes_per_gpu if encoder else None,
+        encoder_activation_bytes=reserve.encoder_activation_bytes if encoder and reserve and modelled else None,
+        encoder_method=encoder.method if encoder else None,
         reserve_method=reserve.method if reserve else None,
         model_runner=reserve.model_runner if reserve else None,
         max_num_seqs=scheduler.max_num_seqs,
