@@ -95,8 +95,14 @@ def plan_command(
       kvtool plan -m qwen2.5-7b -n 32 --trace requests.csv --percentile 95 --max-gpus 2 --json
     """
     from kvtool.estimate.request import EstimateRequest
-    from kvtool.plan.candidates import DEFAULT_PP, DEFAULT_TP_RANGE, build_grid, parse_names, parse_sizes
-    from kvtool.plan.candidates import parse_utilizations
+    from kvtool.plan.candidates import (
+        DEFAULT_PP,
+        DEFAULT_TP_RANGE,
+        build_grid,
+        parse_names,
+        parse_sizes,
+        parse_utilizations,
+    )
     from kvtool.plan.search import PlanRequest, plan_deployments
     from kvtool.plan.workload import workload_from
 

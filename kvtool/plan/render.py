@@ -55,7 +55,7 @@ def _rows_table(r: PlanResult):
         "margin",
         "idle KV",
         "max-model-len auto",
-        title=f"Configurations that hold the workload, cheapest first (GPUs, then idle KV memory)",
+        title="Configurations that hold the workload, cheapest first (GPUs, then idle KV memory)",
         key_columns=2,
     )
     for row in r.rows:
