@@ -25,6 +25,7 @@ COMMAND_MODULES: dict[str, str] = {
     "vllm": "kvtool.cli.vllm_isolation",
     "record": "kvtool.cli.record",
     "explain": "kvtool.cli.explain",
+    "plan": "kvtool.cli.plan",
 }
 
 

@@ -27,7 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "simulate": {"core", "estimate", "events", "vllm"},
     "api": {"core", "estimate", "events", "vllm", "simulate", "repro"},
     "explain": {"core", "estimate"},
-    "cli": {"core", "estimate", "events", "vllm", "simulate", "repro", "api", "kvtool", "explain"},
+    "plan": {"core", "estimate", "simulate"},
+    "cli": {"core", "estimate", "events", "vllm", "simulate", "repro", "api", "kvtool", "explain", "plan"},
     "kvtool": {"cli", "api", "core"},
 }
 RENDERERS = ("render", "plots")

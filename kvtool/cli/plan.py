@@ -1,0 +1,153 @@
+"""`kvtool plan`: parse the workload and the candidates, call kvtool.plan.search, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from kvtool.cli.estimate import BlockSizeOpt, ConfigOpt, MaxNumSeqsOpt, ModelOpt, VllmVersionOpt
+from kvtool.cli.options import JsonOpt, ProfilesOpt, path_option
+from kvtool.cli.output import handle_errors
+from kvtool.estimate.vllm_versions import NEWEST_RELEASE
+
+if TYPE_CHECKING:
+    from kvtool.plan.result import PlanResult
+
+ConcurrencyOpt = Annotated[
+    Optional[int], typer.Option("--concurrency", "-n", help="Requests that must be held at once.", show_default=False)
+]
+PlanSeqLenOpt = Annotated[
+    Optional[int], typer.Option("--seq-len", help="Tokens per request, prompt + output (vLLM's max_model_len).")
+]
+InputLenOpt = Annotated[
+    Optional[int], typer.Option("--input-len", help="Prompt tokens per request (with --output-len).")
+]
+OutputLenOpt = Annotated[Optional[int], typer.Option("--output-len", help="Output tokens per request.")]
+PercentileOpt = Annotated[
+    Optional[float], typer.Option("--percentile", help="With --trace: the percentile of request lengths [default: 99].")
+]
+PlanGpuOpt = Annotated[
+    Optional[str], typer.Option("--gpu", help="GPU profiles to try, comma-separated [default: every profile].")
+]
+PlanTpOpt = Annotated[
+    str,
+    typer.Option(
+        "--tp",
+        help="Tensor-parallel sizes: a comma list, or a range such as 1-8 (its powers of two). Sizes vLLM refuses "
+        "for the model (not dividing its heads) are reported, not tried.",
+    ),
+]
+PlanPpOpt = Annotated[str, typer.Option("--pp", help="Pipeline-parallel sizes: a comma list or a range such as 1-2.")]
+PlanKvDtypeOpt = Annotated[
+    str, typer.Option("--kv-dtype", help="KV-cache dtypes to try, comma-separated (vLLM's --kv-cache-dtype names).")
+]
+PlanUtilOpt = Annotated[
+    str, typer.Option("--gpu-memory-utilization", help="gpu_memory_utilization values to try, comma-separated.")
+]
+PlanQuantOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--quantization",
+        help="vLLM --quantization methods to try, comma-separated; 'none' is the checkpoint as it is [default: none].",
+    ),
+]
+MaxGpusOpt = Annotated[Optional[int], typer.Option("--max-gpus", help="Try only configurations of at most N GPUs.")]
+TopOpt = Annotated[Optional[int], typer.Option("--top", help="Show only the N cheapest fitting configurations.")]
+
+
+def plan_command(
+    model: ModelOpt = None,
+    config: ConfigOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    seq_len: PlanSeqLenOpt = None,
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
+    trace: Optional[Path] = path_option(
+        None,
+        "--trace",
+        empty_tip="give a trace file (the formats of kvtool simulate --trace)",
+        help="A trace (as kvtool simulate --trace reads): the request length is its --percentile.",
+    ),
+    percentile: PercentileOpt = None,
+    gpu: PlanGpuOpt = None,
+    tp: PlanTpOpt = "1-8",
+    pp: PlanPpOpt = "1",
+    kv_dtype: PlanKvDtypeOpt = "auto",
+    gpu_memory_utilization: PlanUtilOpt = "0.9",
+    quantization: PlanQuantOpt = None,
+    max_gpus: MaxGpusOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    block_size: BlockSizeOpt = 16,
+    vllm_version: VllmVersionOpt = NEWEST_RELEASE,
+    top: TopOpt = None,
+    profiles: ProfilesOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Which GPUs, how many, what TP/PP, KV dtype and utilization hold a workload: every configuration that fits,
+    cheapest first, each counted as kvtool estimate counts it, and the longest context (vLLM's --max-model-len auto).
+
+    Examples:
+
+      kvtool plan -m llama-3.1-70b --concurrency 64 --seq-len 16384 --gpu H100-80GB,L40S,A100-80GB --kv-dtype auto,fp8
+
+      kvtool plan -m qwen2.5-7b -n 32 --trace requests.csv --percentile 95 --max-gpus 2 --json
+    """
+    from kvtool.estimate.request import EstimateRequest
+    from kvtool.plan.candidates import (
+        DEFAULT_PP,
+        DEFAULT_TP_RANGE,
+        build_grid,
+        parse_names,
+        parse_sizes,
+        parse_utilizations,
+    )
+    from kvtool.plan.search import PlanRequest, plan_deployments
+    from kvtool.plan.workload import workload_from
+
+    dirs = tuple(profiles or ())
+    workload = workload_from(concurrency, seq_len, input_len, output_len, trace, percentile)
+    if gpu is None:
+        from kvtool.estimate.profiles import list_gpus
+
+        gpus = tuple(g.name for g in list_gpus(dirs))
+    else:
+        gpus = parse_names(gpu, "--gpu")
+    quants = tuple(None if q.lower() == "none" else q for q in parse_names(quantization or "none", "--quantization"))
+    grid = build_grid(
+        gpus,
+        parse_sizes(tp or DEFAULT_TP_RANGE, "--tp", powers_of_two_in_ranges=True),
+        parse_sizes(pp or DEFAULT_PP, "--pp", powers_of_two_in_ranges=False),
+        parse_names(kv_dtype, "--kv-dtype"),
+        parse_utilizations(gpu_memory_utilization),
+        quants,
+        max_gpus,
+    )
+    base = EstimateRequest(
+        model=model,
+        config=config,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        vllm_version=vllm_version,
+        profile_dirs=dirs,
+    )
+    _print_plan(plan_deployments(PlanRequest(base, workload, grid, top)), json_output)
+
+
+def _print_plan(result: PlanResult, json_output: bool) -> None:
+    if json_output:
+        from kvtool.cli.output import print_json
+
+        print_json(result)
+        return
+    from kvtool.cli.output import stdout_console, warn
+    from kvtool.plan.render import render_plan
+
+    render_plan(result, stdout_console(highlight=False))
+    for warning in result.warnings:
+        warn(warning)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(handle_errors(plan_command))

@@ -1,0 +1,1 @@
+"""``kvtool plan``: from a workload to the GPUs, parallelism and settings that hold it, cheapest first."""

@@ -1,0 +1,86 @@
+"""The result of ``kvtool plan``: every configuration that holds the workload, cheapest first, as frozen records the
+table and ``--json`` are both rendered from."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kvtool.core.jsonable import to_jsonable
+from kvtool.plan.candidates import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One candidate as estimate counts it, for the workload's concurrency at its length."""
+
+    gpu: str  # the GPU profile's name
+    num_gpus: int  # tp x pp
+    tp: int
+    pp: int
+    kv_dtype: str  # as resolved by estimate ("auto" -> "bf16")
+    gpu_memory_utilization: float
+    quantization: str | None
+    kv_budget_bytes: int  # per GPU (the binding pipeline stage's at pp > 1)
+    reserve_bytes: int  # per GPU: activation peak, non-torch memory and CUDA graphs as modelled
+    num_blocks: int
+    block_size: int
+    kv_cache_tokens: int  # num_blocks x block_size
+    blocks_per_request: int  # at the workload's length
+    max_concurrency: float  # vLLM's "Maximum concurrency for S tokens per request", unrounded
+    max_batch: int  # requests of the workload's length that fit at once (one block is the null block)
+    fits: bool  # the workload's concurrency fits: estimate's "fits"
+    margin_requests: int  # max_batch - the workload's concurrency (negative when it does not fit)
+    idle_kv_bytes: int  # KV budget the workload leaves unused, all GPUs (the binding stage's per GPU x num_gpus)
+    vllm_logged_tokens: int  # vLLM's "KV cache size: N tokens"
+    vllm_log: str  # the start-up lines vLLM would log for this configuration at the workload's length
+    max_num_seqs: int  # the scheduler's: requests beyond it queue even when their blocks fit
+    # vLLM's --max-model-len auto: the longest context its auto-fit picks for this configuration (capped at the
+    # model's context); None where the release has no auto-fit (before 0.14.0); 0: not even one token fits
+    max_model_len_auto: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LongestContext:
+    """The longest context (vLLM's --max-model-len auto) over the options tried for one GPU and parallelism."""
+
+    gpu: str
+    tp: int
+    pp: int
+    max_model_len_auto: int  # the best over the kv dtypes, utilizations and quantizations tried
+    full_context: bool  # True: the model's whole context fits (auto-fit keeps the derived max_model_len)
+    kv_dtype: str  # the settings that reach it (the first reaching it, in grid order)
+    gpu_memory_utilization: float
+    quantization: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """Candidates vLLM would refuse to start (every GPU, KV dtype and utilization of one parallelism), and why."""
+
+    tp: int
+    pp: int
+    quantization: str | None
+    candidates: int  # how many candidates of the grid this refusal covers
+    reason: str  # vLLM's reason, as estimate gives it
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanResult:
+    """What ``kvtool plan`` found for one model and workload."""
+
+    model: str
+    vllm_version: str
+    model_context_tokens: int | None  # the model's max_position_embeddings (vLLM's derived max_model_len)
+    workload: Workload
+    candidates: int  # configurations tried (the grid less --max-gpus' and vLLM's refusals)
+    over_max_gpus: int  # left out for --max-gpus
+    refused: tuple[Refused, ...]  # refused as vLLM refuses them (a --tp that does not divide the heads)
+    fitting: int  # how many fit (before --top)
+    rows: tuple[PlanRow, ...]  # the fitting ones, cheapest first: fewest GPUs, then least idle KV memory (--top)
+    longest_context: tuple[LongestContext, ...]  # per GPU, tp and pp: vLLM's --max-model-len auto
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``kvtool plan --json`` object."""
+        return to_jsonable(self)
