@@ -193,6 +193,18 @@ ModelRunnerOpt = Annotated[
         "profiles a greedy sampler and, before 0.29, takes no CUDA-graph memory from the budget.",
     ),
 ]
+SpeculativeConfigOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--speculative-config",
+        "-sc",
+        help='vLLM\'s speculative decoding, its JSON as vLLM takes it, e.g. \'{"method": "mtp", '
+        "\"num_speculative_tokens\": 3}': the drafter's layers join the KV cache (MTP: the model's own; eagle, "
+        'eagle3, draft_model, dflash: "model", a local folder holding its config.json), its weights join the '
+        "model's, and hybrid models' state layers hold num_speculative_tokens more blocks a request; ngram and "
+        "suffix keep no KV.",
+    ),
+]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
 VllmLineArg = Annotated[
@@ -248,6 +260,7 @@ def estimate_command(
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     vllm_version: VllmVersionOpt = NEWEST_RELEASE,
     model_runner: ModelRunnerOpt = "auto",
+    speculative_config: SpeculativeConfigOpt = None,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

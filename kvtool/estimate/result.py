@@ -17,6 +17,7 @@ from kvtool.estimate.layout import KvLayout, group_formula
 from kvtool.estimate.model import ResolvedModel
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
+from kvtool.estimate.spec_decode import SpecDecode
 from kvtool.estimate.weights import WeightEstimate
 from kvtool.estimate.whatif import CompareRow
 
@@ -107,6 +108,10 @@ class EstimateResult:
     sweep: tuple[SweepPoint, ...]  # every (seq_len, batch) asked when a list was given; empty otherwise
     compare: tuple[CompareRow, ...]
     suggestions: tuple[str, ...]  # when it does not fit: changes that would make it fit, in words
+    # --speculative-config's drafter: its KV layers, state blocks and weights (None without one)
+    speculative: SpecDecode | None = None
+    # vLLM's "Add N padding layers, may waste at most X% KV cache memory" lines (empty when none; null without budget)
+    padding_log_lines: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtool estimate --json`` object."""
@@ -130,6 +135,7 @@ def build_result(
     lengths: Lengths,
     fit: Fit,
     what_if: WhatIf,
+    speculative: SpecDecode | None = None,
 ) -> EstimateResult:
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
@@ -207,6 +213,8 @@ def build_result(
         sweep=fit.sweep,
         compare=what_if.compare,
         suggestions=what_if.suggestions,
+        speculative=speculative,
+        padding_log_lines=capacity.padding_log_lines if capacity else (),
     )
 
 
