@@ -207,6 +207,18 @@ ModelRunnerOpt = Annotated[
         "profiles a greedy sampler and, before 0.29, takes no CUDA-graph memory from the budget.",
     ),
 ]
+SpeculativeConfigOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--speculative-config",
+        "-sc",
+        help='vLLM\'s speculative decoding, its JSON as vLLM takes it, e.g. \'{"method": "mtp", '
+        "\"num_speculative_tokens\": 3}': the drafter's layers join the KV cache (MTP: the model's own; eagle, "
+        'eagle3, draft_model, dflash: "model", a local folder holding its config.json), its weights join the '
+        "model's, and hybrid models' state layers hold num_speculative_tokens more blocks a request; ngram and "
+        "suffix keep no KV.",
+    ),
+]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
 VllmLineArg = Annotated[
@@ -279,6 +291,7 @@ def estimate_command(
     model_runner: ModelRunnerOpt = "auto",
     kv_offloading_size: KvOffloadingSizeOpt = None,
     kv_offloading_backend: KvOffloadingBackendOpt = "native",
+    speculative_config: SpeculativeConfigOpt = None,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

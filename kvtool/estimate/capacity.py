@@ -117,6 +117,8 @@ class Capacity:
     max_num_batched_tokens: int
     max_in_flight_tokens: int  # vLLM's max_in_flight_tokens: what sliding and chunked layers hold beyond the window
     method: str  # how blocks were counted, in words
+    # vLLM's "Add N padding layers, may waste at most X% KV cache memory" lines (hybrid models, drafters' layers)
+    padding_log_lines: tuple[str, ...] = ()
 
 
 class LoggedTokensRule(NamedTuple):
@@ -342,9 +344,14 @@ def unify_pages(layout: KvLayout, block_size: int) -> tuple[UnifiedPage, ...]:
 
 
 def vllm_groups(
-    layout: KvLayout, block_size: int, state_blocks: int = MAMBA_ALIGN_BLOCKS, vllm_version: str = NEWEST_RELEASE
+    layout: KvLayout,
+    block_size: int,
+    state_blocks: int = MAMBA_ALIGN_BLOCKS,
+    vllm_version: str = NEWEST_RELEASE,
+    speculative_blocks: int = 0,
 ) -> tuple[tuple[KvGroup, ...], int, int, str]:
-    """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how."""
+    """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how
+    (``state_blocks`` includes the drafter's ``speculative_blocks``)."""
     pages = unify_pages(layout, block_size)
     page = pages[0].page_bytes
     if len(layout.groups) == 1:
@@ -381,9 +388,13 @@ def vllm_groups(
     states = [g for g in layout.groups if g.kind == MAMBA]
     mode = (
         "prefix caching's 'align' mode, vLLM's default from 0.15.0"
-        if state_blocks == MAMBA_ALIGN_BLOCKS
+        if state_blocks - speculative_blocks == MAMBA_ALIGN_BLOCKS
         else "no prefix caching"
     )
+    if speculative_blocks:
+        mode += (
+            f", {speculative_blocks} of them the drafter's num_speculative_tokens (MambaSpec.num_speculative_blocks)"
+        )
     state_text = (
         f"; attention blocks of {block_size} tokens so that a page ({page:,} B) holds a "
         f"{states[0].state_bytes_per_request:,} B state (padded to the page), {state_blocks} state blocks per request ({mode})"
@@ -457,6 +468,7 @@ def plan_capacity(
     max_in_flight: int | None = None,
     prefix_caching: bool = True,
     vllm_version: str = NEWEST_RELEASE,
+    speculative_blocks: int = 0,
 ) -> Capacity:
     """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring).
 
@@ -471,8 +483,8 @@ def plan_capacity(
     if not pick(IN_FLIGHT_RULES, vllm_version).batches_in_flight:
         in_flight = max_num_batched_tokens
     block_size = hybrid_block_size(layout, block_size)
-    state_blocks = state_blocks_per_request(prefix_caching, vllm_version)
-    groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks, vllm_version)
+    state_blocks = state_blocks_per_request(prefix_caching, vllm_version) + speculative_blocks
+    groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks, vllm_version, speculative_blocks)
     num_blocks = max(0, budget_bytes // page // group_size)
     per_request = blocks_for(groups, max_model_len, block_size, in_flight)
     concurrency = num_blocks / per_request
@@ -501,7 +513,16 @@ def plan_capacity(
         max_num_batched_tokens=max_num_batched_tokens,
         max_in_flight_tokens=in_flight,
         method=f"{method}; {_logged_text(vllm_version)}",
+        padding_log_lines=_padding_log_lines(layout, group_size),
     )
+
+
+def _padding_log_lines(layout: KvLayout, group_size: int) -> tuple[str, ...]:
+    if len(layout.groups) == 1:  # one spec: one group, never padded
+        return ()
+    from kvtool.estimate.spec_decode import padding_log_lines
+
+    return padding_log_lines([g.num_layers for g in layout.groups], group_size)
 
 
 def _logged_text(vllm_version: str) -> str:

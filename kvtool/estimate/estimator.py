@@ -10,6 +10,7 @@
     budget                 budget.plan_budget           -> PipelinePlan (KV budget, reserve, pipeline stages)
     capacity               fit.asked_lengths, fit.plan_fit -> Lengths, Fit (blocks and requests at each length)
     CPU tier               offload.plan_offload         -> OffloadTier | None (--kv-offloading-size)
+    speculative decoding   spec_decode.resolve_spec_decode -> SpecDecode (draft KV layers, state blocks, weights)
     what-ifs               whatif.compare_rows, whatif.suggest_fits
     result                 result.build_result          -> EstimateResult (the table's and --json's record)
 
@@ -19,17 +20,20 @@ Rules that change between vLLM releases live in the step that applies them, in a
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvtool.core.errors import UsageError
 from kvtool.estimate.budget import plan_budget, resolve_budget
 from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, Capacity, plan_capacity
 from kvtool.estimate.fit import SweepPoint, asked_lengths, plan_fit
 from kvtool.estimate.gpu import AskedGpu, asked_gpu, check_block_size
-from kvtool.estimate.layout import kv_layout
+from kvtool.estimate.layout import KvLayout, kv_layout
 from kvtool.estimate.model import ResolvedModel, resolve_model
 from kvtool.estimate.offload import plan_offload
 from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_request, request_from
 from kvtool.estimate.result import EstimateResult, LayerGroupResult, WhatIf, build_result
 from kvtool.estimate.serve_defaults import scheduler_settings
+from kvtool.estimate.spec_decode import SpecDecode, resolve_spec_decode, with_draft_layers
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.estimate.whatif import CompareRow, compare_rows, suggest_fits
 
@@ -53,6 +57,9 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     request = check_request(request)
     model = resolve_model(request)
     layout = kv_layout(model.spec, request.kv_dtype, request.tp)
+    speculative = None
+    if request.speculative_config is not None:
+        model, layout, speculative = with_drafter(request, model, layout)
     gpu = asked_gpu(request)
     check_block_size(request.block_size, gpu)
     scheduler = scheduler_settings(request, gpu)
@@ -82,7 +89,33 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         request.pp,
         request.vllm_version,
     )
-    return build_result(request, model, layout, scheduler, plan, lengths, fit, what_if, offload)
+    return build_result(
+        request, model, layout, scheduler, plan, lengths, fit, what_if, offload=offload, speculative=speculative
+    )
+
+
+def with_drafter(
+    request: EstimateRequest, model: ResolvedModel, layout: KvLayout
+) -> tuple[ResolvedModel, KvLayout, SpecDecode]:
+    """The model and KV layout with --speculative-config's drafter: its layers in the KV cache, its weights added."""
+    assert request.speculative_config is not None
+    weights = model.weights
+    speculative, draft = resolve_spec_decode(
+        request.speculative_config,
+        model.spec,
+        layout,
+        weights.method if weights else None,
+        request.kv_dtype,
+        request.tp,
+        request.vllm_version,
+    )
+    if weights is not None and speculative.draft_weights_bytes:
+        weights = dataclasses.replace(
+            weights,
+            weights_bytes=weights.weights_bytes + speculative.draft_weights_bytes,
+            method=f"{weights.method}; + drafter {speculative.draft_weights_bytes:,} B ({speculative.draft_weights_method})",
+        )
+    return ResolvedModel(model.spec, weights), with_draft_layers(layout, draft, speculative), speculative
 
 
 def kv_budget_tokens(

@@ -10,6 +10,7 @@ from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.layout import KvLayout
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
+from kvtool.estimate.spec_decode import speculative_state_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,7 @@ def capacity_at(
         max_in_flight=scheduler.max_in_flight_tokens,
         prefix_caching=request.prefix_caching,
         vllm_version=request.vllm_version,
+        speculative_blocks=speculative_state_blocks(request.speculative_config, request.vllm_version),
     )
 
 

@@ -100,6 +100,7 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     num_nextn_predict_layers: int = 0
+    mtp_num_hidden_layers: int = 0  # Qwen3.5/3.6's MTP layers (a speculative drafter, kvtool.estimate.spec_decode)
     # how quantized linear weights are stored (quantization_config or --quantization); None: all at `dtype`
     weight_quant: WeightQuant | None = None
     # hybrid models (kvtool.estimate.hybrid): each state layer keeps mamba_state per request, not per token
@@ -210,6 +211,7 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "moe_layers": (list, type(None)),
     "intermediate_size_mlp": _OPT_INT,
     "num_nextn_predict_layers": _OPT_INT,
+    "mtp_num_hidden_layers": _OPT_INT,
     "parallel_attn": (bool,),
     "bias": (bool,),
     "text_config": (dict,),
@@ -574,6 +576,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         qk_nope_head_dim=cfg.positive("qk_nope_head_dim", required=False),
         v_head_dim=cfg.positive("v_head_dim", required=False),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
+        mtp_num_hidden_layers=cfg.get("mtp_num_hidden_layers") or 0,
         weight_quant=_weight_quant(top, dtype, notes),
         mamba_state=hybrid.state if hybrid else None,
         state_layers=hybrid.state_layers if hybrid else 0,

@@ -110,6 +110,7 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
             f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
             f"{_n(st.num_blocks):,} blocks",
         )
+    _speculative_rows(table, r)
     label = "blocks (one pool; every GPU holds its share of each)" if r.tp * r.pp > 1 else "blocks"
     table.add_row(label, f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
     if r.cpu_kv_blocks is not None and r.cpu_kv_tokens is not None:
@@ -141,6 +142,29 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
     table.add_row("longest single request", f"{r.max_seq_len:,} tokens (one block is vLLM's null block){limit}")
     if verbose:
         table.add_row("how blocks were counted", r.capacity_method or "")
+
+
+def _speculative_rows(table, r: EstimateResult) -> None:
+    """--speculative-config's drafter: its KV layers and bytes, state blocks, weights; vLLM's padding-layer lines."""
+    sd = r.speculative
+    if sd is not None:
+        kv = (
+            f"{sd.draft_kv_layers} draft {sd.draft_kv_kind} layer(s), {sd.draft_bytes_per_token_per_gpu:,} B per token "
+            f"per GPU ({sd.draft_source})"
+            if sd.draft_kv_layers
+            else sd.draft_source
+        )
+        state = (
+            f"; +{sd.speculative_state_blocks} state blocks per request in each state group"
+            if sd.speculative_state_blocks
+            else ""
+        )
+        weights = f"; drafter weights {_gib(sd.draft_weights_bytes)} ({sd.draft_weights_method})"
+        table.add_row(
+            f"speculative decoding ({sd.method}, {sd.num_speculative_tokens} tokens)", f"{kv}{state}{weights}"
+        )
+    for line in r.padding_log_lines:
+        table.add_row("vLLM would warn", line)
 
 
 def _requests(count: int) -> str:

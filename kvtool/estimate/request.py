@@ -61,6 +61,8 @@ class EstimateRequest:
     # vLLM's --kv-offloading-size (GiB, all ranks together; None: no CPU tier) and --kv-offloading-backend
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
+    # vLLM's --speculative-config, the JSON as given (kvtool.estimate.spec_decode reads it); None: no drafter
+    speculative_config: str | None = None
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
@@ -89,6 +91,15 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
             where="--model-runner",
             tip="v1 and v2 are VLLM_USE_V2_MODEL_RUNNER=0 and =1; auto is the release's default for the model",
         )
+    if request.speculative_config is not None:
+        from kvtool.estimate.spec_decode import parsed
+
+        parsed(request.speculative_config)  # a bad JSON is refused before the model is read
+        if request.pp > 1:
+            raise UsageError(
+                "--speculative-config with --pp > 1 is not modelled (the drafter sits on the last stage)",
+                where="--speculative-config",
+            )
     release = resolve_vllm_version(request.vllm_version)
     check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
     async_scheduling = request.async_scheduling

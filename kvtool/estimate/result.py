@@ -18,6 +18,7 @@ from kvtool.estimate.model import ResolvedModel
 from kvtool.estimate.offload import OffloadTier
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
+from kvtool.estimate.spec_decode import SpecDecode
 from kvtool.estimate.weights import WeightEstimate
 from kvtool.estimate.whatif import CompareRow
 
@@ -122,6 +123,10 @@ class EstimateResult:
     cpu_kv_blocks: int | None = None
     cpu_kv_tokens: int | None = None
     cpu_kv_method: str | None = None
+    # --speculative-config's drafter: its KV layers, state blocks and weights (None without one)
+    speculative: SpecDecode | None = None
+    # vLLM's "Add N padding layers, may waste at most X% KV cache memory" lines (empty when none; null without budget)
+    padding_log_lines: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtool estimate --json`` object."""
@@ -146,6 +151,7 @@ def build_result(
     fit: Fit,
     what_if: WhatIf,
     offload: OffloadTier | None = None,
+    speculative: SpecDecode | None = None,
 ) -> EstimateResult:
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
@@ -233,6 +239,8 @@ def build_result(
         cpu_kv_blocks=offload.cpu_kv_blocks if offload else None,
         cpu_kv_tokens=offload.cpu_kv_tokens if offload else None,
         cpu_kv_method=offload.method if offload else None,
+        speculative=speculative,
+        padding_log_lines=capacity.padding_log_lines if capacity else (),
     )
 
 

@@ -10,6 +10,7 @@ Core code: it returns a frozen :class:`VllmServeLine` and raises :class:`UsageEr
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -55,7 +56,12 @@ _FLAGS: dict[str, _Flag] = {
     "--max-num-batched-tokens": _Flag("max_num_batched_tokens", _SIZE),
     "--max-num-seqs": _Flag("max_num_seqs", _INT),
     "--async-scheduling": _Flag("async_scheduling", _BOOL),
+    "--speculative-config": _Flag("speculative_config", _TEXT),  # JSON, as vLLM takes it (kvtool.estimate.spec_decode)
+    "-sc": _Flag("speculative_config", _TEXT),
 }
+# JSON-valued flags whose dotted keys kvtool reads (--speculative-config.method ngram): FlexibleArgumentParser
+# gathers them into one JSON object, added after the other arguments (so it replaces a whole JSON given too)
+_DOTTED_JSON = {"--speculative-config": "speculative_config"}
 
 # vLLM's boolean flags that kvtool does not model: they take no value, so the token after one is not eaten as its
 # value.  Read from the source of 0.10.0, 0.10.2, 0.12.0, 0.15.0, 0.19.0, 0.25.0 and 0.33.0: every config dataclass
@@ -335,6 +341,7 @@ class _Reader:
         self.settings: dict[str, VllmSetting] = {}
         self.ignored: list[str] = []
         self.stray: list[str] = []
+        self.dotted: dict[str, dict[str, object]] = {}
 
     def read(self) -> VllmServeLine:
         if self.args and not self.args[0].startswith("-"):  # vllm serve MODEL
@@ -349,6 +356,8 @@ class _Reader:
                 self.stray.append(word)
         if self.stray:
             self.notes.append(f"words ignored (not a flag's value): {' '.join(self.stray)}")
+        for flag, keys in self.dotted.items():
+            self._set(_FLAGS[flag], json.dumps(keys), f"{flag}.*")
         return VllmServeLine(self.model, tuple(self.settings.values()), tuple(self.ignored), tuple(self.notes))
 
     def _flag(self, word: str) -> None:
@@ -358,7 +367,11 @@ class _Reader:
             self.ignored.append("-O")  # -O3: vLLM's optimization level, its value attached
             return
         if "." in name:  # --speculative-config.method ngram: one key of a JSON-valued flag
-            self.ignored.append(name.split(".", 1)[0])
+            head, key = name.split(".", 1)
+            if head in _DOTTED_JSON:
+                self._dotted(head, key, value)
+                return
+            self.ignored.append(head)
             if value is None:
                 self._values()
             return
@@ -375,6 +388,23 @@ class _Reader:
                 raise UsageError(f"{spelled} takes one value, not {len(given)}", where=_WHERE)
             value = given[0]
         self._set(known, _typed(known, spelled, value), spelled)
+
+    def _dotted(self, head: str, key: str, value: str | None) -> None:
+        """One key of a JSON flag, its value read as vLLM does: JSON, else human_readable_int, else the text."""
+        if value is None:
+            given = self._values()
+            if len(given) != 1:
+                raise UsageError(f"{head}.{key} takes one value, not {len(given)}", where=_WHERE)
+            value = given[0]
+        parsed: object
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            try:
+                parsed = human_readable_int(value, flag=f"{head}.{key}")
+            except UsageError:
+                parsed = value
+        self.dotted.setdefault(head, {})[key] = parsed
 
     def _unknown(self, name: str, value: str | None) -> None:
         self.ignored.append(name)

@@ -50,6 +50,8 @@ def _engine_flags(case: dict) -> list[str]:
     for key in _BOOL_FLAGS:
         if key in engine:
             flags.append(f"--{'' if engine[key] else 'no-'}{key.replace('_', '-')}")
+    if engine.get("speculative_config"):  # vLLM's JSON, as the log's non-default args give it
+        flags += ["--speculative-config", json.dumps(engine["speculative_config"])]
     return flags
 
 

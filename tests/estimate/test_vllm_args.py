@@ -267,10 +267,13 @@ def test_disable_form_and_max_model_len_auto():
 
 def test_dotted_json_keys_and_served_model_names_take_their_values():
     line = parse_vllm_serve(
-        ["vllm", "serve", "m", "--speculative-config.method", "ngram", "--served-model-name", "a", "b", "-tp", "2"]
+        ["vllm", "serve", "m", "--compilation-config.level", "3", "--served-model-name", "a", "b", "-tp", "2"]
     )
     assert line.values() == {"model": "m", "tp": 2}
-    assert line.ignored_flags == ("--speculative-config", "--served-model-name")
+    assert line.ignored_flags == ("--compilation-config", "--served-model-name")
+    # --speculative-config's dotted keys are read (issue 27; tests/estimate/test_spec_decode.py)
+    spec = parse_vllm_serve(["vllm", "serve", "m", "--speculative-config.method", "ngram", "-tp", "2"])
+    assert spec.values() == {"model": "m", "tp": 2, "speculative_config": '{"method": "ngram"}'}
     assert line.notes == ()
 
 

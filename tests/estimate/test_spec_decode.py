@@ -1,0 +1,153 @@
+"""--speculative-config: a drafter's KV layers, state blocks and weights (kvtool.estimate.spec_decode).
+
+Figures are hand computations from vLLM's rules, cited per test; the MTP case is a real log
+(tests/data/gpu-logs/qwen3.6-27b-int4-3090-tp2-v0.20.1, checked again in test_gpu_logs.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtool.core.errors import UsageError
+from kvtool.estimate.spec_decode import SPEC_STATE_BLOCKS_RULES, padding_log_lines, parse_speculative_config
+from kvtool.estimate.vllm_args import parse_vllm_serve
+from kvtool.estimate.vllm_versions import pick
+from tests.support import DATA
+
+MTP_CASE = DATA / "gpu-logs" / "qwen3.6-27b-int4-3090-tp2-v0.20.1"
+MTP = '{"method": "mtp", "num_speculative_tokens": 3}'
+GIB = 1024**3
+
+
+def _qwen36(run_cli, *args: str) -> dict:
+    base = ["estimate", "--config", str(MTP_CASE), "--seq-len", "262144", "--tp", "2", "--kv-dtype", "fp8_e5m2"]
+    base += ["--block-size", "64", "--kv-memory", "10.98GiB", "--json"]
+    result = run_cli(*base, *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_mtp_layer_joins_the_full_group_and_state_groups_hold_speculative_blocks(run_cli):
+    out = _qwen36(run_cli, "--vllm-version", "0.20.1", "--speculative-config", MTP)
+    # by hand: 16 full + 1 MTP layer (mtp_num_hidden_layers 1, vllm/config/speculative.py hf_config_override) =
+    # 17, 48 Gated DeltaNet layers: group_size 17 (48 >= 1.5 x 17: the smaller count,
+    # _get_kv_cache_groups_uniform_page_size 0.20.1), 48 = 3 groups of 16 + 1 padding each, 48 % 17 = 14 so the log's
+    # "Add 3 padding layers, may waste at most 6.25%" (3 / 48); page 1600 x 1,024 B, 10.98 GiB // 1,638,400 // 17
+    # = 423; a request: cdiv(262144, 1600) = 164 full blocks + 3 state groups x (2 + 3) (MambaSpec
+    # max_memory_usage_bytes "align" 0.20.1) = 179; int(423 / 179 x 262144) = 619,479 (the log's own figure)
+    assert out["padding_log_lines"] == ["Add 3 padding layers, may waste at most 6.25% KV cache memory"]
+    assert (out["block_size"], out["num_blocks"], out["blocks_per_request"]) == (1600, 423, 179)
+    assert out["vllm_logged_tokens"] == 619_479
+    sd = out["speculative"]
+    assert (sd["draft_kv_layers"], sd["draft_kv_kind"], sd["speculative_state_blocks"]) == (1, "full", 3)
+    # one full layer's KV per token per GPU: 2 x (4 KV heads / tp 2) x 256 x 1 B (fp8) = 1,024 B
+    assert sd["draft_bytes_per_token_per_gpu"] == 1024
+
+
+def test_without_the_drafter_the_same_budget_counts_more(run_cli):
+    # no draft layer: 16 full vs 48 state, group_size 16, 3 state groups with no padding (48 = 3 x 16);
+    # 10.98 GiB // 1,638,400 // 16 = 449 blocks, 164 + 3 x 2 = 170 a request
+    out = _qwen36(run_cli, "--vllm-version", "0.20.1")
+    assert (out["num_blocks"], out["blocks_per_request"], out["padding_log_lines"]) == (449, 170, [])
+    assert out["speculative"] is None
+
+
+def test_before_0_15_the_plan_counts_no_speculative_state_blocks(run_cli):
+    # vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes (0.14.1): page_size_bytes, one block, whatever
+    # num_speculative_blocks; prefix caching is off for these hybrids before 0.15 (1 block): 164 + 3 x 1 = 167
+    assert not pick(SPEC_STATE_BLOCKS_RULES, "0.14.1").counts_speculative_blocks
+    out = _qwen36(run_cli, "--vllm-version", "0.14.1", "--speculative-config", MTP)
+    assert out["speculative"]["speculative_state_blocks"] == 0
+    assert out["blocks_per_request"] == 164 + 3 * 1
+
+
+def test_ngram_adds_no_kv_layer_but_state_blocks(run_cli):
+    # ngram: no drafter model (vllm/v1/spec_decode/ngram_proposer.py); the state layers still get
+    # num_speculative_blocks = num_speculative_tokens (mamba/abstract.py get_kv_cache_spec, 0.20.1): 164 + 3 x (2+4)
+    out = _qwen36(
+        run_cli, "--vllm-version", "0.20.1", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'
+    )
+    assert out["speculative"]["draft_kv_layers"] == 0
+    assert (out["num_blocks"], out["blocks_per_request"]) == (449, 164 + 3 * 6)
+
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+
+
+def test_eagle_draft_from_a_local_config_joins_the_full_group(run_cli, tmp_path):
+    target, draft = tmp_path / "target", tmp_path / "eagle"
+    target.mkdir()
+    draft.mkdir()
+    (target / "config.json").write_text(json.dumps(LLAMA))
+    (draft / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 1}))
+    cfg = json.dumps({"method": "eagle", "model": str(draft), "num_speculative_tokens": 5})
+    args = ["estimate", "--config", str(target), "--seq-len", "8192", "--kv-memory", "8GiB", "--json"]
+    out = json.loads(run_cli(*args, "--speculative-config", cfg).stdout)
+    # by hand: the draft layer's spec equals the target's (8 KV heads x 128 x bf16), so one group of 33 layers;
+    # page = 16 x 2 x 8 x 128 x 2 B = 65,536 B; 8 GiB // 65,536 // 33 = 3,971 blocks (32 layers: 4,096)
+    assert out["num_blocks"] == 8 * GIB // 65536 // 33 == 3971
+    assert out["speculative"]["draft_kv_layers"] == 1
+    assert out["padding_log_lines"] == []
+    # per token, all layers, one GPU: 33 x 2 x 8 x 128 x 2 B
+    assert out["bytes_per_token_per_gpu"] == 33 * 4096
+
+
+def test_a_draft_model_not_on_disk_is_refused(run_cli):
+    cfg = '{"method": "eagle3", "model": "no/such-eagle3", "num_speculative_tokens": 3}'
+    result = run_cli("estimate", "--config", str(MTP_CASE), "--kv-memory", "8GiB", "--speculative-config", cfg)
+    assert result.exit_code != 0
+    assert result.stderr.startswith("Error: --speculative-config model 'no/such-eagle3' is not a local folder")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{method: mtp}", "is not JSON"),
+        ("[1]", "must be a JSON object"),
+        ('{"method": "mtp"}', "needs num_speculative_tokens"),
+        ('{"method": "spaceship", "num_speculative_tokens": 1}', "is not one of vLLM's"),
+        ('{"method": "mtp", "num_speculative_tokens": 1, "colour": 1}', "does not take: colour"),
+    ],
+)
+def test_bad_speculative_config_is_one_usage_error(text, said):
+    with pytest.raises(UsageError, match=said):
+        parse_speculative_config(text)
+
+
+def test_a_model_without_mtp_layers_refuses_mtp(run_cli, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    result = run_cli("estimate", "--config", str(tmp_path), "--kv-memory", "8GiB", "--speculative-config", MTP)
+    assert result.exit_code != 0 and "has no MTP layers" in result.stderr
+
+
+def test_padding_lines_as_vllm_logs_them():
+    # vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size (0.20.1): padding = group_size -
+    # len % group_size per type, "%.2f%%" of len; gpt-oss-20b + eagle (its comment): 12 sw + 13 full, group 13
+    assert padding_log_lines([12, 13], 13) == ("Add 1 padding layers, may waste at most 8.33% KV cache memory",)
+
+
+def test_vllm_serve_line_reads_the_json_and_dotted_keys():
+    line = parse_vllm_serve(["vllm", "serve", "m", "--speculative-config", MTP])
+    assert json.loads(str(line.values()["speculative_config"])) == json.loads(MTP)
+    assert "speculative-config" not in " ".join(line.warnings())
+    dotted = parse_vllm_serve(
+        ["vllm", "serve", "m", "--speculative-config.method", "ngram", "--speculative-config.num_speculative_tokens=4"]
+    )
+    assert json.loads(str(dotted.values()["speculative_config"])) == {"method": "ngram", "num_speculative_tokens": 4}
+    short = parse_vllm_serve(["vllm", "serve", "m", "-sc", MTP])
+    assert json.loads(str(short.values()["speculative_config"]))["method"] == "mtp"
