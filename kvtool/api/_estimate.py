@@ -57,6 +57,9 @@ def estimate(
     model_runner: str = "auto",
     kv_offloading_size: float | None = None,
     kv_offloading_backend: str = "native",
+    limit_mm_per_prompt: str | None = None,
+    mm_encoder_tp_mode: str | None = None,
+    speculative_config: str | None = None,
 ) -> EstimateResult:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 
@@ -67,7 +70,8 @@ def estimate(
     ``non_torch_memory``, ``cudagraph_memory``) take ``"80GiB"``, ``"10GB"`` or a number of bytes.
     ``vllm_version`` picks the release whose rules apply (0.10.0-0.33.0, default the newest), ``model_runner``
     the model runner (``auto``: that release's default for the model) and ``async_scheduling`` None its default;
-    ``kv_offloading_size`` (GiB) and ``kv_offloading_backend`` size a CPU tier as vLLM's ``--kv-offloading-size``.
+    ``kv_offloading_size`` (GiB) and ``kv_offloading_backend`` size a CPU tier as vLLM's ``--kv-offloading-size``;
+    ``limit_mm_per_prompt``, ``mm_encoder_tp_mode`` and ``speculative_config`` take vLLM's JSON and values.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
