@@ -99,6 +99,13 @@ def _scheduler(case: Case) -> tuple[int, int]:
     )
 
 
+def _multimodal(case: Case) -> bool:
+    import json
+
+    data = json.loads((LOGS / case.name / "config.json").read_text(encoding="utf-8"))
+    return isinstance(data.get("vision_config"), dict) or isinstance(data.get("audio_config"), dict)
+
+
 def _fit_through_origin(points: list[tuple[float, float]]) -> float | None:
     if not points:
         return None
@@ -113,6 +120,8 @@ def fit_sampler(fitting: list[Case], triton: bool) -> tuple[float | None, list[s
             continue
         if (version_key(case.version) >= (0, 17)) != triton:
             continue
+        if _multimodal(case):
+            continue  # its peak holds the encoder's profiling run too (kvtool.estimate.multimodal)
         spec = case.spec()
         if default_runner(spec, case.version).runner != "V1":
             continue  # Model Runner V2 profiles its own sampler (kvtool.estimate.model_runner)
