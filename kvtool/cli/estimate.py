@@ -393,18 +393,14 @@ def register(app: typer.Typer) -> None:
 
 def _print_estimate(result: EstimateResult, json_output: bool, verbose: bool = False) -> None:
     """The tables on stdout and the warnings on stderr, or one JSON object (which carries the warnings)."""
-    if json_output:
-        from kvtool.cli.output import print_json
+    from kvtool.cli.output import print_answer
 
-        print_json(result)
-        return
-    from kvtool.cli.output import stdout_console, warn
-    from kvtool.estimate.render import render_estimate
+    def render(value: EstimateResult, console: Any) -> None:
+        from kvtool.estimate.render import render_estimate
 
-    console = stdout_console(highlight=False)  # numbers are formatted already; skip rich's regex highlighter
-    render_estimate(result, console, verbose=verbose)
-    for warning in result.warnings:
-        warn(warning)
+        render_estimate(value, console, verbose=verbose)
+
+    print_answer(result, json_output, render, result.warnings)
 
 
 def _print_models(dirs: tuple[str, ...], json_output: bool) -> None:

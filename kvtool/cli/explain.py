@@ -111,17 +111,10 @@ def explain_command(
     text, source = _read_log(log)
     given = Given(model, config, gpu, gpu_memory, vllm_version, tuple(profiles or ()))
     explanation = explain_log(text, source, given, asked or None)
-    if json_output:
-        from kvtool.cli.output import print_json
-
-        print_json(explanation)
-        return
-    from kvtool.cli.output import stdout_console, warn
+    from kvtool.cli.output import print_answer
     from kvtool.explain.render import render_explanation
 
-    render_explanation(explanation, stdout_console(highlight=False))
-    for warning in explanation.warnings:
-        warn(warning)
+    print_answer(explanation, json_output, render_explanation, explanation.warnings)
 
 
 def _check_what_ifs(asked: dict[str, Any]) -> None:

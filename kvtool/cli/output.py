@@ -48,6 +48,19 @@ def print_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+def print_answer(
+    result: Any, json_output: bool, render: Callable[[Any, Any], None], warnings: tuple[str, ...] | list[str]
+) -> None:
+    """A command's answer: one JSON object (which carries the warnings), or ``render(result, console)`` on stdout
+    (numbers formatted already, so without rich's regex highlighter) and each warning on stderr."""
+    if json_output:
+        print_json(result)
+        return
+    render(result, stdout_console(highlight=False))
+    for warning in warnings:
+        warn(warning)
+
+
 def warn(message: str) -> None:
     """A one-line warning on stderr."""
     sys.stderr.write(f"Warning: {' '.join(message.split())}\n")

@@ -136,17 +136,10 @@ def plan_command(
 
 
 def _print_plan(result: PlanResult, json_output: bool) -> None:
-    if json_output:
-        from kvtool.cli.output import print_json
-
-        print_json(result)
-        return
-    from kvtool.cli.output import stdout_console, warn
+    from kvtool.cli.output import print_answer
     from kvtool.plan.render import render_plan
 
-    render_plan(result, stdout_console(highlight=False))
-    for warning in result.warnings:
-        warn(warning)
+    print_answer(result, json_output, render_plan, result.warnings)
 
 
 def register(app: typer.Typer) -> None:
