@@ -21,6 +21,7 @@ Rules that change between vLLM releases live in the step that applies them, in a
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.budget import plan_budget, resolve_budget
@@ -29,13 +30,14 @@ from kvtool.estimate.fit import SweepPoint, asked_lengths, plan_fit
 from kvtool.estimate.gpu import AskedGpu, asked_gpu, check_block_size
 from kvtool.estimate.layout import KvLayout, kv_layout
 from kvtool.estimate.model import ResolvedModel, resolve_model
-from kvtool.estimate.offload import plan_offload
 from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_request, request_from
 from kvtool.estimate.result import EstimateResult, LayerGroupResult, WhatIf, build_result
 from kvtool.estimate.serve_defaults import scheduler_settings
-from kvtool.estimate.spec_decode import SpecDecode, resolve_spec_decode, with_draft_layers
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.estimate.whatif import CompareRow, compare_rows, suggest_fits
+
+if TYPE_CHECKING:  # imported with --speculative-config only
+    from kvtool.estimate.spec_decode import SpecDecode
 
 __all__ = [
     "_FIELD_OF_OPTION",
@@ -81,14 +83,18 @@ def estimate(request: EstimateRequest) -> EstimateResult:
         else ()
     )
     what_if = WhatIf(compare, suggest_fits(request, model.spec, fit.capacity, scheduler, estimate))
-    offload = plan_offload(
-        request.kv_offloading_size,
-        request.kv_offloading_backend,
-        fit.capacity,
-        request.tp,
-        request.pp,
-        request.vllm_version,
-    )
+    offload = None
+    if request.kv_offloading_size is not None:
+        from kvtool.estimate.offload import plan_offload
+
+        offload = plan_offload(
+            request.kv_offloading_size,
+            request.kv_offloading_backend,
+            fit.capacity,
+            request.tp,
+            request.pp,
+            request.vllm_version,
+        )
     return build_result(
         request, model, layout, scheduler, plan, lengths, fit, what_if, offload=offload, speculative=speculative
     )
@@ -98,6 +104,8 @@ def with_drafter(
     request: EstimateRequest, model: ResolvedModel, layout: KvLayout
 ) -> tuple[ResolvedModel, KvLayout, SpecDecode]:
     """The model and KV layout with --speculative-config's drafter: its layers in the KV cache, its weights added."""
+    from kvtool.estimate.spec_decode import resolve_spec_decode, with_draft_layers
+
     assert request.speculative_config is not None
     weights = model.weights
     speculative, draft = resolve_spec_decode(

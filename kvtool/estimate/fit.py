@@ -10,7 +10,6 @@ from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.layout import KvLayout
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
-from kvtool.estimate.spec_decode import speculative_state_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +92,7 @@ def capacity_at(
         max_in_flight=scheduler.max_in_flight_tokens,
         prefix_caching=request.prefix_caching,
         vllm_version=request.vllm_version,
-        speculative_blocks=speculative_state_blocks(request.speculative_config, request.vllm_version),
+        speculative_blocks=_speculative_blocks(request),
     )
 
 
@@ -113,3 +112,12 @@ def _sweep(
                 )
             )
     return tuple(points)
+
+
+def _speculative_blocks(request: EstimateRequest) -> int:
+    """The extra state blocks a request holds with --speculative-config (0 without one)."""
+    if request.speculative_config is None:
+        return 0
+    from kvtool.estimate.spec_decode import speculative_state_blocks
+
+    return speculative_state_blocks(request.speculative_config, request.vllm_version)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import (
@@ -14,9 +15,11 @@ from kvtool.estimate.hf_config import (
     manual_spec,
     parse_config,
 )
-from kvtool.estimate.multimodal import VisionEncoder, vision_encoder
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.weights import WeightEstimate, estimate_weights
+
+if TYPE_CHECKING:  # kvtool.estimate.multimodal is imported for a config with a vision_config only
+    from kvtool.estimate.multimodal import VisionEncoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,12 @@ def _model_and_weights(request: EstimateRequest) -> tuple[ModelSpec, WeightEstim
     return (*_with_quantization(spec, weights, request.quantization), encoder)
 
 
+def _knows_vision_tower(data: dict, spec: ModelSpec) -> bool:
+    from kvtool.estimate.multimodal import vision_encoder
+
+    return vision_encoder(data, spec.hidden_size) is not None
+
+
 def _encoder_of(request: EstimateRequest, spec: ModelSpec) -> VisionEncoder | None:
     """The vision tower of the config.json behind --config (or a cached --model), when kvtool knows it."""
     from kvtool.estimate.hf_cache import find_snapshot
@@ -76,6 +85,10 @@ def _encoder_of(request: EstimateRequest, spec: ModelSpec) -> VisionEncoder | No
         data, _ = load_config_path(Path(path).expanduser())
     except UsageError:
         return None
+    if not isinstance(data.get("vision_config"), dict):
+        return None
+    from kvtool.estimate.multimodal import vision_encoder
+
     return vision_encoder(data, spec.hidden_size)
 
 
@@ -172,7 +185,7 @@ def _model_from_config(
     if weights is None:
         weights = estimate_weights(spec, request.vllm_version, request.tp)
         towers = [key for key in ("vision_config", "audio_config") if isinstance(data.get(key), dict)]
-        if vision_encoder(data, spec.hidden_size) is not None:
+        if towers and "vision_config" in towers and _knows_vision_tower(data, spec):
             towers.remove("vision_config")  # counted by kvtool.estimate.multimodal, beside the language model
         if weights is not None and towers:
             # vLLM loads the encoder too ("Model loading took" counts it); the config estimate sizes the language

@@ -9,7 +9,6 @@ from typing import Any
 from kvtool.core.errors import UsageError
 from kvtool.estimate.async_scheduling import default_async_scheduling
 from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE
-from kvtool.estimate.offload import check_offload_options
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, resolve_vllm_version
 
 
@@ -101,7 +100,10 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
                 where="--speculative-config",
             )
     release = resolve_vllm_version(request.vllm_version)
-    check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
+    if request.kv_offloading_size is not None or request.kv_offloading_backend != "native":
+        from kvtool.estimate.offload import check_offload_options
+
+        check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(release, request.pp)

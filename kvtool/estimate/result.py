@@ -15,15 +15,15 @@ from kvtool.estimate.fit import Fit, Lengths, SweepPoint
 from kvtool.estimate.hf_config import MANUAL, NO_MODEL_TYPE, PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.layout import KvLayout, group_formula
 from kvtool.estimate.model import ResolvedModel
-from kvtool.estimate.offload import OffloadTier
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
-from kvtool.estimate.spec_decode import SpecDecode
 from kvtool.estimate.weights import WeightEstimate
 from kvtool.estimate.whatif import CompareRow
 
-if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only
+if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only, offload and spec_decode with their options
+    from kvtool.estimate.offload import OffloadTier
     from kvtool.estimate.pipeline import Stage
+    from kvtool.estimate.spec_decode import SpecDecode
 
 
 @dataclasses.dataclass(frozen=True)
