@@ -243,6 +243,34 @@ KvOffloadingBackendOpt = Annotated[
     str,
     typer.Option("--kv-offloading-backend", help="As vLLM's: native (vLLM's OffloadingConnector) or lmcache."),
 ]
+# prefill/decode disaggregation (vLLM's --kv-transfer-config; kvtool.estimate.disagg)
+KvTransferConfigOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--kv-transfer-config",
+        help='As vLLM\'s JSON (e.g. \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'): adds the '
+        "prefill -> decode handoff (kv_connector and kv_role are read; other keys are named and ignored).",
+    ),
+]
+PromptLenOpt = Annotated[
+    Optional[int],
+    typer.Option("--prompt-len", help="Prompt tokens one request hands from prefill to decode [default: --seq-len]."),
+]
+TransfersInFlightOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--transfers-in-flight",
+        help="Handoffs the decode pool holds blocks for at once [default: decode pool // blocks per handoff].",
+    ),
+]
+TtftBudgetMsOpt = Annotated[
+    Optional[float],
+    typer.Option("--ttft-budget-ms", help="TTFT budget (ms): adds the link bandwidth one handoff needs, per GPU pair."),
+]
+PrefillMsOpt = Annotated[
+    Optional[float],
+    typer.Option("--prefill-ms", help="Prefill time (ms) spent of --ttft-budget-ms before the transfer [default: 0]."),
+]
 VerboseOpt = Annotated[
     bool,
     typer.Option(
@@ -292,6 +320,11 @@ def estimate_command(
     kv_offloading_size: KvOffloadingSizeOpt = None,
     kv_offloading_backend: KvOffloadingBackendOpt = "native",
     speculative_config: SpeculativeConfigOpt = None,
+    kv_transfer_config: KvTransferConfigOpt = None,
+    prompt_len: PromptLenOpt = None,
+    transfers_in_flight: TransfersInFlightOpt = None,
+    ttft_budget_ms: TtftBudgetMsOpt = None,
+    prefill_ms: PrefillMsOpt = None,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

@@ -10,6 +10,7 @@
     budget                 budget.plan_budget           -> PipelinePlan (KV budget, reserve, pipeline stages)
     capacity               fit.asked_lengths, fit.plan_fit -> Lengths, Fit (blocks and requests at each length)
     CPU tier               offload.plan_offload         -> OffloadTier | None (--kv-offloading-size)
+    disaggregation         disagg.plan_disagg           -> Disaggregation | None (--kv-transfer-config, --ttft-budget-ms)
     speculative decoding   spec_decode.resolve_spec_decode -> SpecDecode (draft KV layers, state blocks, weights)
     what-ifs               whatif.compare_rows, whatif.suggest_fits
     result                 result.build_result          -> EstimateResult (the table's and --json's record)
@@ -30,7 +31,7 @@ from kvtool.estimate.fit import SweepPoint, asked_lengths, plan_fit
 from kvtool.estimate.gpu import AskedGpu, asked_gpu, check_block_size
 from kvtool.estimate.layout import KvLayout, kv_layout
 from kvtool.estimate.model import ResolvedModel, resolve_model
-from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_request, request_from
+from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_request, request_from, wants_disagg
 from kvtool.estimate.result import EstimateResult, LayerGroupResult, WhatIf, build_result
 from kvtool.estimate.serve_defaults import scheduler_settings
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
@@ -95,8 +96,33 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             request.pp,
             request.vllm_version,
         )
+    disagg = None
+    if wants_disagg(request):
+        from kvtool.estimate.disagg import plan_disagg
+
+        disagg = plan_disagg(
+            layout,
+            fit.capacity,
+            prompt_len=request.prompt_len or fit.seq_len,
+            block_size=request.block_size,
+            tp=request.tp,
+            transfer_config=request.kv_transfer_config,
+            transfers_in_flight=request.transfers_in_flight,
+            ttft_budget_ms=request.ttft_budget_ms,
+            prefill_ms=request.prefill_ms,
+        )
     return build_result(
-        request, model, layout, scheduler, plan, lengths, fit, what_if, offload=offload, speculative=speculative
+        request,
+        model,
+        layout,
+        scheduler,
+        plan,
+        lengths,
+        fit,
+        what_if,
+        offload=offload,
+        speculative=speculative,
+        disagg=disagg,
     )
 
 

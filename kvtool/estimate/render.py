@@ -80,7 +80,33 @@ def _estimate_table(r: EstimateResult, verbose: bool):
         table.add_row(label, f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
     if r.kv_budget_bytes is not None:
         _capacity_rows(table, r, verbose)
+    _disagg_rows(table, r, verbose)
     return table
+
+
+def _disagg_rows(table, r: EstimateResult, verbose: bool) -> None:
+    """Prefill/decode disaggregation: the handoff's bytes, the decode blocks in flight, the link a TTFT budget needs."""
+    if r.handoff_bytes is None or r.handoff_bytes_per_gpu is None:
+        return
+    connector = f", {r.kv_connector} {r.kv_role}" if r.kv_connector else ""
+    per_gpu = f" ({_bytes(r.handoff_bytes_per_gpu)} per decode GPU)" if r.tp > 1 else ""
+    table.add_row(
+        f"prefill -> decode handoff ({r.handoff_prompt_len:,} prompt tokens{connector})",
+        f"{r.handoff_blocks:,} blocks of every layer = {_bytes(r.handoff_bytes)}{per_gpu}",
+    )
+    if r.transfer_blocks_in_flight is not None:
+        table.add_row(
+            "decode blocks held by transfers in flight",
+            f"{r.transfers_in_flight:,} transfers x {r.handoff_blocks:,} blocks = {r.transfer_blocks_in_flight:,} blocks"
+            + (f" of {_n(r.num_blocks) - 1:,}" if r.num_blocks is not None else ""),
+        )
+    if r.link_gb_s_for_ttft is not None:
+        prefill = f" - prefill {r.prefill_ms:g} ms" if r.prefill_ms else ""
+        table.add_row(
+            f"link for TTFT {r.ttft_budget_ms:g} ms{prefill} (per GPU pair)", f"{r.link_gb_s_for_ttft:,.2f} GB/s"
+        )
+    if verbose:
+        table.add_row("how the handoff was counted", r.handoff_method or "")
 
 
 def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:

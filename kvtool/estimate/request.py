@@ -62,6 +62,14 @@ class EstimateRequest:
     kv_offloading_backend: str = "native"
     # vLLM's --speculative-config, the JSON as given (kvtool.estimate.spec_decode reads it); None: no drafter
     speculative_config: str | None = None
+    # prefill/decode disaggregation (kvtool.estimate.disagg): vLLM's --kv-transfer-config JSON as given, the prompt
+    # handed off (None: the first --seq-len), transfers in flight (None: the decode pool's bound), the TTFT budget
+    # and the prefill time it spends before the transfer
+    kv_transfer_config: str | None = None
+    prompt_len: int | None = None
+    transfers_in_flight: int | None = None
+    ttft_budget_ms: float | None = None
+    prefill_ms: float | None = None
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
@@ -104,12 +112,34 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
         from kvtool.estimate.offload import check_offload_options
 
         check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
+    if wants_disagg(request):
+        from kvtool.estimate.disagg import check_disagg_options, parse_transfer_config
+
+        check_disagg_options(
+            request.prompt_len, request.transfers_in_flight, request.ttft_budget_ms, request.prefill_ms
+        )
+        if request.kv_transfer_config is not None:
+            parse_transfer_config(request.kv_transfer_config)  # a bad JSON is refused before the model is read
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(release, request.pp)
     if release == request.vllm_version and async_scheduling == request.async_scheduling:
         return request
     return dataclasses.replace(request, vllm_version=release, async_scheduling=async_scheduling)
+
+
+def wants_disagg(request: EstimateRequest) -> bool:
+    """Whether any option of prefill/decode disaggregation was given."""
+    return any(
+        v is not None
+        for v in (
+            request.kv_transfer_config,
+            request.prompt_len,
+            request.transfers_in_flight,
+            request.ttft_budget_ms,
+            request.prefill_ms,
+        )
+    )
 
 
 def _check_not_empty(request: EstimateRequest) -> None:

@@ -21,6 +21,7 @@ from kvtool.estimate.weights import WeightEstimate
 from kvtool.estimate.whatif import CompareRow
 
 if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only, offload and spec_decode with their options
+    from kvtool.estimate.disagg import Disaggregation
     from kvtool.estimate.offload import OffloadTier
     from kvtool.estimate.pipeline import Stage
     from kvtool.estimate.spec_decode import SpecDecode
@@ -127,6 +128,20 @@ class EstimateResult:
     speculative: SpecDecode | None = None
     # vLLM's "Add N padding layers, may waste at most X% KV cache memory" lines (empty when none; null without budget)
     padding_log_lines: tuple[str, ...] = ()
+    # prefill/decode disaggregation (null without its options): the KV one request hands from prefill to decode
+    # (whole blocks of every layer), the decode blocks that transfers in flight hold, the link a TTFT budget needs
+    kv_connector: str | None = None
+    kv_role: str | None = None
+    handoff_prompt_len: int | None = None
+    handoff_blocks: int | None = None
+    handoff_bytes: int | None = None  # all decode GPUs
+    handoff_bytes_per_gpu: int | None = None
+    transfers_in_flight: int | None = None
+    transfer_blocks_in_flight: int | None = None
+    ttft_budget_ms: float | None = None
+    prefill_ms: float | None = None
+    link_gb_s_for_ttft: float | None = None  # per GPU pair, 10**9 B/s
+    handoff_method: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtool estimate --json`` object."""
@@ -152,6 +167,7 @@ def build_result(
     what_if: WhatIf,
     offload: OffloadTier | None = None,
     speculative: SpecDecode | None = None,
+    disagg: Disaggregation | None = None,
 ) -> EstimateResult:
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
@@ -229,6 +245,7 @@ def build_result(
             *_model_type_warnings(spec),
             *_context_warnings(spec, lengths.seq_lens),
             *_encoder_warnings(weights, plan),
+            *(disagg.warnings if disagg else ()),
         ),
         sweep=fit.sweep,
         compare=what_if.compare,
@@ -241,6 +258,18 @@ def build_result(
         cpu_kv_method=offload.method if offload else None,
         speculative=speculative,
         padding_log_lines=capacity.padding_log_lines if capacity else (),
+        kv_connector=disagg.kv_connector if disagg else None,
+        kv_role=disagg.kv_role if disagg else None,
+        handoff_prompt_len=disagg.prompt_len if disagg else None,
+        handoff_blocks=disagg.handoff_blocks if disagg else None,
+        handoff_bytes=disagg.handoff_bytes if disagg else None,
+        handoff_bytes_per_gpu=disagg.handoff_bytes_per_gpu if disagg else None,
+        transfers_in_flight=disagg.transfers_in_flight if disagg else None,
+        transfer_blocks_in_flight=disagg.transfer_blocks_in_flight if disagg else None,
+        ttft_budget_ms=disagg.ttft_budget_ms if disagg else None,
+        prefill_ms=disagg.prefill_ms if disagg else None,
+        link_gb_s_for_ttft=disagg.link_gb_s_for_ttft if disagg else None,
+        handoff_method=disagg.method if disagg else None,
     )
 
 
