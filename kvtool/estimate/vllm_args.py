@@ -52,6 +52,7 @@ _FLAGS: dict[str, _Flag] = {
     "--kv-cache-memory-bytes": _Flag("kv_memory", _SIZE),
     "--kv-cache-memory": _Flag("kv_memory", _SIZE),
     "--kv-cache-dtype": _Flag("kv_dtype", _TEXT),
+    "--kv-transfer-config": _Flag("kv_transfer_config", _TEXT),  # JSON, as vLLM takes it (kvtool.estimate.disagg)
     "--enable-prefix-caching": _Flag("prefix_caching", _BOOL),
     "--max-num-batched-tokens": _Flag("max_num_batched_tokens", _SIZE),
     "--max-num-seqs": _Flag("max_num_seqs", _INT),
@@ -61,7 +62,7 @@ _FLAGS: dict[str, _Flag] = {
 }
 # JSON-valued flags whose dotted keys kvtool reads (--speculative-config.method ngram): FlexibleArgumentParser
 # gathers them into one JSON object, added after the other arguments (so it replaces a whole JSON given too)
-_DOTTED_JSON = {"--speculative-config": "speculative_config"}
+_DOTTED_JSON = {"--speculative-config": "speculative_config", "--kv-transfer-config": "kv_transfer_config"}
 
 # vLLM's boolean flags that kvtool does not model: they take no value, so the token after one is not eaten as its
 # value.  Read from the source of 0.10.0, 0.10.2, 0.12.0, 0.15.0, 0.19.0, 0.25.0 and 0.33.0: every config dataclass

@@ -140,3 +140,18 @@ def test_cli_json_fields_and_table_rows() -> None:
     assert "prefill -> decode handoff" in table.stdout
     assert "2.68 GB/s" in table.stdout
     assert "how the handoff was counted" in table.stdout
+
+
+def test_vllm_serve_line_kv_transfer_config() -> None:
+    # vllm serve's own flag, whole and in its dotted form (FlexibleArgumentParser gathers --kv-transfer-config.X)
+    for line in (
+        ["--kv-transfer-config", NIXL],
+        ["--kv-transfer-config.kv_connector", "NixlConnector", "--kv-transfer-config.kv_role", "kv_consumer"],
+    ):
+        out = CliRunner().invoke(
+            app, ["estimate", "--json", "--", "vllm", "serve", LLAMA, "--max-model-len", "8192", *line]
+        )
+        assert out.exit_code == 0, out.output
+        d = json.loads(out.stdout)
+        assert d["handoff_bytes"] == GIB
+        assert d["kv_connector"] == "NixlConnector"
