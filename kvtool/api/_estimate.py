@@ -60,6 +60,11 @@ def estimate(
     limit_mm_per_prompt: str | None = None,
     mm_encoder_tp_mode: str | None = None,
     speculative_config: str | None = None,
+    kv_transfer_config: str | None = None,
+    prompt_len: int | None = None,
+    transfers_in_flight: int | None = None,
+    ttft_budget_ms: float | None = None,
+    prefill_ms: float | None = None,
 ) -> EstimateResult:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 
@@ -71,7 +76,9 @@ def estimate(
     ``vllm_version`` picks the release whose rules apply (0.10.0-0.33.0, default the newest), ``model_runner``
     the model runner (``auto``: that release's default for the model) and ``async_scheduling`` None its default;
     ``kv_offloading_size`` (GiB) and ``kv_offloading_backend`` size a CPU tier as vLLM's ``--kv-offloading-size``;
-    ``limit_mm_per_prompt``, ``mm_encoder_tp_mode`` and ``speculative_config`` take vLLM's JSON and values.
+    ``limit_mm_per_prompt``, ``mm_encoder_tp_mode``, ``speculative_config`` and ``kv_transfer_config`` take vLLM's
+    JSON and values; ``prompt_len``, ``transfers_in_flight``, ``ttft_budget_ms`` and ``prefill_ms`` size a
+    prefill-to-decode handoff.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
