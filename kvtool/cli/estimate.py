@@ -243,6 +243,30 @@ KvOffloadingBackendOpt = Annotated[
     str,
     typer.Option("--kv-offloading-backend", help="As vLLM's: native (vLLM's OffloadingConnector) or lmcache."),
 ]
+# LoRA adapters (vLLM's names and defaults; kvtool.estimate.lora)
+EnableLoraOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-lora",
+        help="As vLLM's: serve LoRA adapters; adds the stacked adapter buffers of every linear layer and the "
+        "embeddings per GPU (with the weights, off the KV budget).",
+    ),
+]
+MaxLorasOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-loras", help="As vLLM's: adapters in one batch, each with its buffer slot (default 1)."),
+]
+MaxLoraRankOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-lora-rank", help="As vLLM's: the largest adapter rank the buffers hold (default 16)."),
+]
+LoraMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lora-memory",
+        help="Override the modelled LoRA buffers per GPU (e.g. 350MiB), with --enable-lora.",
+    ),
+]
 VerboseOpt = Annotated[
     bool,
     typer.Option(
@@ -292,6 +316,10 @@ def estimate_command(
     kv_offloading_size: KvOffloadingSizeOpt = None,
     kv_offloading_backend: KvOffloadingBackendOpt = "native",
     speculative_config: SpeculativeConfigOpt = None,
+    enable_lora: EnableLoraOpt = False,
+    max_loras: MaxLorasOpt = None,
+    max_lora_rank: MaxLoraRankOpt = None,
+    lora_memory: LoraMemoryOpt = None,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

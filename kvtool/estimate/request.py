@@ -62,6 +62,12 @@ class EstimateRequest:
     kv_offloading_backend: str = "native"
     # vLLM's --speculative-config, the JSON as given (kvtool.estimate.spec_decode reads it); None: no drafter
     speculative_config: str | None = None
+    # vLLM's --enable-lora, --max-loras and --max-lora-rank (None: vLLM's defaults 1 and 16, kvtool.estimate.lora);
+    # --lora-memory overrides the modelled LoRA buffers per GPU
+    enable_lora: bool = False
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    lora_memory: str | None = None
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
@@ -104,12 +110,38 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
         from kvtool.estimate.offload import check_offload_options
 
         check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
+    _check_lora(request, release)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(release, request.pp)
     if release == request.vllm_version and async_scheduling == request.async_scheduling:
         return request
     return dataclasses.replace(request, vllm_version=release, async_scheduling=async_scheduling)
+
+
+def _check_lora(request: EstimateRequest, release: str) -> None:
+    """--max-loras, --max-lora-rank and --lora-memory mean something only with --enable-lora (vLLM ignores them
+    without it; kvtool says so rather than drop them); their values are checked as vLLM's LoRAConfig checks them."""
+    given = [
+        option
+        for option, value in (
+            ("--max-loras", request.max_loras),
+            ("--max-lora-rank", request.max_lora_rank),
+            ("--lora-memory", request.lora_memory),
+        )
+        if value is not None
+    ]
+    if not request.enable_lora:
+        if given:
+            raise UsageError(f"{given[0]} needs --enable-lora", where=given[0], tip="add --enable-lora")
+        return
+    from kvtool.estimate.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, check_lora_options
+
+    check_lora_options(
+        DEFAULT_MAX_LORAS if request.max_loras is None else request.max_loras,
+        DEFAULT_MAX_LORA_RANK if request.max_lora_rank is None else request.max_lora_rank,
+        release,
+    )
 
 
 def _check_not_empty(request: EstimateRequest) -> None:
