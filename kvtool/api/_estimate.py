@@ -65,6 +65,10 @@ def estimate(
     transfers_in_flight: int | None = None,
     ttft_budget_ms: float | None = None,
     prefill_ms: float | None = None,
+    enable_lora: bool = False,
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
+    lora_memory: str | int | None = None,
 ) -> EstimateResult:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 
@@ -78,7 +82,8 @@ def estimate(
     ``kv_offloading_size`` (GiB) and ``kv_offloading_backend`` size a CPU tier as vLLM's ``--kv-offloading-size``;
     ``limit_mm_per_prompt``, ``mm_encoder_tp_mode``, ``speculative_config`` and ``kv_transfer_config`` take vLLM's
     JSON and values; ``prompt_len``, ``transfers_in_flight``, ``ttft_budget_ms`` and ``prefill_ms`` size a
-    prefill-to-decode handoff.
+    prefill-to-decode handoff; ``enable_lora``, ``max_loras``, ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA
+    buffers.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
@@ -98,7 +103,15 @@ def estimate(
 
     given = dict(locals())  # every argument by its option name
     given.update(seq_len=_ints(seq_len), batch=_ints(batch), profiles=tuple(profiles))
-    for name in ("gpu_memory", "kv_memory", "reserve", "activation_memory", "non_torch_memory", "cudagraph_memory"):
+    for name in (
+        "gpu_memory",
+        "kv_memory",
+        "reserve",
+        "activation_memory",
+        "non_torch_memory",
+        "cudagraph_memory",
+        "lora_memory",
+    ):
         given[name] = _size(given[name])
     request = request_from(given)
     return run_estimate(request)

@@ -271,6 +271,30 @@ PrefillMsOpt = Annotated[
     Optional[float],
     typer.Option("--prefill-ms", help="Prefill time (ms) spent of --ttft-budget-ms before the transfer [default: 0]."),
 ]
+# LoRA adapters (vLLM's names and defaults; kvtool.estimate.lora)
+EnableLoraOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-lora",
+        help="As vLLM's: serve LoRA adapters; adds the stacked adapter buffers of every linear layer and the "
+        "embeddings per GPU (with the weights, off the KV budget).",
+    ),
+]
+MaxLorasOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-loras", help="As vLLM's: adapters in one batch, each with its buffer slot (default 1)."),
+]
+MaxLoraRankOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-lora-rank", help="As vLLM's: the largest adapter rank the buffers hold (default 16)."),
+]
+LoraMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lora-memory",
+        help="Override the modelled LoRA buffers per GPU (e.g. 350MiB), with --enable-lora.",
+    ),
+]
 VerboseOpt = Annotated[
     bool,
     typer.Option(
@@ -325,6 +349,10 @@ def estimate_command(
     transfers_in_flight: TransfersInFlightOpt = None,
     ttft_budget_ms: TtftBudgetMsOpt = None,
     prefill_ms: PrefillMsOpt = None,
+    enable_lora: EnableLoraOpt = False,
+    max_loras: MaxLorasOpt = None,
+    max_lora_rank: MaxLoraRankOpt = None,
+    lora_memory: LoraMemoryOpt = None,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,

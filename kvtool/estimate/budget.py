@@ -19,7 +19,8 @@ from kvtool.estimate.reserve import Reserve, ReserveOverrides, model_reserve
 from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
 
-if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only
+if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only, lora with --enable-lora
+    from kvtool.estimate.lora import LoraPlan
     from kvtool.estimate.multimodal import EncoderPlan
     from kvtool.estimate.pipeline import Stage
 
@@ -33,6 +34,7 @@ class PlannedBudget:
     budget: Budget | None  # None without --kv-memory or a GPU
     reserve: Reserve | None  # None with --kv-memory or without a GPU
     encoder: EncoderPlan | None = None  # a multimodal checkpoint's vision encoder (kvtool.estimate.multimodal)
+    lora: LoraPlan | None = None  # --enable-lora's adapter buffers (kvtool.estimate.lora), within the weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +130,9 @@ def resolve_budget(
     weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
     if encoder is not None and encoder.weights_bytes_per_gpu and (stage is None or stage.index == 0):
         weights_bytes += encoder.weights_bytes_per_gpu * request.tp  # gpu_budget divides by TP
+    lora = lora_plan(request, spec, stage)
+    if lora is not None:  # built inside vLLM's model-loading measurement, so counted with the weights
+        weights_bytes += lora.bytes_per_gpu * request.tp
     budget = gpu_budget(
         gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=(
@@ -138,7 +143,31 @@ def resolve_budget(
         reserve_bytes=reserve.total_bytes,
         gpu_name=gpu.name,
     )
-    return PlannedBudget(budget, reserve, encoder)
+    return PlannedBudget(budget, reserve, encoder, lora)
+
+
+def lora_plan(request: EstimateRequest, spec: ModelSpec, stage: Stage | None = None) -> LoraPlan | None:
+    """--enable-lora's buffers per GPU for ``spec``'s layers (one stage's with pp > 1), or --lora-memory's; None
+    without --enable-lora."""
+    if not request.enable_lora:
+        return None
+    from kvtool.estimate.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraOptions, LoraPlan, plan_lora
+
+    options = LoraOptions(
+        DEFAULT_MAX_LORAS if request.max_loras is None else request.max_loras,
+        DEFAULT_MAX_LORA_RANK if request.max_lora_rank is None else request.max_lora_rank,
+    )
+    given = _size_or_none(request.lora_memory, "--lora-memory")
+    if given is not None:
+        return LoraPlan(options.max_loras, options.max_lora_rank, given, 0, "--lora-memory")
+    return plan_lora(
+        spec,
+        options,
+        tp=request.tp,
+        vllm_version=request.vllm_version,
+        first_stage=stage is None or stage.index == 0,
+        last_stage=stage is None or stage.index == request.pp - 1,
+    )
 
 
 def encoder_plan(request: EstimateRequest, model: ResolvedModel, scheduler: Scheduler) -> EncoderPlan | None:

@@ -113,12 +113,16 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
     """The budget and the blocks; with ``verbose`` also the reserve, pipeline stages and what vLLM would log."""
     if r.budget_method == "gpu":
         gpu = r.gpu or "GPU"
+        lora = r.lora_bytes or 0
+        lora_term = f" - LoRA {_gib(lora)}" if r.lora_bytes is not None else ""
         table.add_row(
             "KV budget per GPU",
             f"{gpu} {_gib(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} "
-            f"- weights {_gib(r.weights_bytes_per_gpu)} - reserve {_gib(r.reserve_bytes)} "
+            f"- weights {_gib(_n(r.weights_bytes_per_gpu) - lora)}{lora_term} - reserve {_gib(r.reserve_bytes)} "
             f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
         )
+        if r.lora_bytes is not None and verbose:
+            table.add_row("LoRA buffers per GPU (--enable-lora)", f"{r.lora_bytes:,} B ({r.lora_method})")
         if r.activation_bytes is not None and verbose:
             table.add_row(
                 f"reserve per GPU (vLLM {r.vllm_version} profiling)",

@@ -70,6 +70,12 @@ class EstimateRequest:
     transfers_in_flight: int | None = None
     ttft_budget_ms: float | None = None
     prefill_ms: float | None = None
+    # vLLM's --enable-lora, --max-loras and --max-lora-rank (None: vLLM's defaults 1 and 16, kvtool.estimate.lora);
+    # --lora-memory overrides the modelled LoRA buffers per GPU
+    enable_lora: bool = False
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    lora_memory: str | None = None
     suggest: bool = True  # on "does not fit", try what would (off inside those tries)
 
 
@@ -120,6 +126,7 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
         )
         if request.kv_transfer_config is not None:
             parse_transfer_config(request.kv_transfer_config)  # a bad JSON is refused before the model is read
+    _check_lora(request, release)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(release, request.pp)
@@ -139,6 +146,31 @@ def wants_disagg(request: EstimateRequest) -> bool:
             request.ttft_budget_ms,
             request.prefill_ms,
         )
+    )
+
+
+def _check_lora(request: EstimateRequest, release: str) -> None:
+    """--max-loras, --max-lora-rank and --lora-memory mean something only with --enable-lora (vLLM ignores them
+    without it; kvtool says so rather than drop them); their values are checked as vLLM's LoRAConfig checks them."""
+    given = [
+        option
+        for option, value in (
+            ("--max-loras", request.max_loras),
+            ("--max-lora-rank", request.max_lora_rank),
+            ("--lora-memory", request.lora_memory),
+        )
+        if value is not None
+    ]
+    if not request.enable_lora:
+        if given:
+            raise UsageError(f"{given[0]} needs --enable-lora", where=given[0], tip="add --enable-lora")
+        return
+    from kvtool.estimate.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, check_lora_options
+
+    check_lora_options(
+        DEFAULT_MAX_LORAS if request.max_loras is None else request.max_loras,
+        DEFAULT_MAX_LORA_RANK if request.max_lora_rank is None else request.max_lora_rank,
+        release,
     )
 
 

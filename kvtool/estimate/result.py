@@ -89,6 +89,10 @@ class EstimateResult:
     encoder_weights_bytes: int | None
     encoder_activation_bytes: int | None
     encoder_method: str | None
+    # --enable-lora's adapter buffers per GPU (kvtool.estimate.lora), within weights_bytes_per_gpu; None without
+    # --enable-lora or a GPU budget
+    lora_bytes: int | None
+    lora_method: str | None
     reserve_method: str | None
     model_runner: str | None  # the vLLM model runner whose profiling the reserve models (V1, V2; None without)
     max_num_seqs: int | None
@@ -172,7 +176,7 @@ def build_result(
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
     budget, reserve = plan.planned.budget, plan.planned.reserve
-    encoder = plan.planned.encoder
+    encoder, lora = plan.planned.encoder, plan.planned.lora
     capacity = fit.capacity
     seq_len, batch = fit.seq_len, fit.batch
     per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
@@ -220,6 +224,8 @@ def build_result(
         encoder_weights_bytes=encoder.weights_bytes_per_gpu if encoder else None,
         encoder_activation_bytes=reserve.encoder_activation_bytes if encoder and reserve and modelled else None,
         encoder_method=encoder.method if encoder else None,
+        lora_bytes=lora.bytes_per_gpu if lora else None,
+        lora_method=lora.method if lora else None,
         reserve_method=reserve.method if reserve else None,
         model_runner=reserve.model_runner if reserve else None,
         max_num_seqs=scheduler.max_num_seqs,

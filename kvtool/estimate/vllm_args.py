@@ -59,6 +59,10 @@ _FLAGS: dict[str, _Flag] = {
     "--async-scheduling": _Flag("async_scheduling", _BOOL),
     "--speculative-config": _Flag("speculative_config", _TEXT),  # JSON, as vLLM takes it (kvtool.estimate.spec_decode)
     "-sc": _Flag("speculative_config", _TEXT),
+    # LoRA (kvtool.estimate.lora): BooleanOptionalAction and LoRAConfig's int fields, 0.10.0-0.33.0
+    "--enable-lora": _Flag("enable_lora", _BOOL),
+    "--max-loras": _Flag("max_loras", _INT),
+    "--max-lora-rank": _Flag("max_lora_rank", _INT),
 }
 # JSON-valued flags whose dotted keys kvtool reads (--speculative-config.method ngram): FlexibleArgumentParser
 # gathers them into one JSON object, added after the other arguments (so it replaces a whole JSON given too)
@@ -116,7 +120,6 @@ _BOOLEAN_FLAGS_IGNORED = frozenset(
         "--enable-log-outputs",
         "--enable-log-requests",
         "--enable-logging-iteration-details",
-        "--enable-lora",
         "--enable-lora-bias",
         "--enable-mamba-cache-stochastic-rounding",
         "--enable-mamba-shared-prefix-checkpoint",
