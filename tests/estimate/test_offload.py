@@ -17,26 +17,13 @@ from kvtool.estimate.estimator import estimate
 from kvtool.estimate.request import EstimateRequest
 
 DATA = Path(__file__).parent.parent / "data" / "vllm-offload"
-# the tiny Llama of docs/vllm-on-cpu.md, as tests/data/vllm-offload recorded it
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 256,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "intermediate_size": 512,
-    "vocab_size": 1000,
-    "max_position_embeddings": 2048,
-    "torch_dtype": "bfloat16",
-}
+# the tiny Llama of docs/vllm-on-cpu.md (the config tests/data/vllm-offload's run used), kept in tests/data/estimate
+TINY_LLAMA = Path(__file__).parent.parent / "data" / "estimate" / "tiny-llama" / "config.json"
 
 
 @pytest.fixture
-def tiny(tmp_path: Path) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    return str(path)
+def tiny() -> str:
+    return str(TINY_LLAMA)
 
 
 def _recorded() -> list[tuple[float, int, int]]:
