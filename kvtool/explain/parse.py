@@ -297,34 +297,22 @@ def _read_suggestion(m: re.Match[str], line: int) -> Suggestion | None:
     to_requested, to_gpu, current = int(groups[5]), int(groups[6]), _number(groups[7])
     if groups[8] == "bytes":  # 0.10.2-0.11.0 print the bytes
         current = current / GIB
-    if old is not None:
+    weights: float | None = None
+    non_torch: float | None = None
+    consumed: float | None = None
+    if old is not None:  # 0.10-0.26: weights and non-torch apart
         weights, activation, non_torch, graphs = (_number(g) for g in old.groups())
-        return Suggestion(
-            line,
-            free,
-            total,
-            util,
-            requested,
-            weights,
-            non_torch,
-            None,
-            activation,
-            graphs,
-            to_requested,
-            to_gpu,
-            current,
-            groups[8],
-        )
-    assert new is not None
-    consumed, activation, graphs = (_number(g) for g in new.groups())
+    else:  # 0.27+: their sum, "consumed memory"
+        assert new is not None
+        consumed, activation, graphs = (_number(g) for g in new.groups())
     return Suggestion(
         line,
         free,
         total,
         util,
         requested,
-        None,
-        None,
+        weights,
+        non_torch,
         consumed,
         activation,
         graphs,
