@@ -54,7 +54,59 @@ PlanQuantOpt = Annotated[
     ),
 ]
 MaxGpusOpt = Annotated[Optional[int], typer.Option("--max-gpus", help="Try only configurations of at most N GPUs.")]
-TopOpt = Annotated[Optional[int], typer.Option("--top", help="Show only the N cheapest fitting configurations.")]
+TopOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--top",
+        help="Show only the N cheapest fitting configurations (with --qps: meeting the target; the scan stops there).",
+    ),
+]
+_SERVE = "Requests per second with a TTFT/TPOT target (the serving simulation)"
+QpsOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--qps",
+        help="Poisson arrivals at this rate (requests/s): each fitting configuration runs through kvtool simulate "
+        "--serve's engine (default with a timestamped --trace: its timestamps).",
+        rich_help_panel=_SERVE,
+    ),
+]
+TtftOpt = Annotated[
+    Optional[float],
+    typer.Option("--ttft-ms", help="TTFT target (ms) at --slo-percentile.", rich_help_panel=_SERVE),
+]
+TpotOpt = Annotated[
+    Optional[float],
+    typer.Option("--tpot-ms", help="TPOT target (ms per output token) at --slo-percentile.", rich_help_panel=_SERVE),
+]
+SloPercentileOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--slo-percentile",
+        help="The percentile of the requests the targets hold at [default: 99].",
+        rich_help_panel=_SERVE,
+    ),
+]
+RequestsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--requests",
+        help="Requests to simulate [default: 1,000 of --input-len/--output-len; every row of --trace, or this many "
+        "sampled with replacement].",
+        rich_help_panel=_SERVE,
+    ),
+]
+SeedOpt = Annotated[
+    Optional[int],
+    typer.Option("--seed", help="Seed of the arrivals and the sampling [default: 0].", rich_help_panel=_SERVE),
+]
+MaxNumBatchedTokensOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-num-batched-tokens",
+        help="Token budget per step (default: vllm serve's for the GPU); also sizes the reserve, as estimate's.",
+    ),
+]
 
 
 def plan_command(
@@ -79,9 +131,16 @@ def plan_command(
     quantization: PlanQuantOpt = None,
     max_gpus: MaxGpusOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     block_size: BlockSizeOpt = 16,
     vllm_version: VllmVersionOpt = NEWEST_RELEASE,
     top: TopOpt = None,
+    qps: QpsOpt = None,
+    ttft_ms: TtftOpt = None,
+    tpot_ms: TpotOpt = None,
+    slo_percentile: SloPercentileOpt = None,
+    requests: RequestsOpt = None,
+    seed: SeedOpt = None,
     profiles: ProfilesOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
@@ -93,6 +152,8 @@ def plan_command(
       kvtool plan -m llama-3.1-70b --concurrency 64 --seq-len 16384 --gpu H100-80GB,L40S,A100-80GB --kv-dtype auto,fp8
 
       kvtool plan -m qwen2.5-7b -n 32 --trace requests.csv --percentile 95 --max-gpus 2 --json
+
+      kvtool plan -m llama-3.1-8b --qps 20 --input-len 2000 --output-len 200 --ttft-ms 300 --tpot-ms 30 --gpu L40S,H100
     """
     from kvtool.estimate.request import EstimateRequest
     from kvtool.plan.candidates import (
@@ -104,10 +165,12 @@ def plan_command(
         parse_utilizations,
     )
     from kvtool.plan.search import PlanRequest, plan_deployments
-    from kvtool.plan.workload import workload_from
+    from kvtool.plan.workload import ServingOptions, serving_workload_from, workload_from
 
     dirs = tuple(profiles or ())
-    workload = workload_from(concurrency, seq_len, input_len, output_len, trace, percentile)
+    serving = ServingOptions(qps, ttft_ms, tpot_ms, slo_percentile, requests, seed, max_num_batched_tokens)
+    if not serving.given():
+        workload, ask = workload_from(concurrency, seq_len, input_len, output_len, trace, percentile), None
     if gpu is None:
         from kvtool.estimate.profiles import list_gpus
 
@@ -129,10 +192,15 @@ def plan_command(
         config=config,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
         vllm_version=vllm_version,
         profile_dirs=dirs,
     )
-    _print_plan(plan_deployments(PlanRequest(base, workload, grid, top)), json_output)
+    if serving.given():
+        workload, ask = serving_workload_from(
+            base, serving, concurrency, seq_len, input_len, output_len, trace, percentile
+        )
+    _print_plan(plan_deployments(PlanRequest(base, workload, grid, top, ask)), json_output)
 
 
 def _print_plan(result: PlanResult, json_output: bool) -> None:

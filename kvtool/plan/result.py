@@ -38,6 +38,60 @@ class PlanRow:
     # vLLM's --max-model-len auto: the longest context its auto-fit picks for this configuration (capped at the
     # model's context); None where the release has no auto-fit (before 0.14.0); 0: not even one token fits
     max_model_len_auto: int | None
+    serving: ServingFigures | None = None  # with --qps: the serving simulation's figures and verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class SloTarget:
+    """``kvtool plan --qps``'s target: TTFT and/or TPOT at most so many ms at a percentile of the requests."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    percentile: float  # --slo-percentile, e.g. 99 (numpy's linear interpolation over the simulated requests)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingWorkload:
+    """What ``kvtool plan --qps`` runs through the serving simulation of each fitting configuration."""
+
+    requests: int
+    source: str  # where the lengths came from, in words
+    arrivals: str  # in words: "Poisson at 10 requests/s (seed 0)", "from the trace's timestamps"
+    qps: float | None  # None: the trace's own timestamps
+    seed: int
+    block_size: int
+    target: SloTarget
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingFigures:
+    """One configuration through the serving simulation (kvtool simulate --serve's engine), judged on the target."""
+
+    ttft_ms: float | None  # at the target's percentile; arrival to the first token
+    tpot_ms: float | None  # at the target's percentile; (completion - first token) / (output tokens - 1)
+    ttft_p50_ms: float | None
+    tpot_p50_ms: float | None
+    throughput_tokens_per_s: float  # output tokens of completed requests / span
+    requests_per_s: float  # completed requests / span (first arrival to last completion)
+    requests: int
+    completed: int
+    preemptions: int
+    peak_blocks: int  # most KV blocks in use at once
+    max_num_seqs: int  # the scheduler's limits the run used (given, or vllm serve's default for the GPU)
+    max_num_batched_tokens: int
+    meets_slo: bool  # every request completed and each target given is met (value <= target)
+    ttft_headroom_ms: float | None  # target - value: positive is room to spare, negative the miss (None: no target)
+    tpot_headroom_ms: float | None
+    verdict: str  # in words: "meets: TTFT p99 288 ms under 500 ms"
+    shared_simulation: bool = False  # its simulation inputs equal a cheaper row's: that run's figures, not a new one
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """Configurations that hold the workload in memory but were not simulated, and why."""
+
+    reason: str
+    candidates: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +134,12 @@ class PlanResult:
     rows: tuple[PlanRow, ...]  # the fitting ones, cheapest first: fewest GPUs, then least idle KV memory (--top)
     longest_context: tuple[LongestContext, ...]  # per GPU, tp and pp: vLLM's --max-model-len auto
     warnings: tuple[str, ...]
+    # with --qps: what was simulated; then ``rows`` are the configurations meeting the target (cheapest first),
+    # ``missed`` those simulated that miss it, ``not_simulated`` the fitting ones left out and why
+    serving: ServingWorkload | None = None
+    missed: tuple[PlanRow, ...] = ()
+    not_simulated: tuple[Skipped, ...] = ()
+    simulations: int = 0  # engine runs (identical inputs share one)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtool plan --json`` object."""

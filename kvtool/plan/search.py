@@ -30,6 +30,7 @@ from kvtool.estimate.serve_defaults import Scheduler, scheduler_settings
 from kvtool.plan.autofit import auto_fit_max_model_len
 from kvtool.plan.candidates import Candidate, Grid, Workload
 from kvtool.plan.result import LongestContext, PlanResult, PlanRow, Refused
+from kvtool.plan.slo import ServingAsk, nobody_meets, serve_fitting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,8 @@ class PlanRequest:
     base: EstimateRequest  # model/config, vLLM version, block size, scheduler limits ...; per-candidate fields unset
     workload: Workload
     grid: Grid
-    top: int | None = None  # keep the N cheapest fitting rows (None: all)
+    top: int | None = None  # keep the N cheapest fitting rows (None: all); with serving, stop after N meet
+    serving: ServingAsk | None = None  # --qps: simulate each fitting row against a TTFT/TPOT target
 
 
 def candidate_request(base: EstimateRequest, workload: Workload, candidate: Candidate) -> EstimateRequest:
@@ -110,6 +112,7 @@ def plan_deployments(request: PlanRequest) -> PlanResult:
     workload = request.workload
     steps = _Steps(Lengths((workload.seq_len,), (workload.concurrency,), ()))
     rows: list[PlanRow] = []
+    tried: list[Candidate] = []  # the candidate of each row
     refused: dict[tuple[int, int, str | None], list] = {}
     spec = None
     for candidate in request.grid.candidates:
@@ -122,9 +125,21 @@ def plan_deployments(request: PlanRequest) -> PlanResult:
             continue
         spec = model.spec
         rows.append(_row(asked, model, steps, workload))
+        tried.append(candidate)
     if spec is None and not refused:
         raise UsageError("no candidate to try: every one needs more GPUs than --max-gpus", where="--max-gpus")
-    fitting = sorted((r for r in rows if r.fits), key=lambda r: (r.num_gpus, r.idle_kv_bytes, r.gpu))
+    order = sorted(
+        (i for i, r in enumerate(rows) if r.fits), key=lambda i: (rows[i].num_gpus, rows[i].idle_kv_bytes, rows[i].gpu)
+    )
+    fitting = [rows[i] for i in order]
+    context = spec.max_position_embeddings if spec else None
+    warnings = _warnings(context, workload)
+    served = None
+    if request.serving is not None:
+        served = serve_fitting(((rows[i], tried[i]) for i in order), request.serving, request.top)
+        if not served.met:
+            warnings += (nobody_meets(served, request.serving.target),)
+    shown = fitting if served is None else list(served.met)
     return PlanResult(
         model=spec.name if spec else str(first.model or first.config),
         vllm_version=first.vllm_version,
@@ -134,9 +149,13 @@ def plan_deployments(request: PlanRequest) -> PlanResult:
         over_max_gpus=request.grid.over_max_gpus,
         refused=tuple(Refused(tp, pp, q, n, err.message) for (tp, pp, q), (err, n) in refused.items()),
         fitting=len(fitting),
-        rows=tuple(fitting[: request.top] if request.top else fitting),
-        longest_context=longest_contexts(rows, spec.max_position_embeddings if spec else None),
-        warnings=_warnings(spec.max_position_embeddings if spec else None, workload),
+        rows=tuple(shown[: request.top] if request.top else shown),
+        longest_context=longest_contexts(rows, context),
+        warnings=warnings,
+        serving=None if request.serving is None else request.serving.workload,
+        missed=() if served is None else served.missed,
+        not_simulated=() if served is None else served.skipped,
+        simulations=0 if served is None else served.simulations,
     )
 
 

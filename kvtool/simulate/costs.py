@@ -159,9 +159,13 @@ def resolve_hardware(
     profile_dirs: tuple[str, ...] = (),
     step_times: bool = True,
     vllm_version: str = NEWEST_RELEASE,
+    gpu_memory_utilization: float | None = None,
+    quantization: str | None = None,
 ) -> Hardware:
     """The model and GPU (``gpu``, a profile, or ``gpu_memory``, a size) through `kvtool estimate`'s resolution; a
-    model whose weights do not fit says so.  ``step_times``: the bandwidth and peak are needed (--serve)."""
+    model whose weights do not fit says so.  ``step_times``: the bandwidth and peak are needed (--serve).
+    ``gpu_memory_utilization`` and ``quantization`` are estimate's (None: vLLM's 0.9, the checkpoint as it is);
+    `kvtool plan --qps` sets them per candidate."""
     from kvtool.estimate.estimator import EstimateRequest, estimate
     from kvtool.estimate.serve_defaults import serve_batch_defaults
 
@@ -176,6 +180,8 @@ def resolve_hardware(
             kv_memory=kv_memory,
             profile_dirs=profile_dirs,
             vllm_version=vllm_version,
+            gpu_memory_utilization=gpu_memory_utilization,
+            quantization=quantization,
         )
     )
     name = model or config or "model"

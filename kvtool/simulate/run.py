@@ -55,6 +55,8 @@ class SimulateOptions:
     tp: int = 1
     kv_dtype: str = "auto"
     vllm_version: str = NEWEST_RELEASE
+    gpu_memory_utilization: float | None = None  # estimate's (None: vLLM's 0.9); kvtool plan --qps sets it
+    quantization: str | None = None  # vLLM's --quantization, as estimate takes it; kvtool plan --qps sets it
     cost: CostOverrides = CostOverrides()
     slo_ttft_ms: float | None = None
     export_events: Path | None = None
@@ -108,6 +110,8 @@ def resolve_serving_hardware(options: SimulateOptions) -> Hardware:
         vllm_version=options.vllm_version,
         overrides=options.cost,
         step_times=options.serve,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        quantization=options.quantization,
     )
 
 
@@ -138,7 +142,8 @@ class _Arrivals:
     text: str
 
 
-def _arrivals(requests, options: SimulateOptions) -> _Arrivals:
+def arrivals_for(requests, options: SimulateOptions) -> _Arrivals:
+    """The arrival times of the serving simulation: Poisson at --qps, else the trace's, else all at t=0."""
     import numpy as np
 
     from kvtool.simulate.lengths import poisson_arrivals
@@ -190,16 +195,24 @@ def _extras(options: SimulateOptions, requests) -> str:
     return "; ".join(parts)
 
 
-def _serve(requests, options: SimulateOptions, progress, keep_traces: bool, record_events: bool = False):
-    """The serving simulation per block size: results, setup, traces and exported files."""
+def serve_requests(
+    requests,
+    options: SimulateOptions,
+    progress,
+    keep_traces: bool,
+    record_events: bool = False,
+    hardware: Hardware | None = None,
+):
+    """The serving simulation per block size: results, setup, traces and exported files (`kvtool simulate --serve`,
+    and `kvtool plan --qps` once per candidate, which passes the ``hardware`` it resolved already from ``options``)."""
     from kvtool.simulate.costs import pool_blocks
     from kvtool.simulate.export import export_paths, write_events
     from kvtool.simulate.results import ServeSetup, cost_text
     from kvtool.simulate.serving import ServeConfig, simulate_serving
     from kvtool.simulate.workloads import build_prompts
 
-    hw = resolve_serving_hardware(options)
-    arrivals = _arrivals(requests, options)
+    hw = hardware if hardware is not None else resolve_serving_hardware(options)
+    arrivals = arrivals_for(requests, options)
     prompts = build_prompts(requests, options.shared_prefix_tokens, options.prefix_variant_share, options.seed)
     mnbt = options.max_num_batched_tokens or hw.max_num_batched_tokens
     seqs = options.max_num_seqs or hw.max_num_seqs
@@ -315,7 +328,7 @@ def run_simulation(
     )
     serve_results, setup, traces, exported = None, None, {}, {}
     if options.serve:
-        serve_results, setup, traces, exported = _serve(requests, options, progress, keep_traces, record_events)
+        serve_results, setup, traces, exported = serve_requests(requests, options, progress, keep_traces, record_events)
     report = SimulateReport(
         source=requests.source,
         requests=requests.count,

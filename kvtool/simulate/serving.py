@@ -96,6 +96,10 @@ class ServeTrace:
     request_index: list[Any]  # per pool: numpy array of the original request numbers
     timeline_s: Any  # start time of each recorded interval (all pools merged, for plots)
     timeline_blocks: Any
+    # per request (numpy float64, nan where it never produced a token / has one output token): what ServeResult's
+    # percentiles are taken over (kvtool plan --qps takes its --slo-percentile of them with latency_percentiles)
+    ttft_s: Any = None
+    tpot_s: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +197,8 @@ def _gather(plans: list[_PoolPlan], runs: list[EngineRun], n: int) -> _PerReques
     return _PerRequest(admit, first, finish, cached, pre)
 
 
-def _percentiles(values, qs):
+def latency_percentiles(values, qs):
+    """The ``qs`` percentiles (numpy's linear interpolation) of the finite ``values``; None each when none is."""
     import numpy as np
 
     v = values[np.isfinite(values)]
@@ -220,16 +225,16 @@ def _summarise(
     ttft = per.first_token_s - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (per.finish_s - per.first_token_s) / (out - 1), np.nan)
-    q50, q99 = _percentiles(per.admit_s - arrival, [50, 99])
-    t50, t99 = _percentiles(ttft, [50, 99])
-    p50, p99 = _percentiles(tpot, [50, 99])
+    q50, q99 = latency_percentiles(per.admit_s - arrival, [50, 99])
+    t50, t99 = latency_percentiles(ttft, [50, 99])
+    p50, p99 = latency_percentiles(tpot, [50, 99])
     block_s = sum(r.block_seconds for r in runs)
     entry_s = sum(r.entry_seconds for r in runs)
     token_s = sum(r.token_seconds for r in runs)
     busy = sum(r.busy_s for r in runs)
     pools = []
     for plan, run in zip(plans, runs):
-        pt50, pt99 = _percentiles(ttft[plan.requests], [50, 99])
+        pt50, pt99 = latency_percentiles(ttft[plan.requests], [50, 99])
         pools.append(
             PoolResult(
                 plan.name,
@@ -272,7 +277,7 @@ def _summarise(
         requests_per_s=float(finished.sum()) / span if span > 0 else float("nan"),
         pools=pools,
     )
-    return result, _trace(b, plans, runs)
+    return result, _trace(b, plans, runs, ttft, tpot)
 
 
 def _peak(runs: list[EngineRun]) -> int:
@@ -282,7 +287,7 @@ def _peak(runs: list[EngineRun]) -> int:
     return sum(r.peak_blocks for r in runs)
 
 
-def _trace(b: int, plans: list[_PoolPlan], runs: list[EngineRun]) -> ServeTrace:
+def _trace(b: int, plans: list[_PoolPlan], runs: list[EngineRun], ttft_s, tpot_s) -> ServeTrace:
     import numpy as np
 
     t = np.concatenate([np.asarray(r.timeline_s) for r in runs])
@@ -294,4 +299,6 @@ def _trace(b: int, plans: list[_PoolPlan], runs: list[EngineRun]) -> ServeTrace:
         request_index=[p.requests for p in plans],
         timeline_s=t[order],
         timeline_blocks=blocks[order],
+        ttft_s=ttft_s,
+        tpot_s=tpot_s,
     )
