@@ -216,6 +216,8 @@ def _serving_requests(input_len: int | None, output_len: int | None, trace: Path
             )
         requests = load_trace(trace)
         return sample_requests(requests, count, seed) if count is not None else requests
+    if (input_len is None) != (output_len is None):
+        raise UsageError("--input-len and --output-len go together", where="--input-len")
     if input_len is None or output_len is None:
         raise UsageError(
             "--qps needs the requests: --input-len I --output-len O, or --trace FILE",
