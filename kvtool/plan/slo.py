@@ -9,7 +9,10 @@ in :func:`~kvtool.simulate.run.serve_requests`, in process.  What makes it fast 
 - only candidates that pass the memory check are simulated (plan's pass decides that first);
 - candidates whose simulation inputs are identical (the step-time constants, the pool's blocks, the block size,
   max_num_seqs and max_num_batched_tokens: e.g. ``--kv-dtype auto,bfloat16`` on a bf16 model, or fp8 and fp8_e4m3)
-  share one simulation;
+  share one simulation.  A pool counts as identical to any other that is as large as :func:`ample_blocks`: the
+  blocks the running requests can ever hold at once, so that no allocation ever waits, no request is preempted and
+  the run is the same whatever the pool beyond (so ``--gpu-memory-utilization 0.9,0.95`` on a large GPU is one
+  run); only for prompts that share nothing (no token ids in the trace), where the prefix cache never hits;
 - with ``--top N`` the scan goes cheapest first and stops once N configurations meet the target (the rest are
   counted as not simulated, never dropped silently).
 """
@@ -70,6 +73,10 @@ def serve_fitting(pairs: Iterable[tuple[PlanRow, Candidate]], ask: ServingAsk, t
     missed: list[PlanRow] = []
     skipped: dict[str, int] = {}
     done: dict[tuple, ServingFigures] = {}
+    ample = ample_blocks(ask.requests, ask.options.block_sizes[0])
+    # the step-time model per (GPU, tp, KV dtype, quantization): gpu_memory_utilization changes only the KV budget,
+    # and the pool is the row's own (kv_tokens), so one resolution serves every utilization
+    hardware: dict[tuple, Any] = {}
     for row, candidate in pairs:
         if top is not None and len(met) >= top:  # the early stop: the rest cost as much or more
             _count(skipped, f"--top {top}: that many cheaper configurations meet the target already")
@@ -78,14 +85,20 @@ def serve_fitting(pairs: Iterable[tuple[PlanRow, Candidate]], ask: ServingAsk, t
             _count(skipped, PP_NOT_SIMULATED)
             continue
         options = candidate_options(ask, row, candidate)
-        try:
-            hw = resolve_serving_hardware(options)
-        except UsageError as err:  # e.g. a GPU profile without a bandwidth: no step times
-            _count(skipped, err.one_line())
+        same = (candidate.gpu, candidate.tp, candidate.kv_dtype, candidate.quantization)
+        if same not in hardware:
+            try:
+                hardware[same] = resolve_serving_hardware(options)
+            except UsageError as err:  # e.g. a GPU profile without a bandwidth: no step times
+                hardware[same] = err
+        hw = hardware[same]
+        if isinstance(hw, UsageError):
+            _count(skipped, hw.one_line())
             continue
         seqs = options.max_num_seqs or hw.max_num_seqs
         mnbt = options.max_num_batched_tokens or hw.max_num_batched_tokens
-        key = (_step_time_inputs(hw), row.num_blocks, row.block_size, seqs, mnbt)
+        blocks = row.num_blocks if ample is None else min(row.num_blocks, ample(seqs))
+        key = (_step_time_inputs(hw), blocks, row.block_size, seqs, mnbt)
         if key in done:
             figures = dataclasses.replace(done[key], shared_simulation=True)
         else:
@@ -98,6 +111,27 @@ def serve_fitting(pairs: Iterable[tuple[PlanRow, Candidate]], ask: ServingAsk, t
         skipped=tuple(Skipped(reason, n) for reason, n in skipped.items()),
         simulations=len(done),
     )
+
+
+def ample_blocks(requests, block_size: int):
+    """``ample(max_num_seqs)``: a pool of that many blocks never runs short (the null block and the ``max_num_seqs``
+    largest requests' blocks, each its whole prompt + output), or None where prompts may share blocks.
+
+    Past it the scheduler's decisions cannot depend on the pool's size: a request never waits for blocks, none is
+    preempted, and with unrelated prompts the prefix cache never hits, so which cached blocks were evicted does
+    not matter.  tests/plan/test_plan_serving.py checks rows sharing a run against simulate on each one's own pool.
+    """
+    import numpy as np
+
+    if requests.shared is not None:
+        return None
+    need = np.sort(-(-(requests.prompt_tokens + np.maximum(requests.output_tokens, 1)) // block_size))[::-1]
+    held = np.concatenate([[0], np.cumsum(need)])
+
+    def ample(max_num_seqs: int) -> int:
+        return 1 + int(held[min(max_num_seqs, len(need))])
+
+    return ample
 
 
 def _count(skipped: dict[str, int], reason: str) -> None:

@@ -26,9 +26,11 @@ def test_each_verdict_and_percentile_equals_simulate_serve_on_that_candidate(run
     simulated = data["rows"] + data["missed"]
     assert data["fitting"] == len(simulated) == 2 * 2 * 3 * 2  # GPUs x tp x KV dtypes x utilizations: all fit
     assert data["rows"] and data["missed"]  # the target splits the grid (L40S at tp 1 misses it)
-    # auto and bfloat16 are the same KV dtype on this bf16 model: one run for both, reported once as shared
-    assert data["simulations"] == len(simulated) * 2 // 3
-    assert sum(r["serving"]["shared_simulation"] for r in simulated) == len(simulated) // 3
+    # auto and bfloat16 are the same KV dtype on this bf16 model, and pools that hold the running requests' blocks
+    # whatever happens (200 requests of at most 7,447 tokens: 200 x 466 + 1 = 93,201 blocks and fewer) run alike:
+    # shared runs, each checked below against simulate on the row's own pool
+    shared = sum(r["serving"]["shared_simulation"] for r in simulated)
+    assert shared >= len(simulated) // 3 and data["simulations"] == len(simulated) - shared
     for row in simulated:
         args = ["--gpu", row["gpu"], "--tp", str(row["tp"]), "--kv-dtype", row["kv_dtype"]]
         if row["gpu_memory_utilization"] != 0.9:  # simulate has no --gpu-memory-utilization: the pool in tokens
