@@ -120,7 +120,8 @@ def plan_command(
         None,
         "--trace",
         empty_tip="give a trace file (the formats of kvtool simulate --trace)",
-        help="A trace (as kvtool simulate --trace reads): the request length is its --percentile.",
+        help="A trace (as kvtool simulate --trace reads): the request length is its --percentile; with --qps or a "
+        "target, its requests (and timestamps) are simulated.",
     ),
     percentile: PercentileOpt = None,
     gpu: PlanGpuOpt = None,

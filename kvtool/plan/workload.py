@@ -128,6 +128,13 @@ def serving_workload_from(
     from kvtool.plan.slo import ServingAsk
     from kvtool.simulate.run import SimulateOptions, arrivals_for
 
+    if serving.qps is None and serving.ttft_ms is None and serving.tpot_ms is None:
+        flag = serving.given()[0]
+        raise UsageError(
+            f"{flag} applies to the requests-per-second form (the serving simulation)",
+            where=flag,
+            tip="add --qps R with --ttft-ms T and/or --tpot-ms P",
+        )
     if seq_len is not None or percentile is not None:
         flag = "--seq-len" if seq_len is not None else "--percentile"
         raise UsageError(

@@ -164,6 +164,8 @@ LENGTHS = ["--input-len", "100", "--output-len", "10"]
         (["--qps", "5", "--ttft-ms", "9", "--slo-percentile", "0", *LENGTHS], "Error: --slo-percentile must be in"),
         (["--qps", "5", "--ttft-ms", "9", "--requests", "0", *LENGTHS], "Error: --requests must be greater than"),
         (["--qps", "5", "--tpot-ms", "9", "--input-len", "9", "--output-len", "1"], "needs requests of 2 or more"),
+        (["-n", "4", "--seq-len", "1024", "--requests", "50"], "Error: --requests applies to the requests-per-second"),
+        (["-n", "4", "--seq-len", "1024", "--slo-percentile", "90"], "Error: --slo-percentile applies to the"),
     ],
 )
 def test_bad_serving_input_is_one_error_line_and_exit_2(run_cli, args, message):
