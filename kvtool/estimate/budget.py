@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from kvtool.core.errors import UsageError
 from kvtool.core.units import parse_size
 from kvtool.estimate.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, Budget, gpu_budget, plan_capacity
+from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.gpu import AskedGpu, implausible_size
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.layout import KvLayout, kv_layout
@@ -16,6 +17,7 @@ from kvtool.estimate.model import ResolvedModel
 from kvtool.estimate.model_runner import choose_runner
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.reserve import Reserve, ReserveOverrides, model_reserve
+from kvtool.estimate.rope import rotary_cache_bytes
 from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
 
@@ -35,6 +37,10 @@ class PlannedBudget:
     reserve: Reserve | None  # None with --kv-memory or without a GPU
     encoder: EncoderPlan | None = None  # a multimodal checkpoint's vision encoder (kvtool.estimate.multimodal)
     lora: LoraPlan | None = None  # --enable-lora's adapter buffers (kvtool.estimate.lora), within the weights
+    # the rotary cos/sin caches per GPU (kvtool.estimate.rope), within the weights: built with the model, in no
+    # checkpoint
+    rotary_bytes: int = 0
+    rotary_method: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +139,10 @@ def resolve_budget(
     lora = lora_plan(request, spec, stage)
     if lora is not None:  # built inside vLLM's model-loading measurement, so counted with the weights
         weights_bytes += lora.bytes_per_gpu * request.tp
+    rotary, rotary_how = rotary_cache_bytes(
+        spec.rotary_caches, spec.model_type, model_dtype_bytes(spec.dtype), request.vllm_version
+    )
+    weights_bytes += rotary * request.tp  # on every rank whole (and every stage), inside "Model loading took"
     budget = gpu_budget(
         gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=(
@@ -143,7 +153,7 @@ def resolve_budget(
         reserve_bytes=reserve.total_bytes,
         gpu_name=gpu.name,
     )
-    return PlannedBudget(budget, reserve, encoder, lora)
+    return PlannedBudget(budget, reserve, encoder, lora, rotary, rotary_how)
 
 
 def lora_plan(request: EstimateRequest, spec: ModelSpec, stage: Stage | None = None) -> LoraPlan | None:
@@ -174,7 +184,6 @@ def encoder_plan(request: EstimateRequest, model: ResolvedModel, scheduler: Sche
     """The vision encoder's weights (when the config estimate left them out) and profiling terms, or None."""
     if model.encoder is None:
         return None
-    from kvtool.estimate.dtypes import model_dtype_bytes
     from kvtool.estimate.multimodal import check_tp_mode, parse_limit_mm_per_prompt, plan_encoder
 
     plan = plan_encoder(

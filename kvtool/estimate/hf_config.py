@@ -32,6 +32,7 @@ from kvtool.core.errors import InputFileError
 from kvtool.core.jsonfile import read_json_object
 from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
 from kvtool.estimate.kinds import CHUNKED, FULL, SLIDING
+from kvtool.estimate.rope import RotaryCache, rotary_caches
 
 if TYPE_CHECKING:  # imported where a config needs them, so a plain decoder's estimate never loads them
     from kvtool.estimate.hybrid import MambaState
@@ -113,6 +114,8 @@ class ModelSpec:
     full_attention_kv: KvShape | None = None
     # Gemma 3n / Gemma 4: the last kv_shared_layers layers reuse an earlier layer's KV cache and allocate none
     kv_shared_layers: int = 0
+    # the rotary embeddings' cos/sin caches vLLM builds with the model (kvtool.estimate.rope), in no checkpoint
+    rotary_caches: tuple[RotaryCache, ...] = ()
     notes: tuple[str, ...] = ()  # how each non-obvious value was read
     architectures: tuple[str, ...] = ()  # config.json's architectures (vLLM picks its model runner by them)
 
@@ -583,6 +586,13 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         block_types=hybrid.blocks if hybrid else (),
         full_attention_kv=full_kv,
         kv_shared_layers=shared,
+        rotary_caches=rotary_caches(
+            cfg.data,
+            model_type,
+            qk_rope if is_mla else head_dim,
+            _context_length(cfg, []),
+            full_head_size=full_kv.head_dim if full_kv is not None else None,
+        ),
         notes=tuple(notes),
     )
     return dataclasses.replace(spec, **llama4_mlp) if llama4_mlp else spec

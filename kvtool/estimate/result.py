@@ -210,7 +210,13 @@ def build_result(
         layer_groups=groups,
         weights_bytes=weights.weights_bytes if weights else None,
         weights_params=weights.num_params if weights and weights.num_params else None,
-        weights_method=weights.method if weights else None,
+        weights_method=(
+            f"{weights.method}; + {plan.planned.rotary_method}"
+            if weights and plan.planned.rotary_bytes
+            else weights.method
+            if weights
+            else None
+        ),
         budget_method=budget.method if budget else None,
         gpu=budget.gpu_name if budget else None,
         gpu_memory_bytes=budget.gpu_memory_bytes if budget else None,

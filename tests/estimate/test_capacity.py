@@ -79,10 +79,11 @@ def test_kv_memory_suffixes(run_cli):
 
 def test_gpu_budget_hand_computation(run_cli):
     # Llama-2-7B on an A100 80GB (the driver reports 79.15 GiB, profiles/gpus/a100-80gb.yaml):
-    # ceil(79.15 GiB x 0.9) - weights (6,738,415,616 params x 2 B) - 2 GiB reserve
+    # ceil(79.15 GiB x 0.9) - weights (6,738,415,616 params x 2 B) - the rotary cos/sin cache vLLM builds with the
+    # model (kvtool.estimate.rope: max_position_embeddings 4,096 x head_dim 128 x 2 B) - 2 GiB reserve
     out = estimate_json(run_cli, "--model", "llama-2-7b", "--gpu", "A100-80GB", "--seq-len", 4096, "--reserve", "2GiB")
     weights = 6_738_415_616 * 2
-    budget = math.ceil(int(79.15 * GIB) * 0.9) - weights - 2 * GIB
+    budget = math.ceil(int(79.15 * GIB) * 0.9) - weights - 4_096 * 128 * 2 - 2 * GIB
     assert out["weights_bytes"] == weights
     assert out["kv_budget_bytes"] == budget
     assert out["num_blocks"] == budget // (16 * 524_288)
@@ -106,9 +107,10 @@ def test_weights_split_across_tp_and_settable_reserve(run_cli):
         4096,
     )
     weights = 68_976_648_192 * 2
-    assert out["weights_bytes_per_gpu"] == weights // 4
+    rope = 4_096 * 128 * 2  # the rotary cos/sin cache, whole on every rank (kvtool.estimate.rope)
+    assert out["weights_bytes_per_gpu"] == weights // 4 + rope
     # the H100 driver reports 79.22 GiB (vLLM's total_gpu_memory, github.com/vllm-project/vllm/pull/12126)
-    assert out["kv_budget_bytes"] == math.ceil(int(79.22 * GIB) * 0.95) - weights // 4 - GIB
+    assert out["kv_budget_bytes"] == math.ceil(int(79.22 * GIB) * 0.95) - weights // 4 - rope - GIB
     # 8 KV heads / 4 GPUs = 2 per GPU: 2 x 80 x 2 x 128 x 2 = 81,920 B per token per GPU
     assert out["bytes_per_token_per_gpu"] == 81_920
     assert out["num_blocks"] == out["kv_budget_bytes"] // (16 * 81_920)

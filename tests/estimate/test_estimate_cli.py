@@ -247,7 +247,8 @@ def test_gpu_memory_utilization_and_reserve_apply_with_a_gpu(run_cli):
             "--json",
         ).stdout
     )
-    assert out["kv_budget_bytes"] == 67_331_904_701
+    # less the rotary cos/sin cache vLLM builds with the model (kvtool.estimate.rope): 4,096 positions x 128 x 2 B
+    assert out["kv_budget_bytes"] == 67_331_904_701 - 4_096 * 128 * 2
     assert not any("gpu-memory-utilization" in d or d.startswith("reserve") for d in out["defaults"])
 
 
@@ -317,8 +318,9 @@ def test_suggestions_say_one_request_not_one_requests(run_cli):
     # vLLM 0.33 (the default; Model Runner V2, whose 0.33 sampler warm-up profiles as V1's): 22.05 GiB x 0.9 -
     # weights 14.96 GiB - reserve (sampler 256 x 128,256 x 14.3 B = 0.44 GiB + two resident hidden copies
     # 2 x 2,048 x 4,096 x 2 B = 0.03 GiB; non-torch 0.25; CUDA graphs 0.84 GiB, a dense model at 512 capture
-    # sizes) = 3.33 GiB = 1,704 blocks of 16 x 128 KiB; one is the null block: 1,703 x 16 = 27,248 tokens
-    assert "--seq-len 27,248 fits 1 request." in out
+    # sizes) - the rotary cos/sin cache (kvtool.estimate.rope: 131,072 x 128 x 2 B = 32 MiB, 16 blocks) = 3.30 GiB =
+    # 1,688 blocks of 16 x 128 KiB; one is the null block: 1,687 x 16 = 26,992 tokens
+    assert "--seq-len 26,992 fits 1 request." in out
 
 
 def test_the_default_screen_is_the_answer_and_verbose_has_the_rest(run_cli, monkeypatch):
@@ -457,7 +459,8 @@ def test_reserve_zero_and_conflicting_budgets(run_cli):
             "--json",
         ).stdout
     )
-    assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2
+    # weights and the rotary cos/sin cache (kvtool.estimate.rope: 4,096 positions x 128 x 2 B)
+    assert out["kv_budget_bytes"] == 24 * 1024**3 - 6_738_415_616 * 2 - 4_096 * 128 * 2
     # --kv-memory on a GPU is vllm serve --kv-cache-memory-bytes: the budget as given; the L4 (under 70 GiB) still
     # sets vllm serve's defaults, max_num_seqs 256 (vllm/engine/arg_utils.py get_batch_defaults)
     on_gpu = json.loads(
