@@ -93,6 +93,9 @@ class EstimateResult:
     # --enable-lora or a GPU budget
     lora_bytes: int | None
     lora_method: str | None
+    # the rotary cos/sin caches per GPU (kvtool.estimate.rope), within weights_bytes_per_gpu: built with the model,
+    # in no checkpoint, and only gathered row by row at run time; None without a GPU budget
+    rotary_cache_bytes_per_gpu: int | None
     reserve_method: str | None
     model_runner: str | None  # the vLLM model runner whose profiling the reserve models (V1, V2; None without)
     max_num_seqs: int | None
@@ -232,6 +235,7 @@ def build_result(
         encoder_method=encoder.method if encoder else None,
         lora_bytes=lora.bytes_per_gpu if lora else None,
         lora_method=lora.method if lora else None,
+        rotary_cache_bytes_per_gpu=plan.planned.rotary_bytes if budget else None,
         reserve_method=reserve.method if reserve else None,
         model_runner=reserve.model_runner if reserve else None,
         max_num_seqs=scheduler.max_num_seqs,

@@ -219,7 +219,8 @@ def resolve_hardware(
         gpu=result.gpu or gpu_text,
         tp=tp,
         kv_dtype=kv_dtype_used,
-        weights_bytes_per_gpu=int(result.weights_bytes_per_gpu or 0),
+        # what a step streams: the weights less the rotary cos/sin cache, of which a step gathers only its positions' rows
+        weights_bytes_per_gpu=int((result.weights_bytes_per_gpu or 0) - (result.rotary_cache_bytes_per_gpu or 0)),
         params_per_gpu=params,
         kv_bytes_per_token_per_gpu=int(result.bytes_per_token_per_gpu),
         num_layers=result.num_layers,
