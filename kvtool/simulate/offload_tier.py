@@ -240,3 +240,104 @@ def parse_offloading_sizes(text: str) -> list[float]:
     if not sizes:
         raise UsageError("no --kv-offloading-size given", where="--kv-offloading-size")
     return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTierSize:
+    """One --kv-offloading-size at one block size, as `kvtool estimate` sizes it."""
+
+    size_gib: float
+    cpu_kv_blocks: int
+    cpu_kv_tokens: int
+    bytes_per_cpu_block: int
+    method: str
+
+
+def size_tiers(
+    sizes_gib: list[float],
+    backend: str,
+    block_size: int,
+    *,
+    model: str | None,
+    config: str | None,
+    kv_budget_bytes: int,
+    tp: int,
+    kv_dtype: str,
+    profile_dirs: tuple[str, ...],
+    vllm_version: str,
+) -> list[CpuTierSize]:
+    """The CPU blocks of each size through `kvtool estimate` (``kvtool.estimate.offload.plan_offload``, one code
+    path); size 0 is no tier.  A model whose KV cache is not one full-attention group is refused: the simulator's
+    prefix cache models full attention only."""
+    from kvtool.estimate.estimator import EstimateRequest, estimate
+
+    out = []
+    for size in sizes_gib:
+        if size == 0:
+            out.append(CpuTierSize(0.0, 0, 0, 0, "no CPU tier"))
+            continue
+        # the GPU tier by its KV budget: the bytes of a CPU block depend on the layout, not on the GPU
+        result = estimate(
+            EstimateRequest(
+                model=model,
+                config=config,
+                kv_memory=str(kv_budget_bytes),
+                block_size=block_size,
+                tp=tp,
+                kv_dtype=kv_dtype,
+                profile_dirs=profile_dirs,
+                vllm_version=vllm_version,
+                kv_offloading_size=size,
+                kv_offloading_backend=backend,
+            )
+        )
+        kinds = {(g.kind, g.window_tokens) for g in result.layer_groups}
+        if kinds != {("full", None)}:
+            raise UsageError(
+                f"kvtool simulates the CPU tier for full-attention models only; {result.model} has "
+                f"{', '.join(sorted(k for k, _ in kinds))} layers",
+                where="--kv-offloading-size",
+            )
+        out.append(
+            CpuTierSize(
+                size,
+                int(result.cpu_kv_blocks or 0),
+                int(result.cpu_kv_tokens or 0),
+                int(result.cpu_kv_bytes_per_block or 0),
+                result.cpu_kv_method or "",
+            )
+        )
+    return out
+
+
+def offload_point(block_size: int, tier_size: CpuTierSize, tier: CpuTier, result, trace, plain, prompts) -> OffloadPoint:
+    """One point of the curve from the serving simulation with the tier (``result``, ``trace``: one pool) and the
+    same simulation without one (``plain``)."""
+    import numpy as np
+
+    run = trace.runs[0]
+    admitted = np.isfinite(np.asarray(run.admit_s, dtype=np.float64))
+    prompt_tokens = int(sum(p.tokens for p, ran in zip(prompts, admitted) if ran))
+    cpu = int(np.maximum(np.asarray(run.num_external_cached_tokens, dtype=np.int64), 0).sum())
+
+    def change(a, b):
+        return None if a is None or b is None else a - b
+
+    return OffloadPoint(
+        block_size=block_size,
+        kv_offloading_size_gib=tier_size.size_gib,
+        cpu_kv_blocks=tier_size.cpu_kv_blocks,
+        cpu_kv_tokens=tier_size.cpu_kv_tokens,
+        bytes_per_cpu_block=tier_size.bytes_per_cpu_block,
+        prompt_tokens=prompt_tokens,
+        gpu_hit_tokens=result.cached_prompt_tokens - cpu,
+        cpu_hit_tokens=cpu,
+        hit_rate=result.cached_prompt_tokens / prompt_tokens if prompt_tokens else 0.0,
+        stored_blocks=tier.stored_blocks,
+        evicted_blocks=tier.evicted_blocks,
+        loaded_blocks=tier.loaded_blocks,
+        ttft_p50_s=result.ttft_p50_s,
+        ttft_p99_s=result.ttft_p99_s,
+        ttft_p50_change_s=change(result.ttft_p50_s, plain.ttft_p50_s),
+        ttft_p99_change_s=change(result.ttft_p99_s, plain.ttft_p99_s),
+    )
