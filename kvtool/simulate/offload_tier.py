@@ -310,7 +310,9 @@ def size_tiers(
     return out
 
 
-def offload_point(block_size: int, tier_size: CpuTierSize, tier: CpuTier, result, trace, plain, prompts) -> OffloadPoint:
+def offload_point(
+    block_size: int, tier_size: CpuTierSize, tier: CpuTier, result, trace, plain, prompts
+) -> OffloadPoint:
     """One point of the curve from the serving simulation with the tier (``result``, ``trace``: one pool) and the
     same simulation without one (``plain``)."""
     import numpy as np

@@ -362,9 +362,7 @@ def run_simulation(
     )
     serve_results, setup, traces, exported, curve = None, None, {}, {}, None
     if options.serve:
-        serve_results, setup, traces, exported, curve = _serve(
-            requests, options, progress, keep_traces, record_events
-        )
+        serve_results, setup, traces, exported, curve = _serve(requests, options, progress, keep_traces, record_events)
     report = SimulateReport(
         source=requests.source,
         requests=requests.count,
