@@ -114,6 +114,9 @@ def simulate(
     slo_ttft_ms: float | None = None,
     export_events: PathLike | None = None,
     block_sizes: Sequence[int] | None = None,
+    kv_offloading_size: float | Sequence[float] | None = None,
+    kv_offloading_backend: str = "native",
+    h2d_bandwidth_gb_s: float | None = None,
 ) -> SimulateResult:
     """Compare KV-cache block sizes against real or sampled request lengths (``kvtool simulate``).
 
@@ -124,7 +127,9 @@ def simulate(
     is its deprecated spelling).  ``max_num_seqs`` and ``max_num_batched_tokens`` default to vllm serve's for the
     GPU, the rule ``kvtool estimate`` states.  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
     simulation of vLLM 0.32's scheduler (prefix cache on by default), ``model``/``config``/``gpu``/``tp``/``kv_dtype``/``vllm_version``
-    and the cost overrides its roofline step time, ``export_events`` writes its events like ``--export-events``.
+    and the cost overrides its roofline step time, ``export_events`` writes its events like ``--export-events``,
+    ``kv_offloading_size`` (GiB, one or a sequence; 0: none) runs it again with vLLM's CPU tier behind the prefix
+    cache: the curve is ``to_dict()["offload_curve"]``.
 
     Returns a :class:`SimulateResult`: ``table`` (one row per block size), ``recommendations``, ``to_dict()``,
     and with ``serve`` the simulated events of each block size through ``events(block_size)``.
@@ -154,6 +159,9 @@ def simulate(
         given = {**locals(), "trace": trace_path, "block_size": ",".join(str(b) for b in sizes)}
         given["gpu_memory"] = None if gpu_memory is None else str(gpu_memory)
         given["profiles"] = tuple(profiles)
+        if kv_offloading_size is not None:
+            offload = (kv_offloading_size,) if isinstance(kv_offloading_size, (int, float)) else kv_offloading_size
+            given["kv_offloading_size"] = ",".join(repr(float(x)) for x in offload)
         given["from_events"] = None if from_events is None else Path(from_events)
         given["export_events"] = None if export_events is None else Path(export_events)
         reqs, options = prepare(inputs_from(given))  # every argument by its option name

@@ -234,6 +234,26 @@ def register(app: typer.Typer) -> None:
             "several; .csv.gz or .parquet by the name).",
             rich_help_panel=_SERVE,
         ),
+        kv_offloading_size: Optional[str] = typer.Option(
+            None,
+            "--kv-offloading-size",
+            metavar="GIB[,GIB...]",
+            help="vLLM's CPU tier (native offloading) behind the prefix cache: a comma list of GiB (0: none) gives "
+            "the hit rate against its size, each size a run of the serving simulation (docs/simulate.md).",
+            rich_help_panel=_SERVE,
+        ),
+        kv_offloading_backend: str = typer.Option(
+            "native",
+            "--kv-offloading-backend",
+            help="vLLM's offloading backend: native (modelled) or lmcache (refused).",
+            rich_help_panel=_SERVE,
+        ),
+        h2d_bandwidth_gb_s: Optional[float] = typer.Option(
+            None,
+            "--h2d-bandwidth-gb-s",
+            help="Host-to-device rate of a CPU-tier load (decimal GB/s; default 50, PCIe 5.0 x16).",
+            rich_help_panel=_SERVE,
+        ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = path_option(
             None,

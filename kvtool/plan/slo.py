@@ -159,7 +159,7 @@ def _simulate(ask: ServingAsk, options, hw, seqs: int, mnbt: int) -> ServingFigu
     from kvtool.simulate.run import serve_requests
     from kvtool.simulate.serving import latency_percentiles
 
-    results, _, traces, _ = serve_requests(ask.requests, options, None, keep_traces=True, hardware=hw)
+    results, _, traces, _, _ = serve_requests(ask.requests, options, None, keep_traces=True, hardware=hw)
     result, trace = results[0], traces[options.block_sizes[0]]
     q = ask.target.percentile
     (ttft_s,) = latency_percentiles(trace.ttft_s, [q])

@@ -60,6 +60,11 @@ class SimulateInputs:
     split_pools: int | None = None  # threshold, tokens
     slo_ttft_ms: float | None = None
     export_events: Path | None = None
+    # vLLM's --kv-offloading-size as a comma list of GiB (0: no CPU tier), its backend, and the host-to-device rate
+    # of a load (decimal GB/s; None: kvtool.simulate.offload_tier.DEFAULT_H2D_GB_S)
+    kv_offloading_size: str | None = None
+    kv_offloading_backend: str = "native"
+    h2d_bandwidth_gb_s: float | None = None
 
 
 def inputs_from(values: Mapping[str, Any]) -> SimulateInputs:
@@ -94,10 +99,13 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
         "--max-num-batched-tokens": i.max_num_batched_tokens,
         "--prefix-variant-share": i.prefix_variant_share or None,
         "--long-prefill-token-threshold": i.long_prefill_token_threshold or None,
+        "--kv-offloading-size": i.kv_offloading_size,
+        "--h2d-bandwidth-gb-s": i.h2d_bandwidth_gb_s,
     }
     _check_options(source, i.shared_prefix, i.max_model_len, i.kv_tokens, i.max_num_seqs, i.serve, serve_only)
     _check_serving(i)
     _check_costs(i)
+    offload_sizes = _check_offloading(i)
     reqs = _load_requests(source)
     options = SimulateOptions(
         block_sizes=parse_block_sizes(i.block_size),
@@ -125,8 +133,41 @@ def prepare(i: SimulateInputs) -> tuple[RequestSet, SimulateOptions]:
         cost=CostOverrides(i.bandwidth_gb_s, i.peak_tflops, i.step_overhead_ms, i.table_entry_us),
         slo_ttft_ms=i.slo_ttft_ms,
         export_events=i.export_events,
+        offload_sizes_gib=tuple(offload_sizes),
+        offload_backend=i.kv_offloading_backend,
+        h2d_bandwidth_gb_s=i.h2d_bandwidth_gb_s,
     )
     return reqs, options
+
+
+def _check_offloading(i: SimulateInputs) -> list[float]:
+    """--kv-offloading-size: the sizes (GiB) of the CPU-tier curve, refused where the simulation does not model
+    the tier (no prefix cache, split pools, LMCache, a release without native offloading)."""
+    from kvtool.estimate.offload import check_offload_options
+    from kvtool.simulate.offload_tier import parse_offloading_sizes
+
+    if i.kv_offloading_size is None:
+        if i.kv_offloading_backend != "native":
+            raise UsageError("--kv-offloading-backend needs --kv-offloading-size", where="--kv-offloading-backend")
+        return []
+    sizes = parse_offloading_sizes(i.kv_offloading_size)
+    if not i.prefix_cache:
+        raise UsageError(
+            "the CPU tier is looked up behind the prefix cache: --kv-offloading-size needs --prefix-cache",
+            where="--kv-offloading-size",
+        )
+    if i.split_pools is not None:
+        raise UsageError("kvtool does not model one CPU tier behind split pools", where="--kv-offloading-size")
+    check_offload_options(None, i.kv_offloading_backend, i.vllm_version)
+    for size in sizes:
+        if size > 0:
+            check_offload_options(size, i.kv_offloading_backend, i.vllm_version)
+    if i.h2d_bandwidth_gb_s is not None and not 0 < i.h2d_bandwidth_gb_s < math.inf:
+        raise UsageError(
+            f"--h2d-bandwidth-gb-s must be a positive number, got {i.h2d_bandwidth_gb_s:g}",
+            where="--h2d-bandwidth-gb-s",
+        )
+    return sizes
 
 
 def _check_costs(i: SimulateInputs) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.format import fmt_num as _num
+from kvtool.simulate.offload_tier import OffloadCurve
 from kvtool.simulate.results import ServeSetup, SimulateReport, _n, _pct, _s
 from kvtool.simulate.serving import ServeResult
 
@@ -20,6 +21,8 @@ def render(report: SimulateReport, console) -> None:
 
     st = report.static
     console.print(f"[bold]kvtool simulate[/bold]: {report.source}")
+    if report.offload_curve is not None:
+        _render_offload_curve(report.offload_curve, console)  # the question asked: the curve first
     _render_recommendations(report, console)  # the answer first; the figures that back it follow
     console.print(
         f"{report.requests:,} requests; final length (prompt + output) mean {st.mean_length_tokens:,.1f}, "
@@ -104,6 +107,40 @@ def render(report: SimulateReport, console) -> None:
         _render_serving(report.serve, report.serve_setup, console)
     for path in report.exported_events.values():
         console.print(f"Events written: {path}")
+
+
+def _render_offload_curve(curve: OffloadCurve, console) -> None:
+    from kvtool.core.render import new_table
+
+    table = new_table(
+        title=f"Prefix hits against the CPU tier's size (--kv-offloading-size, {curve.backend})",
+        title_justify="left",
+    )
+    for col in ("block", "GiB", "CPU blocks", "CPU tokens", "GPU hits", "CPU hits", "hit rate", "TTFT p50 Δ", "p99 Δ"):
+        table.add_column(col, justify="right")
+    for p in curve.points:
+        table.add_row(
+            str(p.block_size),
+            f"{p.kv_offloading_size_gib:g}",
+            f"{p.cpu_kv_blocks:,}",
+            f"{p.cpu_kv_tokens:,}",
+            f"{p.gpu_hit_tokens:,}",
+            f"{p.cpu_hit_tokens:,}",
+            _pct(p.hit_rate),
+            _signed_s(p.ttft_p50_change_s),
+            _signed_s(p.ttft_p99_change_s),
+        )
+    console.print(table)
+    console.print(
+        f"Hits: prompt tokens found at each request's first admission; hit rate: (GPU + CPU hits) / prompt tokens; "
+        f"TTFT p50 and p99 against the simulation without a CPU tier (below). A load takes blocks x bytes / {curve.h2d_gb_s:g} GB/s host-to-device "
+        f"({curve.h2d_from}), added to its step. CPU blocks: {curve.sizing or 'none'}. The tier is vLLM 0.32's LRU "
+        "OffloadingConnector with stores and loads done within their step (docs/simulate.md)."
+    )
+
+
+def _signed_s(x: float | None) -> str:
+    return "-" if x is None else ("+" if x >= 0 else "-") + _s(abs(x))
 
 
 def _render_recommendations(report: SimulateReport, console) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from kvtool.core.format import fmt_pct
 from kvtool.core.jsonable import to_jsonable
 from kvtool.simulate.costs import Hardware
+from kvtool.simulate.offload_tier import OffloadCurve
 from kvtool.simulate.serving import ServeResult
 from kvtool.simulate.static import StaticComparison
 
@@ -51,6 +52,7 @@ class SimulateReport:
     recommendations: list[Recommendation]
     exported_events: dict[int, str]  # block size -> events file written
     kv_tokens_text: str | None = None  # where the KV budget came from ("--kv-tokens", estimate's plan for ...)
+    offload_curve: OffloadCurve | None = None  # --kv-offloading-size: hit rate against the CPU tier's size
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object (without ``plots``): one entry per block size in ``results``, static and serving
@@ -63,7 +65,7 @@ class SimulateReport:
                 row.update({k: v for k, v in to_jsonable(serve[st.block_size]).items() if k != "block_size"})
                 row["exported_events"] = self.exported_events.get(st.block_size)
             results.append(row)
-        return {
+        out = {
             "source": self.source,
             "requests": self.requests,
             "block_sizes": self.block_sizes,
@@ -78,6 +80,9 @@ class SimulateReport:
             "results": results,
             "recommendations": to_jsonable(self.recommendations),
         }
+        if self.offload_curve is not None:
+            out["offload_curve"] = to_jsonable(self.offload_curve)
+        return out
 
 
 def _pct(x: float | None) -> str:

@@ -60,6 +60,9 @@ class SimulateOptions:
     cost: CostOverrides = CostOverrides()
     slo_ttft_ms: float | None = None
     export_events: Path | None = None
+    offload_sizes_gib: tuple[float, ...] = ()  # --kv-offloading-size: the CPU-tier curve's sizes (0: none)
+    offload_backend: str = "native"
+    h2d_bandwidth_gb_s: float | None = None  # None: offload_tier.DEFAULT_H2D_GB_S
 
 
 # The largest KV budget accepted (tokens): a thousand times the pool of a thousand 80 GB GPUs, low enough that
@@ -230,6 +233,7 @@ def serve_requests(
     )
     pools = {b: pool_blocks(hw, b, options.kv_tokens) for b in options.block_sizes}
     refuse_a_pool_without_room(requests, pools, null_block=True, options=options)
+    tiers = _tier_sizes(options, hw) if options.offload_sizes_gib else {}  # refused models before any run
     results, traces, exported = [], {}, {}
     for b in options.block_sizes:
 
@@ -245,6 +249,7 @@ def serve_requests(
         if b in paths:
             write_events(trace, paths[b])
             exported[b] = str(paths[b])
+    curve = _offload_curve(requests, options, tiers, config, pools, prompts, arrivals, results) if tiers else None
     setup = ServeSetup(
         pool_tokens=results[0].pool_tokens if results else 0,
         pool_is_default=options.kv_tokens is None and not _gpu_given(options),
@@ -259,7 +264,49 @@ def serve_requests(
         extras=_extras(options, requests),
         slo_ttft_ms=options.slo_ttft_ms,
     )
-    return results, setup, traces, exported
+    return results, setup, traces, exported, curve
+
+
+def _tier_sizes(options: SimulateOptions, hw) -> dict:
+    """Per block size, the CPU tier of each --kv-offloading-size as `kvtool estimate` sizes it."""
+    from kvtool.simulate.offload_tier import size_tiers
+
+    model = options.model if options.model is not None or options.config is not None else DEFAULT_POOL_MODEL
+    return {
+        b: size_tiers(
+            list(options.offload_sizes_gib),
+            options.offload_backend,
+            b,
+            model=model,
+            config=options.config,
+            kv_budget_bytes=hw.kv_budget_bytes_per_gpu,
+            tp=options.tp,
+            kv_dtype=options.kv_dtype,
+            profile_dirs=options.profile_dirs,
+            vllm_version=options.vllm_version,
+        )
+        for b in options.block_sizes
+    }
+
+
+def _offload_curve(requests, options: SimulateOptions, tiers: dict, config, pools, prompts, arrivals, plain_results):
+    """The serving simulation again per --kv-offloading-size, with the CPU tier behind the prefix cache."""
+    from kvtool.simulate.offload_tier import DEFAULT_H2D_GB_S, CpuTier, OffloadCurve, offload_point
+    from kvtool.simulate.serving import simulate_serving
+
+    h2d = options.h2d_bandwidth_gb_s or DEFAULT_H2D_GB_S
+    h2d_from = "--h2d-bandwidth-gb-s" if options.h2d_bandwidth_gb_s else "default: PCIe 5.0 x16, pinned host memory"
+    points, sizing = [], ""
+    for b, plain in zip(options.block_sizes, plain_results):
+        sizes = tiers[b]
+        sizing = sizing or next((s.method for s in sizes if s.size_gib > 0), "")
+        for size in sizes:
+            tier = CpuTier(size.cpu_kv_blocks, size.bytes_per_cpu_block, h2d * 1e9)
+            result, trace = simulate_serving(
+                prompts, requests.output_tokens, arrivals.times_s, b, config, pools[b], tier=tier
+            )
+            points.append(offload_point(b, size, tier, result, trace, plain, prompts))
+    return OffloadCurve(options.offload_backend, h2d, h2d_from, sizing, points)
 
 
 def refuse_a_pool_without_room(requests, pools: dict[int, int], *, null_block: bool, options: SimulateOptions) -> None:
@@ -326,9 +373,9 @@ def run_simulation(
         max_model_len=options.max_model_len,
         kv_tokens=kv_tokens,
     )
-    serve_results, setup, traces, exported = None, None, {}, {}
+    serve_results, setup, traces, exported, curve = None, None, {}, {}, None
     if options.serve:
-        serve_results, setup, traces, exported = serve_requests(requests, options, progress, keep_traces, record_events)
+        serve_results, setup, traces, exported, curve = serve_requests(requests, options, progress, keep_traces, record_events)
     report = SimulateReport(
         source=requests.source,
         requests=requests.count,
@@ -339,5 +386,6 @@ def run_simulation(
         recommendations=recommend(static, serve_results, options.slo_ttft_ms),
         exported_events=exported,
         kv_tokens_text=None if kv_tokens is None else options.kv_tokens_text or "--kv-tokens",
+        offload_curve=curve,
     )
     return report, traces

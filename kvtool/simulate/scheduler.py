@@ -46,6 +46,7 @@ from typing import NamedTuple, Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
 from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, decode_span
+from kvtool.simulate.offload_tier import CpuTier, own_key
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool, Run
 
 # The engine's own defaults when a test builds one directly.  The commands never rely on them: they take vllm serve's
@@ -142,6 +143,10 @@ class EngineRun:
     # (first step, steps, requests, their computed tokens before the jump); see kvtool.simulate.export.
     event_rows: list[tuple[int, int, int, int, int, int]] | None = None
     event_jumps: list[tuple[int, int, list[int], list[int]]] | None = None
+    # With a CPU tier (kvtool.simulate.offload_tier): per request the CPU hit at the first admission (tokens, part of
+    # num_cached_tokens as vLLM's prefill_stats counts it), and the CPU hits over all admissions
+    num_external_cached_tokens: list[int] | None = None
+    cpu_hit_tokens: int = 0
 
 
 class _DecodeRates(NamedTuple):
@@ -176,6 +181,7 @@ class Engine:
         cost: StepCost | None = None,
         keys: BlockKeys | None = None,
         record_events: bool = False,
+        tier: CpuTier | None = None,
     ):
         n = len(prompts)
         nan = float("nan")
@@ -240,6 +246,9 @@ class Engine:
         self._decode_rates: dict[int, _DecodeRates] = {}
         self.order = [0] * n  # place in the running list: admission count at the request's last admission
         self.admissions = 0
+        self.tier = tier  # the CPU tier of the offloading connector, a second level behind the pool
+        if tier is not None:
+            self.run.num_external_cached_tokens = [-1] * n
 
     # ----------------------------------------------------------------- keys and blocks
     def shared_keys(self, r: int) -> list[int]:
@@ -314,6 +323,29 @@ class Engine:
         if len(hits) < len(sk) or limit <= len(sk):
             return hits, []
         return hits, self.pool.private_hits(r, len(sk), limit)
+
+    def _tier_key(self, r: int):
+        """The CPU tier's key of the request's prompt block i: its chained key, or its own for a private block."""
+        sk = self.shared_keys(r)
+        n = len(sk)
+        return lambda i: sk[i] if i < n else own_key(r, i)
+
+    def _cpu_hit(self, r: int, h: int) -> int:
+        """get_num_new_matched_tokens: the tier's consecutive blocks after the GPU hit of ``h`` blocks (prompt
+        blocks only are ever stored)."""
+        return self.tier.hit(self._tier_key(r), h, self.P[r] // self.b)  # type: ignore[union-attr]
+
+    def _offer_stores(self, scheduled: list[tuple[int, int]]) -> None:
+        """build_connector_meta's stores, before the step's computed tokens advance: each scheduled request's full
+        prompt blocks after the step, then the prompt blocks of the requests that finished in the last step."""
+        tier, c, P, b = self.tier, self.c, self.P, self.b
+        for r, n in scheduled:
+            full = c[r] + n
+            tier.offer(r, self._tier_key(r), (full if full < P[r] else P[r]) // b)  # type: ignore[union-attr]
+        if tier.finished:  # type: ignore[union-attr]
+            for r in tier.finished:  # type: ignore[union-attr]
+                tier.finish(r, self._tier_key(r), P[r] // b)  # type: ignore[union-attr]
+            tier.finished.clear()  # type: ignore[union-attr]
 
     def _release(self, r: int, finished: bool) -> None:
         blocks = self.blocks[r]
@@ -411,8 +443,16 @@ class Engine:
             npriv = sum(j - i for _, i, j in private) if private else 0
             h = len(hits) + npriv
             computed = h * b
+            ext = self._cpu_hit(r, h) if self.tier is not None else 0
             if run.num_preemptions[r] == 0:
-                run.num_cached_tokens[r] = computed  # prefill_stats.set: the hit of the lookup that admits it
+                # prefill_stats.set: the hit of the lookup that admits it (GPU and CPU tier together)
+                run.num_cached_tokens[r] = computed + ext * b
+                if self.tier is not None:
+                    run.num_external_cached_tokens[r] = ext * b  # type: ignore[index]
+            if ext:
+                computed += ext * b
+                if computed >= total:  # _update_waiting_for_remote_kv: the last token is computed for its logits
+                    computed = total - 1
             n = total - computed
             if 0 < lpt < n:
                 n = lpt
@@ -446,7 +486,10 @@ class Engine:
             running.append(r)
             self.order[r] = self.admissions
             self.admissions += 1
-            run.hit_tokens += computed
+            if ext:
+                self.tier.load(r, h, ext)  # type: ignore[union-attr]
+                run.cpu_hit_tokens += ext * b
+            run.hit_tokens += h * b
             run.queried_tokens += total
             if run.admit_step[r] < 0:
                 run.admit_step[r] = self.step
@@ -488,6 +531,8 @@ class Engine:
             if self.rows is not None:
                 self.rows.append((self.step, FREE, r, self.nblocks(r), 0, 1))
             self._release(r, finished=True)
+        if self.tier is not None:
+            self.tier.finished.extend(finished)
         self.finished += len(finished)
         remove = self.running.remove
         for r in finished:
@@ -523,6 +568,9 @@ class Engine:
         pairs = sum(n * (c[r] + (n + 1) / 2) for r, n in scheduled)
         total = sum(n for _, n in scheduled)
         dt = self.cost.time_s(total, len(scheduled), self.entries, pairs) if self.cost else 0.0
+        if self.tier is not None:
+            self._offer_stores(scheduled)
+            dt += self.tier.take_load_s()
         tokens_now = self.tokens_held + total  # the step's tokens are held from its start (analyze's definition)
         self._advance(dt, self.used, self.entries, tokens_now)
         finished = self._update_from_output(scheduled)
@@ -615,6 +663,9 @@ class Engine:
             pairs += k * (c[r] + (k + 1) / 2)
             total += k
         dt = self.cost.time_s(total, n + len(scheduled), self.entries, pairs) if self.cost else 0.0
+        if self.tier is not None:
+            self._offer_stores(scheduled)
+            dt += self.tier.take_load_s()
         self._advance(dt, self.used, self.entries, self.tokens_held + total)
         group.tick += 1
         self.tokens_held += n
@@ -805,6 +856,7 @@ def run_engine(
     progress: Callable[[int], None] | None = None,
     keys: BlockKeys | None = None,
     record_events: bool = False,
+    tier: CpuTier | None = None,
 ) -> EngineRun:
     """Run requests through one simulated engine until all finish (or can never run).
 
@@ -819,7 +871,7 @@ def run_engine(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events)
+        return _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier)
     finally:
         if collecting:
             gc.enable()
@@ -843,10 +895,10 @@ def _fits_alone(config: EngineConfig, prompt_tokens: list[int], max_tokens: list
     return fits
 
 
-def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events) -> EngineRun:
+def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier=None) -> EngineRun:
     n = len(prompts)
     arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
-    engine = Engine(config, prompts, max_tokens, cost, keys, record_events)
+    engine = Engine(config, prompts, max_tokens, cost, keys, record_events, tier)
     order = sorted(range(n), key=arrival.__getitem__)
     nxt = 0
     fits = _fits_alone(config, engine.P, engine.out)

@@ -12,7 +12,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvtool.core.errors import UsageError
 from kvtool.simulate.costs import Hardware, RooflineCost
+from kvtool.simulate.offload_tier import CpuTier
 from kvtool.simulate.scheduler import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
@@ -133,14 +135,18 @@ def simulate_serving(
     config: ServeConfig,
     total_blocks: int,
     progress: Callable[[int], None] | None = None,
+    tier: CpuTier | None = None,
 ) -> tuple[ServeResult, ServeTrace]:
-    """Run every request through the simulated engine(s) at one block size and summarise."""
+    """Run every request through the simulated engine(s) at one block size and summarise; ``tier``: a CPU tier of
+    the offloading connector behind the pool (one pool only)."""
     import numpy as np
 
     out = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
     prompt_len = np.array([p.tokens for p in prompts], dtype=np.int64)
     arrival = np.asarray(arrival_s, dtype=np.float64)
     plans = _plan_pools(prompt_len + out - 1, block_size, total_blocks, config.split_threshold_tokens)
+    if tier is not None and len(plans) > 1:
+        raise UsageError("kvtool does not model one CPU tier behind split pools", where="--kv-offloading-size")
     cost = RooflineCost(config.hardware, block_size)
     runs = []
     for plan in plans:
@@ -163,6 +169,7 @@ def simulate_serving(
                 cost,
                 progress,
                 record_events=config.record_events,
+                tier=tier,
             )
         )
     return _summarise(block_size, total_blocks, plans, runs, prompt_len, out, arrival, config.max_model_len)
