@@ -15,7 +15,8 @@ What a drafter adds to the memory vLLM plans (vLLM 0.20.1 unless a rule below sa
   ``num_speculative_blocks``), counted in the planned concurrency from 0.15.0 (:data:`SPEC_STATE_BLOCKS_RULES`);
 - the drafter's weights are loaded with the target's (gpu_model_runner.py load_model: "Model loading took" covers
   both): an MTP drafter's from the target's config (its layers, and the 2h x h projection of the embedding and the
-  hidden state), a separate drafter's from its own config;
+  hidden state), a separate drafter's from its
+  checkpoint's safetensors headers where its folder has them (:func:`_draft_weights`), else from its own config;
 - ngram, ngram_gpu and suffix keep no KV and no weights.
 
 Full-attention layers need no lookahead blocks in the plan: FullAttentionSpec.max_memory_usage_bytes is
