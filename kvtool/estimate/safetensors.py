@@ -97,6 +97,11 @@ def _tensor_bits(name: str, info: object, file: Path) -> tuple[int, int]:
     return count, count * bits
 
 
+def tensor_bytes(name: str, info: object, file: Path) -> int:
+    """One header entry's bytes (shape x dtype size, rounded up to whole bytes)."""
+    return (_tensor_bits(name, info, file)[1] + 7) // 8
+
+
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

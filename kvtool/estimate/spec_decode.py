@@ -15,7 +15,8 @@ What a drafter adds to the memory vLLM plans (vLLM 0.20.1 unless a rule below sa
   ``num_speculative_blocks``), counted in the planned concurrency from 0.15.0 (:data:`SPEC_STATE_BLOCKS_RULES`);
 - the drafter's weights are loaded with the target's (gpu_model_runner.py load_model: "Model loading took" covers
   both): an MTP drafter's from the target's config (its layers, and the 2h x h projection of the embedding and the
-  hidden state), a separate drafter's from its own config;
+  hidden state), a separate drafter's from its
+  checkpoint's safetensors headers where its folder has them (:func:`_draft_weights`), else from its own config;
 - ngram, ngram_gpu and suffix keep no KV and no weights.
 
 Full-attention layers need no lookahead blocks in the plan: FullAttentionSpec.max_memory_usage_bytes is
@@ -299,16 +300,7 @@ def resolve_spec_decode(
             "vllm/v1/worker/gpu_model_runner.py get_kv_cache_spec (0.20.1): every attention layer of the static "
             "forward context, the drafter's (vllm/v1/spec_decode/eagle.py EagleProposer.load_model) included"
         )
-        from kvtool.estimate.weights import estimate_weights
-
-        found = estimate_weights(draft, vllm_version)
-        if found is not None:
-            weights, weights_method_text = (
-                found.weights_bytes,
-                f"the drafter's {found.method} ({found.num_params:,} parameters)",
-            )
-        else:
-            weights_method_text = "the drafter's config does not size its weights"
+        weights, weights_method_text = _draft_weights(config, draft, vllm_version)
     rules.append(
         "vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size (0.20.1): the draft layers join the "
         "layers of their spec; 'Add %d padding layers, may waste at most %.2f%% KV cache memory' per type"
@@ -327,6 +319,44 @@ def resolve_spec_decode(
         rules=tuple(rules),
     )
     return result, groups
+
+
+# tensors of a drafter checkpoint that vLLM does not load (vllm/model_executor/models/llama_eagle3.py
+# Eagle3LlamaForCausalLM.load_weights, 0.32.0: ``if "t2d" in name: continue``)
+_UNLOADED_DRAFT_TENSORS = ("t2d",)
+
+
+def _draft_weights(config: SpeculativeConfig, draft: ModelSpec, vllm_version: str) -> tuple[int, str]:
+    """A separate drafter's weights: its checkpoint's tensors when the folder holds safetensors, else its config.
+
+    The checkpoint is what the drafter owns: vLLM shares the target's embedding and LM head only where the
+    checkpoint has none (vllm/v1/spec_decode/llm_base_proposer.py load_model, 0.32.0: "Detected EAGLE model
+    without its own lm_head in the checkpoint. Sharing target model lm_head weights with the draft model"), so an
+    EAGLE checkpoint without lm_head adds none, and its ``fc`` (2h or 3h -> h) is counted; the config estimate,
+    a whole causal LM of the drafter's config, counts an LM head and misses ``fc``."""
+    from kvtool.estimate.safetensors import weights_from_dir
+    from kvtool.estimate.weights import estimate_weights
+
+    path = Path(config.model or "").expanduser()
+    folder = path if path.is_dir() else path.parent
+    found_files = weights_from_dir(folder) if folder.is_dir() else None
+    if found_files is not None and found_files.method == "safetensors headers":
+        from kvtool.estimate.safetensors import read_header, tensor_bytes
+
+        skipped = 0
+        for file in found_files.files:
+            for name, info in read_header(Path(file)).items():
+                if name != "__metadata__" and name.rsplit(".", 1)[-1] in _UNLOADED_DRAFT_TENSORS:
+                    skipped += tensor_bytes(name, info, Path(file))
+        return found_files.weights_bytes - skipped, (
+            f"the drafter's safetensors headers ({found_files.num_tensors} tensors"
+            + (f", less {skipped:,} B of t2d vLLM does not load" if skipped else "")
+            + "; the target's embedding / LM head shared where the checkpoint has none)"
+        )
+    found = estimate_weights(draft, vllm_version)
+    if found is None:
+        return 0, "the drafter's config does not size its weights"
+    return found.weights_bytes, f"the drafter's {found.method} ({found.num_params:,} parameters)"
 
 
 def _mtp_weights(spec: ModelSpec, n: int, weights_method: str | None) -> tuple[int, str]:
