@@ -23,6 +23,7 @@ Every constant is shown in the report and can be overridden (``--bandwidth-gb-s`
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.serve_defaults import BatchDefaults
@@ -55,6 +56,10 @@ class Hardware:
     max_num_seqs: int  # vllm serve's default for this GPU (estimate's figure)
     batch_defaults: BatchDefaults  # the rule both came from (kvtool.estimate.serve_defaults), with its reason
     sources: tuple[str, ...]  # one line per constant: value and origin
+    # the model's KV layout per GPU (kvtool.estimate.layout.KvLayout): its layer kinds, from which the serving
+    # simulation forms vLLM's KV-cache groups (kvtool.simulate.grouped.model_groups); None: not known
+    kv_layout: Any = None
+    kv_layer_kinds: tuple[str, ...] = ()  # the model's KV layers' kinds in layer order (vLLM's order of groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +240,21 @@ def resolve_hardware(
         max_num_seqs=int(result.max_num_seqs or 0),
         batch_defaults=serve_batch_defaults(result.gpu_memory_bytes, result.gpu, result.vllm_version),
         sources=tuple(sources),
+        **_kv_layout(model, config, tp, kv_dtype, profile_dirs),
     )
+
+
+def _kv_layout(
+    model: str | None, config: str | None, tp: int, kv_dtype: str, profile_dirs: tuple[str, ...]
+) -> dict[str, Any]:
+    """The model's KV layout, as `kvtool estimate` lays it out (one resolution of the model, one layout rule), and
+    its layers' kinds in order: Hardware's kv_layout and kv_layer_kinds."""
+    from kvtool.estimate.estimator import EstimateRequest
+    from kvtool.estimate.layout import kv_layout
+    from kvtool.estimate.model import resolve_model
+
+    spec = resolve_model(EstimateRequest(model=model, config=config, tp=tp, profile_dirs=profile_dirs)).spec
+    return {"kv_layout": kv_layout(spec, kv_dtype, tp), "kv_layer_kinds": tuple(spec.kv_layer_kinds)}
 
 
 def pool_blocks(hw: Hardware, block_size: int, kv_tokens: int | None = None) -> int:

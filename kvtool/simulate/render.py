@@ -167,6 +167,14 @@ def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> Non
     if setup.scheduler_defaults:
         console.print(f"Scheduler defaults: {'; '.join(setup.scheduler_defaults)}")
     console.print(f"Step time: {setup.cost_text}")
+    if serve and serve[0].group_hit_tokens:
+        console.print(f"KV-cache groups simulated (vLLM 0.32, one pool shared): {'; '.join(serve[0].kv_groups)}")
+        for r in serve:
+            per_group = ", ".join(f"{n:,}" for n in r.group_hit_tokens)
+            console.print(
+                f"Prefix hits at block {r.block_size}: {per_group} tokens per group alone; "
+                f"{r.cached_prompt_tokens:,} agreed by every group (num_cached_tokens)"
+            )
     refused = serve[0].refused_too_long if serve else 0
     if refused:
         console.print(

@@ -231,7 +231,8 @@ def serve_requests(
         split_threshold_tokens=options.split_threshold_tokens,
         record_events=bool(paths) or record_events,
     )
-    pools = {b: pool_blocks(hw, b, options.kv_tokens) for b in options.block_sizes}
+    groups = {b: _model_groups(hw, b, options, mnbt) for b in options.block_sizes}
+    pools = {b: _pool_blocks(hw, b, options.kv_tokens, groups[b]) for b in options.block_sizes}
     refuse_a_pool_without_room(requests, pools, null_block=True, options=options)
     tiers = _tier_sizes(options, hw) if options.offload_sizes_gib else {}  # refused models before any run
     results, traces, exported = [], {}, {}
@@ -242,7 +243,9 @@ def serve_requests(
                 progress(f"serve block {b}", done, requests.count)
 
         blocks = pools[b]
-        result, trace = simulate_serving(prompts, requests.output_tokens, arrivals.times_s, b, config, blocks, step)
+        result, trace = simulate_serving(
+            prompts, requests.output_tokens, arrivals.times_s, b, config, blocks, step, groups=groups[b]
+        )
         results.append(result)
         if keep_traces:
             traces[b] = trace
@@ -307,6 +310,27 @@ def _offload_curve(requests, options: SimulateOptions, tiers: dict, config, pool
             )
             points.append(offload_point(b, size, tier, result, trace, plain, prompts))
     return OffloadCurve(options.offload_backend, h2d, h2d_from, sizing, points)
+
+
+def _model_groups(hw, block_size: int, options: SimulateOptions, max_num_batched_tokens: int):
+    """vLLM's KV-cache groups for the model at this block size (a kind not simulated is refused here).  The cap of
+    sliding / chunked groups counts one batch in flight: the simulated scheduler is the synchronous one."""
+    from kvtool.simulate.grouped import model_groups
+
+    if hw.kv_layout is None:
+        return None
+    max_len = options.max_model_len or (1 << 40)
+    return model_groups(hw.kv_layout, block_size, max_len, max_num_batched_tokens, hw.kv_layer_kinds)
+
+
+def _pool_blocks(hw, block_size: int, kv_tokens: int | None, groups) -> int:
+    """num_gpu_blocks: one full-attention group as :func:`pool_blocks`; several groups share one pool of
+    budget // page // layers per group blocks (vLLM's split, kvtool.estimate.capacity.vllm_groups)."""
+    from kvtool.simulate.costs import pool_blocks
+
+    if groups is None or not groups.specs or kv_tokens is not None:
+        return pool_blocks(hw, block_size, kv_tokens)
+    return groups.num_blocks(hw.kv_budget_bytes_per_gpu)
 
 
 def refuse_a_pool_without_room(requests, pools: dict[int, int], *, null_block: bool, options: SimulateOptions) -> None:

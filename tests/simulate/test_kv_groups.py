@@ -1,0 +1,86 @@
+"""The group kinds of kvtool.simulate.kv_groups against vLLM 0.32's own worked examples (the docstrings of
+vllm/v1/core/single_type_kv_cache_manager.py, /work/vllm-src/0.32.0), and `kvtool simulate --serve` on models whose
+layers it does and does not simulate."""
+
+from __future__ import annotations
+
+import json
+
+from kvtool.estimate.kinds import CHUNKED, SLIDING
+from kvtool.simulate.kv_groups import NULL, ChunkedKind, GroupSpec, SlidingKind
+
+
+def _sliding(window: int, block: int) -> SlidingKind:
+    return SlidingKind(GroupSpec(SLIDING, 1, window, None), block)
+
+
+def _chunked(chunk: int, block: int) -> ChunkedKind:
+    return ChunkedKind(GroupSpec(CHUNKED, 1, chunk, None), block)
+
+
+def test_sliding_skipped_tokens_docstring():
+    # SlidingWindowManager.get_num_skipped_tokens: "sliding_window=4, num_computed_tokens=7 ... == 4"
+    assert _sliding(4, 1).skipped_tokens(7) == 4
+    assert _sliding(4, 1).skipped_tokens(3) == 0
+
+
+def test_sliding_hit_docstring():
+    # find_longest_cache_hit's docstring: block size 4 and sliding window 8 -> ([NULL, NULL, 7, 8]): the run of
+    # cdiv(8 - 1, 4) = 2 cached blocks found from the right, the blocks before it null.
+    cached = [[1], [2], [7], [8], None, None]
+    assert _sliding(8, 4).longest_hit(cached, 24) == [[NULL], [NULL], [7], [8]]
+    # no run of two anywhere: the leading cached run is the hit ("the first num_contiguous_blocks is a cache hit")
+    assert _sliding(8, 4).longest_hit([[5], None, [6], None], 16) == [[5]]
+    # max_length caps the blocks looked at (max_length // block)
+    assert _sliding(8, 4).longest_hit(cached, 11) == [[1], [2]]
+
+
+def test_sliding_cache_mask_keeps_the_replay_boundary_tail():
+    # reachable_block_mask, retention interval 0: the cdiv(window - 1, block) blocks ending at (prompt - 1) // block;
+    # window 64, block 32, a prompt of 301 tokens: boundary 300 -> block 9 -> blocks 7 and 8
+    mask = _sliding(64, 32).cache_mask(0, 12, 301, 0)
+    assert [i for i, keep in enumerate(mask) if keep] == [7, 8]
+    # a shared-prefix junction at 128 tokens adds blocks 2 and 3
+    mask = _sliding(64, 32).cache_mask(0, 12, 301, 128)
+    assert [i for i, keep in enumerate(mask) if keep] == [2, 3, 7, 8]
+
+
+def test_chunked_docstrings():
+    # ChunkedLocalAttentionManager.get_num_skipped_tokens: chunk 8: 13 -> 8, 8 -> 8
+    kind = _chunked(8, 4)
+    assert kind.skipped_tokens(13) == 8 and kind.skipped_tokens(8) == 8
+    # find_longest_cache_hit example 1: chunk 8, block 4, max length 15: blocks 0-1 null, block 3 hit -> 3 entries
+    cached = [None, None, [3], [4]]
+    assert kind.longest_hit(cached, 15) == [[NULL], [NULL], [3]]
+    # ... "otherwise, we return [null, null]"
+    assert kind.longest_hit([None, None, None, None], 15) == [[NULL], [NULL]]
+    # example 2: max length 16: the 4 blocks before the window are null
+    assert kind.longest_hit([None] * 4, 16) == [[NULL]] * 4
+
+
+def test_serve_names_the_groups_and_their_hits(run_cli):
+    """Mistral-7B v0.1 (profiles/models: sliding_window 4096 on every layer) runs as one sliding-window group;
+    Gemma-2-9B (21 sliding + 21 global layers) as two groups of 21 layers, sliding first (layer 0 slides)."""
+    trace = "tests/data/simulate/azure-2023-code-head20.csv"
+    for model, groups in (
+        ("mistral-7b-v0.1", ["sliding window 4096 (32 layers)"]),
+        ("gemma-2-9b", ["sliding window 4096 (21 layers)", "full attention (21 layers)"]),
+    ):
+        res = run_cli("simulate", "--serve", "--model", model, "--gpu", "h100", "--trace", trace, "--json")
+        assert res.exit_code == 0, res.stderr
+        row = json.loads(res.stdout)["results"][0]
+        assert row["kv_groups"] == groups
+        assert len(row["group_hit_tokens"]) == len(groups)
+        assert row["utilization"] is None  # not defined when a group holds only its window
+
+
+def test_serve_refuses_state_layers(run_cli):
+    """Qwen3-Next's Gated DeltaNet layers are Mamba-style state groups: refused, never simulated as attention."""
+    res = run_cli(
+        "simulate", "--serve", "--model", "qwen3-next-80b", "--gpu", "h100", "--tp", "4", "--dist", "fixed",
+        "--length", "100",
+    )  # fmt: skip
+    assert res.exit_code == 2
+    first = res.stderr.strip().splitlines()[0]
+    assert first.startswith("Error: the model has 36 Mamba / linear-attention state layers"), res.stderr
+    assert "Traceback" not in res.stderr
