@@ -9,7 +9,9 @@ state per request, split over tensor-parallel ranks:
   (groups padded up to tp when they do not divide) and temporal ``heads / tp x head_dim x state``;
 - Mamba-1 (Jamba): conv ``intermediate / tp x (kernel - 1)`` and temporal ``intermediate / tp x state``.
 
-Conv states are kept at the model dtype, temporal states at ``mamba_ssm_cache_dtype`` (the model dtype, but float32
+With speculative decoding the conv state keeps ``num_speculative_tokens`` more rows in the model files that pass
+``num_spec`` (kvtool.estimate.spec_decode ``SPEC_CONV_ROWS_RULES``, applied by the estimator; ``MambaState.family``
+names the file).  Conv states are kept at the model dtype, temporal states at ``mamba_ssm_cache_dtype`` (the model dtype, but float32
 for Nemotron-H: ``NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE``).  How vLLM then pages them (the
 attention block size raised so one attention page holds a state, groups, blocks per request) is in
 kvtool/estimate/capacity.py.
