@@ -130,10 +130,14 @@ def with_drafter(
     request: EstimateRequest, model: ResolvedModel, layout: KvLayout
 ) -> tuple[ResolvedModel, KvLayout, SpecDecode]:
     """The model and KV layout with --speculative-config's drafter: its layers in the KV cache, its weights added."""
-    from kvtool.estimate.spec_decode import resolve_spec_decode, with_draft_layers
+    from kvtool.estimate.spec_decode import resolve_spec_decode, with_draft_layers, with_speculative_conv_rows
 
     assert request.speculative_config is not None
     weights = model.weights
+    spec = with_speculative_conv_rows(model.spec, request.speculative_config, request.vllm_version)
+    if spec is not model.spec:  # a larger state page: the layout again from the grown state
+        model = dataclasses.replace(model, spec=spec)
+        layout = kv_layout(spec, request.kv_dtype, request.tp)
     speculative, draft = resolve_spec_decode(
         request.speculative_config,
         model.spec,

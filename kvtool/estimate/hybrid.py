@@ -9,7 +9,9 @@ state per request, split over tensor-parallel ranks:
   (groups padded up to tp when they do not divide) and temporal ``heads / tp x head_dim x state``;
 - Mamba-1 (Jamba): conv ``intermediate / tp x (kernel - 1)`` and temporal ``intermediate / tp x state``.
 
-Conv states are kept at the model dtype, temporal states at ``mamba_ssm_cache_dtype`` (the model dtype, but float32
+With speculative decoding the conv state keeps ``num_speculative_tokens`` more rows in the model files that pass
+``num_spec`` (kvtool.estimate.spec_decode ``SPEC_CONV_ROWS_RULES``, applied by the estimator; ``MambaState.family``
+names the file).  Conv states are kept at the model dtype, temporal states at ``mamba_ssm_cache_dtype`` (the model dtype, but float32
 for Nemotron-H: ``NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE``).  How vLLM then pages them (the
 attention block size raised so one attention page holds a state, groups, blocks per request) is in
 kvtool/estimate/capacity.py.
@@ -37,6 +39,7 @@ class MambaState:
     ssm_bytes: int  # per temporal element (mamba_ssm_cache_dtype)
     groups: int = 0  # Mamba-2 n_groups (padded to tp when they do not divide)
     group_state: int = 0  # Mamba-2 state size per group (in the conv channels)
+    family: str = ""  # the vLLM model file that builds the state (its own rule for speculative conv rows)
 
     def bytes_per_gpu(self, tp: int) -> int:
         """vLLM MambaSpec.page_size_bytes before padding: the state of one request on one GPU."""
@@ -83,7 +86,9 @@ def _qwen3_next(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) 
     # Qwen3.5-style configs ask for a float32 temporal state ("mamba_ssm_dtype": "float32"), which vLLM honours
     ssm_bytes = 4 if cfg.get("mamba_ssm_dtype") == "float32" else dtype_bytes
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
-    state = MambaState("gated_deltanet", kernel - 1, conv_dim, v_heads, (v_dim, k_dim), dtype_bytes, ssm_bytes)
+    state = MambaState(
+        "gated_deltanet", kernel - 1, conv_dim, v_heads, (v_dim, k_dim), dtype_bytes, ssm_bytes, family="qwen3_next"
+    )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Gated DeltaNet layers keep a per-request state (Qwen3-Next)")
 
 
@@ -115,6 +120,7 @@ def _nemotron_h(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) 
     keys["conv"] = "conv_kernel"
     inter = _need(cfg, "mamba_num_heads", where) * _need(cfg, "mamba_head_dim", where)
     state = _mamba2(cfg, where, keys, inter, dtype_bytes, 4)  # float32 SSM state by default for Nemotron-H
+    state = dataclasses.replace(state, family="nemotron_h")
     note = "Mamba-2 layers keep a per-request state (Nemotron-H)"
     return HybridLayout(kinds, state, kinds.count(MAMBA), note, blocks=tuple(pattern))
 
@@ -127,7 +133,7 @@ def _granite(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -> 
     keys = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state", "groups": "mamba_n_groups"}
     keys["conv"] = "mamba_d_conv"
     inter = _need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where)
-    state = _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes)
+    state = dataclasses.replace(_mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="granitemoehybrid")
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Mamba-2 layers keep a per-request state (Granite-4.0-H)")
 
 
@@ -140,7 +146,7 @@ def _falcon_h1(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -
         if isinstance(d_ssm, int) and d_ssm > 0
         else int(_need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where))
     )
-    state = _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes)
+    state = dataclasses.replace(_mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="falcon_h1")
     # every Falcon-H1 layer runs attention and Mamba-2 side by side: L attention layers and L states
     return HybridLayout(("full",) * layers, state, layers, "every layer has attention and a Mamba-2 state (Falcon-H1)")
 

@@ -13,6 +13,9 @@ What a drafter adds to the memory vLLM plans (vLLM 0.20.1 unless a rule below sa
   waste at most X% KV cache memory", vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size);
 - hybrid models' state layers hold ``num_speculative_tokens`` more blocks a request (MambaSpec
   ``num_speculative_blocks``), counted in the planned concurrency from 0.15.0 (:data:`SPEC_STATE_BLOCKS_RULES`);
+- and their conv state keeps ``kernel - 1 + num_speculative_tokens`` rows (vllm/model_executor/layers/mamba/mamba_utils.py
+  ``MambaStateShapeCalculator``, ``num_spec``), in the model files that pass it (:data:`SPEC_CONV_ROWS_RULES`): a
+  larger state page, so a larger attention block ("Setting attention block size to N tokens") and fewer blocks;
 - the drafter's weights are loaded with the target's (gpu_model_runner.py load_model: "Model loading took" covers
   both): an MTP drafter's from the target's config (its layers, and the 2h x h projection of the embedding and the
   hidden state), a separate drafter's from its
@@ -121,6 +124,47 @@ SPEC_STATE_BLOCKS_RULES: tuple[SpecStateBlocksRule, ...] = (
         "speculative_config.num_speculative_tokens",
     ),
 )
+
+
+class SpecConvRowsRule(NamedTuple):
+    """The state families whose conv state holds num_speculative_tokens more rows, for the releases from ``since``."""
+
+    since: str
+    families: frozenset[str]  # kvtool.estimate.hybrid.MambaState.family values
+    source: str
+
+
+SPEC_CONV_ROWS_RULES: tuple[SpecConvRowsRule, ...] = (
+    SpecConvRowsRule("0.10.0", frozenset(), "vllm/model_executor/layers/mamba/mamba_utils.py (0.10.0): no num_spec"),
+    SpecConvRowsRule(
+        "0.10.2",
+        frozenset({"qwen3_next"}),
+        "vllm/model_executor/models/qwen3_next.py get_mamba_state_shape_from_config (0.10.2): "
+        "gated_delta_net_state_shape(..., num_spec) -> conv rows conv_kernel_size - 1 + num_spec",
+    ),
+    SpecConvRowsRule(
+        "0.17.0",
+        frozenset({"qwen3_next", "nemotron_h"}),
+        "vllm/model_executor/models/nemotron_h.py, mamba2.py (0.17.0): mamba2_state_shape(..., "
+        "num_spec=num_speculative_tokens); qwen3_5.py reuses the Gated DeltaNet shape with num_spec",
+    ),
+    SpecConvRowsRule(
+        "0.32.0",
+        frozenset({"qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1"}),
+        "vllm/model_executor/models/granitemoehybrid.py, falcon_h1.py (0.32.0): mamba2_state_shape(..., num_spec)",
+    ),
+)
+
+
+def with_speculative_conv_rows(spec: ModelSpec, text: str | None, vllm_version: str) -> ModelSpec:
+    """The model with its state layers' conv rows grown by num_speculative_tokens, where ``vllm_version``'s model file
+    passes ``num_spec`` (:data:`SPEC_CONV_ROWS_RULES`); unchanged otherwise."""
+    state = spec.mamba_state
+    if not text or state is None or state.family not in pick(SPEC_CONV_ROWS_RULES, vllm_version).families:
+        return spec
+    config = parsed(text)  # ngram and suffix too: the model file reads speculative_config.num_speculative_tokens
+    grown = dataclasses.replace(state, conv_rows=state.conv_rows + config.num_speculative_tokens)
+    return dataclasses.replace(spec, mamba_state=grown)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,12 +65,17 @@ def test_before_0_15_the_plan_counts_no_speculative_state_blocks(run_cli):
 
 def test_ngram_adds_no_kv_layer_but_state_blocks(run_cli):
     # ngram: no drafter model (vllm/v1/spec_decode/ngram_proposer.py); the state layers still get
-    # num_speculative_blocks = num_speculative_tokens (mamba/abstract.py get_kv_cache_spec, 0.20.1): 164 + 3 x (2+4)
+    # num_speculative_blocks = num_speculative_tokens (mamba/abstract.py get_kv_cache_spec, 0.20.1), and their conv
+    # state keeps 3 + 4 rows (qwen3_5.py get_mamba_state_shape_from_config passes num_spec whatever the method):
+    # per GPU at TP 2, 7 x (2 x 16 x 128 + 48 x 128) / 2 x 2 B = 71,680 + 24 x 128 x 128 x 4 B = 1,644,544 B, over
+    # 1,024 B a token = 1606 -> 1664-token blocks (64-aligned); no draft layer, so 16 full + 48 state layers make
+    # groups of 16: 10.98 GiB // (1664 x 1,024 B) // 16 = 432 blocks; a request: cdiv(262144, 1664) = 158 + 3 x (2 + 4) = 176
     out = _qwen36(
         run_cli, "--vllm-version", "0.20.1", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'
     )
     assert out["speculative"]["draft_kv_layers"] == 0
-    assert (out["num_blocks"], out["blocks_per_request"]) == (449, 164 + 3 * 6)
+    assert out["block_size"] == 1664
+    assert (out["num_blocks"], out["blocks_per_request"]) == (432, 158 + 3 * 6)
 
 
 LLAMA = {
@@ -151,3 +156,38 @@ def test_vllm_serve_line_reads_the_json_and_dotted_keys():
     assert json.loads(str(dotted.values()["speculative_config"])) == {"method": "ngram", "num_speculative_tokens": 4}
     short = parse_vllm_serve(["vllm", "serve", "m", "-sc", MTP])
     assert json.loads(str(short.values()["speculative_config"]))["method"] == "mtp"
+
+
+GB10_MTP_CASE = DATA / "gpu-logs" / "qwen3.6-35b-a3b-nvfp4-mtp-gb10-v0.22.1"
+
+
+def _qwen36_35b(run_cli, *args: str) -> dict:
+    base = ["estimate", "--config", str(GB10_MTP_CASE), "--seq-len", "262144", "--kv-dtype", "fp8"]
+    base += ["--kv-memory", "74.76GiB", "--enable-prefix-caching", "--json"]
+    result = run_cli(*base, *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_state_conv_keeps_the_speculative_rows_and_so_the_attention_block_grows(run_cli):
+    # by hand (vllm/model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape (0.22.1), num_spec from
+    # qwen3_next.py get_mamba_state_shape_from_config): Qwen3.6-35B-A3B's Gated DeltaNet state is a conv of
+    # (4 - 1 + 2) rows x (2 x 16 x 128 + 32 x 128 = 8,192) bf16 = 81,920 B and a float32 temporal state of
+    # 32 x 128 x 128 x 4 = 2,097,152 B: 2,179,072 B, exactly one fp8 attention page of 2,179,072 / (2 x 2 x 256) = 2128
+    # tokens, the block the GB10 log prints ("Setting attention block size to 2128 tokens"); without the 2 rows
+    # 2,146,304 B = 2096 tokens
+    out = _qwen36_35b(run_cli, "--vllm-version", "0.22.1", "--speculative-config", MTP.replace("3", "2"))
+    assert out["block_size"] == 2128
+    assert _qwen36_35b(run_cli, "--vllm-version", "0.22.1")["block_size"] == 2096
+
+
+def test_conv_rows_rule_by_release_and_model_file():
+    from kvtool.estimate.spec_decode import SPEC_CONV_ROWS_RULES
+
+    # qwen3_next.py passes num_spec from its first release (0.10.2); nemotron_h.py / mamba2.py from 0.17.0 (absent in
+    # 0.16.0); granitemoehybrid.py and falcon_h1.py from 0.32.0 (absent in 0.31.0)
+    assert not pick(SPEC_CONV_ROWS_RULES, "0.10.1").families
+    assert pick(SPEC_CONV_ROWS_RULES, "0.16.0").families == {"qwen3_next"}
+    assert "nemotron_h" in pick(SPEC_CONV_ROWS_RULES, "0.17.0").families
+    assert "granitemoehybrid" not in pick(SPEC_CONV_ROWS_RULES, "0.31.0").families
+    assert "falcon_h1" in pick(SPEC_CONV_ROWS_RULES, "0.32.0").families
