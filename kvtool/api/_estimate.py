@@ -57,6 +57,7 @@ def estimate(
     model_runner: str = "auto",
     kv_offloading_size: float | None = None,
     kv_offloading_backend: str = "native",
+    lmcache_chunk_size: int | None = None,
     limit_mm_per_prompt: str | None = None,
     mm_encoder_tp_mode: str | None = None,
     speculative_config: str | None = None,
@@ -79,7 +80,8 @@ def estimate(
     ``non_torch_memory``, ``cudagraph_memory``) take ``"80GiB"``, ``"10GB"`` or a number of bytes.
     ``vllm_version`` picks the release whose rules apply (0.10.0-0.33.0, default the newest), ``model_runner``
     the model runner (``auto``: that release's default for the model) and ``async_scheduling`` None its default;
-    ``kv_offloading_size`` (GiB) and ``kv_offloading_backend`` size a CPU tier as vLLM's ``--kv-offloading-size``;
+    ``kv_offloading_size`` (GiB), ``kv_offloading_backend`` and ``lmcache_chunk_size`` (LMCache's chunk_size) size a
+    CPU tier as vLLM's ``--kv-offloading-size``;
     ``limit_mm_per_prompt``, ``mm_encoder_tp_mode``, ``speculative_config`` and ``kv_transfer_config`` take vLLM's
     JSON and values; ``prompt_len``, ``transfers_in_flight``, ``ttft_budget_ms`` and ``prefill_ms`` size a
     prefill-to-decode handoff; ``enable_lora``, ``max_loras``, ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA

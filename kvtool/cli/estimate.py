@@ -236,12 +236,22 @@ KvOffloadingSizeOpt = Annotated[
     typer.Option(
         "--kv-offloading-size",
         help="As vLLM's: GiB of CPU memory for offloaded KV blocks, all TP ranks together (vLLM 0.14.0 on, native "
-        "backend); adds the CPU tier's blocks and tokens.",
+        "backend; 0.11.1-0.22.1, lmcache); adds the CPU tier's blocks (LMCache's chunks) and tokens.",
     ),
 ]
 KvOffloadingBackendOpt = Annotated[
     str,
-    typer.Option("--kv-offloading-backend", help="As vLLM's: native (vLLM's OffloadingConnector) or lmcache."),
+    typer.Option(
+        "--kv-offloading-backend",
+        help="As vLLM's: native (vLLM's OffloadingConnector) or lmcache (LMCacheConnectorV1's local CPU backend).",
+    ),
+]
+LmcacheChunkSizeOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--lmcache-chunk-size",
+        help="LMCache's chunk_size (LMCACHE_CHUNK_SIZE): tokens per CPU chunk of the lmcache backend [default: 256].",
+    ),
 ]
 # prefill/decode disaggregation (vLLM's --kv-transfer-config; kvtool.estimate.disagg)
 KvTransferConfigOpt = Annotated[
@@ -343,6 +353,7 @@ def estimate_command(
     model_runner: ModelRunnerOpt = "auto",
     kv_offloading_size: KvOffloadingSizeOpt = None,
     kv_offloading_backend: KvOffloadingBackendOpt = "native",
+    lmcache_chunk_size: LmcacheChunkSizeOpt = None,
     speculative_config: SpeculativeConfigOpt = None,
     kv_transfer_config: KvTransferConfigOpt = None,
     prompt_len: PromptLenOpt = None,

@@ -95,6 +95,8 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             request.tp,
             request.pp,
             request.vllm_version,
+            layout=layout,
+            lmcache_chunk_size=request.lmcache_chunk_size,
         )
     disagg = None
     if wants_disagg(request):

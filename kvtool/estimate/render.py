@@ -146,7 +146,8 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
     if r.cpu_kv_blocks is not None and r.cpu_kv_tokens is not None:
         table.add_row(
             f"CPU tier (--kv-offloading-size {r.kv_offloading_size_gib:g} GiB, {r.kv_offloading_backend})",
-            f"{r.cpu_kv_blocks:,} blocks of {r.block_size} tokens = {r.cpu_kv_tokens:,} tokens "
+            f"{r.cpu_kv_blocks:,} {'chunks' if r.kv_offloading_backend == 'lmcache' else 'blocks'} of "
+            f"{r.cpu_kv_tokens_per_block} tokens ({_n(r.cpu_kv_bytes_per_block):,} B each) = {r.cpu_kv_tokens:,} tokens "
             f"(GPU + CPU: {_n(r.kv_cache_tokens) + r.cpu_kv_tokens:,} tokens)",
         )
         if verbose:

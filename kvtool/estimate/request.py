@@ -60,6 +60,8 @@ class EstimateRequest:
     # vLLM's --kv-offloading-size (GiB, all ranks together; None: no CPU tier) and --kv-offloading-backend
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
+    # LMCache's chunk_size (lmcache.chunk_size / LMCACHE_CHUNK_SIZE) for the lmcache backend; None: LMCache's 256
+    lmcache_chunk_size: int | None = None
     # vLLM's --speculative-config, the JSON as given (kvtool.estimate.spec_decode reads it); None: no drafter
     speculative_config: str | None = None
     # prefill/decode disaggregation (kvtool.estimate.disagg): vLLM's --kv-transfer-config JSON as given, the prompt
@@ -114,10 +116,22 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
                 where="--speculative-config",
             )
     release = resolve_vllm_version(request.vllm_version)
-    if request.kv_offloading_size is not None or request.kv_offloading_backend != "native":
-        from kvtool.estimate.offload import check_offload_options
+    if (
+        request.kv_offloading_size is not None
+        or request.kv_offloading_backend != "native"
+        or request.lmcache_chunk_size is not None
+    ):
+        from kvtool.estimate.offload import check_lmcache_chunk_size, check_offload_options
 
         check_offload_options(request.kv_offloading_size, request.kv_offloading_backend, release)
+        check_lmcache_chunk_size(request.lmcache_chunk_size, request.kv_offloading_backend)
+        if request.kv_offloading_backend == "lmcache" and request.speculative_config is not None:
+            # LMCache adds the drafter's layers to each chunk (lmcache/integration/vllm/utils.py calculate_draft_layers)
+            raise UsageError(
+                "kvtool does not model LMCache's CPU tier with --speculative-config (LMCache stores the drafter's "
+                "layers in each chunk)",
+                where="--kv-offloading-backend",
+            )
     if wants_disagg(request):
         from kvtool.estimate.disagg import check_disagg_options, parse_transfer_config
 

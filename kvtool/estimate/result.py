@@ -131,6 +131,7 @@ class EstimateResult:
     cpu_kv_blocks: int | None = None
     cpu_kv_tokens: int | None = None
     cpu_kv_method: str | None = None
+    cpu_kv_tokens_per_block: int | None = None  # vLLM's block_size (native) or LMCache's chunk_size (lmcache)
     # --speculative-config's drafter: its KV layers, state blocks and weights (None without one)
     speculative: SpecDecode | None = None
     # vLLM's "Add N padding layers, may waste at most X% KV cache memory" lines (empty when none; null without budget)
@@ -272,6 +273,7 @@ def build_result(
         cpu_kv_blocks=offload.cpu_kv_blocks if offload else None,
         cpu_kv_tokens=offload.cpu_kv_tokens if offload else None,
         cpu_kv_method=offload.method if offload else None,
+        cpu_kv_tokens_per_block=offload.tokens_per_cpu_block if offload else None,
         speculative=speculative,
         padding_log_lines=capacity.padding_log_lines if capacity else (),
         kv_connector=disagg.kv_connector if disagg else None,
