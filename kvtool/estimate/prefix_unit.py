@@ -128,6 +128,7 @@ ATTENTION_BLOCK_RULES: tuple[AttentionBlockRule, ...] = (
     ),
 )
 
+
 class HashBlockRule(NamedTuple):
     """How many tokens one block hash covers (vLLM's ``hash_block_size``) when groups' blocks differ."""
 
@@ -249,8 +250,9 @@ def prefix_unit(
     states = [g for g in layout.groups if g.kind == MAMBA]
     attention = [g for g in layout.groups if g.kind != MAMBA]
     if states and attention:
-        return _hybrid(spec, layout, block_size, prefix_caching, max_model_len, vllm_version, mamba_cache_mode,
-                       mamba_block_size)
+        return _hybrid(
+            spec, layout, block_size, prefix_caching, max_model_len, vllm_version, mamba_cache_mode, mamba_block_size
+        )
     pages = unify_pages(layout, block_size)
     groups = tuple(
         CacheGroupBlock(g.kind, g.num_layers, p.block_size) for g, p in zip(layout.groups, pages, strict=True)
@@ -336,9 +338,7 @@ def _hybrid(spec, layout, block_size, prefix_caching, max_model_len, version, mo
     attn, mamba = attention_block_size(state, token, block_size, mode=mode, chunk_tokens=chunk, vllm_version=version)
     pages = unify_pages(layout, attn)
     groups = tuple(
-        CacheGroupBlock(
-            g.kind, g.num_layers, (mamba or (max_model_len or 0)) if g.kind == MAMBA else p.block_size
-        )
+        CacheGroupBlock(g.kind, g.num_layers, (mamba or (max_model_len or 0)) if g.kind == MAMBA else p.block_size)
         for g, p in zip(layout.groups, pages, strict=True)
     )
     if why is not None:
