@@ -25,109 +25,28 @@ from typing import NamedTuple
 
 from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE, unify_pages
 from kvtool.estimate.hf_config import ModelSpec
+from kvtool.estimate.hybrid_block import (
+    ATTENTION_BLOCK_RULES,
+    HYBRID_PREFIX_RULES,
+    KERNEL_BLOCK_ALIGNMENT,
+    attention_block_size,
+    hybrid_blocks,
+    hybrid_prefix_rule,
+    is_hybrid,
+)
 from kvtool.estimate.kinds import MAMBA
 from kvtool.estimate.layout import KvLayout
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
-# vLLM's SupportsMambaPrefixCaching models among those kvtool reads (vllm/model_executor/models/{nemotron_h,
-# granitemoehybrid,falcon_h1,jamba}.py, 0.11.1-0.33.0); Qwen3-Next / Qwen3.5 (Gated DeltaNet) lack it
-MAMBA_PREFIX_CACHING_MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1", "jamba"})
-KERNEL_BLOCK_ALIGNMENT = 16  # FlashAttention's smallest kernel block (MultipleOf(16)); the hybrid block's step
-
-
-class HybridPrefixRule(NamedTuple):
-    """Whether a hybrid model caches prefixes in a release, and in which mamba_cache_mode by default."""
-
-    since: str
-    # "refused": vLLM will not start with prefix caching on; "off": it turns prefix caching off; "supported": on for
-    # SupportsMambaPrefixCaching models only; "modes": --mamba-cache-mode picks (modes below)
-    policy: str
-    modes: tuple[str, ...]  # the --mamba-cache-mode values the release takes (() before 0.15.0)
-    default_supported: str  # the mode with prefix caching for SupportsMambaPrefixCaching models
-    default_other: str  # the mode for the others ("none": prefix caching turned off)
-    source: str
-
-
-HYBRID_PREFIX_RULES: tuple[HybridPrefixRule, ...] = (
-    HybridPrefixRule(
-        "0.10.0",
-        "refused",
-        (),
-        "none",
-        "none",
-        "vllm/v1/worker/gpu_model_runner.py get_kv_cache_spec (0.10.0-0.10.1.1): raise NotImplementedError("
-        "'Prefix caching is not supported for Mamba yet.')",
-    ),
-    HybridPrefixRule(
-        "0.10.2",
-        "off",
-        (),
-        "none",
-        "none",
-        "vllm/model_executor/models/config.py MambaModelConfig.verify_and_update_config (0.10.2-0.11.0): "
-        "cache_config.enable_prefix_caching = False ('Hybrid or mamba-based model detected: disabling prefix caching')",
-    ),
-    HybridPrefixRule(
-        "0.11.1",
-        "supported",
-        (),
-        "all",
-        "none",
-        "vllm/model_executor/models/config.py MambaModelConfig.verify_and_update_config (0.11.1-0.14.1): kept if "
-        "model_config.supports_mamba_prefix_caching, else enable_prefix_caching = False; "
-        "HybridAttentionMambaModelConfig.verify_and_update_config: attn_block_size = chunk_size x "
-        "cdiv(cdiv(mamba_page_size, attn_page_size_1_token), chunk_size), chunk_size = lcm(mamba_block_size or "
-        "get_mamba_chunk_size(), 16); mamba_block_size = attn_block_size (the mode 0.15.0 names 'all')",
-    ),
-    HybridPrefixRule(
-        "0.15.0",
-        "modes",
-        ("all", "align", "none"),
-        "all",
-        "align",
-        "vllm/model_executor/models/config.py MambaModelConfig.verify_and_update_config (0.15.0-0.31.0): "
-        "mamba_cache_mode = 'all' if model_config.supports_mamba_prefix_caching else 'align'; 'align': "
-        "mamba_block_size = cache_config.block_size (HybridAttentionMambaModelConfig, from 0.20.0 "
-        "vllm/platforms/interface.py Platform._align_hybrid_block_size)",
-    ),
-    HybridPrefixRule(
-        "0.32.0",
-        "modes",
-        ("align", "none"),
-        "align",
-        "align",
-        "vllm/config/cache.py MambaCacheMode = Literal['align', 'none'] (0.32.0-0.33.0); "
-        "vllm/model_executor/models/config.py MambaModelConfig.verify_and_update_config: 'none' -> 'align' with "
-        "prefix caching; vllm/platforms/interface.py Platform._align_hybrid_block_size: mamba_block_size = block_size",
-    ),
-)
-
-
-class AttentionBlockRule(NamedTuple):
-    """The step the hybrid attention block is a multiple of (``kernel_block_alignment_size``)."""
-
-    since: str
-    step_from_block_size: bool  # True: max(16, --block-size); False: 16 whatever --block-size says
-    source: str
-
-
-ATTENTION_BLOCK_RULES: tuple[AttentionBlockRule, ...] = (
-    AttentionBlockRule(
-        "0.10.0",
-        False,
-        "vllm/model_executor/models/config.py HybridAttentionMambaModelConfig.verify_and_update_config "
-        "(0.10.0-0.19.1): kernel_block_alignment_size = 16; attn_block_size = 16 x cdiv(mamba_page_size, "
-        "16 x attn_page_size_1_token); block_size raised to it when smaller",
-    ),
-    AttentionBlockRule(
-        "0.20.0",
-        True,
-        "vllm/platforms/interface.py Platform._align_hybrid_block_size (0.20.0-0.33.0): "
-        "kernel_block_alignment_size = max(min(backend kernel block sizes), cache_config.block_size); "
-        "attn_block_size = alignment x cdiv(mamba_page_size, alignment x attn_page_size_1_token)",
-    ),
-)
-
+__all__ = [
+    "ATTENTION_BLOCK_RULES",
+    "HYBRID_PREFIX_RULES",
+    "CacheGroupBlock",
+    "PrefixUnit",
+    "attention_block_size",
+    "prefix_unit",
+    "prefix_unit_with_what_ifs",
+]
 
 class HashBlockRule(NamedTuple):
     """How many tokens one block hash covers (vLLM's ``hash_block_size``) when groups' blocks differ."""
@@ -202,43 +121,12 @@ class PrefixUnit:
     what_if: tuple[str, ...] = ()
 
 
-def hybrid_prefix_rule(vllm_version: str) -> HybridPrefixRule:
-    return pick(HYBRID_PREFIX_RULES, vllm_version)
-
-
-def attention_block_size(
-    state_bytes: int,
-    token_bytes: int,
-    block_size: int,
-    *,
-    mode: str,
-    chunk_tokens: int | None,
-    vllm_version: str = NEWEST_RELEASE,
-) -> tuple[int, int]:
-    """(attention block, Mamba block) vLLM picks for a hybrid model whose state takes ``state_bytes`` and whose
-    attention layer takes ``token_bytes`` per token (one GPU), for ``--block-size`` ``block_size`` and a
-    mamba_cache_mode; ``chunk_tokens``: --mamba-block-size, else the model's Mamba chunk ("all" mode only).
-
-    The Mamba block of "none" is returned as 0 (vLLM sets it to max_model_len, which the caller knows)."""
-    rule = pick(ATTENTION_BLOCK_RULES, vllm_version)
-    step = max(KERNEL_BLOCK_ALIGNMENT, block_size) if rule.step_from_block_size else KERNEL_BLOCK_ALIGNMENT
-    if mode == "all":
-        if chunk_tokens is None:
-            raise ValueError("mamba_cache_mode 'all' needs the model's Mamba chunk size")
-        chunk = math.lcm(chunk_tokens, step)
-        attn = chunk * _cdiv(_cdiv(state_bytes, token_bytes), chunk)
-        return max(block_size, attn), attn
-    attn = step * _cdiv(state_bytes, step * token_bytes)
-    block = max(block_size, attn)
-    return block, (block if mode == "align" else 0)
-
-
 def prefix_unit(
     spec: ModelSpec,
     layout: KvLayout,
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    prefix_caching: bool = True,
+    prefix_caching: bool | None = None,
     max_model_len: int | None = None,
     vllm_version: str = NEWEST_RELEASE,
     mamba_cache_mode: str | None = None,
@@ -246,10 +134,8 @@ def prefix_unit(
 ) -> PrefixUnit:
     """The prefix-cache unit of ``spec`` as vLLM ``vllm_version`` runs it with these settings (vLLM's option names:
     ``--block-size``, ``--enable-prefix-caching``, ``--mamba-cache-mode``, ``--mamba-block-size``; None: the
-    release's default)."""
-    states = [g for g in layout.groups if g.kind == MAMBA]
-    attention = [g for g in layout.groups if g.kind != MAMBA]
-    if states and attention:
+    release's default, for prefix caching: on, but opt-in for hybrid models in 0.11.1-0.27.1)."""
+    if is_hybrid(layout):
         return _hybrid(
             spec, layout, block_size, prefix_caching, max_model_len, vllm_version, mamba_cache_mode, mamba_block_size
         )
@@ -257,7 +143,7 @@ def prefix_unit(
     groups = tuple(
         CacheGroupBlock(g.kind, g.num_layers, p.block_size) for g, p in zip(layout.groups, pages, strict=True)
     )
-    if not prefix_caching:
+    if prefix_caching is False:
         return _off(vllm_version, None, block_size, groups, "--no-enable-prefix-caching", HIT_UNIT_SOURCE)
     unit = math.lcm(*(g.block_size_tokens for g in groups))
     kinds = ", ".join(f"{g.kind} {g.block_size_tokens}" for g in groups)
@@ -270,16 +156,19 @@ def prefix_unit(
 
 
 def prefix_unit_with_what_ifs(spec: ModelSpec, layout: KvLayout, **settings) -> PrefixUnit:
-    """:func:`prefix_unit` with ``what_if``: the unit under the other --mamba-cache-mode values of the release, a
-    --block-size of twice the attention block (or 16 for a larger one) and --no-enable-prefix-caching."""
+    """:func:`prefix_unit` with ``what_if``: for a hybrid, the unit with --enable-prefix-caching where the release
+    keeps it opt-in and under the release's other --mamba-cache-mode values (and a halved --mamba-block-size in
+    'all' mode); for every model, a --block-size of twice the attention block (or 16 for a larger one)."""
     base = prefix_unit(spec, layout, **settings)
     version = base.vllm_version
     tries: list[tuple[str, dict]] = []
-    hybrid = base.mamba_cache_mode is not None
-    if hybrid:
+    if base.mamba_cache_mode is not None:
+        on = {"prefix_caching": True}
+        if not base.prefix_caching and settings.get("prefix_caching") is None:
+            tries.append(("--enable-prefix-caching", on))  # the release keeps it opt-in for hybrids
         for mode in hybrid_prefix_rule(version).modes:
-            if mode != base.mamba_cache_mode:
-                tries.append((f"--mamba-cache-mode {mode}", {"mamba_cache_mode": mode}))
+            if mode != base.mamba_cache_mode and mode != "none":  # with prefix caching vLLM reads 'none' as unset
+                tries.append((f"--enable-prefix-caching --mamba-cache-mode {mode}", {**on, "mamba_cache_mode": mode}))
         if base.mamba_cache_mode == "all" and spec.mamba_chunk_size:
             half = max(KERNEL_BLOCK_ALIGNMENT, spec.mamba_chunk_size // 2)
             tries.append((f"--mamba-block-size {half}", {"mamba_block_size": half}))
@@ -302,57 +191,37 @@ def prefix_unit_with_what_ifs(spec: ModelSpec, layout: KvLayout, **settings) -> 
 
 
 def _hybrid(spec, layout, block_size, prefix_caching, max_model_len, version, mode, mamba_block_size) -> PrefixUnit:
-    rule = hybrid_prefix_rule(version)
-    supported = spec.model_type in MAMBA_PREFIX_CACHING_MODEL_TYPES
-    state = max(g.state_bytes_per_request for g in layout.groups if g.kind == MAMBA)
-    token = math.ceil(next(g for g in layout.groups if g.kind != MAMBA).bytes_per_token_per_layer)
-    source = f"{rule.source}; {pick(ATTENTION_BLOCK_RULES, version).source}; {HIT_UNIT_SOURCE}"
-    why = None
-    if not prefix_caching:
-        why, mode = "--no-enable-prefix-caching", "none"
-    elif rule.policy == "refused":
-        why, mode = (
-            f"vLLM {version} refuses to start a Mamba model with prefix caching (NotImplementedError); "
-            "it runs only with --no-enable-prefix-caching",
-            "none",
-        )
-    elif rule.policy == "off":
-        why, mode = f"vLLM {version} turns prefix caching off for hybrid and Mamba models", "none"
-    elif rule.policy == "supported" and not supported:
-        why, mode = (
-            f"vLLM {version} turns prefix caching off for {spec.model_type} (no SupportsMambaPrefixCaching; "
-            "Mamba prefix caching for it comes with 'align' mode in 0.15.0)",
-            "none",
-        )
-    else:
-        if mode is None or rule.policy == "supported":
-            mode = rule.default_supported if supported else rule.default_other
-        elif mode == "all" and not supported:
-            mode = "align"  # 0.15.0-0.31.0: "falling back to 'align' mode"
-        if mode == "none":
-            why = "--mamba-cache-mode none turns Mamba prefix caching off"
-    chunk = mamba_block_size or spec.mamba_chunk_size
-    if mode == "all" and chunk is None:
-        mode = "align"  # kvtool cannot size 'all' without the chunk; said in the rule
-        source += "; the config gives no mamba_chunk_size / chunk_size, so kvtool sizes 'align'"
-    attn, mamba = attention_block_size(state, token, block_size, mode=mode, chunk_tokens=chunk, vllm_version=version)
+    hb = hybrid_blocks(
+        spec,
+        layout,
+        block_size,
+        prefix_caching=prefix_caching,
+        vllm_version=version,
+        mamba_cache_mode=mode,
+        mamba_block_size=mamba_block_size,
+    )
+    assert hb is not None
+    attn, mamba, mode = hb.attention_block_size, hb.mamba_block_size, hb.mamba_cache_mode
+    source = f"{hb.source}; {HIT_UNIT_SOURCE}"
     pages = unify_pages(layout, attn)
     groups = tuple(
         CacheGroupBlock(g.kind, g.num_layers, (mamba or (max_model_len or 0)) if g.kind == MAMBA else p.block_size)
         for g, p in zip(layout.groups, pages, strict=True)
     )
-    if why is not None:
-        return _off(version, mode, attn, groups, why, source)
+    if hb.why_off is not None:
+        return _off(version, mode, attn, groups, hb.why_off, source)
     unit = math.lcm(*(g.block_size_tokens for g in groups))
-    how = (
-        f"a multiple of lcm({chunk}, {max(KERNEL_BLOCK_ALIGNMENT, block_size)}) tokens"
-        if mode == "all"
-        else f"a multiple of {KERNEL_BLOCK_ALIGNMENT if not pick(ATTENTION_BLOCK_RULES, version).step_from_block_size else max(KERNEL_BLOCK_ALIGNMENT, block_size)} tokens"
+    step = (
+        max(KERNEL_BLOCK_ALIGNMENT, block_size)
+        if pick(ATTENTION_BLOCK_RULES, version).step_from_block_size
+        else KERNEL_BLOCK_ALIGNMENT
     )
+    how = f"a multiple of lcm({hb.chunk_tokens}, {step}) tokens" if mode == "all" else f"a multiple of {step} tokens"
     text = (
-        f"mamba_cache_mode '{mode}': attention blocks of {attn} tokens ({how} whose page of {token:,} B per token "
-        f"holds the {state:,} B state), Mamba blocks of {mamba}; hits are multiples of {unit} tokens and cover at "
-        f"most the prompt's length - 1, so a prompt needs at least {unit + 1} tokens sharing its first {unit}"
+        f"mamba_cache_mode '{mode}': attention blocks of {attn} tokens ({how} whose page of {hb.token_bytes:,} B per "
+        f"token holds the {hb.state_bytes:,} B state), Mamba blocks of {mamba}; hits are multiples of {unit} tokens "
+        f"and cover at most the prompt's length - 1, so a prompt needs at least {unit + 1} tokens sharing its first "
+        f"{unit}"
     )
     if mode == "align":
         text += " (an earlier prompt leaves its state only at its last block boundary before its end)"

@@ -287,6 +287,8 @@ def build_result(
             prefix_caching=request.prefix_caching,
             max_model_len=seq_len,
             vllm_version=request.vllm_version,
+            mamba_cache_mode=request.mamba_cache_mode,
+            mamba_block_size=request.mamba_block_size,
         ),
     )
 

@@ -9,7 +9,8 @@ import pytest
 
 from kvtool.estimate.layout import kv_layout
 from kvtool.estimate.model import resolve_model
-from kvtool.estimate.prefix_unit import attention_block_size, prefix_unit
+from kvtool.estimate.hybrid_block import attention_block_size
+from kvtool.estimate.prefix_unit import prefix_unit
 from kvtool.estimate.request import EstimateRequest, check_request
 
 DATA = "tests/data/estimate"
@@ -57,13 +58,44 @@ def test_hybrid_align_mode_by_hand():
 
 
 def test_hybrid_all_mode_by_hand():
-    # 'all' (0.15.0-0.31.0 default for SupportsMambaPrefixCaching models such as NemotronH): chunk_size 128 from the
-    # config, lcm(128, 16) = 128, 128 x cdiv(2,084, 128) = 128 x 17 = 2,176 (HybridAttentionMambaModelConfig /
-    # Platform._align_hybrid_block_size); --mamba-block-size 64 replaces the chunk: 64 x cdiv(2,084, 64) = 2,112
-    u = _unit("nemotron-3-nano-30b-a3b", "0.27.1")
+    # 'all' (0.15.0-0.31.0 mode with prefix caching for SupportsMambaPrefixCaching models such as NemotronH):
+    # chunk_size 128 from the config, lcm(128, 16) = 128, 128 x cdiv(2,084, 128) = 128 x 17 = 2,176
+    # (HybridAttentionMambaModelConfig / Platform._align_hybrid_block_size); --mamba-block-size 64 replaces the
+    # chunk: 64 x cdiv(2,084, 64) = 2,112.  0.27.1 keeps prefix caching opt-in for hybrids, so it is asked for.
+    u = _unit("nemotron-3-nano-30b-a3b", "0.27.1", prefix_caching=True)
     assert (u.mamba_cache_mode, u.cache_hit_unit_tokens) == ("all", 2176)
-    assert _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_block_size=64).cache_hit_unit_tokens == 2112
-    assert _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_cache_mode="align").cache_hit_unit_tokens == 2096
+    on = {"prefix_caching": True}
+    assert _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_block_size=64, **on).cache_hit_unit_tokens == 2112
+    assert _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_cache_mode="align", **on).cache_hit_unit_tokens == 2096
+    # with prefix caching, vLLM reads mamba_cache_mode 'none' (CacheConfig's default value) as not given
+    assert _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_cache_mode="none", **on).mamba_cache_mode == "all"
+
+
+@pytest.mark.parametrize(
+    ("version", "caching", "mode"),
+    [
+        # vllm/engine/arg_utils.py: default_prefix_caching = not is_hybrid (0.11.1), is_prefix_caching_supported,
+        # False for hybrids (0.12.0-0.25.1), "and not model_config.is_hybrid" (0.26.0-0.27.1); True from 0.28.0
+        ("0.11.1", False, "none"),
+        ("0.19.1", False, "none"),
+        ("0.27.1", False, "none"),
+        ("0.28.0", True, "all"),
+        ("0.32.0", True, "align"),
+    ],
+)
+def test_hybrid_prefix_caching_default_by_release(version, caching, mode):
+    u = _unit("nemotron-3-nano-30b-a3b", version)
+    assert (u.prefix_caching, u.mamba_cache_mode) == (caching, mode)
+    if not caching:
+        assert "unless --enable-prefix-caching" in (u.why_off or "")
+        assert any(w.startswith("--enable-prefix-caching:") for w in _with_what_ifs(version).what_if)
+
+
+def _with_what_ifs(version):
+    from kvtool.estimate.prefix_unit import prefix_unit_with_what_ifs
+
+    spec = resolve_model(EstimateRequest(config=f"{DATA}/nemotron-3-nano-30b-a3b")).spec
+    return prefix_unit_with_what_ifs(spec, kv_layout(spec, "auto", 1), vllm_version=version)
 
 
 @pytest.mark.parametrize(
@@ -79,10 +111,9 @@ def test_hybrid_prefix_caching_off_before_0_11_1(version, why):
     assert not u.prefix_caching and why in (u.why_off or "") and u.min_prompt_tokens is None
 
 
-def test_no_prefix_caching_or_mode_none():
-    assert _unit("nemotron-3-nano-30b-a3b", prefix_caching=False).cache_hit_unit_tokens is None
-    off = _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_cache_mode="none")
-    assert not off.prefix_caching and "none" in (off.why_off or "")
+def test_no_prefix_caching():
+    off = _unit("nemotron-3-nano-30b-a3b", prefix_caching=False)
+    assert off.cache_hit_unit_tokens is None and off.why_off == "--no-enable-prefix-caching"
 
 
 def test_pre_0_20_step_is_16_whatever_block_size():
@@ -97,7 +128,7 @@ def test_report_53749_nemotron_h_30b_a3b_align_block_2096():
     # NemotronHForCausalLM, `--mamba-cache-mode align --enable-prefix-caching`): "auto-selected attention block
     # size | **2096**" and "zero hits for any shared prefix shorter than one attention block".  The config kvtool
     # has is the Nemotron-3-Nano-30B-A3B one (the same NemotronH 30B-A3B geometry); it gives the same 2,096.
-    u = _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_cache_mode="align")
+    u = _unit("nemotron-3-nano-30b-a3b", "0.27.1", mamba_cache_mode="align", prefix_caching=True)
     assert u.attention_block_size_tokens == 2096 and u.min_shared_prefix_tokens == 2096
 
 
