@@ -346,9 +346,7 @@ def vllm_groups(
         own_block = unified.block_size if unified.block_size != block_size else None
         for i in range(n_groups):
             real = len(range(i, g.num_layers, n_groups))
-            groups.append(
-                KvGroup(g.kind, real, g.window_tokens, state_blocks, own_block, mamba_cache_mode == "all")
-            )
+            groups.append(KvGroup(g.kind, real, g.window_tokens, state_blocks, own_block, mamba_cache_mode == "all"))
     padding = sum(group_size - k.num_layers for k in groups)
     desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
     states = [g for g in layout.groups if g.kind == MAMBA]

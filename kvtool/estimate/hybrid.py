@@ -88,7 +88,13 @@ def _qwen3_next(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) 
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     follows = cfg.get("mamba_ssm_dtype") != "float32"
     state = MambaState(
-        "gated_deltanet", kernel - 1, conv_dim, v_heads, (v_dim, k_dim), dtype_bytes, ssm_bytes,
+        "gated_deltanet",
+        kernel - 1,
+        conv_dim,
+        v_heads,
+        (v_dim, k_dim),
+        dtype_bytes,
+        ssm_bytes,
         ssm_follows_model_dtype=follows,
     )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Gated DeltaNet layers keep a per-request state (Qwen3-Next)")
@@ -134,7 +140,9 @@ def _granite(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -> 
     keys = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state", "groups": "mamba_n_groups"}
     keys["conv"] = "mamba_d_conv"
     inter = _need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where)
-    state = dataclasses.replace(_mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), ssm_follows_model_dtype=True)
+    state = dataclasses.replace(
+        _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), ssm_follows_model_dtype=True
+    )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Mamba-2 layers keep a per-request state (Granite-4.0-H)")
 
 
@@ -147,7 +155,9 @@ def _falcon_h1(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -
         if isinstance(d_ssm, int) and d_ssm > 0
         else int(_need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where))
     )
-    state = dataclasses.replace(_mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), ssm_follows_model_dtype=True)
+    state = dataclasses.replace(
+        _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), ssm_follows_model_dtype=True
+    )
     # every Falcon-H1 layer runs attention and Mamba-2 side by side: L attention layers and L states
     return HybridLayout(("full",) * layers, state, layers, "every layer has attention and a Mamba-2 state (Falcon-H1)")
 

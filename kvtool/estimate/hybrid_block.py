@@ -281,7 +281,9 @@ def hybrid_blocks(
     if mode == "all" and chunk is None:
         mode = "align"  # kvtool cannot size 'all' without the chunk; said in the source
         source += "; the config gives no mamba_chunk_size / chunk_size, so kvtool sizes 'align'"
-    attn, mamba = attention_block_size(state, token, block_size, mode=mode, chunk_tokens=chunk, vllm_version=vllm_version)
+    attn, mamba = attention_block_size(
+        state, token, block_size, mode=mode, chunk_tokens=chunk, vllm_version=vllm_version
+    )
     return HybridBlocks(attn, mamba, mode, why is None, why, chunk, state, token, source)
 
 

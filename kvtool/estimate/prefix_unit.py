@@ -48,6 +48,7 @@ __all__ = [
     "prefix_unit_with_what_ifs",
 ]
 
+
 class HashBlockRule(NamedTuple):
     """How many tokens one block hash covers (vLLM's ``hash_block_size``) when groups' blocks differ."""
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from kvtool.estimate.hybrid_block import attention_block_size
 from kvtool.estimate.layout import kv_layout
 from kvtool.estimate.model import resolve_model
-from kvtool.estimate.hybrid_block import attention_block_size
 from kvtool.estimate.prefix_unit import prefix_unit
 from kvtool.estimate.request import EstimateRequest, check_request
 
