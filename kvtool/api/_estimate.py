@@ -46,7 +46,9 @@ def estimate(
     cudagraph_memory: str | int | None = None,
     max_num_seqs: int | None = None,
     enforce_eager: bool = False,
-    prefix_caching: bool = True,
+    prefix_caching: bool | None = None,
+    mamba_cache_mode: str | None = None,
+    mamba_block_size: int | None = None,
     async_scheduling: bool | None = None,
     quantization: str | None = None,
     block_size: int = 16,
@@ -84,7 +86,8 @@ def estimate(
     CPU tier as vLLM's ``--kv-offloading-size``;
     ``limit_mm_per_prompt``, ``mm_encoder_tp_mode``, ``speculative_config`` and ``kv_transfer_config`` take vLLM's
     JSON and values; ``prompt_len``, ``transfers_in_flight``, ``ttft_budget_ms`` and ``prefill_ms`` size a
-    prefill-to-decode handoff; ``enable_lora``, ``max_loras``, ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA
+    prefill-to-decode handoff; ``prefix_caching`` None is vLLM's default (opt-in for hybrid models 0.11.1-0.27.1),
+    ``mamba_cache_mode`` and ``mamba_block_size`` vLLM's options of those names; ``enable_lora``, ``max_loras``, ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA
     buffers.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate

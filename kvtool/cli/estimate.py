@@ -159,10 +159,26 @@ MaxNumSeqsOpt = Annotated[
 ]
 EnforceEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="As vLLM's: no CUDA graphs, none reserved.")]
 PrefixCachingOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--enable-prefix-caching/--no-enable-prefix-caching",
-        help="As vLLM's (on by default): hybrid models hold 2 state blocks a request with it, 1 without.",
+        help="As vLLM's (default: the --vllm-version's: on, but opt-in for hybrid models 0.11.1-0.27.1): hybrid "
+        "models' blocks and state blocks depend on it.",
+    ),
+]
+MambaCacheModeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--mamba-cache-mode",
+        help="As vLLM's (0.15.0+; all, align or none, 0.32.0+ align or none): how a hybrid model caches Mamba "
+        "states with prefix caching. Default: the release's for the model.",
+    ),
+]
+MambaBlockSizeOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--mamba-block-size",
+        help="As vLLM's (0.11.1+, with prefix caching): the chunk 'all' mode aligns a hybrid's blocks to.",
     ),
 ]
 AsyncSchedulingOpt = Annotated[
@@ -344,7 +360,9 @@ def estimate_command(
     cudagraph_memory: CudagraphMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    prefix_caching: PrefixCachingOpt = True,
+    prefix_caching: PrefixCachingOpt = None,
+    mamba_cache_mode: MambaCacheModeOpt = None,
+    mamba_block_size: MambaBlockSizeOpt = None,
     async_scheduling: AsyncSchedulingOpt = None,
     quantization: QuantizationOpt = None,
     block_size: BlockSizeOpt = 16,

@@ -83,6 +83,9 @@ def plan_budget(
                 max_num_batched_tokens=scheduler.max_num_batched_tokens,
                 max_in_flight=scheduler.max_in_flight_tokens,
                 prefix_caching=request.prefix_caching,
+                vllm_version=request.vllm_version,
+                mamba_cache_mode=request.mamba_cache_mode,
+                mamba_block_size=request.mamba_block_size,
             ).num_blocks
         budget_bytes = planned.budget.kv_budget_bytes if planned.budget else None
         stage = dataclasses.replace(stage, kv_budget_bytes=budget_bytes, num_blocks=blocks if blocks >= 0 else None)

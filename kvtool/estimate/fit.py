@@ -93,6 +93,8 @@ def capacity_at(
         prefix_caching=request.prefix_caching,
         vllm_version=request.vllm_version,
         speculative_blocks=_speculative_blocks(request),
+        mamba_cache_mode=request.mamba_cache_mode,
+        mamba_block_size=request.mamba_block_size,
     )
 
 

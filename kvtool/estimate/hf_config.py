@@ -109,6 +109,9 @@ class ModelSpec:
     state_layers: int = 0
     # Nemotron-H: each layer's block from hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE); () otherwise
     block_types: tuple[str, ...] = ()
+    # hybrid models: the Mamba-2 kernel's chunk (config mamba_chunk_size, else chunk_size; vLLM ModelConfig
+    # get_mamba_chunk_size), which the "all" prefix-caching mode aligns attention blocks to; None when not given
+    mamba_chunk_size: int | None = None
     # Gemma 4: the full-attention layers' own KV shape (global_head_dim, num_global_key_value_heads); None when every
     # layer caches num_kv_heads x head_dim
     full_attention_kv: KvShape | None = None
@@ -205,6 +208,8 @@ KNOWN_KEYS: dict[str, tuple[type, ...]] = {
     "linear_num_key_heads": _OPT_INT,
     "linear_num_value_heads": _OPT_INT,
     "mamba_ssm_dtype": (str, type(None)),
+    "mamba_chunk_size": _OPT_INT,  # Bamba, Falcon-H1, Granite-4.0-H (vLLM ModelConfig.get_mamba_chunk_size)
+    "chunk_size": _OPT_INT,  # Mamba-2, Nemotron-H, Zamba2
     "n_shared_experts": _OPT_INT,
     "shared_expert_intermediate_size": _OPT_INT,
     "shared_intermediate_size": _OPT_INT,
@@ -584,6 +589,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         mamba_state=hybrid.state if hybrid else None,
         state_layers=hybrid.state_layers if hybrid else 0,
         block_types=hybrid.blocks if hybrid else (),
+        mamba_chunk_size=(cfg.get("mamba_chunk_size") or cfg.get("chunk_size")) if hybrid else None,
         full_attention_kv=full_kv,
         kv_shared_layers=shared,
         rotary_caches=rotary_caches(

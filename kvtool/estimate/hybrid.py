@@ -40,6 +40,9 @@ class MambaState:
     groups: int = 0  # Mamba-2 n_groups (padded to tp when they do not divide)
     group_state: int = 0  # Mamba-2 state size per group (in the conv channels)
     family: str = ""  # the vLLM model file that builds the state (its own rule for speculative conv rows)
+    # whether the temporal state takes the model dtype too (mamba_ssm_cache_dtype 'auto'), so that --dtype or vLLM's
+    # float32 -> bfloat16 downcast changes it as it changes the conv state (kvtool.estimate.model._with_dtype)
+    ssm_follows_model_dtype: bool = False
 
     def bytes_per_gpu(self, tp: int) -> int:
         """vLLM MambaSpec.page_size_bytes before padding: the state of one request on one GPU."""
@@ -86,8 +89,17 @@ def _qwen3_next(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) 
     # Qwen3.5-style configs ask for a float32 temporal state ("mamba_ssm_dtype": "float32"), which vLLM honours
     ssm_bytes = 4 if cfg.get("mamba_ssm_dtype") == "float32" else dtype_bytes
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+    follows = cfg.get("mamba_ssm_dtype") != "float32"
     state = MambaState(
-        "gated_deltanet", kernel - 1, conv_dim, v_heads, (v_dim, k_dim), dtype_bytes, ssm_bytes, family="qwen3_next"
+        "gated_deltanet",
+        kernel - 1,
+        conv_dim,
+        v_heads,
+        (v_dim, k_dim),
+        dtype_bytes,
+        ssm_bytes,
+        family="qwen3_next",
+        ssm_follows_model_dtype=follows,
     )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Gated DeltaNet layers keep a per-request state (Qwen3-Next)")
 
@@ -133,7 +145,9 @@ def _granite(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -> 
     keys = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state", "groups": "mamba_n_groups"}
     keys["conv"] = "mamba_d_conv"
     inter = _need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where)
-    state = dataclasses.replace(_mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="granitemoehybrid")
+    state = dataclasses.replace(
+        _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="granitemoehybrid", ssm_follows_model_dtype=True
+    )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Mamba-2 layers keep a per-request state (Granite-4.0-H)")
 
 
@@ -146,7 +160,9 @@ def _falcon_h1(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -
         if isinstance(d_ssm, int) and d_ssm > 0
         else int(_need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where))
     )
-    state = dataclasses.replace(_mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="falcon_h1")
+    state = dataclasses.replace(
+        _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="falcon_h1", ssm_follows_model_dtype=True
+    )
     # every Falcon-H1 layer runs attention and Mamba-2 side by side: L attention layers and L states
     return HybridLayout(("full",) * layers, state, layers, "every layer has attention and a Mamba-2 state (Falcon-H1)")
 
@@ -167,6 +183,7 @@ def _jamba(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -> Hy
         (inter, _need(cfg, "mamba_d_state", where)),
         dtype_bytes,
         dtype_bytes,
+        ssm_follows_model_dtype=True,
     )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Mamba-1 layers keep a per-request state (Jamba)")
 

@@ -253,6 +253,7 @@ def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
             return dataclasses.replace(
                 spec,
                 dtype="bfloat16",
+                mamba_state=_state_in(spec, "bfloat16"),
                 notes=(
                     *spec.notes,
                     "float32 checkpoint runs in bfloat16, as vLLM's --dtype auto downcasts it; --dtype float32 keeps it",
@@ -263,7 +264,27 @@ def _with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
 
     if dtype not in MODEL_DTYPE_BYTES:
         raise UsageError(f"unknown --dtype {dtype!r}", where="--dtype", tip="use float16, bfloat16 or float32")
-    return dataclasses.replace(spec, dtype=dtype, notes=(*spec.notes, f"model dtype set to {dtype} by --dtype"))
+    return dataclasses.replace(
+        spec,
+        dtype=dtype,
+        mamba_state=_state_in(spec, dtype),
+        notes=(*spec.notes, f"model dtype set to {dtype} by --dtype"),
+    )
+
+
+def _state_in(spec: ModelSpec, dtype: str):
+    """A hybrid's state in the model dtype vLLM runs: mamba_cache_dtype 'auto' is the model dtype
+    (vllm/model_executor/models/config.py / MambaStateDtypeCalculator), for the conv state and, unless the config
+    pins it (mamba_ssm_dtype float32, Nemotron-H's float32 default), the temporal state."""
+    from kvtool.estimate.dtypes import MODEL_DTYPE_BYTES
+
+    state = spec.mamba_state
+    if state is None:
+        return None
+    size = MODEL_DTYPE_BYTES[dtype]
+    return dataclasses.replace(
+        state, conv_bytes=size, ssm_bytes=size if state.ssm_follows_model_dtype else state.ssm_bytes
+    )
 
 
 def check_tp(spec: ModelSpec, tp: int, pp: int = 1) -> None:

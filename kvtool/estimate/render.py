@@ -81,7 +81,31 @@ def _estimate_table(r: EstimateResult, verbose: bool):
     if r.kv_budget_bytes is not None:
         _capacity_rows(table, r, verbose)
     _disagg_rows(table, r, verbose)
+    _prefix_cache_rows(table, r, verbose)
     return table
+
+
+def _prefix_cache_rows(table, r: EstimateResult, verbose: bool) -> None:
+    """The prefix-cache unit: the shortest prompt that can hit and why; what other settings would make of it."""
+    pc = r.prefix_cache
+    if pc is None:
+        return
+    if pc.cache_hit_unit_tokens is None:
+        table.add_row("prefix cache", f"off: {pc.why_off}")
+    else:
+        blocks = ", ".join(f"{g.kind} {g.block_size_tokens:,}" for g in pc.groups)
+        mode = f", mamba_cache_mode {pc.mamba_cache_mode}" if pc.mamba_cache_mode else ""
+        never = "" if pc.hit_possible_within_max_model_len else f"; none within max_model_len {r.seq_len:,}"
+        table.add_row(
+            "prefix-cache unit",
+            f"hits in multiples of {pc.cache_hit_unit_tokens:,} tokens: a prompt needs {pc.min_prompt_tokens:,}+ "
+            f"tokens sharing its first {pc.min_shared_prefix_tokens:,} (blocks: {blocks}; hash block "
+            f"{pc.hash_block_size_tokens:,}{mode}){never}",
+        )
+    if verbose:
+        table.add_row("prefix-cache rule", f"{pc.rule} [{pc.source}]")
+    if pc.what_if and (verbose or pc.mamba_cache_mode is not None):
+        table.add_row("prefix cache would be", "; ".join(pc.what_if))
 
 
 def _disagg_rows(table, r: EstimateResult, verbose: bool) -> None:

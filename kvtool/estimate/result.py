@@ -15,6 +15,7 @@ from kvtool.estimate.fit import Fit, Lengths, SweepPoint
 from kvtool.estimate.hf_config import MANUAL, NO_MODEL_TYPE, PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.layout import KvLayout, group_formula
 from kvtool.estimate.model import ResolvedModel
+from kvtool.estimate.prefix_unit import PrefixUnit, prefix_unit_with_what_ifs
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
@@ -150,6 +151,9 @@ class EstimateResult:
     prefill_ms: float | None = None
     link_gb_s_for_ttft: float | None = None  # per GPU pair, 10**9 B/s
     handoff_method: str | None = None
+    # the prefix-cache unit (kvtool.estimate.prefix_unit): the block of each KV cache group, the hash block, the unit
+    # every hit is a multiple of and the shortest prompt that can hit, with the release's rule and its source
+    prefix_cache: PrefixUnit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtool estimate --json`` object."""
@@ -288,6 +292,16 @@ def build_result(
         prefill_ms=disagg.prefill_ms if disagg else None,
         link_gb_s_for_ttft=disagg.link_gb_s_for_ttft if disagg else None,
         handoff_method=disagg.method if disagg else None,
+        prefix_cache=prefix_unit_with_what_ifs(
+            spec,
+            layout,
+            block_size=request.block_size,
+            prefix_caching=request.prefix_caching,
+            max_model_len=seq_len,
+            vllm_version=request.vllm_version,
+            mamba_cache_mode=request.mamba_cache_mode,
+            mamba_block_size=request.mamba_block_size,
+        ),
     )
 
 

@@ -54,6 +54,10 @@ _FLAGS: dict[str, _Flag] = {
     "--kv-cache-dtype": _Flag("kv_dtype", _TEXT),
     "--kv-transfer-config": _Flag("kv_transfer_config", _TEXT),  # JSON, as vLLM takes it (kvtool.estimate.disagg)
     "--enable-prefix-caching": _Flag("prefix_caching", _BOOL),
+    # vllm/engine/arg_utils.py CacheConfig fields: --mamba-block-size from 0.11.1, --mamba-cache-mode from 0.15.0
+    # (kvtool.estimate.hybrid_block refuses them for a release without them)
+    "--mamba-cache-mode": _Flag("mamba_cache_mode", _TEXT),
+    "--mamba-block-size": _Flag("mamba_block_size", _INT),
     "--max-num-batched-tokens": _Flag("max_num_batched_tokens", _SIZE),
     "--max-num-seqs": _Flag("max_num_seqs", _INT),
     "--async-scheduling": _Flag("async_scheduling", _BOOL),

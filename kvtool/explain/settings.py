@@ -47,7 +47,7 @@ class LogSettings:
     max_num_batched_tokens: int | None
     block_size: int
     enforce_eager: bool
-    prefix_caching: bool
+    prefix_caching: bool | None  # None: not in the log, vLLM's default for the model and release
     quantization: str | None
     dtype: str | None  # the dtype engine argument (None: auto)
     async_scheduling: bool
@@ -166,7 +166,7 @@ def log_settings(log: StartupLog, given: Given) -> LogSettings:
         # override is what the engine ran with
         block_size=log.block_size_override or _int(args.get("block_size")) or DEFAULT_BLOCK_SIZE,
         enforce_eager=bool(eager),
-        prefix_caching=True if caching is None else caching,
+        prefix_caching=caching,
         quantization=None if quantization in (None, "None") else str(quantization),
         dtype=None if args.get("dtype") in (None, "auto") else str(args["dtype"]),
         async_scheduling=_async_scheduling(args, config),

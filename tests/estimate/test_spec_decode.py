@@ -23,7 +23,8 @@ GIB = 1024**3
 
 def _qwen36(run_cli, *args: str) -> dict:
     base = ["estimate", "--config", str(MTP_CASE), "--seq-len", "262144", "--tp", "2", "--kv-dtype", "fp8_e5m2"]
-    base += ["--block-size", "64", "--kv-memory", "10.98GiB", "--json"]
+    # the logged run had 'enable_prefix_caching': True (vLLM keeps it opt-in for hybrids up to 0.27.1)
+    base += ["--block-size", "64", "--kv-memory", "10.98GiB", "--enable-prefix-caching", "--json"]
     result = run_cli(*base, *args)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
@@ -56,11 +57,16 @@ def test_without_the_drafter_the_same_budget_counts_more(run_cli):
 
 def test_before_0_15_the_plan_counts_no_speculative_state_blocks(run_cli):
     # vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes (0.14.1): page_size_bytes, one block, whatever
-    # num_speculative_blocks; prefix caching is off for these hybrids before 0.15 (1 block): 164 + 3 x 1 = 167
+    # num_speculative_blocks; prefix caching is off for these hybrids before 0.15 (1 block).  0.14.1's attention
+    # block steps by 16 whatever --block-size says (HybridAttentionMambaModelConfig: kernel_block_alignment_size =
+    # 16; 0.20.0+'s max(16, 64) gives 64 x 25 = 1,600 above).  The state per GPU at TP 2 keeps its conv rows
+    # 3 + 3 speculative (qwen3_next.py passes num_spec from 0.10.2, SPEC_CONV_ROWS_RULES): 6 x (2 x 16 x 128 +
+    # 48 x 128) / 2 x 2 B = 61,440 + 24 x 128 x 128 x 4 B = 1,634,304 B, 1,596 tokens of 1,024 B,
+    # 16 x cdiv(1,596, 16) = 1,600, so cdiv(262,144, 1,600) = 164 + 3 x 1 = 167
     assert not pick(SPEC_STATE_BLOCKS_RULES, "0.14.1").counts_speculative_blocks
     out = _qwen36(run_cli, "--vllm-version", "0.14.1", "--speculative-config", MTP)
     assert out["speculative"]["speculative_state_blocks"] == 0
-    assert out["blocks_per_request"] == 164 + 3 * 1
+    assert (out["block_size"], out["blocks_per_request"]) == (1600, 164 + 3 * 1)
 
 
 def test_ngram_adds_no_kv_layer_but_state_blocks(run_cli):

@@ -14,13 +14,12 @@ from kvtool.estimate.capacity import (
     GROUP_SIZE_RULES,
     IN_FLIGHT_RULES,
     LOGGED_TOKENS_RULES,
-    STATE_BLOCKS_RULES,
     KvGroup,
     hybrid_group_size,
     logged_tokens,
     max_in_flight_tokens,
-    state_blocks_per_request,
 )
+from kvtool.estimate.hybrid_block import ATTENTION_BLOCK_RULES, HYBRID_PREFIX_RULES
 from kvtool.estimate.vllm_versions import MODELLED_RELEASES, pick
 from tests.estimate.test_hybrid import QWEN3_NEXT
 from tests.support import DATA
@@ -47,7 +46,7 @@ def _assert_logged(low: dict, high: dict, tokens: int, concurrency: str) -> None
 
 
 def test_every_table_covers_every_modelled_release():
-    for table in (LOGGED_TOKENS_RULES, GROUP_SIZE_RULES, IN_FLIGHT_RULES, STATE_BLOCKS_RULES):
+    for table in (LOGGED_TOKENS_RULES, GROUP_SIZE_RULES, IN_FLIGHT_RULES, HYBRID_PREFIX_RULES, ATTENTION_BLOCK_RULES):
         assert table[0].since == MODELLED_RELEASES[0]
         for release in MODELLED_RELEASES:
             assert "vllm/" in pick(table, release).source
@@ -107,6 +106,8 @@ def test_qwen3_6_hybrids_log_their_release_token_count(run_cli, name, release):
     args = ["--seq-len", str(case["seq_len"]), "--vllm-version", release, "--block-size", str(case["block_size"])]
     if case.get("kv_dtype"):
         args += ["--kv-dtype", case["kv_dtype"]]
+    if "enable_prefix_caching" in case["engine_args"]:  # vLLM keeps it opt-in for hybrids up to 0.27.1
+        args.append(f"--{'' if case['engine_args']['enable_prefix_caching'] else 'no-'}enable-prefix-caching")
     low, high = _bracket(run_cli, LOGS / name, logged["kv_gib"], *args)
     _assert_logged(low, high, logged["tokens"], logged["concurrency"])
 
@@ -161,12 +162,17 @@ def test_sliding_window_blocks_per_request_follow_the_release(run_cli, tmp_path)
 # --- state blocks of hybrid models ----------------------------------------------------------------------------
 
 
-def test_state_blocks_one_before_0_15_then_two_in_align_mode():
+def test_state_blocks_one_before_0_15_then_two_in_align_mode(run_cli, tmp_path):
     # vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes: page_size_bytes (0.10.0);
-    # 'align': page_size_bytes * (2 + num_speculative_blocks), else * (1 + ...) (0.15.0)
-    assert state_blocks_per_request(True, "0.14.1") == 1
-    assert state_blocks_per_request(True, "0.15.0") == 2
-    assert state_blocks_per_request(False, "0.33.0") == 1
+    # 'align': page_size_bytes * (2 + num_speculative_blocks), else * (1 + ...) (0.15.0). Qwen3-Next (no
+    # SupportsMambaPrefixCaching) at 262,144 tokens: 482 attention blocks of 544 + 3 state groups x (1 or 2);
+    # --enable-prefix-caching given, as vLLM keeps it opt-in for hybrids up to 0.27.1
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_NEXT))
+    common = ("--kv-memory", "20GiB", "--seq-len", "262144", "--enable-prefix-caching")
+    old = _estimate(run_cli, tmp_path, *common, "--vllm-version", "0.14.1")
+    new = _estimate(run_cli, tmp_path, *common, "--vllm-version", "0.15.0")
+    off = _estimate(run_cli, tmp_path, "--kv-memory", "20GiB", "--seq-len", "262144", "--no-enable-prefix-caching")
+    assert (old["blocks_per_request"], new["blocks_per_request"], off["blocks_per_request"]) == (485, 488, 485)
 
 
 # --- mixed sliding + full models at the logged max_num_batched_tokens -----------------------------------------
