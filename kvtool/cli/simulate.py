@@ -245,7 +245,7 @@ def register(app: typer.Typer) -> None:
         kv_offloading_backend: str = typer.Option(
             "native",
             "--kv-offloading-backend",
-            help="vLLM's offloading backend: native (modelled) or lmcache (refused).",
+            help="vLLM's offloading backend: native (modelled; lmcache is sized by kvtool estimate, not simulated).",
             rich_help_panel=_SERVE,
         ),
         h2d_bandwidth_gb_s: Optional[float] = typer.Option(

@@ -158,6 +158,15 @@ def _check_offloading(i: SimulateInputs) -> list[float]:
         )
     if i.split_pools is not None:
         raise UsageError("kvtool does not model one CPU tier behind split pools", where="--kv-offloading-size")
+    if i.kv_offloading_backend != "native":
+        # LMCache keeps chunks of its own (chunk_size 256 tokens, its own eviction) behind its connector
+        raise UsageError(
+            f"kvtool simulate does not model LMCache's CPU tier (--kv-offloading-backend {i.kv_offloading_backend}), "
+            "only vLLM's native offloading connector",
+            where="--kv-offloading-backend",
+            tip="use --kv-offloading-backend native; `kvtool estimate ... --kv-offloading-backend lmcache` sizes "
+            "LMCache's tier",
+        )
     check_offload_options(None, i.kv_offloading_backend, i.vllm_version)
     for size in sizes:
         if size > 0:
