@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from kvtool.events.load import ALLOCATE, APPEND, REUSE
 from kvtool.estimate.kinds import MAMBA
+from kvtool.events.load import ALLOCATE, APPEND, REUSE
 from kvtool.simulate.kv_groups import Coordinator, GroupSpec, Lookup
 from kvtool.simulate.scheduler import Engine, EngineConfig, Prompt, StepCost, shared_block_contents
 
