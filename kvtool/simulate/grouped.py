@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from kvtool.estimate.kinds import MAMBA
 from kvtool.events.load import ALLOCATE, APPEND, REUSE
 from kvtool.simulate.kv_groups import Coordinator, GroupSpec, Lookup
 from kvtool.simulate.scheduler import Engine, EngineConfig, Prompt, StepCost, shared_block_contents
@@ -34,7 +35,18 @@ class GroupedEngine(Engine):
         record_events: bool = False,
     ):
         super().__init__(dataclasses.replace(config, fast_path=False), prompts, max_tokens, cost, keys, record_events)
-        self.coord = Coordinator(config.kv_groups, self.b, self.pool, self.keys)
+        self.coord = Coordinator(config.kv_groups, self.b, self.pool, self.keys, config.num_blocks)
+        # vLLM's need_mamba_block_aligned_split: a state group in 'align' mode (prefix caching on)
+        self.aligned_split = any(s.kind == MAMBA for s in config.kv_groups)
+        if self.aligned_split and not config.enable_prefix_caching:
+            from kvtool.core.errors import UsageError
+
+            raise UsageError(
+                "the serving simulation runs Mamba / linear-attention state groups in prefix caching's 'align' mode "
+                "only (vLLM's default with prefix caching); without prefix caching vLLM keeps one state block of "
+                "max_model_len tokens per request, which is not simulated",
+                where="--no-prefix-caching",
+            )
         self.chains: list[list[int]] = [[] for _ in prompts]  # chained block keys, grown as needed
         self._contents: list[list[object] | None] = [None] * len(prompts)
         self.run.group_hit_tokens = [0] * len(config.kv_groups)
@@ -93,12 +105,41 @@ class GroupedEngine(Engine):
         self.tokens_held -= self.c[r]
         self.head_blocked = False
 
+    def _block_aligned_split(self, r: int, start: int, n: int, junction: int, lpt: int) -> int:
+        """vLLM 0.32 ``Scheduler._mamba_block_aligned_split`` (hash block = block, no EAGLE, no prefill checkpoint
+        blocks, no shared-prefix checkpoint): a prefill chunk ends on a block boundary (the state is written at chunk
+        ends), never past the last cacheable boundary ``(tokens - 1) // block x block`` and stops at the
+        block-floored shared-prefix junction; the prompt's last chunk is exempt."""
+        num_tokens = self.P[r] + self.g[r]
+        prefill_end = max(self.P[r], num_tokens - 1)
+        if start >= prefill_end:
+            return n
+        b = self.b
+        last_cache = max((num_tokens - 1) // b * b, 0)
+        end = start + n
+        if end < prefill_end:
+            max_prefill = self.cfg.max_num_batched_tokens
+            if lpt > 0:
+                max_prefill = min(max_prefill, lpt)
+            aligned = end // b * b
+            if aligned > start or b <= max_prefill:
+                end = aligned
+        stops = (
+            (start // b + 1) * b if start % b else 0,
+            last_cache,
+            start + (junction - start) // b * b if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
     # ----------------------------------------------------------------- one exact step
     def _schedule_running(self, budget: int, lpt: int, scheduled: list[tuple[int, int]]) -> tuple[int, bool]:
         running, pool, coord = self.running, self.pool, self.coord
         P, g, c = self.P, self.g, self.c
         max_len = self.cfg.max_model_len
         preempted = False
+        coord.new_step()  # schedule() opens with kv_cache_manager.new_step_starts()
+        split = self.aligned_split
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -109,6 +150,8 @@ class GroupedEngine(Engine):
                 n = budget
             if n > max_len - c[r] - 1:
                 n = max_len - c[r] - 1
+            if split and n > 0:
+                n = self._block_aligned_split(r, c[r], n, coord.junction.get(r, 0), lpt)
             if n <= 0:
                 i += 1
                 continue
@@ -156,6 +199,10 @@ class GroupedEngine(Engine):
                 n = lpt
             if n > budget:
                 n = budget
+            if self.aligned_split:
+                n = self._block_aligned_split(r, computed, n, hit.junction if hit is not None else 0, lpt)
+                if n == 0:
+                    break
             free = pool.num_free()
             need_full = coord.blocks_to_allocate(r, min(total, max_len), hit, computed, cap=True)
             new = coord.blocks_to_allocate(r, computed + n, hit, computed)
@@ -225,17 +272,18 @@ def model_groups(
     from kvtool.estimate.kinds import CHUNKED, FULL, MAMBA, SLIDING
 
     groups, group_size, page, method = vllm_groups(layout, block_size)
-    for g in groups:
-        if g.kind == MAMBA:
-            states = sum(k.num_layers for k in groups if k.kind == MAMBA)
+    if any(g.kind == MAMBA for g in groups):
+        from kvtool.estimate.capacity import hybrid_block_size
+
+        aligned = hybrid_block_size(layout, block_size)
+        if aligned != block_size:
             raise UsageError(
-                f"the model has {states} Mamba / linear-attention state layers (vLLM's MambaSpec groups); "
-                "`kvtool simulate --serve` does not simulate state groups (their blocks per request, the align mode "
-                "of prefix caching), and will not run them as full attention",
-                where="--model/--config",
-                tip="`kvtool estimate` sizes such models; the serving simulation runs full, sliding-window and "
-                "chunked-local attention",
+                f"vLLM raises a hybrid model's attention block to {aligned} tokens so that one page holds a state "
+                f"(Platform._align_hybrid_block_size); the serving simulation was given {block_size}",
+                where="--block-size",
+                tip=f"pass --block-size {aligned}",
             )
+    for g in groups:
         if g.block_size is not None and g.block_size != block_size:
             raise UsageError(
                 f"vLLM gives the model's {g.kind} layers blocks of {g.block_size} tokens and its other layers "
@@ -246,9 +294,16 @@ def model_groups(
     specs = []
     for g in groups:
         kind = FULL if g.kind == "mla" else g.kind
-        if kind not in (FULL, SLIDING, CHUNKED):  # pragma: no cover - every kind the estimate forms is named above
+        if kind not in (
+            FULL,
+            SLIDING,
+            CHUNKED,
+            MAMBA,
+        ):  # pragma: no cover - every kind the estimate forms is named above
             raise UsageError(f"layer kind {g.kind!r} is not simulated by `kvtool simulate --serve`", where="--model")
         cap = g.blocks_for(max_model_len, block_size, in_flight_tokens) if kind in (SLIDING, CHUNKED) else None
+        if kind == MAMBA:
+            cap = 1  # the admission check's state blocks: the physical block cap of get_num_blocks_to_allocate
         specs.append(GroupSpec(kind, g.num_layers, g.window_tokens, cap))
     first = {kind: i for i, kind in reversed(list(enumerate(layer_kinds)))}
     specs.sort(key=lambda spec: first.get(spec.kind, len(first)))  # stable: a kind's own groups keep their order

