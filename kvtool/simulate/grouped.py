@@ -273,9 +273,14 @@ def model_groups(
 
     groups, group_size, page, method = vllm_groups(layout, block_size)
     if any(g.kind == MAMBA for g in groups):
-        from kvtool.estimate.capacity import hybrid_block_size
+        import math
 
-        aligned = hybrid_block_size(layout, block_size)
+        from kvtool.estimate.hybrid_block import attention_block_size
+
+        # the simulated scheduler is vLLM 0.32's, whose only Mamba cache mode with prefix caching is 'align'
+        state = max(g.state_bytes_per_request for g in layout.groups if g.kind == MAMBA)
+        token = math.ceil(next(g for g in layout.groups if g.kind != MAMBA).bytes_per_token_per_layer)
+        aligned, _ = attention_block_size(state, token, block_size, mode="align", chunk_tokens=None, vllm_version="0.32.0")
         if aligned != block_size:
             raise UsageError(
                 f"vLLM raises a hybrid model's attention block to {aligned} tokens so that one page holds a state "

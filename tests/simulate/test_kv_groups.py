@@ -76,7 +76,7 @@ def test_serve_names_the_groups_and_their_hits(run_cli):
 
 def test_serve_state_layers_need_vllms_block(run_cli):
     """Qwen3-Next's Gated DeltaNet layers are state groups: simulated only at the block vLLM gives a hybrid
-    (vllm 0.32 Platform._align_hybrid_block_size, through kvtool.estimate.capacity.hybrid_block_size)."""
+    (vllm 0.32 Platform._align_hybrid_block_size, through kvtool.estimate.hybrid_block.attention_block_size)."""
     res = run_cli(
         "simulate", "--serve", "--model", "qwen3-next-80b", "--gpu", "h100", "--tp", "4", "--dist", "fixed",
         "--length", "100", "--block-size", "16",
