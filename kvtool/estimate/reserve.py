@@ -20,6 +20,17 @@ runs.  What changes between releases is one row of a table below, looked up with
 The fitted coefficients come from benchmarks/fit_reserve.py (docs/estimate.md, "The reserve").  Multimodal encoder
 profiling (profile_run's encoder-cache dummy batch) enters the activation term through
 :class:`kvtool.estimate.multimodal.EncoderPlan`.
+
+Not modelled: a drafter's share of the activation peak.  With --speculative-config, ``_dummy_run`` also calls
+``self.drafter.dummy_run(num_tokens, ...)`` after the target's forward (gpu_model_runner.py 0.19.0-0.33.0; a DFlash
+drafter's runs ``precompute_and_store_context_kv`` on all ``max_num_batched_tokens`` context states, a fused K/V GEMM
+of num_layers x 2 x kv_size columns and its layer-major copy, vllm/v1/spec_decode/dflash.py), and
+``_dummy_sampler_run`` adds the rejection sampler on one draft token a request (``SpecDecodeMetadata.make_dummy``:
+logits of 2 x num_reqs rows x vocab; from 0.22.0 also ``draft_probs``, num_reqs x vocab fp32, for probabilistic draft
+sampling).  None of the public logs in
+tests/data/gpu-logs with a drafter prints a torch peak, activation or non-torch figure (no DEBUG profile line, no
+--kv-cache-memory suggestion), so there is no figure to check a model of it against; the drafter's weights are
+counted (kvtool.estimate.spec_decode), its activations are not.
 """
 
 from __future__ import annotations

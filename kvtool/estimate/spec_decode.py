@@ -8,7 +8,9 @@ What a drafter adds to the memory vLLM plans (vLLM 0.20.1 unless a rule below sa
   (vllm/config/speculative.py SpeculativeConfig.hf_config_override: ``n_predict = mtp_num_hidden_layers`` for
   qwen3_5, ``num_nextn_predict_layers`` for the others; vllm/model_executor/models/qwen3_5_mtp.py
   ``range(self.num_mtp_layers)``); an EAGLE / EAGLE3 / draft_model / DFlash drafter builds the layers of its own
-  config (``"model"``: kvtool reads it from a local folder holding config.json).  Layers of the same spec as a target
+  config (``"model"``: kvtool reads it from a local folder holding config.json), at the target's dtype (vLLM builds
+  the draft ModelConfig with ``dtype=self.target_model_config.dtype``); a DFlash drafter's attention kind and KV
+  dtype follow :data:`DFLASH_RULES`.  Layers of the same spec as a target
   layer join its type, so they change vLLM's group_size and the padding layers it logs ("Add N padding layers, may
   waste at most X% KV cache memory", vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size);
 - hybrid models' state layers hold ``num_speculative_tokens`` more blocks a request (MambaSpec
@@ -37,7 +39,7 @@ from typing import Any, NamedTuple
 
 from kvtool.core.errors import UsageError
 from kvtool.estimate.hf_config import ModelSpec
-from kvtool.estimate.kinds import FULL
+from kvtool.estimate.kinds import FULL, SLIDING
 from kvtool.estimate.layout import MLA, KvLayout, LayerGroup, kv_layout
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
@@ -156,6 +158,84 @@ SPEC_CONV_ROWS_RULES: tuple[SpecConvRowsRule, ...] = (
 )
 
 
+class DFlashRule(NamedTuple):
+    """How vLLM builds a DFlash drafter's attention layers, for the releases from ``since``."""
+
+    since: str
+    available: bool  # the method exists (vllm/v1/spec_decode/dflash.py)
+    per_layer_kinds: bool  # False: every draft layer full attention, whatever layer_types / sliding_window say
+    follows_kv_cache_dtype: bool  # False: the layers get no cache_config, so their KV is at the model dtype
+    source: str
+
+
+DFLASH_RULES: tuple[DFlashRule, ...] = (
+    DFlashRule("0.10.0", False, False, False, "vllm/v1/spec_decode/ (0.10.0-0.19.1): no dflash.py, no method 'dflash'"),
+    DFlashRule(
+        "0.20.0",
+        True,
+        False,
+        False,
+        "vllm/model_executor/models/qwen3_dflash.py DFlashQwen3Model.__init__ (0.20.0-0.21.0): "
+        "DFlashQwen3DecoderLayer(current_vllm_config, prefix=..., config=...) without cache_config, so each "
+        "DFlashQwen3Attention's Attention(attn_type=DECODER) has kv_cache_dtype 'auto' (full attention, the model "
+        "dtype, block size from vllm_config.cache_config); vllm/v1/spec_decode/dflash.py DFlashProposer",
+    ),
+    DFlashRule(
+        "0.22.0",
+        True,
+        False,
+        True,
+        "vllm/model_executor/models/qwen3_dflash.py DFlashQwen3Model.__init__ (0.22.0-0.24.0): "
+        "cache_config=current_vllm_config.cache_config passed to every DFlashQwen3DecoderLayer (full attention, "
+        "--kv-cache-dtype applies)",
+    ),
+    DFlashRule(
+        "0.25.0",
+        True,
+        True,
+        True,
+        "vllm/model_executor/models/qwen3_dflash.py _resolve_layer_attention (0.25.0-0.33.0): a layer is sliding "
+        "where layer_types[i] == 'sliding_attention' (or every layer where dflash_config.use_swa and layer_types "
+        "has no sliding layer), its window dflash_config.swa_window_size else sliding_window; mixed sliding/full "
+        "layers raise NotImplementedError (0.25.0; from 0.26.0 unless VLLM_USE_V2_MODEL_RUNNER=1)",
+    ),
+)
+
+
+def _dflash_draft_spec(draft: ModelSpec, data: dict[str, Any], target_dtype: str, vllm_version: str) -> ModelSpec:
+    """A DFlash drafter's layers as ``vllm_version`` builds them (:data:`DFLASH_RULES`), at the target's dtype."""
+    rule = pick(DFLASH_RULES, vllm_version)
+    if not rule.available:
+        raise UsageError(
+            f"{OPTION} method dflash is not in vLLM {vllm_version} (vllm/v1/spec_decode/dflash.py is new in 0.20.0)",
+            where=f"{OPTION}: method",
+            tip="pass --vllm-version 0.20.0 or later",
+        )
+    n = draft.num_layers
+    if not rule.per_layer_kinds:
+        return dataclasses.replace(draft, dtype=target_dtype, layer_kinds=(FULL,) * n, sliding_window=None)
+    dflash = data.get("dflash_config") or {}
+    layer_types = data.get("layer_types")
+    sliding = [t == "sliding_attention" for t in layer_types] if isinstance(layer_types, list) else None
+    if sliding is not None and 0 < sum(sliding) < len(sliding):
+        raise UsageError(
+            f"{OPTION} method dflash: the drafter mixes sliding and full attention layers, which vLLM "
+            f"{vllm_version}'s V1 model runner refuses (qwen3_dflash.py _resolve_layer_attention)",
+            where=f"{OPTION}: model",
+            tip="kvtool models the V1 model runner's DFlash drafters: all full or all sliding attention",
+        )
+    if sliding is None or (dflash.get("use_swa") and not any(sliding)):
+        sliding = [bool(dflash.get("use_swa"))] * n
+    window = dflash.get("swa_window_size", data.get("sliding_window")) if any(sliding) else None
+    if any(sliding) and not isinstance(window, int):
+        raise UsageError(
+            f"{OPTION} method dflash: sliding draft layers need dflash_config.swa_window_size or sliding_window",
+            where=f"{OPTION}: model",
+        )
+    kinds = tuple(SLIDING if s else FULL for s in sliding[:n])
+    return dataclasses.replace(draft, dtype=target_dtype, layer_kinds=kinds, sliding_window=window)
+
+
 def with_speculative_conv_rows(spec: ModelSpec, text: str | None, vllm_version: str) -> ModelSpec:
     """The model with its state layers' conv rows grown by num_speculative_tokens, where ``vllm_version``'s model file
     passes ``num_spec`` (:data:`SPEC_CONV_ROWS_RULES`); unchanged otherwise."""
@@ -254,7 +334,7 @@ def parsed(text: str) -> SpeculativeConfig:
 
 
 def _method_from_model(model: Any) -> str | None:
-    """vLLM's guess when ``method`` is left out (SpeculativeConfig.__post_init__, 0.20.1): eagle / eagle3 / mtp
+    """vLLM's guess when ``method`` is left out (SpeculativeConfig.__post_init__, 0.20.1): eagle / eagle3 / dflash
     ... named in the drafter's name, else draft_model; ngram needs the method written."""
     if not isinstance(model, str):
         return None
@@ -263,6 +343,8 @@ def _method_from_model(model: Any) -> str | None:
         return "eagle3"
     if "eagle" in name:
         return "eagle"
+    if "dflash" in name:  # 0.20.0+: elif "dflash" in self.draft_model_config.model.lower()
+        return "dflash"
     return "draft_model"
 
 
@@ -300,7 +382,8 @@ def _mtp_layout(spec: ModelSpec, target: KvLayout) -> tuple[LayerGroup, int, str
     return dataclasses.replace(attention[0], num_layers=n), n, f"the model's own MTP layers ({key} {n})"
 
 
-def _draft_spec(config: SpeculativeConfig) -> ModelSpec:
+def _draft_spec(config: SpeculativeConfig) -> tuple[ModelSpec, dict[str, Any]]:
+    """The drafter's config as kvtool parses it, and its config.json mapping."""
     from kvtool.estimate.hf_config import load_config_path, parse_config
 
     assert config.model is not None
@@ -312,7 +395,7 @@ def _draft_spec(config: SpeculativeConfig) -> ModelSpec:
             tip=f"fetch its config first (hf download {config.model} config.json --local-dir DIR), and give DIR",
         )
     data, file = load_config_path(path)
-    return parse_config(data, where=str(file))
+    return parse_config(data, where=str(file)), data
 
 
 def resolve_spec_decode(
@@ -336,8 +419,17 @@ def resolve_spec_decode(
         )
         weights, weights_method_text = _mtp_weights(spec, n, weights_method)
     elif config.method in DRAFT_MODEL_METHODS:
-        draft = _draft_spec(config)
-        draft_layout = kv_layout(draft, kv_dtype, config.draft_tensor_parallel_size or tp)
+        draft, data = _draft_spec(config)
+        draft_kv_dtype = kv_dtype
+        if config.method == "dflash":
+            draft = _dflash_draft_spec(draft, data, spec.dtype, vllm_version)
+            dflash_rule = pick(DFLASH_RULES, vllm_version)
+            rules.append(dflash_rule.source)
+            if not dflash_rule.follows_kv_cache_dtype:
+                draft_kv_dtype = "auto"
+        else:  # vllm/config/speculative.py (0.20.1): the draft ModelConfig takes dtype=target_model_config.dtype
+            draft = dataclasses.replace(draft, dtype=spec.dtype)
+        draft_layout = kv_layout(draft, draft_kv_dtype, config.draft_tensor_parallel_size or tp)
         groups = tuple(g for g in draft_layout.groups if g.num_layers)
         source = f"the drafter's config ({draft.source}): {draft.num_layers} layers"
         rules.append(

@@ -39,7 +39,7 @@ def _case(name: str) -> dict:
     return yaml.safe_load((LOGS / name / "case.yaml").read_text(encoding="utf-8"))
 
 
-def _engine_flags(case: dict) -> list[str]:
+def _engine_flags(case: dict, name: str) -> list[str]:
     engine = case.get("engine_args") or {}
     flags: list[str] = []
     for key in _VALUE_FLAGS:
@@ -51,7 +51,10 @@ def _engine_flags(case: dict) -> list[str]:
         if key in engine:
             flags.append(f"--{'' if engine[key] else 'no-'}{key.replace('_', '-')}")
     if engine.get("speculative_config"):  # vLLM's JSON, as the log's non-default args give it
-        flags += ["--speculative-config", json.dumps(engine["speculative_config"])]
+        speculative = dict(engine["speculative_config"])
+        if case.get("draft_config"):  # the drafter's config.json kept beside the case, for the log's drafter path
+            speculative["model"] = str(LOGS / name / case["draft_config"])
+        flags += ["--speculative-config", json.dumps(speculative)]
     return flags
 
 
@@ -62,7 +65,7 @@ def _estimate(run_cli, name: str, *args: str) -> dict:
     base += ["--pp", str(case.get("pp", 1)), "--vllm-version", str(case["vllm_version"])]
     if case.get("kv_dtype"):
         base += ["--kv-dtype", case["kv_dtype"]]
-    result = run_cli(*base, *_engine_flags(case), *args)
+    result = run_cli(*base, *_engine_flags(case, name), *args)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -110,6 +113,16 @@ def test_the_cases_cover_the_issue_evidence():
     assert len(CASES) >= 40 and len(releases) >= 8 and len(gpus) >= 6
     # and most of them are sized here: a case leaving the checks has to say why in its case.yaml
     assert len(TOKENS) >= 30 and len(SCRATCH) >= 15
+
+
+def test_the_dflash_cases_are_sized_with_their_drafters():
+    # issue 27: the three DFlash logs (two Qwen3.6-27B TP 2 composes, one Qwen3.6-35B-A3B) are sized from their
+    # drafters' configs (case.yaml draft_config), no longer left out
+    dflash = [
+        c for c in CASES if (_case(c).get("engine_args") or {}).get("speculative_config", {}).get("method") == "dflash"
+    ]
+    assert len(dflash) == 3 and set(dflash) <= set(TOKENS)
+    assert all(_case(c).get("draft_config") for c in dflash)
 
 
 @pytest.mark.parametrize("name", [c for c in CASES if c not in SIZED])

@@ -197,3 +197,73 @@ def test_conv_rows_rule_by_release_and_model_file():
     assert "nemotron_h" in pick(SPEC_CONV_ROWS_RULES, "0.17.0").families
     assert "granitemoehybrid" not in pick(SPEC_CONV_ROWS_RULES, "0.31.0").families
     assert "falcon_h1" in pick(SPEC_CONV_ROWS_RULES, "0.32.0").families
+
+
+# A DFlash drafter for the LLAMA target above: 2 layers of 4 KV heads x 64 (a spec of their own beside the
+# target's 8 x 128), its config in float32 (vLLM runs it at the target's dtype all the same)
+DFLASH_DRAFT = {
+    **LLAMA,
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "torch_dtype": "float32",
+    "dflash_config": {"mask_token_id": 1, "target_layer_ids": [1, 30]},
+}
+
+
+def _dflash(run_cli, tmp_path, version: str, draft: dict, *args: str, name: str = "dflash"):
+    target, folder = tmp_path / "target", tmp_path / name
+    target.mkdir(exist_ok=True)
+    folder.mkdir(exist_ok=True)
+    (target / "config.json").write_text(json.dumps(LLAMA))
+    (folder / "config.json").write_text(json.dumps(draft))
+    cfg = json.dumps({"model": str(folder), "num_speculative_tokens": 4})  # "dflash" in the name picks the method
+    base = ["estimate", "--config", str(target), "--seq-len", "8192", "--kv-memory", "8GiB", "--json"]
+    return run_cli(*base, "--vllm-version", version, "--speculative-config", cfg, *args)
+
+
+def test_dflash_layers_are_a_full_attention_group_of_their_own_at_the_target_dtype(run_cli, tmp_path):
+    # vLLM 0.20.1 vllm/model_executor/models/qwen3_dflash.py: every draft layer Attention(attn_type=DECODER), full
+    # attention, whatever layer_types says; vllm/config/speculative.py: the draft ModelConfig at the target's dtype.
+    sliding = {
+        **DFLASH_DRAFT,
+        "layer_types": ["sliding_attention"] * 2,
+        "sliding_window": 512,
+        "use_sliding_window": True,
+    }
+    out = json.loads(_dflash(run_cli, tmp_path, "0.20.1", sliding).stdout)
+    sd = out["speculative"]
+    assert (sd["method"], sd["draft_kv_layers"], sd["draft_kv_kind"]) == ("dflash", 2, "full")
+    # by hand: per token and layer 2 x 4 x 64 x 2 B (bf16, the target's; float32 would be 2,048) = 1,024 B
+    assert sd["draft_bytes_per_token_per_gpu"] == 2 * 1024
+    # two full specs, 32 and 2 layers: group_size 2 (32 >= 1.5 x 2), no padding; pages unify to the target's
+    # 16 x 4,096 B = 65,536 B (the draft's 16-token 16,384 B page x 4: 64-token draft blocks); 17 groups of 2 layers:
+    # 8 GiB // 65,536 // 2 = 65,536 blocks
+    assert out["num_blocks"] == 8 * GIB // 65536 // 2
+    # 0.25.0 _resolve_layer_attention: the same config's layers are sliding, with its 512-token window
+    out = json.loads(_dflash(run_cli, tmp_path, "0.25.0", sliding).stdout)
+    assert out["speculative"]["draft_kv_kind"] == "sliding"
+    assert [g["window_tokens"] for g in out["layer_groups"] if g["kind"] == "sliding"] == [512]
+
+
+def test_dflash_kv_dtype_is_the_model_dtype_until_0_22(run_cli, tmp_path):
+    # 0.20.0-0.21.0: DFlashQwen3DecoderLayer gets no cache_config, so Attention's kv_cache_dtype is "auto" (bf16)
+    # under --kv-cache-dtype fp8; 0.22.0 passes cache_config: fp8 (1 B)
+    per_token = {}
+    for version in ("0.21.0", "0.22.0"):
+        out = json.loads(_dflash(run_cli, tmp_path, version, DFLASH_DRAFT, "--kv-dtype", "fp8").stdout)
+        per_token[version] = out["speculative"]["draft_bytes_per_token_per_gpu"]
+    # 2 layers x 2 x 4 x 64 x (2 B, 1 B)
+    assert per_token == {"0.21.0": 2048, "0.22.0": 1024}
+
+
+def test_dflash_is_refused_where_vllm_has_none_or_refuses_the_drafter(run_cli, tmp_path):
+    result = _dflash(run_cli, tmp_path, "0.19.1", DFLASH_DRAFT)
+    assert result.exit_code != 0 and "method dflash is not in vLLM 0.19.1" in result.stderr
+    mixed = {**DFLASH_DRAFT, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512}
+    assert _dflash(run_cli, tmp_path, "0.20.1", mixed).exit_code == 0  # built all full before 0.25.0
+    result = _dflash(run_cli, tmp_path, "0.25.0", mixed)
+    assert result.exit_code != 0 and "mixes sliding and full attention layers" in result.stderr
+    assert "Traceback" not in result.stderr
