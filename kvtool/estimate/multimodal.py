@@ -110,6 +110,8 @@ class EncoderPlan:
     weights_bytes_per_gpu: int
     profiled: bool  # False: --limit-mm-per-prompt turned every modality off, or tokens per item unknown
     items: int  # dummy images in the profiling batch
+    # the encoder budget vLLM logs ("Encoder cache will be initialized with a budget of N tokens"): 0 when not profiled
+    encoder_budget_tokens: int
     transient_bytes: int  # the tower's largest transient over the dummy batch
     resident_bytes: int  # dummy pixel values + encoder outputs kept through the language model's dummy run
     method: str
@@ -132,6 +134,14 @@ def _siglip(v: dict, text_hidden: int, data: dict) -> VisionEncoder:
         + _layernorm(h)  # post_layernorm
         + h  # Gemma3MultiModalProjector.mm_soft_emb_norm
     )
+    if data.get("model_type") == "paligemma":
+        # paligemma.py PaliGemmaMultiModalProjector: one biased nn.Linear(vision hidden, projection_dim), no norm;
+        # one image token per patch (siglip.py SiglipEncoderInfo.get_num_image_tokens: (image // patch)^2)
+        proj = data.get("projection_dim", v.get("projection_dim", text_hidden))
+        return VisionEncoder(
+            SIGLIP, split + h * proj, replicated - h + proj, h, inter, side * side, side * side, 3 * image * image,
+            proj, "vllm/model_executor/models/siglip.py, paligemma.py (0.32.0)",
+        )  # fmt: skip
     split += h * text_hidden  # mm_input_projection_weight
     return VisionEncoder(
         SIGLIP, split, replicated, h, inter, data.get("mm_tokens_per_image", 256), side * side, 3 * image * image, text_hidden,
@@ -306,10 +316,12 @@ def plan_encoder(
             how.append(
                 f"not loaded (vllm/model_executor/models/interfaces.py _mark_tower_model ({TOWER_SKIPPED_SINCE}))"
             )
-        return EncoderPlan(encoder, weights, False, 0, 0, 0, "; ".join(how))
+        return EncoderPlan(encoder, weights, False, 0, 0, 0, 0, "; ".join(how))
     if encoder.tokens_per_item is None:
         how.append("profiling not modelled: the tokens per image depend on the processor's max_pixels")
-        return EncoderPlan(encoder, weights, False, 0, 0, 0, "; ".join(how))
+        return EncoderPlan(encoder, weights, False, 0, 0, 0, 0, "; ".join(how))
+    # vllm/v1/core/encoder_cache_manager.py compute_mm_encoder_budget (0.32.0): min(max(max_num_encoder_input_tokens,
+    # t), max(encoder_cache_size, t)), both scheduler fields equal to max_num_batched_tokens (vllm/config/scheduler.py);
     # vllm/multimodal/encoder_budget.py MultiModalBudget._get_max_items (0.19.0): the encoder budget's items, at
     # most max_num_seqs x the items a prompt holds, at least one
     budget = max(max_num_batched_tokens, encoder.tokens_per_item)
@@ -323,4 +335,4 @@ def plan_encoder(
         f"profiled on {items} dummy images of {encoder.tokens_per_item:,} tokens (budget max({max_num_batched_tokens:,}"
         f", {encoder.tokens_per_item:,})), {patches:,} patches"
     )
-    return EncoderPlan(encoder, weights, True, items, transient, resident, "; ".join(how))
+    return EncoderPlan(encoder, weights, True, items, budget, transient, resident, "; ".join(how))

@@ -32,12 +32,29 @@ MODELS = sizing.MODELS
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 
 
+def _vision_model_prefix(out: Path) -> None:
+    """transformers 5.19 saves a SigLIP tower as ``vision_tower.embeddings...``; vLLM 0.32's siglip.py loads
+    ``vision_tower.vision_model.embeddings...`` (paligemma.py / gemma3_mm.py map only the ``model.`` prefixes):
+    rename the tower's tensors in model.safetensors, once."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    if not any(k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") for k in tensors):
+        return
+    renamed = {("vision_tower.vision_model." + k[len("vision_tower."):]
+                if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") else k): v
+               for k, v in tensors.items()}
+    save_file(renamed, str(path), metadata={"format": "pt"})
+
+
 def build_gemma3(name: str = "gemma3-vl-tiny") -> Path:
     """Gemma3ForConditionalGeneration: text as the tiny Llama's shape (hidden 256, 4 layers alternating sliding
     window 256 / full, 8 heads, 2 KV heads x 32, vocab 1000), a SigLIP tower of 2 layers (hidden 64, image 64,
     patch 16: 16 patches pooled to mm_tokens_per_image 4)."""
     out = MODELS / name
-    if (out / "config.json").exists():
+    if (out / "config.json").exists() and "\\n\\n\\n\\n" in (out / "tokenizer.json").read_text():
+        _vision_model_prefix(out)
         return out
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -52,7 +69,9 @@ def build_gemma3(name: str = "gemma3-vl-tiny") -> Path:
     )
 
     vocab = {t: i for i, t in enumerate(SPECIAL)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIAL), 999)})
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL), 996)})
+    # vllm/model_executor/models/gemma3_mm.py (the prompt-update fix-ups) looks these up in the vocabulary
+    vocab.update({"\n\n\n\n": 996, "\n\n\n": 997, "\n\n": 998})
     vocab["\n"] = 999
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -76,6 +95,7 @@ def build_gemma3(name: str = "gemma3-vl-tiny") -> Path:
     Gemma3ForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(out)
     image_processor = Gemma3ImageProcessor(size={"height": 64, "width": 64})
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=4).save_pretrained(out)
+    _vision_model_prefix(out)
     return out
 
 
@@ -85,6 +105,7 @@ def build_paligemma(name: str = "paligemma-tiny") -> Path:
     image 64, patch 16: 16 image tokens), projection to 256; SiglipImageProcessor + PaliGemmaProcessor."""
     out = MODELS / name
     if (out / "config.json").exists():
+        _vision_model_prefix(out)
         return out
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -117,6 +138,7 @@ def build_paligemma(name: str = "paligemma-tiny") -> Path:
     PaliGemmaForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(out)
     image_processor = SiglipImageProcessor(size={"height": 64, "width": 64}, image_seq_length=16)
     PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
+    _vision_model_prefix(out)
     return out
 
 
@@ -148,8 +170,13 @@ def run_one(name: str) -> None:
     import vllm
     from vllm import LLM, SamplingParams
 
+    # mode 2 (DYNAMO_TRACE_ONCE) with the eager backend, given explicitly: vllm/platforms/cpu.py
+    # check_and_update_config rewrites only VLLM_COMPILE (to inductor, or eager under VLLM_CPU_CI_ENV), and
+    # vllm/v1/worker/cpu_worker.py _should_warm_up_model skips the warm-up (so profile_run and its encoder
+    # profiling) whenever VLLM_CPU_CI_ENV is set, or when the mode is NONE and kv_cache_memory_bytes is given
     kwargs = dict(model=str(model_dir), block_size=case["block_size"], enable_prefix_caching=True,
                   max_model_len=case["max_model_len"], enforce_eager=False,
+                  compilation_config={"mode": 2, "backend": "eager"},
                   kv_cache_memory_bytes=case["kv_cache_memory_bytes"], **case["extra"])
     if case["limit_mm_per_prompt"] is not None:
         kwargs["limit_mm_per_prompt"] = case["limit_mm_per_prompt"]
@@ -199,7 +226,6 @@ def record(name: str) -> dict:
     log_dir = sizing.SCRATCH / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     env = sizing.offline_env()
-    env["VLLM_CPU_CI_ENV"] = "1"  # dynamo + eager backend instead of inductor (vllm/platforms/cpu.py)
     started = time.time()
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", name], env=env,
                           cwd=str(sizing.SCRATCH), capture_output=True, text=True, timeout=900)
