@@ -595,7 +595,7 @@ def parse_config(data: dict[str, Any], *, where: str, name: str | None = None) -
         rotary_caches=rotary_caches(
             cfg.data,
             model_type,
-            qk_rope if is_mla else head_dim,
+            (qk_rope if is_mla else head_dim) or 0,
             _context_length(cfg, []),
             full_head_size=full_kv.head_dim if full_kv is not None else None,
         ),

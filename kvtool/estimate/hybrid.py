@@ -146,7 +146,9 @@ def _granite(cfg: dict[str, Any], where: str, dtype_bytes: int, layers: int) -> 
     keys["conv"] = "mamba_d_conv"
     inter = _need(cfg, "mamba_expand", where) * _need(cfg, "hidden_size", where)
     state = dataclasses.replace(
-        _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes), family="granitemoehybrid", ssm_follows_model_dtype=True
+        _mamba2(cfg, where, keys, inter, dtype_bytes, dtype_bytes),
+        family="granitemoehybrid",
+        ssm_follows_model_dtype=True,
     )
     return HybridLayout(kinds, state, kinds.count(MAMBA), "Mamba-2 layers keep a per-request state (Granite-4.0-H)")
 

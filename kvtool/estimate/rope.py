@@ -98,7 +98,7 @@ def _cache(params: dict[str, Any], head_size: int, max_position: int) -> RotaryC
     factor = params.get("factor")
     original = params.get("original_max_position_embeddings")
     positions = max_position
-    if kind == "linear" or (kind == "dynamic" and "alpha" not in params and factor):
+    if factor and (kind == "linear" or (kind == "dynamic" and "alpha" not in params)):
         positions = int(max_position * factor)
     elif kind in ("yarn", "deepseek_yarn", "deepseek_llama_scaling") and factor and original:
         positions = int(original * factor)
@@ -128,12 +128,12 @@ def rotary_caches(
     params = data.get("rope_parameters")
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         # transformers 5: one parameter set per layer type (Gemma 3/4)
-        caches = {
+        distinct = {
             _cache({"rope_type": "default", **v}, (full_head_size or head_size) if k == "full_attention" else head_size,
                    max_position)
             for k, v in params.items()
         }  # fmt: skip
-        return tuple(sorted(caches, key=lambda c: (c.positions, c.rotary_dim)))
+        return tuple(sorted(distinct, key=lambda c: (c.positions, c.rotary_dim)))
     params = _params(data)
     params.setdefault("rope_theta", data.get("rope_theta"))
     caches = [_cache(params, head_size, max_position)]

@@ -280,7 +280,9 @@ def model_groups(
         # the simulated scheduler is vLLM 0.32's, whose only Mamba cache mode with prefix caching is 'align'
         state = max(g.state_bytes_per_request for g in layout.groups if g.kind == MAMBA)
         token = math.ceil(next(g for g in layout.groups if g.kind != MAMBA).bytes_per_token_per_layer)
-        aligned, _ = attention_block_size(state, token, block_size, mode="align", chunk_tokens=None, vllm_version="0.32.0")
+        aligned, _ = attention_block_size(
+            state, token, block_size, mode="align", chunk_tokens=None, vllm_version="0.32.0"
+        )
         if aligned != block_size:
             raise UsageError(
                 f"vLLM raises a hybrid model's attention block to {aligned} tokens so that one page holds a state "

@@ -375,13 +375,13 @@ class Coordinator:
         lookup = self.pool.lookup
         out: list[list[int] | None] = []
         for i in range(n):
-            row = []
+            row: list[int] | None = []
             for g in group_ids:
                 blk = lookup(self.group_key(chain[i], g))
                 if blk < 0:
                     row = None
                     break
-                row.append(blk)
+                row.append(blk)  # type: ignore[union-attr]
             out.append(row)
         return out
 
@@ -391,7 +391,7 @@ class Coordinator:
         b = self.b
         max_length = min(max_length, len(chain) * b)
         cached = {id(ids): self._cached(chain, ids, max_length // b) for ids in self.spec_groups}
-        hits: list[list[list[int]] | None] = [None] * n_groups
+        hits: list[list[int] | None] = [None] * n_groups
         own = [0] * n_groups
         hit_length = max_length
         longest = 0
@@ -426,7 +426,7 @@ class Coordinator:
         for ids in self.spec_groups:
             if self.specs[ids[0]].kind == FULL:
                 for g in ids:
-                    del hits[g][_cdiv(final, b) :]  # type: ignore[index]
+                    del hits[g][_cdiv(final, b) :]  # type: ignore[index,union-attr]
         uncached = longest - final
         return Lookup([h or [] for h in hits], final, final + uncached if uncached else 0, own)
 

@@ -208,7 +208,6 @@ def serve_requests(
 ):
     """The serving simulation per block size: results, setup, traces and exported files (`kvtool simulate --serve`,
     and `kvtool plan --qps` once per candidate, which passes the ``hardware`` it resolved already from ``options``)."""
-    from kvtool.simulate.costs import pool_blocks
     from kvtool.simulate.export import export_paths, write_events
     from kvtool.simulate.results import ServeSetup, cost_text
     from kvtool.simulate.serving import ServeConfig, simulate_serving
@@ -399,7 +398,9 @@ def run_simulation(
     )
     serve_results, setup, traces, exported, curve = None, None, {}, {}, None
     if options.serve:
-        serve_results, setup, traces, exported, curve = serve_requests(requests, options, progress, keep_traces, record_events)
+        serve_results, setup, traces, exported, curve = serve_requests(
+            requests, options, progress, keep_traces, record_events
+        )
     report = SimulateReport(
         source=requests.source,
         requests=requests.count,

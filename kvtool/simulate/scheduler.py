@@ -868,8 +868,12 @@ def run_engine(
     keys: BlockKeys | None = None,
     record_events: bool = False,
     tier: CpuTier | None = None,
+    engine_class: type[Engine] | None = None,
 ) -> EngineRun:
     """Run requests through one simulated engine until all finish (or can never run).
+
+    ``engine_class``: :class:`Engine` (one full-attention group), or for a config with ``kv_groups``
+    :class:`kvtool.simulate.grouped.GroupedEngine`, which the caller passes (that module builds on this one).
 
     Arrivals (seconds; all 0 when None) join the waiting queue at the first step boundary at or after them.  A
     request whose whole sequence cannot fit the pool even alone is never admitted; the run stops when only such
@@ -882,7 +886,7 @@ def run_engine(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier)
+        return _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier, engine_class)
     finally:
         if collecting:
             gc.enable()
@@ -906,15 +910,19 @@ def _fits_alone(config: EngineConfig, prompt_tokens: list[int], max_tokens: list
     return fits
 
 
-def _run(config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier=None) -> EngineRun:
+def _run(
+    config, prompts, max_tokens, arrival_s, cost, progress, keys, record_events, tier=None, engine_class=None
+) -> EngineRun:
     n = len(prompts)
     arrival = list(arrival_s) if arrival_s is not None else [0.0] * n
     if config.kv_groups:
-        from kvtool.simulate.grouped import GroupedEngine
-
-        engine: Engine = GroupedEngine(config, prompts, max_tokens, cost, keys, record_events)  # no CPU tier: refused before
+        if engine_class is None or engine_class is Engine:
+            raise ValueError("an EngineConfig with kv_groups runs on kvtool.simulate.grouped.GroupedEngine")
+        engine: Engine = engine_class(
+            config, prompts, max_tokens, cost, keys, record_events
+        )  # no CPU tier: refused before
     else:
-        engine = Engine(config, prompts, max_tokens, cost, keys, record_events, tier)
+        engine = (engine_class or Engine)(config, prompts, max_tokens, cost, keys, record_events, tier)
     order = sorted(range(n), key=arrival.__getitem__)
     nxt = 0
     fits = engine.fits_alone()

@@ -155,6 +155,8 @@ def simulate_serving(
     if tier is not None and len(plans) > 1:
         raise UsageError("kvtool does not model one CPU tier behind split pools", where="--kv-offloading-size")
     cost = RooflineCost(config.hardware, block_size)
+    from kvtool.simulate.grouped import GroupedEngine
+
     runs = []
     for plan in plans:
         engine = EngineConfig(
@@ -178,6 +180,7 @@ def simulate_serving(
                 progress,
                 record_events=config.record_events,
                 tier=tier,
+                engine_class=GroupedEngine if groups is not None and groups.specs else None,
             )
         )
     result, trace = _summarise(block_size, total_blocks, plans, runs, prompt_len, out, arrival, config.max_model_len)

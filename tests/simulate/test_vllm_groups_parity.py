@@ -78,7 +78,7 @@ def test_per_request_parity(path):
     fx = json.loads(path.read_text())
     assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
     prompts, out = _inputs(fx)
-    run = run_engine(_config(fx), prompts, out)
+    run = run_engine(_config(fx), prompts, out, engine_class=GroupedEngine if _config(fx).kv_groups else None)
     got = [
         (r["id"], run.num_cached_tokens[i], run.num_preemptions[i], run.finish_step[i])
         for i, r in enumerate(fx["requests"])
