@@ -24,6 +24,7 @@ from typing import Any
 from kvtool.core.errors import InputFileError
 from kvtool.events.prefix_outcomes import (
     EVICTED,
+    WINDOW,
     CacheGroup,
     GroupUtilization,
     PrefixReport,
@@ -32,7 +33,9 @@ from kvtool.events.prefix_outcomes import (
     cacheable_unit_tokens,
     classify,
     outcome_shares,
+    reachable_prefixes,
     shared_prefixes,
+    window_kept_boundary,
 )
 
 META_SUFFIX = ".meta.json"  # kvtool.vllm.recorder.writer.META_SUFFIX (not imported: that module runs inside vLLM)
@@ -216,7 +219,8 @@ def _window_note(rows: list[dict], groups: tuple[CacheGroup, ...], source: str, 
     for row in rows[:before]:
         if row["request_id"] == source and row["event"] == "free" and row.get("reason") == "window":
             for g, ids in enumerate(_per_group(row, len(groups))):
-                left[g] += len(ids)
+                if ids:
+                    left[g] += len(ids)
     if not left:
         return None
     return "; ".join(
@@ -258,13 +262,14 @@ def prefix_report_from_rows(path: str | Path, prompts: tuple[PromptRecord, ...])
         notes.append(f"{len(missing)} prompts have no row (not sampled, or never admitted): {', '.join(missing[:5])}")
     name = _name(groups)
     outcomes: list[RequestOutcome] = []
-    for p, (shared, who) in zip(prompts, shared_prefixes(prompts)):
+    for p, (shared, who), reach in zip(prompts, shared_prefixes(prompts), reachable_prefixes(prompts, groups)):
         if p.request_id not in admitted_at:
             continue
         hit = first_reuse.get(p.request_id, 0)
-        r = classify(p.request_id, len(p.prompt_token_ids), shared, hit, unit, shared_with=who)
-        if r.evicted_tokens and who is not None:
-            r = _with_evidence(r, _window_note(rows, groups, who, admitted_at[p.request_id], name))
+        r = classify(p.request_id, len(p.prompt_token_ids), shared, hit, unit, shared_with=who, reachable_tokens=reach)
+        if (r.evicted_tokens or r.window_tokens) and who is not None:
+            window = _window_note(rows, groups, who, admitted_at[p.request_id], name)
+            r = _with_evidence(r, _kept_note(r, prompts, unit) if r.outcome == WINDOW else window)
         outcomes.append(r)
     return PrefixReport(
         source=str(path),
@@ -279,6 +284,18 @@ def prefix_report_from_rows(path: str | Path, prompts: tuple[PromptRecord, ...])
     )
 
 
+def _kept_note(r: RequestOutcome, prompts: tuple[PromptRecord, ...], block: int) -> str | None:
+    """A ``window`` outcome's cause: the one boundary the earlier prompt left the sliding-window group."""
+    if r.outcome != WINDOW or r.shared_with is None:
+        return None
+    other = next(p for p in prompts if p.request_id == r.shared_with)
+    kept = window_kept_boundary(len(other.prompt_token_ids), block)
+    return (
+        f"the sliding-window group kept {other.request_id}'s blocks only up to its last-block boundary, token "
+        f"{kept} of {len(other.prompt_token_ids)}; a hit here would end at token {r.cacheable_tokens}"
+    )
+
+
 def _with_evidence(r: RequestOutcome, evidence: str | None) -> RequestOutcome:
     import dataclasses
 
@@ -289,27 +306,76 @@ def _with_evidence(r: RequestOutcome, evidence: str | None) -> RequestOutcome:
 
 
 class _Content:
-    """Each stored block's token prefix (parent chain + own tokens) -> its hash, per group; and what was removed."""
+    """Each stored block's token prefix (parent chain + own tokens), per group; and when blocks were removed.
 
-    def __init__(self) -> None:
-        self.prefix_of: dict[tuple, tuple[int, ...]] = {}  # (group, hash) -> the tokens from block 0 to its end
+    Hashes do not depend on the group (vLLM hashes tokens, parent and extra keys), so a parent stored by any group
+    places a block.  A sliding-window group stores blocks whose parent it never stored (it keeps only the blocks a
+    later hit can end on): such a block is placed where a prompt holds its tokens at that depth.
+    """
+
+    def __init__(self, prompts: tuple[PromptRecord, ...]) -> None:
+        self.prompts = prompts
+        self.prefix_of: dict[Any, tuple[int, ...]] = {}  # hash -> the tokens from block 0 to its end
         self.key_of: dict[tuple[int, tuple[int, ...]], Any] = {}  # (group, token prefix) -> hash
         self.stored_at: dict[tuple, list[int]] = defaultdict(list)  # (group, hash) -> event indexes of BlockStored
         self.removed_at: dict[tuple, list[int]] = defaultdict(list)  # (group, hash) -> event indexes of BlockRemoved
         self.first_store: list[tuple[int, int, tuple[int, ...]]] = []  # (event index, depth, prefix) of chains
+        self.unplaced = 0  # BlockStored events whose blocks no parent or prompt places
+
+    def _dense_prefixes(self, events) -> None:
+        """First pass: the prefix of every hash a dense store places (one block per hash, parent known or a root);
+        a group-agnostic hash then places the same block in a sparse sliding-window store."""
+        for e in events:
+            if e.type != "BlockStored" or not e.token_ids or not e.block_size:
+                continue
+            size = e.block_size
+            if len(e.token_ids) != len(e.block_hashes) * size:
+                continue
+            if e.parent_block_hash is None:
+                prefix: tuple[int, ...] | None = ()
+            else:
+                prefix = self.prefix_of.get(e.parent_block_hash)
+            if prefix is None:
+                continue
+            for k, h in enumerate(e.block_hashes):
+                prefix = prefix + tuple(e.token_ids[k * size : (k + 1) * size])
+                self.prefix_of.setdefault(h, prefix)
+
+    def _start(self, parent: Any, tokens: tuple[int, ...]) -> tuple[int, ...] | None:
+        if parent is not None and parent in self.prefix_of:
+            return self.prefix_of[parent]
+        if parent is None and any(p.prompt_token_ids[: len(tokens)] == tokens for p in self.prompts):
+            return ()  # a root block (a sliding-window group's first kept block may come without its parent)
+        for p in self.prompts:
+            ids = p.prompt_token_ids
+            size = len(tokens)
+            for at in range(size, len(ids) - size + 1, size):
+                if ids[at : at + size] == tokens:
+                    return ids[:at]
+        return None
 
     def replay(self, events) -> None:
+        self._dense_prefixes(events)
         for index, e in enumerate(events):
             g = e.group_idx or 0
-            if e.type == "BlockStored" and e.token_ids is not None and e.block_size:
-                prefix = self.prefix_of.get((g, e.parent_block_hash), ()) if e.parent_block_hash is not None else ()
+            if e.type == "BlockStored" and e.token_ids and e.block_size:
                 size = e.block_size
-                self.first_store.append((index, len(prefix) // size, prefix + tuple(e.token_ids[:size])))
+                prefix = self._start(e.parent_block_hash, tuple(e.token_ids[:size]))
+                if prefix is None:
+                    self.unplaced += 1
+                    continue
+                depth = len(prefix) // size
+                # A sliding-window group caching only some blocks of a range (vLLM 0.32's reachable_block_mask)
+                # sends the token ids of the whole range and the hashes of its last blocks only, without a parent.
+                skipped = max(0, len(e.token_ids) // size - len(e.block_hashes))
+                prefix = prefix + tuple(e.token_ids[: skipped * size])
                 for k, h in enumerate(e.block_hashes):
-                    prefix = prefix + tuple(e.token_ids[k * size : (k + 1) * size])
-                    self.prefix_of[(g, h)] = prefix
+                    at = (skipped + k) * size
+                    prefix = self.prefix_of.get(h) or prefix + tuple(e.token_ids[at : at + size])
+                    self.prefix_of.setdefault(h, prefix)
                     self.key_of[(g, prefix)] = h
                     self.stored_at[(g, h)].append(index)
+                self.first_store.append((index, depth, prefix))  # the whole chain the event stored
             elif e.type == "BlockRemoved":
                 for h in e.block_hashes:
                     self.removed_at[(g, h)].append(index)
@@ -325,7 +391,7 @@ def prefix_report_from_events(path: str | Path, prompts: tuple[PromptRecord, ...
     if not groups:
         raise InputFileError("no BlockStored event names a block size: no block boundary to classify by", where=str(path))
     unit = cacheable_unit_tokens(groups)
-    content = _Content()
+    content = _Content(prompts)
     content.replay(events)
     name = _name(groups)
     notes = []
@@ -333,15 +399,16 @@ def prefix_report_from_events(path: str | Path, prompts: tuple[PromptRecord, ...
         notes.append("the BlockStored events carry no token ids: the blocks cannot be matched to the prompts")
     outcomes = []
     position = -1  # the event index where the previous request stored its first block
-    for p, (shared, who) in zip(prompts, shared_prefixes(prompts)):
+    for p, (shared, who), reach in zip(prompts, shared_prefixes(prompts), reachable_prefixes(prompts, groups)):
         ids = p.prompt_token_ids
         at, depth = _first_own_store(content, ids, position, unit)
         hit = p.num_cached_tokens if p.num_cached_tokens is not None else (depth * unit if depth is not None else 0)
         if at is not None:
             position = at
-        r = classify(p.request_id, len(ids), shared, hit, unit, shared_with=who)
-        if r.evicted_tokens:
-            r = _with_evidence(r, _removed_note(content, groups, ids, r, position, name))
+        r = classify(p.request_id, len(ids), shared, hit, unit, shared_with=who, reachable_tokens=reach)
+        if r.evicted_tokens or r.window_tokens:
+            notes_here = [_kept_note(r, prompts, unit), _removed_note(content, groups, ids, r, position, name)]
+            r = _with_evidence(r, "; ".join(n for n in notes_here if n) or None)
         outcomes.append(r)
     if any(p.num_cached_tokens is None for p in prompts):
         notes.append("hits without num_cached_tokens are the depth of the first block the request stored")
@@ -367,24 +434,26 @@ def _first_own_store(content: _Content, ids: tuple[int, ...], after: int, unit: 
 
 
 def _removed_note(content: _Content, groups, ids, r: RequestOutcome, position: int, name) -> str | None:
-    """Per group: the request's cacheable blocks not hit, and whether vLLM removed them before it came."""
+    """Per group: the blocks the request's cacheable prefix spans beyond its hit, and what vLLM did with them
+    before the request came (event ``position``): removed (BlockRemoved), still cached, or never stored."""
     parts = []
     for g, group in enumerate(groups):
         size = group.block_size_tokens
-        removed, cached = [], []
+        removed, cached, never = [], [], []
         for k in range(r.hit_tokens // size, r.cacheable_tokens // size):
             h = content.key_of.get((g, ids[: (k + 1) * size]))
-            if h is None:
+            stores = [] if h is None else [i for i in content.stored_at[(g, h)] if position < 0 or i < position]
+            if not stores:
+                never.append(k)
                 continue
-            stores = [i for i in content.stored_at[(g, h)] if i < position or position < 0]
-            gone = [i for i in content.removed_at[(g, h)] if stores and i > stores[0] and (i < position or position < 0)]
+            gone = [i for i in content.removed_at[(g, h)] if i > stores[0] and (position < 0 or i < position)]
             (removed if gone else cached).append(k)
-        if removed or cached:
-            words = []
-            if removed:
-                words.append(f"block{'s' if len(removed) > 1 else ''} {_span(removed)} removed (BlockRemoved)")
-            if cached:
-                words.append(f"block{'s' if len(cached) > 1 else ''} {_span(cached)} still cached")
+        words = [
+            f"block{'s' if len(ks) > 1 else ''} {_span(ks)} {what}"
+            for ks, what in ((removed, "removed (BlockRemoved)"), (cached, "still cached"), (never, "never stored"))
+            if ks
+        ]
+        if words:
             parts.append(f"group {g} ({name(g)}): {', '.join(words)}")
     return "; ".join(parts) if parts else None
 
