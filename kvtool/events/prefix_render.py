@@ -17,12 +17,20 @@ def prefix_tables(report: PrefixReport) -> list:
     from rich.table import Table
 
     windowed = bool(sliding_groups(report.groups))
-    per_request = Table(title=f"Prefix-cache outcome per request ({report.source}; cacheable unit {report.unit_tokens} tokens)")
+    per_request = Table(
+        title=f"Prefix-cache outcome per request ({report.source}; cacheable unit {report.unit_tokens} tokens)"
+    )
     columns = ["request", "prompt", "shared", "with", "cacheable"] + (["kept by window"] if windowed else [])
     for name in [*columns, "hit", "outcome", "evidence"]:
         per_request.add_column(name, justify="right" if name in ("prompt", "shared", "cacheable", "hit") else "left")
     for r in report.requests:
-        cells = [r.request_id, str(r.prompt_tokens), str(r.shared_tokens), r.shared_with or "-", str(r.cacheable_tokens)]
+        cells = [
+            r.request_id,
+            str(r.prompt_tokens),
+            str(r.shared_tokens),
+            r.shared_with or "-",
+            str(r.cacheable_tokens),
+        ]
         if windowed:
             cells.append(str(r.reachable_tokens))
         per_request.add_row(*cells, str(r.hit_tokens), OUTCOME_WORDS[r.outcome], r.evidence or "")

@@ -381,7 +381,9 @@ class _Content:
                     self.removed_at[(g, h)].append(index)
 
 
-def prefix_report_from_events(path: str | Path, prompts: tuple[PromptRecord, ...], max_input_bytes: int) -> PrefixReport:
+def prefix_report_from_events(
+    path: str | Path, prompts: tuple[PromptRecord, ...], max_input_bytes: int
+) -> PrefixReport:
     """Outcomes from vLLM's KV events with the prompts (no utilization: the events carry no held blocks)."""
     from kvtool.vllm.events.wire import read_event_lines
 
@@ -389,7 +391,9 @@ def prefix_report_from_events(path: str | Path, prompts: tuple[PromptRecord, ...
     events = read_event_lines(path, max_input_bytes, keep_tokens=True).events
     groups = groups_of_events(events)
     if not groups:
-        raise InputFileError("no BlockStored event names a block size: no block boundary to classify by", where=str(path))
+        raise InputFileError(
+            "no BlockStored event names a block size: no block boundary to classify by", where=str(path)
+        )
     unit = cacheable_unit_tokens(groups)
     content = _Content(prompts)
     content.replay(events)

@@ -125,9 +125,7 @@ def main() -> int:
         enforce_eager=True,
         kv_cache_memory_bytes=args.kv_blocks * BLOCK_SIZE * BYTES_PER_TOKEN,
         disable_log_stats=False,
-        kv_events_config=KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=args.endpoint, topic=""
-        ),
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=args.endpoint, topic=""),
     )
     rng = random.Random(args.seed)
 
