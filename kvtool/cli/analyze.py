@@ -47,6 +47,16 @@ def register(app: typer.Typer) -> None:
             100.0, "--late-free-ms", help="A free later than this (ms after the request ended) is named as late."
         ),
         top: int = typer.Option(10, "--top", help="How many culprits (late frees, worst pools) to list."),
+        prompts: Optional[Path] = path_option(
+            None,
+            "--prompts",
+            empty_tip="give the prompts file (JSON lines: request_id, prompt_token_ids, num_cached_tokens)",
+            help="Classify each request's prefix-cache outcome instead (hit, unshared prefix, shared but shorter "
+            "than the cacheable unit, not kept by the sliding window, evicted before reuse), with the share of "
+            "prompt tokens lost to each and, from the recorder's rows, each KV-cache group's effective utilization "
+            "beside vLLM's usage gauge. JSON lines in submission order: request_id, prompt_token_ids and "
+            "(vLLM's events) num_cached_tokens. docs/prefix-cache.md.",
+        ),
         json_output: JsonOpt = False,
         export: Optional[Path] = path_option(
             None,
@@ -100,6 +110,8 @@ def register(app: typer.Typer) -> None:
         from kvtool.events.sources import is_single_file
 
         max_inflated_bytes = parse_size(max_input_bytes, option=MAX_INPUT_OPTION)
+        if prompts is not None:
+            return _prefix_outcomes(events, prompts, json_output=json_output, max_input_bytes=max_inflated_bytes)
         options = AnalyzeOptions(
             default_block_size=_positive(block_size, "--block-size"),
             long_threshold_tokens=long_threshold,
@@ -333,6 +345,29 @@ def _analyze_jsonl(path: Path, output: _Output, *, ignored: list[str]) -> None:
     if output.strict and analysis.rejected_lines:
         line, reason = analysis.rejected_lines[0]
         raise CheckFailed(f"a line was rejected: {reason}", where=f"{path}, line {line}")
+
+
+def _prefix_outcomes(events: list[str], prompts: Path, *, json_output: bool, max_input_bytes: int) -> None:
+    """``--prompts``: the prefix-outcome report of one recorder file or one vLLM KV-event file."""
+    from kvtool.cli.output import print_json, stdout_console
+    from kvtool.events.prefix_render import prefix_tables
+    from kvtool.events.prefix_sources import prefix_report_from_events, prefix_report_from_rows, read_prompts
+
+    if len(events) != 1:
+        raise UsageError("--prompts classifies one run: give one events file", where="--prompts")
+    path = Path(events[0])
+    _require_content(path)
+    records = read_prompts(prompts)
+    if _is_vllm_events_file(path):
+        report = prefix_report_from_events(path, records, max_input_bytes)
+    else:
+        report = prefix_report_from_rows(path, records)
+    if json_output:
+        print_json(report)
+        return
+    console = stdout_console()
+    for part in prefix_tables(report):
+        console.print(part)
 
 
 def _progress(path: Path) -> StderrProgress:

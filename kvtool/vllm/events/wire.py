@@ -215,13 +215,16 @@ class VllmEvent:
     medium: str | None = None  # "GPU", or an offload tier
     group_idx: int | None = None  # KV-cache group (hybrid models have several)
     session_id: str | None = None
+    spec_kind: str | None = None  # kv_cache_spec_kind of a BlockStored (FullAttentionSpec, SlidingWindowSpec, ...)
+    sliding_window: int | None = None  # kv_cache_spec_sliding_window of a BlockStored (tokens), when vLLM sent one
+    token_ids: tuple[int, ...] | None = None  # a BlockStored's token ids, only when read with keep_tokens=True
 
 
 def _is_hash(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, str)
 
 
-def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
+def _event_from_row(row: Any, line: int, where: str, keep_tokens: bool = False) -> VllmEvent:
     def field_error(name: str, what: str) -> InputFileError:
         return InputFileError(f"field '{name}' {what}", where=f"{where}, line {line}")
 
@@ -266,6 +269,10 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
     if not isinstance(token_ids, list):
         raise field_error("token_ids", "is not a list")
     session_id = row.get("session_id")
+    spec_kind = row.get("kv_cache_spec_kind")
+    window = row.get("kv_cache_spec_sliding_window")
+    if keep_tokens and not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+        raise field_error("token_ids", "is not a list of integers")
     return VllmEvent(
         line,
         seq,
@@ -279,6 +286,9 @@ def _event_from_row(row: Any, line: int, where: str) -> VllmEvent:
         medium,
         group_idx,
         None if session_id is None else str(session_id),
+        spec_kind=spec_kind if isinstance(spec_kind, str) else None,
+        sliding_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None,
+        token_ids=tuple(token_ids) if keep_tokens else None,
     )
 
 
@@ -362,10 +372,13 @@ def read_event_file(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) 
     return read_event_lines(path, max_input_bytes).events
 
 
-def read_event_lines(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> EventFile:
+def read_event_lines(
+    path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, keep_tokens: bool = False
+) -> EventFile:
     """Every event of a JSON-lines vLLM KV-event file, in file order, and a cut last line as a rejected line
-    (a capture stopped by a full disk keeps its complete lines); any other bad line is an error naming it."""
+    (a capture stopped by a full disk keeps its complete lines); any other bad line is an error naming it.
+    ``keep_tokens``: keep each BlockStored's token ids (the prefix-outcome report matches prompts by them)."""
     rejected: list[tuple[int, str]] = []
     rows = iter_event_rows(path, max_input_bytes, rejected)
-    events = tuple(_event_from_row(row, number, str(path)) for number, row in rows)
+    events = tuple(_event_from_row(row, number, str(path), keep_tokens) for number, row in rows)
     return EventFile(events, tuple(rejected))

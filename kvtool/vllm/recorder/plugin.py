@@ -154,7 +154,9 @@ class EngineFacts:
     dp_size: int
     block_size: int  # tokens per block of the first KV-cache group (the ``block_size`` column)
     num_blocks: int  # blocks in the pool, the null block included
-    groups: tuple[tuple[str, int], ...]  # (spec class, block size) of each KV-cache group
+    # (spec class, block size, sliding window in tokens or None) of each KV-cache group; files recorded before
+    # kvtool issue 28 hold (spec class, block size) pairs
+    groups: tuple[tuple[str, int, int | None], ...]
     request_ids_randomized: bool  # vLLM added a random suffix to request ids (stripped in the file)
 
 
@@ -164,7 +166,7 @@ def engine_facts(scheduler: Any) -> EngineFacts:
 
     parallel = scheduler.vllm_config.parallel_config
     groups = tuple(
-        (type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size))
+        (type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size), _window(g.kv_cache_spec))
         for g in scheduler.kv_cache_config.kv_cache_groups
     )
     return EngineFacts(
@@ -176,6 +178,12 @@ def engine_facts(scheduler: Any) -> EngineFacts:
         groups=groups,
         request_ids_randomized=not envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION,
     )
+
+
+def _window(spec: Any) -> int | None:
+    """A sliding-window spec's window in tokens (``SlidingWindowSpec.sliding_window``), else None."""
+    window = getattr(spec, "sliding_window", None)
+    return int(window) if isinstance(window, int) and window > 0 else None
 
 
 def windowed_groups(scheduler: Any) -> tuple[int, ...]:
