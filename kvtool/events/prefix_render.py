@@ -42,7 +42,7 @@ def prefix_tables(report: PrefixReport) -> list:
             continue
         words = "served from the cache (hit)" if s.outcome == "hit" else f"lost: {OUTCOME_WORDS[s.outcome]}"
         shares.add_row(words, str(s.requests), f"{s.lost_tokens:,}", _pct(s.share_of_prompt_tokens))
-    out = [per_request, shares]
+    out: list = [per_request, shares]
     if report.utilization:
         util = Table(title="Effective utilization per KV-cache group (time-weighted over the rows)")
         for name in ("group", "blocks held", "token slots held", "slots holding a token", "effective"):

@@ -55,7 +55,7 @@ def read_prompts(path: str | Path) -> tuple[PromptRecord, ...]:
             where = f"{path}, line {number}"
             try:
                 row = json.loads(text)
-            except ValueError as err:
+            except json.JSONDecodeError as err:
                 raise InputFileError(f"not JSON ({err.msg})", where=where) from None
             if not isinstance(row, dict):
                 raise InputFileError("a line must be a JSON object", where=where)
@@ -81,7 +81,7 @@ def read_meta(events_path: str | Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(meta.read_text(encoding="utf-8"))
-    except ValueError as err:
+    except json.JSONDecodeError as err:
         raise InputFileError(f"the recorder's meta file is not JSON ({err.msg})", where=str(meta)) from None
 
 
@@ -215,7 +215,7 @@ class _Holding:
 
 def _window_note(rows: list[dict], groups: tuple[CacheGroup, ...], source: str, before: int, group_names) -> str | None:
     """Which group's blocks of the earlier request left its window before row ``before`` (recorder rows)."""
-    left = defaultdict(int)
+    left: defaultdict[int, int] = defaultdict(int)
     for row in rows[:before]:
         if row["request_id"] == source and row["event"] == "free" and row.get("reason") == "window":
             for g, ids in enumerate(_per_group(row, len(groups))):
@@ -443,7 +443,9 @@ def _removed_note(content: _Content, groups, ids, r: RequestOutcome, position: i
     parts = []
     for g, group in enumerate(groups):
         size = group.block_size_tokens
-        removed, cached, never = [], [], []
+        removed: list[int] = []
+        cached: list[int] = []
+        never: list[int] = []
         for k in range(r.hit_tokens // size, r.cacheable_tokens // size):
             h = content.key_of.get((g, ids[: (k + 1) * size]))
             stores = [] if h is None else [i for i in content.stored_at[(g, h)] if position < 0 or i < position]
