@@ -359,7 +359,10 @@ def _prefix_outcomes(events: list[str], prompts: Path, *, json_output: bool, max
     _require_content(path)
     records = read_prompts(prompts)
     if _is_vllm_events_file(path):
-        report = prefix_report_from_events(path, records, max_input_bytes)
+        from kvtool.vllm.events.wire import read_event_lines
+
+        stream = read_event_lines(path, max_input_bytes, keep_tokens=True).events
+        report = prefix_report_from_events(path, stream, records)
     else:
         report = prefix_report_from_rows(path, records)
     if json_output:

@@ -381,14 +381,11 @@ class _Content:
                     self.removed_at[(g, h)].append(index)
 
 
-def prefix_report_from_events(
-    path: str | Path, prompts: tuple[PromptRecord, ...], max_input_bytes: int
-) -> PrefixReport:
-    """Outcomes from vLLM's KV events with the prompts (no utilization: the events carry no held blocks)."""
-    from kvtool.vllm.events.wire import read_event_lines
-
+def prefix_report_from_events(path: str | Path, events, prompts: tuple[PromptRecord, ...]) -> PrefixReport:
+    """Outcomes from vLLM's KV events with the prompts (no utilization: the events carry no held blocks).
+    ``events``: the file's events with their token ids, as ``kvtool.vllm.events.wire.read_event_lines(path,
+    keep_tokens=True)`` reads them (the caller reads them: this package does not import kvtool.vllm)."""
     path = Path(path)
-    events = read_event_lines(path, max_input_bytes, keep_tokens=True).events
     groups = groups_of_events(events)
     if not groups:
         raise InputFileError(

@@ -39,8 +39,15 @@ from kvtool.events.prefix_outcomes import (
     window_kept_boundary,
 )
 from kvtool.events.prefix_sources import prefix_report_from_events, prefix_report_from_rows, read_prompts
+from kvtool.vllm.events.wire import read_event_lines
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-record" / "prefix28"
+
+
+def _events(model: str):
+    """The recorded run's KV events with their token ids, as `kvtool analyze --prompts` reads them."""
+    return read_event_lines(DATA / f"{model}.events.jsonl", keep_tokens=True).events
+
 
 # request -> (prompt, shared, cacheable, hit, outcome) per model, from the hand counts above
 COMMON = {
@@ -97,7 +104,7 @@ def test_rows_classification_matches_the_hand_count(model):
 @pytest.mark.parametrize("model", ["llama", "mistral", "gemma2"])
 def test_events_classification_matches_the_hand_count(model):
     prompts = read_prompts(DATA / f"{model}.prompts.jsonl")
-    _check(prefix_report_from_events(DATA / f"{model}.events.jsonl", prompts, 1 << 30), model)
+    _check(prefix_report_from_events(DATA / f"{model}.events.jsonl", _events(model), prompts), model)
 
 
 def test_events_without_num_cached_tokens_infer_the_hit_from_the_first_block_stored(tmp_path):
@@ -108,14 +115,14 @@ def test_events_without_num_cached_tokens_infer_the_hit_from_the_first_block_sto
         row.pop("num_cached_tokens")
     bare = tmp_path / "p.jsonl"
     bare.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = prefix_report_from_events(DATA / "llama.events.jsonl", read_prompts(bare), 1 << 30)
+    report = prefix_report_from_events(DATA / "llama.events.jsonl", _events("llama"), read_prompts(bare))
     got = {r.request_id: r for r in report.requests}
     assert got["evict-b"].outcome == EVICTED and got["sys-b"].hit_tokens == 160  # sys-b stores blocks 5-7 first
 
 
 def test_the_hybrid_evidence_names_the_sliding_window_group():
     prompts = read_prompts(DATA / "gemma2.prompts.jsonl")
-    report = prefix_report_from_events(DATA / "gemma2.events.jsonl", prompts, 1 << 30)
+    report = prefix_report_from_events(DATA / "gemma2.events.jsonl", _events("gemma2"), prompts)
     ws_b = next(r for r in report.requests if r.request_id == "ws-b")
     assert "group 0 (sliding_window, window 64): blocks 1-2 removed" in ws_b.evidence
     assert "group 1 (full_attention): blocks 0-2 still cached" in ws_b.evidence
