@@ -62,7 +62,9 @@ def estimate(
     lmcache_chunk_size: int | None = None,
     limit_mm_per_prompt: str | None = None,
     mm_encoder_tp_mode: str | None = None,
+    encoder_memory: str | int | None = None,
     speculative_config: str | None = None,
+    draft_memory: str | int | None = None,
     kv_transfer_config: str | None = None,
     prompt_len: int | None = None,
     transfers_in_flight: int | None = None,
@@ -87,8 +89,9 @@ def estimate(
     ``limit_mm_per_prompt``, ``mm_encoder_tp_mode``, ``speculative_config`` and ``kv_transfer_config`` take vLLM's
     JSON and values; ``prompt_len``, ``transfers_in_flight``, ``ttft_budget_ms`` and ``prefill_ms`` size a
     prefill-to-decode handoff; ``prefix_caching`` None is vLLM's default (opt-in for hybrid models 0.11.1-0.27.1),
-    ``mamba_cache_mode`` and ``mamba_block_size`` vLLM's options of those names; ``enable_lora``, ``max_loras``, ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA
-    buffers.
+    ``mamba_cache_mode`` and ``mamba_block_size`` vLLM's options of those names; ``enable_lora``, ``max_loras``,
+    ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA buffers; ``encoder_memory`` (the vision encoder's weights
+    per GPU) and ``draft_memory`` (the drafter's, with ``speculative_config``) replace kvtool's model of them.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
@@ -116,6 +119,8 @@ def estimate(
         "non_torch_memory",
         "cudagraph_memory",
         "lora_memory",
+        "encoder_memory",
+        "draft_memory",
     ):
         given[name] = _size(given[name])
     request = request_from(given)

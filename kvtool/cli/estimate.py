@@ -137,6 +137,14 @@ LimitMmOpt = Annotated[
         help="vLLM's items per prompt as JSON, e.g. '{\"image\": 0}': image 0 skips the vision encoder's profiling run.",
     ),
 ]
+EncoderMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--encoder-memory",
+        help="Override the vision encoder's weights per GPU (e.g. 800MiB), or give those of a tower kvtool does not "
+        "model; its profiling peak is within --activation-memory.",
+    ),
+]
 MmEncoderTpModeOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -233,6 +241,13 @@ SpeculativeConfigOpt = Annotated[
         'eagle3, draft_model, dflash: "model", a local folder holding its config.json), its weights join the '
         "model's, and hybrid models' state layers hold num_speculative_tokens more blocks a request; ngram and "
         "suffix keep no KV.",
+    ),
+]
+DraftMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft-memory",
+        help="Override the drafter's weights per GPU (e.g. 1.5GiB), with --speculative-config.",
     ),
 ]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
@@ -356,6 +371,7 @@ def estimate_command(
     activation_memory: ActivationMemoryOpt = None,
     limit_mm_per_prompt: LimitMmOpt = None,
     mm_encoder_tp_mode: MmEncoderTpModeOpt = None,
+    encoder_memory: EncoderMemoryOpt = None,
     non_torch_memory: NonTorchMemoryOpt = None,
     cudagraph_memory: CudagraphMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
@@ -373,6 +389,7 @@ def estimate_command(
     kv_offloading_backend: KvOffloadingBackendOpt = "native",
     lmcache_chunk_size: LmcacheChunkSizeOpt = None,
     speculative_config: SpeculativeConfigOpt = None,
+    draft_memory: DraftMemoryOpt = None,
     kv_transfer_config: KvTransferConfigOpt = None,
     prompt_len: PromptLenOpt = None,
     transfers_in_flight: TransfersInFlightOpt = None,

@@ -46,3 +46,11 @@ def parse_size(text: str, *, option: str) -> int:
     if size <= 0:
         raise UsageError(f"{option} must be greater than zero, not {text!r}", where=option)
     return size
+
+
+def parse_override_size(text: str, *, option: str) -> int:
+    """A memory term's override (--activation-memory, --lora-memory, --draft-memory ...): a size as
+    :func:`parse_size` takes it, or zero (``0``, ``0B``, ``0GiB``, ``0GB``: the term is absent)."""
+    if str(text).strip() in ("0", "0B", "0GiB", "0GB"):
+        return 0
+    return parse_size(text, option=option)

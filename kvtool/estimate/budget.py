@@ -7,13 +7,13 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from kvtool.core.errors import UsageError
-from kvtool.core.units import parse_size
+from kvtool.core.units import parse_override_size, parse_size
 from kvtool.estimate.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, Budget, gpu_budget, plan_capacity
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.gpu import AskedGpu, implausible_size
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.layout import KvLayout, kv_layout
-from kvtool.estimate.model import ResolvedModel
+from kvtool.estimate.model import ResolvedModel, encoder_not_counted
 from kvtool.estimate.model_runner import choose_runner
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.reserve import Reserve, ReserveOverrides, model_reserve
@@ -30,6 +30,25 @@ DEFAULT_MANUAL_SEQ_LEN = 2048  # the length of a model that names no max_positio
 
 
 @dataclasses.dataclass(frozen=True)
+class WeightTerms:
+    """The weights one GPU loads before vLLM measures "Model loading took", term by term (bytes per GPU); they sum to
+    the budget's ``weights_bytes_per_gpu`` exactly (the language model's and the drafter's shares of the ceil over
+    TP are split so that they do)."""
+
+    language_model_bytes: int  # the checkpoint's (or the config estimate's) language model; a stage's at pp > 1
+    drafter_bytes: int  # --speculative-config's drafter (or --draft-memory); 0 without one or inside the checkpoint
+    encoder_bytes: int  # the vision tower and projector (or --encoder-memory); 0 without one or inside the checkpoint
+    lora_bytes: int  # --enable-lora's adapter buffers (or --lora-memory)
+    rotary_cache_bytes: int  # the rotary cos/sin caches (kvtool.estimate.rope), on every rank whole
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.language_model_bytes + self.drafter_bytes + self.encoder_bytes + self.lora_bytes + self.rotary_cache_bytes
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class PlannedBudget:
     """The KV budget per GPU and the reserve it was computed with (both None without a GPU or --kv-memory)."""
 
@@ -41,6 +60,7 @@ class PlannedBudget:
     # checkpoint
     rotary_bytes: int = 0
     rotary_method: str = ""
+    weights: WeightTerms | None = None  # the weights per GPU term by term (None without a GPU budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +82,15 @@ def plan_budget(
         return PipelinePlan(
             spec,
             layout,
-            resolve_budget(request, spec, weights, gpu, scheduler, encoder=encoder_plan(request, model, scheduler)),
+            resolve_budget(
+                request,
+                spec,
+                weights,
+                gpu,
+                scheduler,
+                encoder=encoder_plan(request, model, scheduler),
+                draft_weights_bytes=model.draft_weights_bytes,
+            ),
             (),
         )
     from kvtool.estimate.pipeline import stage_spec, stages
@@ -102,10 +130,12 @@ def resolve_budget(
     scheduler: Scheduler,
     stage: Stage | None = None,
     encoder: EncoderPlan | None = None,
+    draft_weights_bytes: int = 0,
 ) -> PlannedBudget:
     """The per-GPU KV budget from --kv-memory, or the GPU's memory less weights and the modelled reserve.
 
     With a pipeline ``stage``, its weights per GPU replace the whole model's, and only the last stage samples.
+    ``draft_weights_bytes`` is the drafter's part of ``weights`` (all GPUs), kept apart in the weight terms.
     """
     if request.kv_memory is not None:
         text = str(request.kv_memory)
@@ -136,27 +166,53 @@ def resolve_budget(
         encoder=encoder,
     )
     reserve = dataclasses.replace(reserve, method=f"{runner.why}; {reserve.method}")
-    weights_bytes = weights.weights_bytes if stage is None else stage.weights_bytes_per_gpu * request.tp
-    if encoder is not None and encoder.weights_bytes_per_gpu and (stage is None or stage.index == 0):
-        weights_bytes += encoder.weights_bytes_per_gpu * request.tp  # gpu_budget divides by TP
+    terms = _weight_terms(request, spec, weights, stage, encoder, draft_weights_bytes)
     lora = lora_plan(request, spec, stage)
     if lora is not None:  # built inside vLLM's model-loading measurement, so counted with the weights
-        weights_bytes += lora.bytes_per_gpu * request.tp
+        terms = dataclasses.replace(terms, lora_bytes=lora.bytes_per_gpu)
     rotary, rotary_how = rotary_cache_bytes(
         spec.rotary_caches, spec.model_type, model_dtype_bytes(spec.dtype), request.vllm_version
     )
-    weights_bytes += rotary * request.tp  # on every rank whole (and every stage), inside "Model loading took"
+    terms = dataclasses.replace(terms, rotary_cache_bytes=rotary)  # on every rank whole, inside "Model loading took"
     budget = gpu_budget(
         gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=(
             DEFAULT_GPU_MEMORY_UTILIZATION if request.gpu_memory_utilization is None else request.gpu_memory_utilization
         ),
-        weights_bytes=weights_bytes,
-        tp=request.tp,
+        weights_bytes=terms.total_bytes,
+        tp=1,  # the terms are per GPU already
         reserve_bytes=reserve.total_bytes,
         gpu_name=gpu.name,
     )
-    return PlannedBudget(budget, reserve, encoder, lora, rotary, rotary_how)
+    return PlannedBudget(budget, reserve, encoder, lora, rotary, rotary_how, terms)
+
+
+def _weight_terms(
+    request: EstimateRequest,
+    spec: ModelSpec,
+    weights: WeightEstimate,
+    stage: Stage | None,
+    encoder: EncoderPlan | None,
+    draft_weights_bytes: int,
+) -> WeightTerms:
+    """The language model's, the drafter's and the encoder's weights per GPU (LoRA and rotary caches come after).
+
+    ``weights`` holds the drafter's ``draft_weights_bytes`` (all GPUs); both are split over TP as one ceil, as
+    before the split, so the terms add up to ``ceil((language model + drafter) / tp)``.  The encoder loads on the
+    first pipeline stage only; --encoder-memory replaces its modelled weights (or adds a tower kvtool does not know).
+    """
+    tp = request.tp
+    if stage is not None:
+        language_model, drafter = stage.weights_bytes_per_gpu, 0
+    else:
+        language_model = -(-(weights.weights_bytes - draft_weights_bytes) // tp)
+        drafter = -(-weights.weights_bytes // tp) - language_model
+    on_first_stage = stage is None or stage.index == 0
+    encoder_bytes = encoder.weights_bytes_per_gpu if encoder is not None and on_first_stage else 0
+    given = _size_or_none(request.encoder_memory, "--encoder-memory")
+    if given is not None and on_first_stage:
+        encoder_bytes = given
+    return WeightTerms(language_model, drafter, encoder_bytes, 0, 0)
 
 
 def lora_plan(request: EstimateRequest, spec: ModelSpec, stage: Stage | None = None) -> LoraPlan | None:
@@ -185,6 +241,7 @@ def lora_plan(request: EstimateRequest, spec: ModelSpec, stage: Stage | None = N
 
 def encoder_plan(request: EstimateRequest, model: ResolvedModel, scheduler: Scheduler) -> EncoderPlan | None:
     """The vision encoder's weights (when the config estimate left them out) and profiling terms, or None."""
+    check_encoder_memory(request, model)
     if model.encoder is None:
         return None
     from kvtool.estimate.multimodal import check_tp_mode, parse_limit_mm_per_prompt, plan_encoder
@@ -202,7 +259,26 @@ def encoder_plan(request: EstimateRequest, model: ResolvedModel, scheduler: Sche
     )
     if model.encoder_in_weights:  # the safetensors headers hold it already
         plan = dataclasses.replace(plan, weights_bytes_per_gpu=0)
+    if request.encoder_memory is not None:
+        plan = dataclasses.replace(plan, method=f"{plan.method}; weights: --encoder-memory {request.encoder_memory}")
     return plan
+
+
+def check_encoder_memory(request: EstimateRequest, model: ResolvedModel) -> None:
+    """--encoder-memory replaces the vision encoder's weights that kvtool adds beside the language model: refused
+    where there are none to replace (no vision tower, or safetensors headers that count every tensor already)."""
+    if request.encoder_memory is None:
+        return
+    _size_or_none(request.encoder_memory, "--encoder-memory")
+    if (model.encoder is not None and not model.encoder_in_weights) or encoder_not_counted(model.weights):
+        return
+    if model.encoder is not None or (model.weights is not None and "safetensors" in model.weights.method):
+        why = "the safetensors headers beside the config count every tensor, the encoder's included"
+        tip = "leave --encoder-memory out (the headers are exact)"
+    else:
+        why = "the model has no vision encoder kvtool adds beside the language model"
+        tip = "--encoder-memory is for a multimodal config.json (a vision_config)"
+    raise UsageError(f"--encoder-memory: {why}", where="--encoder-memory", tip=tip)
 
 
 def _reserve_overrides(request: EstimateRequest) -> ReserveOverrides:
@@ -215,8 +291,4 @@ def _reserve_overrides(request: EstimateRequest) -> ReserveOverrides:
 
 
 def _size_or_none(text: str | None, option: str) -> int | None:
-    if text is None:
-        return None
-    if str(text).strip() in ("0", "0B", "0GiB", "0GB"):
-        return 0
-    return parse_size(text, option=option)
+    return None if text is None else parse_override_size(text, option=option)

@@ -132,7 +132,12 @@ def with_drafter(
     request: EstimateRequest, model: ResolvedModel, layout: KvLayout
 ) -> tuple[ResolvedModel, KvLayout, SpecDecode]:
     """The model and KV layout with --speculative-config's drafter: its layers in the KV cache, its weights added."""
-    from kvtool.estimate.spec_decode import resolve_spec_decode, with_draft_layers, with_speculative_conv_rows
+    from kvtool.estimate.spec_decode import (
+        resolve_spec_decode,
+        with_draft_layers,
+        with_draft_memory,
+        with_speculative_conv_rows,
+    )
 
     assert request.speculative_config is not None
     weights = model.weights
@@ -149,13 +154,15 @@ def with_drafter(
         request.tp,
         request.vllm_version,
     )
+    if request.draft_memory is not None:
+        speculative = with_draft_memory(speculative, request.draft_memory, request.tp)
     if weights is not None and speculative.draft_weights_bytes:
-        weights = dataclasses.replace(
-            weights,
-            weights_bytes=weights.weights_bytes + speculative.draft_weights_bytes,
-            method=f"{weights.method}; + drafter {speculative.draft_weights_bytes:,} B ({speculative.draft_weights_method})",
-        )
-    return ResolvedModel(model.spec, weights), with_draft_layers(layout, draft, speculative), speculative
+        # the language model's method stays its own: the result names the drafter's beside it
+        weights = dataclasses.replace(weights, weights_bytes=weights.weights_bytes + speculative.draft_weights_bytes)
+    model = dataclasses.replace(
+        model, weights=weights, draft_weights_bytes=speculative.draft_weights_bytes if weights is not None else 0
+    )
+    return model, with_draft_layers(layout, draft, speculative), speculative
 
 
 def kv_budget_tokens(

@@ -32,6 +32,14 @@ class ResolvedModel:
     # headers count the whole checkpoint; the config estimate counts the language model only)
     encoder: VisionEncoder | None = None
     encoder_in_weights: bool = False
+    # --speculative-config's drafter's weights within ``weights`` (all GPUs; kvtool.estimate.estimator.with_drafter)
+    draft_weights_bytes: int = 0
+
+
+def encoder_not_counted(weights: WeightEstimate | None) -> bool:
+    """Whether ``weights`` are a config estimate of the language model only, a vision or audio tower of the config
+    left out (kvtool does not know its architecture)."""
+    return weights is not None and "encoder is not counted" in weights.method
 
 
 def resolve_model(request: EstimateRequest) -> ResolvedModel:

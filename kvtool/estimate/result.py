@@ -14,7 +14,7 @@ from kvtool.estimate.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTIL
 from kvtool.estimate.fit import Fit, Lengths, SweepPoint
 from kvtool.estimate.hf_config import MANUAL, NO_MODEL_TYPE, PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.layout import KvLayout, group_formula
-from kvtool.estimate.model import ResolvedModel
+from kvtool.estimate.model import ResolvedModel, encoder_not_counted
 from kvtool.estimate.prefix_unit import PrefixUnit, prefix_unit_with_what_ifs
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
@@ -72,14 +72,19 @@ class EstimateResult:
     layer_groups: tuple[LayerGroupResult, ...]
     weights_bytes: int | None  # whole model
     weights_params: int | None
-    weights_method: str | None
+    weights_method: str | None  # the language model's, the drafter's and the rotary caches' methods, joined
+    language_model_weights_method: str | None  # the language model's alone (safetensors headers, config estimate)
     # capacity (null without a budget)
     budget_method: str | None
     gpu: str | None
     gpu_memory_bytes: int | None
     gpu_memory_utilization: float | None
     requested_memory_bytes: int | None
-    weights_bytes_per_gpu: int | None
+    weights_bytes_per_gpu: int | None  # what the budget subtracts: the sum of the weight terms below
+    # the weights per GPU term by term (kvtool.estimate.budget.WeightTerms), adding up to weights_bytes_per_gpu with
+    # encoder_weights_bytes, lora_bytes and rotary_cache_bytes_per_gpu; None without a GPU budget
+    language_model_weights_bytes_per_gpu: int | None
+    draft_weights_bytes_per_gpu: int | None  # --speculative-config's drafter (--draft-memory); None without one
     reserve_bytes: int | None
     activation_bytes: int | None  # the reserve's terms, per GPU (None without a GPU budget or with --reserve)
     non_torch_bytes: int | None
@@ -87,8 +92,12 @@ class EstimateResult:
     # a multimodal checkpoint's vision encoder, per GPU (kvtool.estimate.multimodal): its weights (within
     # weights_bytes_per_gpu; 0 when safetensors headers already count them) and what its profiling run adds to
     # activation_bytes; None without a known encoder or a GPU budget
-    encoder_weights_bytes: int | None
+    encoder_weights_bytes: int | None  # per GPU (--encoder-memory replaces it)
     encoder_activation_bytes: int | None
+    # the encoder cache budget vLLM logs ("Encoder cache will be initialized with a budget of N tokens") and the
+    # dummy images of the profiling run (0 when not profiled); None without a known encoder
+    encoder_budget_tokens: int | None
+    encoder_profiling_items: int | None
     encoder_method: str | None
     # --enable-lora's adapter buffers per GPU (kvtool.estimate.lora), within weights_bytes_per_gpu; None without
     # --enable-lora or a GPU budget
@@ -184,7 +193,7 @@ def build_result(
     """The flat result record both renderers read, from the steps' results."""
     spec, weights = model.spec, model.weights
     budget, reserve = plan.planned.budget, plan.planned.reserve
-    encoder, lora = plan.planned.encoder, plan.planned.lora
+    encoder, lora, terms = plan.planned.encoder, plan.planned.lora, plan.planned.weights
     capacity = fit.capacity
     seq_len, batch = fit.seq_len, fit.batch
     per_gpu = layout.kv_bytes_per_gpu(seq_len, batch)
@@ -218,26 +227,37 @@ def build_result(
         layer_groups=groups,
         weights_bytes=weights.weights_bytes if weights else None,
         weights_params=weights.num_params if weights and weights.num_params else None,
-        weights_method=(
-            f"{weights.method}; + {plan.planned.rotary_method}"
-            if weights and plan.planned.rotary_bytes
-            else weights.method
-            if weights
-            else None
-        ),
+        weights_method=_weights_method(weights, speculative, plan),
+        language_model_weights_method=weights.method if weights else None,
         budget_method=budget.method if budget else None,
         gpu=budget.gpu_name if budget else None,
         gpu_memory_bytes=budget.gpu_memory_bytes if budget else None,
         gpu_memory_utilization=budget.gpu_memory_utilization if budget else None,
         requested_memory_bytes=budget.requested_memory_bytes if budget else None,
         weights_bytes_per_gpu=budget.weights_bytes_per_gpu if budget else None,
+        language_model_weights_bytes_per_gpu=terms.language_model_bytes if terms else None,
+        draft_weights_bytes_per_gpu=terms.drafter_bytes if terms and speculative else None,
         reserve_bytes=budget.reserve_bytes if budget else None,
         activation_bytes=reserve.activation_bytes if reserve and modelled else None,
         non_torch_bytes=reserve.non_torch_bytes if reserve and modelled else None,
         cudagraph_bytes=reserve.cudagraph_bytes if reserve and modelled else None,
-        encoder_weights_bytes=encoder.weights_bytes_per_gpu if encoder else None,
+        encoder_weights_bytes=(
+            terms.encoder_bytes
+            if terms and (encoder or request.encoder_memory is not None)
+            else encoder.weights_bytes_per_gpu
+            if encoder
+            else None
+        ),
         encoder_activation_bytes=reserve.encoder_activation_bytes if encoder and reserve and modelled else None,
-        encoder_method=encoder.method if encoder else None,
+        encoder_budget_tokens=encoder.encoder_budget_tokens if encoder else None,
+        encoder_profiling_items=encoder.items if encoder else None,
+        encoder_method=(
+            encoder.method
+            if encoder
+            else f"--encoder-memory {request.encoder_memory} (a vision tower kvtool does not model)"
+            if terms and request.encoder_memory is not None
+            else None
+        ),
         lora_bytes=lora.bytes_per_gpu if lora else None,
         lora_method=lora.method if lora else None,
         rotary_cache_bytes_per_gpu=plan.planned.rotary_bytes if budget else None,
@@ -265,7 +285,7 @@ def build_result(
         warnings=(
             *_model_type_warnings(spec),
             *_context_warnings(spec, lengths.seq_lens),
-            *_encoder_warnings(weights, plan),
+            *_encoder_warnings(request, weights, plan),
             *(disagg.warnings if disagg else ()),
         ),
         sweep=fit.sweep,
@@ -366,6 +386,18 @@ def _whole_or_float(x) -> int | float:
     return int(x) if x.denominator == 1 else float(x)
 
 
+def _weights_method(weights: WeightEstimate | None, speculative: SpecDecode | None, plan: PipelinePlan) -> str | None:
+    """How weights_bytes (and the rotary caches beside them) were counted, in words."""
+    if weights is None:
+        return None
+    said = weights.method
+    if speculative is not None and speculative.draft_weights_bytes:
+        said += f"; + drafter {speculative.draft_weights_bytes:,} B ({speculative.draft_weights_method})"
+    if plan.planned.rotary_bytes:
+        said += f"; + {plan.planned.rotary_method}"
+    return said
+
+
 def _model_type_warnings(spec: ModelSpec) -> tuple[str, ...]:
     """A model_type kvtool does not know is sized by the generic rules, which may miss what its layers keep."""
     if spec.known_model_type:
@@ -380,13 +412,15 @@ def _model_type_warnings(spec: ModelSpec) -> tuple[str, ...]:
     )
 
 
-def _encoder_warnings(weights: WeightEstimate | None, plan: PipelinePlan) -> tuple[str, ...]:
-    """A budget from config-estimated weights of a multimodal checkpoint is too large by its encoder's weights."""
-    if weights is None or "is not counted" not in weights.method or plan.planned.reserve is None:
+def _encoder_warnings(request: EstimateRequest, weights: WeightEstimate | None, plan: PipelinePlan) -> tuple[str, ...]:
+    """A budget from config-estimated weights of a multimodal checkpoint is too large by its encoder's weights
+    (unless --encoder-memory gave them)."""
+    if not encoder_not_counted(weights) or plan.planned.reserve is None or request.encoder_memory is not None:
         return ()
+    assert weights is not None
     return (
         f"weights are a {weights.method}; the KV budget is too large by the encoder's weights (vLLM's log prints "
-        "them in 'Model loading took')",
+        "them in 'Model loading took'; --encoder-memory gives them)",
     )
 
 

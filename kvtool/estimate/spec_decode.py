@@ -521,6 +521,30 @@ def _mtp_weights(spec: ModelSpec, n: int, weights_method: str | None) -> tuple[i
     )
 
 
+def with_draft_memory(spec_decode: SpecDecode, text: str, tp: int) -> SpecDecode:
+    """``--draft-memory``: the drafter's weights per GPU as given, in place of kvtool's model of them (all GPUs: x tp,
+    so the budget's ceil over TP gives back exactly the size given).  Refused where there is no drafter model
+    (ngram, suffix) or where the checkpoint's safetensors headers hold its tensors already (an MTP drafter)."""
+    from kvtool.core.units import parse_override_size
+
+    if spec_decode.method in MODEL_FREE_METHODS:
+        raise UsageError(
+            f"--draft-memory: {spec_decode.method} has no drafter model, so no weights",
+            where="--draft-memory",
+            tip="leave --draft-memory out",
+        )
+    if spec_decode.draft_weights_method.startswith("already in the checkpoint"):
+        raise UsageError(
+            f"--draft-memory: the drafter's weights are {spec_decode.draft_weights_method}",
+            where="--draft-memory",
+            tip="leave --draft-memory out (the headers are exact)",
+        )
+    size = parse_override_size(text, option="--draft-memory")
+    return dataclasses.replace(
+        spec_decode, draft_weights_bytes=size * tp, draft_weights_method=f"--draft-memory {text} per GPU"
+    )
+
+
 def with_draft_layers(layout: KvLayout, draft: tuple[LayerGroup, ...], spec_decode: SpecDecode) -> KvLayout:
     """The target's layout with the draft layers added: a draft layer of a target group's spec joins that group (vLLM
     groups layers by equal KVCacheSpec), any other is a group of its own."""

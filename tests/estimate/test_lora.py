@@ -92,8 +92,9 @@ def test_the_vllm_serve_line_sets_the_same() -> None:
 def test_table_shows_the_row() -> None:
     out = CliRunner().invoke(app, ["estimate", "--model", LLAMA_8B, "--gpu", "H100", "-v", "--enable-lora"])
     assert out.exit_code == 0, out.output
-    assert "LoRA buffers per GPU" in out.stdout
-    assert "- LoRA 0.09 GiB -" in " ".join(out.stdout.split())
+    text = " ".join(out.stdout.split())
+    assert "LoRA buffers (--lora-memory)" in text
+    assert "+ LoRA 0.09 +" in text  # a term of the weights per GPU, beside the language model's
 
 
 def test_lora_memory_overrides_the_model() -> None:
