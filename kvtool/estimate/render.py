@@ -288,7 +288,7 @@ def _speculative_rows(table, r: EstimateResult, verbose: bool) -> None:
         if r.draft_weights_bytes_per_gpu is not None:
             weights = f"; drafter weights {_gib(r.draft_weights_bytes_per_gpu)} per GPU (--draft-memory)"
         else:
-            weights = f"; drafter weights {_gib(sd.draft_weights_bytes)} ({sd.draft_weights_method})"
+            weights = f"; drafter weights {_gib(sd.draft_weights_bytes)}, all GPUs ({sd.draft_weights_method})"
         table.add_row(
             f"speculative decoding ({sd.method}, {sd.num_speculative_tokens} tokens)", f"{kv}{state}{weights}"
         )
