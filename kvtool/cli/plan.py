@@ -7,7 +7,22 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from kvtool.cli.estimate import BlockSizeOpt, ConfigOpt, MaxNumSeqsOpt, ModelOpt, VllmVersionOpt
+from kvtool.cli.estimate import (
+    BlockSizeOpt,
+    ConfigOpt,
+    DraftMemoryOpt,
+    EnableLoraOpt,
+    EncoderMemoryOpt,
+    LimitMmOpt,
+    LoraMemoryOpt,
+    MaxLoraRankOpt,
+    MaxLorasOpt,
+    MaxNumSeqsOpt,
+    MmEncoderTpModeOpt,
+    ModelOpt,
+    SpeculativeConfigOpt,
+    VllmVersionOpt,
+)
 from kvtool.cli.options import JsonOpt, ProfilesOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
@@ -135,6 +150,15 @@ def plan_command(
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
     block_size: BlockSizeOpt = 16,
     vllm_version: VllmVersionOpt = NEWEST_RELEASE,
+    speculative_config: SpeculativeConfigOpt = None,
+    draft_memory: DraftMemoryOpt = None,
+    limit_mm_per_prompt: LimitMmOpt = None,
+    mm_encoder_tp_mode: MmEncoderTpModeOpt = None,
+    encoder_memory: EncoderMemoryOpt = None,
+    enable_lora: EnableLoraOpt = False,
+    max_loras: MaxLorasOpt = None,
+    max_lora_rank: MaxLoraRankOpt = None,
+    lora_memory: LoraMemoryOpt = None,
     top: TopOpt = None,
     qps: QpsOpt = None,
     ttft_ms: TtftOpt = None,
@@ -153,6 +177,8 @@ def plan_command(
       kvtool plan -m llama-3.1-70b --concurrency 64 --seq-len 16384 --gpu H100-80GB,L40S,A100-80GB --kv-dtype auto,fp8
 
       kvtool plan -m qwen2.5-7b -n 32 --trace requests.csv --percentile 95 --max-gpus 2 --json
+
+      kvtool plan -m llama-3.1-8b -n 16 --seq-len 8192 --enable-lora --max-loras 4 --gpu L40S,H100
 
       kvtool plan -m llama-3.1-8b --qps 20 --input-len 2000 --output-len 200 --ttft-ms 300 --tpot-ms 30 --gpu L40S,H100
     """
@@ -196,6 +222,15 @@ def plan_command(
         max_num_batched_tokens=max_num_batched_tokens,
         vllm_version=vllm_version,
         profile_dirs=dirs,
+        speculative_config=speculative_config,
+        draft_memory=draft_memory,
+        limit_mm_per_prompt=limit_mm_per_prompt,
+        mm_encoder_tp_mode=mm_encoder_tp_mode,
+        encoder_memory=encoder_memory,
+        enable_lora=enable_lora,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
+        lora_memory=lora_memory,
     )
     if serving.given():
         workload, ask = serving_workload_from(

@@ -6,12 +6,15 @@ exactly when ``kvtool estimate`` says it fits.  What does not change between can
 
     resolve the model     once per (tp, pp, quantization): the profile is read, the weights sized, --tp checked
     find the GPU          once per GPU profile
-    lay out the KV cache  once per (tp, quantization, kv dtype)
+    lay out the KV cache  once per (tp, pp, quantization, kv dtype), with --speculative-config's drafter added
     scheduler settings    once per (GPU, pp): vllm serve's defaults depend on the GPU only
     budget and fit        per candidate: the reserve, ceil(memory x utilization) - weights - reserve, the blocks
     auto-fit              per candidate: vLLM's --max-model-len auto (:mod:`kvtool.plan.autofit`)
 
-What is skipped is what estimate adds for its own table: the result record, --compare and the "Would fit" tries.
+The memory terms estimate takes (--speculative-config and --draft-memory, --limit-mm-per-prompt, --mm-encoder-tp-mode
+and --encoder-memory, --enable-lora and its options) ride in the base request and take the same steps.  What is
+skipped is what estimate adds for its own table: the result record, --compare, the "Would fit" tries, and the CPU
+tier and the prefill/decode handoff (they do not change which candidates hold the workload).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class _Steps:
         self.lengths = lengths
         self.models: dict[tuple[int, int, str | None], ResolvedModel | UsageError] = {}
         self.gpus: dict[str, AskedGpu] = {}
-        self.layouts: dict[tuple[int, str | None, str], KvLayout] = {}
+        self.layouts: dict[tuple[int, int, str | None, str], tuple[ResolvedModel, KvLayout]] = {}
         self.schedulers: dict[tuple[str, int], Scheduler] = {}
 
     def model(self, request: EstimateRequest) -> ResolvedModel | UsageError:
@@ -93,10 +96,17 @@ class _Steps:
             self.gpus[name] = found
         return self.gpus[name]
 
-    def layout(self, request: EstimateRequest, model: ResolvedModel) -> KvLayout:
-        key = (request.tp, request.quantization, request.kv_dtype)
+    def layout(self, request: EstimateRequest, model: ResolvedModel) -> tuple[ResolvedModel, KvLayout]:
+        """The KV layout and, with --speculative-config, the model with its drafter (estimate's with_drafter: the
+        draft layers in the layout, its weights with the model's)."""
+        key = (request.tp, request.pp, request.quantization, request.kv_dtype)
         if key not in self.layouts:
-            self.layouts[key] = kv_layout(model.spec, request.kv_dtype, request.tp)
+            layout = kv_layout(model.spec, request.kv_dtype, request.tp)
+            if request.speculative_config is not None:
+                from kvtool.estimate.estimator import with_drafter
+
+                model, layout, _ = with_drafter(request, model, layout)
+            self.layouts[key] = (model, layout)
         return self.layouts[key]
 
     def scheduler(self, request: EstimateRequest, gpu: AskedGpu) -> Scheduler:
@@ -118,7 +128,13 @@ def plan_deployments(request: PlanRequest) -> PlanResult:
     for candidate in request.grid.candidates:
         asked = candidate_request(first, workload, candidate)
         if asked.pp != first.pp:  # async scheduling's default depends on pp (check_request resolves it)
-            asked = check_request(dataclasses.replace(asked, async_scheduling=request.base.async_scheduling))
+            try:
+                asked = check_request(dataclasses.replace(asked, async_scheduling=request.base.async_scheduling))
+            except UsageError as err:  # --speculative-config with pp > 1: estimate refuses it, so is the candidate
+                if err.where != "--speculative-config":
+                    raise
+                refused.setdefault((asked.tp, asked.pp, asked.quantization), [err, 0])[1] += 1
+                continue
         model = steps.model(asked)
         if isinstance(model, UsageError):
             refused.setdefault((asked.tp, asked.pp, asked.quantization), [model, 0])[1] += 1
@@ -171,7 +187,7 @@ def _checked_base(request: PlanRequest) -> EstimateRequest:
 def _row(request: EstimateRequest, model: ResolvedModel, steps: _Steps, workload: Workload) -> PlanRow:
     """Estimate's steps for one candidate, reusing what it shares with others."""
     gpu = steps.gpu(request)
-    layout = steps.layout(request, model)
+    model, layout = steps.layout(request, model)
     scheduler = steps.scheduler(request, gpu)
     plan = plan_budget(request, model, layout, gpu, scheduler)
     fit = plan_fit(request, plan, scheduler, steps.lengths)

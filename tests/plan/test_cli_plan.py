@@ -87,3 +87,14 @@ def test_plan_does_not_import_torch_or_pandas():
     codes, _, heavy = heavy_modules_loaded_by(argv, modules=("torch", "pandas"))
     assert codes == [0]
     assert heavy == []
+
+
+def test_the_memory_terms_are_estimates_options(run_cli):
+    # plan takes estimate's memory-term options into the same request: --lora-memory 2GiB lowers each row's KV
+    # budget by exactly 2 GiB against plan with --enable-lora --lora-memory 0 (the same terms otherwise)
+    args = ["plan", "-m", "llama-3.1-8b", "-n", "4", "--seq-len", "8192", "--gpu", "H100-80GB", "--tp", "1", "--json"]
+    none = json.loads(run_cli(*args, "--enable-lora", "--lora-memory", "0").stdout)["rows"][0]
+    two = json.loads(run_cli(*args, "--enable-lora", "--lora-memory", "2GiB").stdout)["rows"][0]
+    assert none["kv_budget_bytes"] - two["kv_budget_bytes"] == 2 * 1024**3
+    bad = run_cli(*args, "--draft-memory", "1GiB")
+    assert bad.exit_code == EXIT_USAGE and bad.stderr.startswith("Error: --draft-memory needs --speculative-config")

@@ -11,23 +11,32 @@ from kvtool.estimate.estimator import estimate
 from kvtool.estimate.request import EstimateRequest
 from kvtool.plan.candidates import Workload, build_grid
 from kvtool.plan.search import PlanRequest, candidate_request, plan_deployments
+from tests.support import DATA
 
 GPUS = ("H100-80GB", "L40S", "A100-80GB")
 
 
+QWEN36 = str(DATA / "gpu-logs" / "qwen3.6-27b-int4-3090-tp2-v0.20.1")  # a hybrid with an MTP layer
+MTP = '{"method": "mtp", "num_speculative_tokens": 3}'
+
+
 @pytest.mark.parametrize(
-    ("model", "workload", "kv_dtypes", "pps"),
+    ("model", "workload", "kv_dtypes", "pps", "terms"),
     [
-        ("llama-3.1-70b", Workload(64, 16384, "hand"), ("auto", "fp8"), (1, 2)),  # GQA, pipeline stages
-        ("gemma-3-27b", Workload(16, 32768, "hand"), ("auto", "fp8"), (1,)),  # sliding + full groups
-        ("qwen2.5-7b", Workload(128, 8192, "hand"), ("auto", "fp8"), (1,)),  # 28 heads: tp 8 refused
+        ("llama-3.1-70b", Workload(64, 16384, "hand"), ("auto", "fp8"), (1, 2), {}),  # GQA, pipeline stages
+        ("gemma-3-27b", Workload(16, 32768, "hand"), ("auto", "fp8"), (1,), {}),  # sliding + full groups
+        ("qwen2.5-7b", Workload(128, 8192, "hand"), ("auto", "fp8"), (1,), {}),  # 28 heads: tp 8 refused
+        # the memory terms ride in the base request: LoRA's buffers, an MTP drafter's KV layer, state blocks and
+        # weights (pp 2 is refused with --speculative-config, as estimate refuses it)
+        ("llama-3.1-8b", Workload(64, 32768, "hand"), ("auto",), (1,), {"enable_lora": True, "max_loras": 4}),
+        (None, Workload(4, 65536, "hand"), ("auto", "fp8"), (1, 2), {"config": QWEN36, "speculative_config": MTP}),
     ],
 )
-def test_plan_fits_exactly_where_estimate_says_it_fits(model, workload, kv_dtypes, pps):
+def test_plan_fits_exactly_where_estimate_says_it_fits(model, workload, kv_dtypes, pps, terms):
     # the independent reference is estimate() itself, run from scratch for every candidate as a user would
     grid = build_grid(GPUS, (1, 2, 4, 8), pps, kv_dtypes, (0.85, 0.9, 0.95), (None,))
-    assert len(grid.candidates) >= 50
-    base = EstimateRequest(model=model)
+    assert len(grid.candidates) >= 27
+    base = EstimateRequest(model=model, **terms)
     result = plan_deployments(PlanRequest(base, workload, grid))
     planned = {(r.gpu, r.tp, r.pp, r.kv_dtype, r.gpu_memory_utilization): r for r in result.rows}
     expected = {}
