@@ -44,7 +44,11 @@ class WeightTerms:
     @property
     def total_bytes(self) -> int:
         return (
-            self.language_model_bytes + self.drafter_bytes + self.encoder_bytes + self.lora_bytes + self.rotary_cache_bytes
+            self.language_model_bytes
+            + self.drafter_bytes
+            + self.encoder_bytes
+            + self.lora_bytes
+            + self.rotary_cache_bytes
         )
 
 

@@ -230,15 +230,19 @@ def _weight_rows(table, r: EstimateResult) -> None:
     params = f"{fmt_count(r.weights_params)} parameters, " if r.weights_params else ""
     drafter_whole = r.speculative.draft_weights_bytes if r.speculative else 0
     whole = (
-        f"; whole model {_gib(r.weights_bytes - drafter_whole)}" if r.tp * r.pp > 1 and r.weights_bytes is not None else ""
+        f"; whole model {_gib(r.weights_bytes - drafter_whole)}"
+        if r.tp * r.pp > 1 and r.weights_bytes is not None
+        else ""
     )
     table.add_row(
-        "  language model", f"{_gib(r.language_model_weights_bytes_per_gpu)} ({params}{r.language_model_weights_method}{whole})"
+        "  language model",
+        f"{_gib(r.language_model_weights_bytes_per_gpu)} ({params}{r.language_model_weights_method}{whole})",
     )
     sd = r.speculative
     if sd is not None and r.draft_weights_bytes_per_gpu is not None:
         table.add_row(
-            "  drafter (--draft-memory)", f"{_gib(r.draft_weights_bytes_per_gpu)} ({sd.method}: {sd.draft_weights_method})"
+            "  drafter (--draft-memory)",
+            f"{_gib(r.draft_weights_bytes_per_gpu)} ({sd.method}: {sd.draft_weights_method})",
         )
     if r.encoder_weights_bytes is not None and r.encoder_method is not None:
         table.add_row("  vision tower (--encoder-memory)", f"{_gib(r.encoder_weights_bytes)} ({r.encoder_method})")
