@@ -143,7 +143,9 @@ def test_different_seeds_hashes_differ_but_content_still_matches():
 
 def _without_tokens(files):
     return [
-        dataclasses.replace(f, events=tuple(dataclasses.replace(e, token_ids=None, block_extras=None) for e in f.events))
+        dataclasses.replace(
+            f, events=tuple(dataclasses.replace(e, token_ids=None, block_extras=None) for e in f.events)
+        )
         for f in files
     ]
 
@@ -174,7 +176,9 @@ def _removed(t, hashes, seq=0, line=1):
 
 
 def _run(a, b):
-    return _by_name(analyze_cross_instance([InstanceEvents("a", "a.jsonl", tuple(a)), InstanceEvents("b", "b", tuple(b))]))
+    return _by_name(
+        analyze_cross_instance([InstanceEvents("a", "a.jsonl", tuple(a)), InstanceEvents("b", "b", tuple(b))])
+    )
 
 
 def test_an_evicted_block_is_not_held():

@@ -11,10 +11,11 @@ events in batch-timestamp order (each file's own order kept) and, at each ``Bloc
 
 "The same block" is matched by content where the events carry it: the block's token ids, its extra hash keys (LoRA,
 cache salt, multimodal) and, through ``parent_block_hash``, the content of every block before it, so a match does
-not depend on the instances computing equal hashes.  vLLM 0.32 computes equal hashes for equal content across
-processes only under the same ``PYTHONHASHSEED`` (or none) with a cryptographic ``--prefix-caching-hash-algo``
-(sha256, the default, or sha256_cbor; xxhash draws a random seed per process unless PYTHONHASHSEED is set):
-``vllm/v1/core/kv_cache_utils.py: resolve_none_hash_seed, init_none_hash, hash_block_tokens``.  The report measures
+not depend on the instances computing equal hashes.  vLLM 0.32 (as since 0.29.0) computes equal hashes for equal
+content across processes only under the same ``PYTHONHASHSEED``, or with none set and a cryptographic
+``--prefix-caching-hash-algo`` (sha256, the default, or sha256_cbor; xxhash draws a random seed per process):
+``vllm/v1/core/kv_cache_utils.py: resolve_none_hash_seed, init_none_hash, hash_block_tokens``; 0.10.0-0.28.0 drew
+a random seed for every algorithm when PYTHONHASHSEED was unset.  The report measures
 whether they did (``hashes``).  When some BlockStored carries no token ids, blocks are matched by hash instead.
 
 The counts are a what-if of the first order: had the router sent that request to the instance holding the prefix,
@@ -27,7 +28,6 @@ import dataclasses
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-
 from pathlib import Path
 
 from kvtool.core.errors import InputFileError, UsageError
@@ -61,13 +61,14 @@ NOTE_WHAT_IF = (
 )
 NOTE_CONTENT = (
     "Blocks are matched by content (token ids, extra hash keys and every block before them), not by vLLM's block "
-    "hashes, which are equal across instances only under the same PYTHONHASHSEED (or none) with sha256 or sha256_cbor "
-    "hashing (vLLM 0.32, vllm/v1/core/kv_cache_utils.py: resolve_none_hash_seed)."
+    "hashes, which are equal across instances only under the same PYTHONHASHSEED, or none with sha256 or sha256_cbor "
+    "hashing (vLLM 0.29.0 and later; before, only the same PYTHONHASHSEED: vllm/v1/core/kv_cache_utils.py: "
+    "resolve_none_hash_seed, init_none_hash)."
 )
 NOTE_HASH = (
     "Some BlockStored events carry no token ids, so blocks are matched by vLLM's block hash: valid only when every "
-    "instance hashes alike (the same PYTHONHASHSEED, or none, with sha256 or sha256_cbor hashing in vLLM 0.32); with "
-    "different seeds no block matches and the missed reuse reads 0."
+    "instance hashes alike (the same PYTHONHASHSEED, or none with sha256 or sha256_cbor hashing from vLLM 0.29.0 on); "
+    "with different seeds no block matches and the missed reuse reads 0."
 )
 
 
@@ -251,7 +252,9 @@ class _Replay:
         reach = {j: other.holds_chain(group, parent, self.parents) for j, other in others}
         run_missed: list[tuple[int, set[int]]] = []
         for position, block_hash in enumerate(event.block_hashes):
-            content = self.content_id(parent, self._body(event, position, size, block_hash), self._extras(event, position))
+            content = self.content_id(
+                parent, self._body(event, position, size, block_hash), self._extras(event, position)
+            )
             unit.content_of[(group, block_hash)] = content
             key = (medium, group, block_hash)
             for j, other in others:
@@ -345,9 +348,7 @@ def choose_matching(files: Sequence[InstanceEvents]) -> str:
     for f in files:
         for e in f.events:
             if e.type == BLOCK_STORED and (
-                e.token_ids is None
-                or e.block_size is None
-                or len(e.token_ids) != len(e.block_hashes) * e.block_size
+                e.token_ids is None or e.block_size is None or len(e.token_ids) != len(e.block_hashes) * e.block_size
             ):
                 return MATCH_HASH
     return MATCH_CONTENT
@@ -437,9 +438,7 @@ def _result(replay: _Replay, matched_by: str, top: int) -> CrossInstanceReuse:
             missed_share=_share(u.missed_tokens, u.tokens),
             computed_elsewhere_before_blocks=u.elsewhere_before,
             unmatched_blocks=u.unmatched,
-            held_by=tuple(
-                HeldBy(units[j].name, n, u.held_by_tokens[j]) for j, n in sorted(u.held_by.items())
-            ),
+            held_by=tuple(HeldBy(units[j].name, n, u.held_by_tokens[j]) for j, n in sorted(u.held_by.items())),
             report_mode="full" if u.resent else "incremental",
             missing_seqs=u.missing_seqs,
             rejected_lines=u.rejected_lines,
@@ -481,7 +480,9 @@ def _result(replay: _Replay, matched_by: str, top: int) -> CrossInstanceReuse:
         )
     lossy = [f"{i.instance}: {i.missing_seqs:,}" for i in instances if i.missing_seqs]
     if lossy:
-        notes.append(f"Batch sequence numbers are missing ({', '.join(lossy)}): those events were lost, counts are low.")
+        notes.append(
+            f"Batch sequence numbers are missing ({', '.join(lossy)}): those events were lost, counts are low."
+        )
     cut = [i.instance for i in instances if i.rejected_lines]
     if cut:
         notes.append(f"The last line of {', '.join(cut)} was cut short and not read.")
