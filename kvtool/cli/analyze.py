@@ -372,20 +372,10 @@ def _analyze_jsonl(path: Path, output: _Output, *, ignored: list[str]) -> None:
 
 
 def _all_vllm_event_files(arguments: list[str]) -> bool:
-    """Every argument names one local vLLM KV-event file (the cross-instance report); a mix with the events schema
-    is refused, since the two reports cannot be joined."""
+    """Every argument names one local vLLM KV-event file: the cross-instance report.  Anything else (a mix with
+    events-schema files too) is the fleet report, which refuses the vLLM files by name and analyses the others."""
     files = [Path(a) for a in arguments if "://" not in a and not set(a) & set("*?[") and Path(a).is_file()]
-    if len(files) != len(arguments):
-        return False
-    vllm = [f for f in files if _is_vllm_events_file(f)]
-    if vllm and len(vllm) != len(files):
-        other = next(f for f in files if f not in vllm)
-        raise UsageError(
-            "vLLM's KV-event files and events-schema files cannot be analysed together",
-            where=str(other),
-            tip="give one vLLM KV-event file per instance (the cross-instance report), or only CSV/Parquet files",
-        )
-    return bool(vllm)
+    return len(files) == len(arguments) and all(_is_vllm_events_file(f) for f in files)
 
 
 def _cross_instance(

@@ -255,12 +255,14 @@ def test_cli_json_and_tables(run_cli):
     assert "differ" in tables.stdout
 
 
-def test_cli_refuses_export_and_a_mix(run_cli, tmp_path):
+def test_cli_refuses_export_and_leaves_a_mix_to_the_fleet_report(run_cli, tmp_path):
     result = run_cli("analyze", *_files(SAME), "--export", tmp_path / "x.csv")
     assert result.exit_code == EXIT_USAGE and "--export has no table" in result.stderr
-    mixed = run_cli("analyze", _files(SAME)[0], DATA / "analyze" / "basic.csv")
-    assert mixed.exit_code == EXIT_USAGE
-    assert "cannot be analysed together" in mixed.stderr
+    # a mix with an events-schema file is the fleet report, which refuses the vLLM file by name
+    mixed = run_cli("analyze", _files(SAME)[0], DATA / "analyze" / "basic.csv", "--json")
+    assert mixed.exit_code == 0, mixed.stderr
+    report = json.loads(mixed.stdout)
+    assert "kind" not in report and [f["path"] for f in report["files"] if f["refused"]] == [_files(SAME)[0]]
 
 
 def test_cli_warns_of_workers_and_strict_fails_on_lost_batches(run_cli, tmp_path):
