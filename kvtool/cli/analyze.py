@@ -102,6 +102,9 @@ def register(app: typer.Typer) -> None:
         instance=NAME/ folder, an instance or engine column, or the file), reported per pool
         and for the fleet. --workers and --scheduler run them on Dask (the fleet extra).
 
+        Several vLLM KV-event files, one per instance: the reuse missed across instances
+        (blocks computed on one while another held them), docs/analyze.md.
+
         Examples: kvtool analyze events.csv --plot charts/
         kvtool analyze 'logs/instance=*/**/*.parquet' --workers 8 --json > fleet.json
         """
@@ -112,6 +115,27 @@ def register(app: typer.Typer) -> None:
         max_inflated_bytes = parse_size(max_input_bytes, option=MAX_INPUT_OPTION)
         if prompts is not None:
             return _prefix_outcomes(events, prompts, json_output=json_output, max_input_bytes=max_inflated_bytes)
+        if len(events) > 1 and _all_vllm_event_files(events):
+            ignored = [
+                name
+                for name, value, default in (
+                    ("--block-size", block_size, 16),
+                    ("--long-threshold", long_threshold, 2048),
+                    ("--long-share-alert", long_share_alert, 0.6),
+                    ("--pool-blocks", pool_blocks, None),
+                    ("--late-free-ms", late_free_ms, 100.0),
+                    ("--workers", workers, None),
+                    ("--scheduler", scheduler, None),
+                )
+                if value != default
+            ]
+            return _cross_instance(
+                events,
+                _Output(json_output=json_output, export=export, plot=plot, strict=strict),
+                top=top,
+                ignored=ignored,
+                max_input_bytes=max_inflated_bytes,
+            )
         options = AnalyzeOptions(
             default_block_size=_positive(block_size, "--block-size"),
             long_threshold_tokens=long_threshold,
@@ -345,6 +369,58 @@ def _analyze_jsonl(path: Path, output: _Output, *, ignored: list[str]) -> None:
     if output.strict and analysis.rejected_lines:
         line, reason = analysis.rejected_lines[0]
         raise CheckFailed(f"a line was rejected: {reason}", where=f"{path}, line {line}")
+
+
+def _all_vllm_event_files(arguments: list[str]) -> bool:
+    """Every argument names one local vLLM KV-event file: the cross-instance report.  Anything else (a mix with
+    events-schema files too) is the fleet report, which refuses the vLLM files by name and analyses the others."""
+    files = [Path(a) for a in arguments if "://" not in a and not set(a) & set("*?[") and Path(a).is_file()]
+    return len(files) == len(arguments) and all(_is_vllm_events_file(f) for f in files)
+
+
+def _cross_instance(
+    arguments: list[str], output: _Output, *, top: int, ignored: list[str], max_input_bytes: int
+) -> None:
+    """Several vLLM KV-event files, one per instance: the reuse missed across them (kvtool.vllm.events.cross_instance).
+
+    The replay is one pass over every instance's events in timestamp order, so it runs in this process (--workers
+    and --scheduler are named in a warning).  --strict fails on lost batches or a cut line in any file.
+    """
+    from kvtool.cli.output import print_json, stdout_console, warn
+    from kvtool.vllm.events.cross_instance import analyze_cross_instance, read_instances
+    from kvtool.vllm.events.render import cross_instance_tables
+
+    for option, value in (("--export", output.export), ("--plot", output.plot)):
+        if value is not None:
+            raise UsageError(
+                f"{option} has no table or chart to write for the cross-instance report of vLLM's KV events",
+                where=option,
+                tip="use --json for the whole report",
+            )
+    if top < 0:
+        raise UsageError(f"--top must be 0 or more, got {top}", where="--top")
+    for argument in arguments:
+        _require_content(Path(argument))
+    if ignored:
+        warn(
+            f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to the cross-instance report "
+            "of vLLM's KV events (one time-ordered replay in this process): ignored"
+        )
+    result = analyze_cross_instance(read_instances(arguments, max_input_bytes), top=top)
+    if output.json_output:
+        print_json(result)
+    else:
+        console = stdout_console()
+        for renderable in cross_instance_tables(result):
+            console.print(renderable)
+    if output.strict:
+        for i in result.instances:
+            if i.missing_seqs:
+                raise CheckFailed(
+                    f"{i.missing_seqs:,} batch sequence numbers are missing: those events were lost", where=i.source
+                )
+            if i.rejected_lines:
+                raise CheckFailed("a line was rejected: its last line is cut short", where=i.source)
 
 
 def _prefix_outcomes(events: list[str], prompts: Path, *, json_output: bool, max_input_bytes: int) -> None:

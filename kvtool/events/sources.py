@@ -56,7 +56,7 @@ def find_pool_files(arguments: Sequence[str]) -> tuple[PoolFiles, ...]:
         paths += found
     paths = _once_each(paths)  # a file named twice, or reached through a symlink, is read once
     groups: dict[str, list[str]] = {}
-    for path, name in zip(paths, _pool_names(paths)):
+    for path, name in zip(paths, pool_names(paths)):
         groups.setdefault(name, []).append(path)
     return tuple(PoolFiles(name, tuple(sorted(files))) for name, files in sorted(groups.items()))
 
@@ -211,7 +211,7 @@ def _expand_url(argument: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) for p in found)
 
 
-def _pool_names(paths: list[str]) -> list[str]:
+def pool_names(paths: list[str]) -> list[str]:
     """Each file's engine: its Hive pool partitions, else its path below the files' common folder, no suffix."""
     parts = [PurePosixPath(p.split("://", 1)[-1]).parts for p in paths]
     common = 0

@@ -14,6 +14,7 @@ from kvtool.core.format import fmt_num as _num
 from kvtool.core.format import fmt_pct as _pct
 from kvtool.vllm.events.analysis import Stats, VllmAnalysis
 from kvtool.vllm.events.capture import CaptureResult
+from kvtool.vllm.events.cross_instance import CrossInstanceReuse
 from kvtool.vllm.recorder.launch import RecordResult
 
 TIMELINE_ROWS = 8  # rows of the stored-over-time table (the plot has every point)
@@ -190,6 +191,78 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
             )
         out.append(sessions)
     for note in analysis.notes:
+        out.append(Text(f"Note: {note}"))
+    return out
+
+
+def cross_instance_tables(result: CrossInstanceReuse) -> list:
+    """The rich renderables of the cross-instance reuse report, in print order."""
+    from rich.text import Text
+
+    from kvtool.core.render import new_table
+
+    per = new_table(title=f"Reuse missed across instances (blocks matched by {result.matched_by})")
+    per.add_column("instance")
+    for name in ("computed blocks", "computed tokens", "local hit blocks", "missed blocks", "missed tokens"):
+        per.add_column(name, justify="right")
+    per.add_column("missed share", justify="right")
+    per.add_column("held by")
+    for i in result.instances:
+        per.add_row(
+            i.instance,
+            f"{i.computed_blocks:,}",
+            f"{i.computed_tokens:,}",
+            f"{i.local_hit_blocks:,}" if i.report_mode == "full" else "-",
+            f"{i.missed_blocks:,}",
+            f"{i.missed_tokens:,}",
+            _pct(i.missed_share),
+            ", ".join(f"{h.instance} {h.blocks:,}" for h in i.held_by) or "-",
+        )
+    per.add_row(
+        "fleet",
+        f"{result.computed_blocks:,}",
+        f"{result.computed_tokens:,}",
+        "",
+        f"{result.missed_blocks:,}",
+        f"{result.missed_tokens:,}",
+        _pct(result.missed_share),
+        "",
+    )
+    out: list[Any] = [per]
+
+    summary = new_table(title="What the events show", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    lead, hashes = result.lead, result.hashes
+    for name, value in [
+        ("what-if share: computed tokens held elsewhere", _pct(result.missed_share)),
+        ("blocks computed after another instance had computed them", _num(result.computed_elsewhere_before_blocks)),
+        ("held elsewhere for (s): min / median / max", f"{_num(lead.min_s)} / {_num(lead.median_s)} / "
+         f"{_num(lead.max_s)}"),
+        ("missed blocks held elsewhere < 1 s (clock skew)", _num(result.skew_sensitive_blocks)),
+        ("vLLM block hashes across instances", hashes.verdict),
+        ("block contents on 2+ instances / same hash", f"{hashes.shared_contents:,} / {hashes.same_hash_contents:,}"),
+        ("missed blocks a hash-keyed router would see", _num(hashes.missed_blocks_same_hash)
+         if result.matched_by == "content" else "-"),
+    ]:  # fmt: skip
+        summary.add_row(name, value)
+    out.append(summary)
+
+    if result.top_prefixes:
+        top = new_table(title="Prefixes computed again while held elsewhere")
+        for name in ("prefix tokens", "times", "missed tokens", "computed on", "held on", "first token ids"):
+            top.add_column(name, justify="right" if name in ("prefix tokens", "times", "missed tokens") else "left")
+        for p in result.top_prefixes:
+            top.add_row(
+                f"{p.prefix_tokens:,}",
+                f"{p.times:,}",
+                f"{p.missed_tokens:,}",
+                ", ".join(p.computed_on),
+                ", ".join(p.held_on),
+                " ".join(map(str, p.first_token_ids)) or "-",
+            )
+        out.append(top)
+    for note in result.notes:
         out.append(Text(f"Note: {note}"))
     return out
 

@@ -218,6 +218,9 @@ class VllmEvent:
     spec_kind: str | None = None  # kv_cache_spec_kind of a BlockStored (FullAttentionSpec, SlidingWindowSpec, ...)
     sliding_window: int | None = None  # kv_cache_spec_sliding_window of a BlockStored (tokens), when vLLM sent one
     token_ids: tuple[int, ...] | None = None  # a BlockStored's token ids, only when read with keep_tokens=True
+    # what else entered each block's hash besides its tokens and parent (LoRA name, cache salt, multimodal keys:
+    # vLLM's extra_keys, and lora_name), one canonical JSON text per block; only with keep_tokens=True
+    block_extras: tuple[str, ...] | None = None
 
 
 def _is_hash(value: Any) -> bool:
@@ -289,7 +292,19 @@ def _event_from_row(row: Any, line: int, where: str, keep_tokens: bool = False) 
         spec_kind=spec_kind if isinstance(spec_kind, str) else None,
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None,
         token_ids=tuple(token_ids) if keep_tokens else None,
+        block_extras=_block_extras(row, len(hashes)) if keep_tokens else None,
     )
+
+
+def _block_extras(row: dict[str, Any], blocks: int) -> tuple[str, ...]:
+    """Each block's extra hash keys with the event's LoRA name, as canonical JSON (equal keys, equal text).
+
+    vLLM publishes ``extra_keys`` as one entry per block (``vllm/v1/core/kv_cache_utils.py:
+    to_event_extra_keys``); a list of another length is kept whole on every block, so nothing is dropped."""
+    extra = row.get("extra_keys")
+    lora = [row.get("lora_name"), row.get("lora_id")]
+    per_block = extra if isinstance(extra, list) and len(extra) == blocks else [extra] * blocks
+    return tuple(json.dumps([lora, keys], sort_keys=True, separators=(",", ":")) for keys in per_block)
 
 
 def open_text(path: Path, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> TextIO:
