@@ -351,6 +351,11 @@ class MambaKind(GroupKind):
 _KINDS = {FULL: FullKind, SLIDING: SlidingKind, CHUNKED: ChunkedKind, MAMBA: MambaKind}
 
 
+def kind_of(spec: GroupSpec, block_size: int) -> GroupKind:
+    """The behaviour of a group of this spec (a fresh one: no request state)."""
+    return _KINDS[spec.kind](spec, block_size)
+
+
 @dataclasses.dataclass
 class Lookup:
     """get_computed_blocks' answer for one request."""
@@ -372,7 +377,7 @@ class Coordinator:
         self.b = block_size
         self.pool = pool
         self.keys = keys
-        self.kinds = [_KINDS[s.kind](s, block_size) for s in self.specs]
+        self.kinds = [kind_of(s, block_size) for s in self.specs]
         n = len(self.specs)
         self.tables: list[dict[int, list[int]]] = [{} for _ in range(n)]
         self.ncached: list[dict[int, int]] = [{} for _ in range(n)]  # running requests only (num_cached_block)
