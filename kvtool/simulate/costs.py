@@ -240,11 +240,11 @@ def resolve_hardware(
         max_num_seqs=int(result.max_num_seqs or 0),
         batch_defaults=serve_batch_defaults(result.gpu_memory_bytes, result.gpu, result.vllm_version),
         sources=tuple(sources),
-        **_kv_layout(model, config, tp, kv_dtype, profile_dirs),
+        **model_kv_layout(model, config, tp, kv_dtype, profile_dirs),
     )
 
 
-def _kv_layout(
+def model_kv_layout(
     model: str | None, config: str | None, tp: int, kv_dtype: str, profile_dirs: tuple[str, ...]
 ) -> dict[str, Any]:
     """The model's KV layout, as `kvtool estimate` lays it out (one resolution of the model, one layout rule), and

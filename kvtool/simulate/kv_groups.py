@@ -142,6 +142,10 @@ class GroupKind:
         """Which of blocks [lo, hi) get a key (None: all)."""
         return None
 
+    def tail_block(self, table: Sequence[int], num_tokens: int, prompt_tokens: int) -> int:
+        """The index of a block this cache_blocks call registers again although it was cached before (-1: none)."""
+        return -1
+
     def longest_hit(self, cached: Sequence[list[int] | None], max_length: int) -> list[list[int]]:
         """The hit: per block index, the group's blocks (NULL where skipped); ``cached[i]`` is what each group of
         the spec group holds under block i's key (None: a miss in one of them)."""
@@ -248,6 +252,21 @@ class MambaKind(GroupKind):
                 mask[i - lo] = True
         return mask
 
+    def tail_block(self, table: Sequence[int], num_tokens: int, prompt_tokens: int) -> int:
+        """``MambaManager._cache_partial_tail_block``, align mode, no checkpoint, hash block = block: every
+        cache_blocks call whose cacheable tokens (``_align_cacheable``: floored to a block) are the prompt's last
+        cacheable boundary ``(prompt - 1) // block x block`` (``get_mamba_prefill_checkpoint_position``) registers the
+        state block there again (``cache_partial_block``) and adds its key to ``cached_blocks_this_step``, as long as
+        the request's table still holds that block (not yet nulled by ``remove_skipped_blocks``).  So while the
+        request that computed (or hit) a prompt's last state sits at that boundary (its prompt's last, partial chunk
+        runs in this step), a request whose hit ends on that state is not admitted in this step either.  The hits of
+        identical prefixes thus stagger one step behind one another."""
+        boundary = (prompt_tokens - 1) // self.b * self.b
+        if num_tokens <= 0 or num_tokens != boundary:
+            return -1
+        i = num_tokens // self.b - 1
+        return i if i < len(table) and table[i] != NULL else -1
+
     def longest_hit(self, cached: Sequence[list[int] | None], max_length: int) -> list[list[int]]:
         """find_longest_cache_hit: the rightmost cached state at or below max_length, nulls before it."""
         for i in range(max_length // self.b - 1, -1, -1):
@@ -332,6 +351,11 @@ class MambaKind(GroupKind):
 _KINDS = {FULL: FullKind, SLIDING: SlidingKind, CHUNKED: ChunkedKind, MAMBA: MambaKind}
 
 
+def kind_of(spec: GroupSpec, block_size: int) -> GroupKind:
+    """The behaviour of a group of this spec (a fresh one: no request state)."""
+    return _KINDS[spec.kind](spec, block_size)
+
+
 @dataclasses.dataclass
 class Lookup:
     """get_computed_blocks' answer for one request."""
@@ -353,7 +377,7 @@ class Coordinator:
         self.b = block_size
         self.pool = pool
         self.keys = keys
-        self.kinds = [_KINDS[s.kind](s, block_size) for s in self.specs]
+        self.kinds = [kind_of(s, block_size) for s in self.specs]
         n = len(self.specs)
         self.tables: list[dict[int, list[int]]] = [{} for _ in range(n)]
         self.ncached: list[dict[int, int]] = [{} for _ in range(n)]  # running requests only (num_cached_block)
@@ -497,10 +521,16 @@ class Coordinator:
         full = num_tokens // self.b
         junction = self.junction.get(r, 0)
         for g, kind in enumerate(self.kinds):
+            table = self.tables[g][r]
+            tail = kind.tail_block(table, full * self.b, prompt_tokens)
+            if tail >= 0:
+                key = self.group_key(chain[tail], g)
+                if table[tail] not in self.pool.key_of:
+                    self.pool.set_key(table[tail], key)
+                kind.cached(key)
             done = self.ncached[g].get(r, 0)
             if done >= full:
                 continue
-            table = self.tables[g][r]
             mask = kind.cache_mask(done, full, prompt_tokens, junction)
             for i in range(done, full):
                 blk = table[i]

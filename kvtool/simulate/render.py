@@ -43,6 +43,7 @@ def render(report: SimulateReport, console) -> None:
             str(r.max_table_entries),
         )
     console.print(table)
+    _render_groups(st, console)
     if has_prefix:
         t2 = new_table(
             title=f"Shared prefix of {st.results[0].shared_prefix_tokens} tokens (full blocks only)",
@@ -148,6 +149,40 @@ def _render_recommendations(report: SimulateReport, console) -> None:
         console.print(f"Recommendation ({rec.objective}): block size {rec.block_size}: {rec.reason}")
     if report.recommendations:
         console.print()
+
+
+def _render_groups(st, console) -> None:
+    """The model's KV-cache groups one by one: the blocks a request holds at its end and how full they are."""
+    from kvtool.core.render import new_table
+
+    if not any(r.groups or r.groups_note for r in st.results):
+        return
+    table = new_table(title="Per KV-cache group, at each request's end", title_justify="left")
+    for col in ("block", "group", "layers", "blocks held mean", "max", "frag.", "outside window", "util."):
+        table.add_column(col, justify="right")
+    for r in st.results:
+        for g in r.groups:
+            what = g.kind if g.window_tokens is None else f"{g.kind} {g.window_tokens}"
+            table.add_row(
+                str(r.block_size),
+                f"{g.group} {what}",
+                str(g.num_layers),
+                f"{g.blocks_held_mean:.1f}",
+                str(g.blocks_held_max),
+                "state" if g.internal_fragmentation is None else _pct(g.internal_fragmentation),
+                "-" if g.outside_window_fraction is None else _pct(g.outside_window_fraction),
+                "-" if g.utilization is None else _pct(g.utilization),
+            )
+        if r.group_blocks_held_mean is not None:
+            table.add_row(str(r.block_size), "all groups", "", f"{r.group_blocks_held_mean:.1f}", "", "", "", "")
+    console.print(table)
+    for r in st.results:
+        if r.groups_note:
+            console.print(f"block {r.block_size}: groups not counted: {r.groups_note}")
+    console.print(
+        "A sliding window holds only the blocks its window still reads (vLLM frees the others); 'outside window': "
+        "slots of tokens the window no longer reads, kept because their block also holds tokens it does."
+    )
 
 
 def _render_serving(serve: list[ServeResult], setup: ServeSetup, console) -> None:

