@@ -192,6 +192,7 @@ def run_policies(
     requests, options: SimulateOptions, fleet: FleetOptions, progress: Callable[[str, int, int], None] | None = None
 ) -> FleetReport:
     """One fleet run per --router policy."""
+    _check(options, fleet)
     if len(options.block_sizes) != 1:
         raise UsageError("a fleet runs one block size: give --block-size B (or --sweep block_size=...)", where="--block-size")
     policies = parse_policies(fleet.router)
@@ -278,6 +279,7 @@ def run_sweep(
 ) -> SweepReport:
     from kvtool.core.dask_map import check_dask_options, map_on_dask
 
+    _check(options, fleet)
     check_dask_options(fleet.workers, fleet.scheduler)
     axes, points = parse_sweep(fleet.sweep or "", options, fleet)
     base, _ = fleet_base(requests, options, fleet)
