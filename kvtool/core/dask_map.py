@@ -18,7 +18,9 @@ def check_dask_options(workers: int | None, scheduler: str | None) -> None:
     if workers is not None and workers <= 0:
         raise UsageError(f"--workers must be a positive number of processes, got {workers}", where="--workers")
     if workers is not None and scheduler is not None:
-        raise UsageError("give --workers (a local cluster) or --scheduler (an existing one), not both", where="--workers")
+        raise UsageError(
+            "give --workers (a local cluster) or --scheduler (an existing one), not both", where="--workers"
+        )
     if scheduler is not None:
         from kvtool.core.extras import require
 

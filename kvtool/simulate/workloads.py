@@ -113,7 +113,8 @@ def _sessions(values: list[Any] | None, path: Path) -> list[Any] | None:
     for i, v in enumerate(values):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
             raise InputFileError(
-                f"'session_id' must be a string or an integer, got {json.dumps(v)[:40]}", where=f"{path}, record {i + 1}"
+                f"'session_id' must be a string or an integer, got {json.dumps(v)[:40]}",
+                where=f"{path}, record {i + 1}",
             )
     return list(values)
 

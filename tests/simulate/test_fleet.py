@@ -15,7 +15,7 @@ from kvtool.simulate.fleet.loop import ReplicaSpec, run_fleet
 from kvtool.simulate.fleet.routers import POLICIES, RouterSettings
 from kvtool.simulate.fleet.run import FleetOptions, run_policies, run_sweep
 from kvtool.simulate.inputs import inputs_from, prepare
-from kvtool.simulate.scheduler import EngineConfig, Prompt, run_engine
+from kvtool.simulate.scheduler import EngineConfig, Prompt
 from tests.simulate.test_vllm_scheduler_parity import FIXTURES, _config, _prompts
 from tests.support import DATA
 
@@ -33,7 +33,9 @@ def test_one_replica_matches_vllm(path, policy):
     fx = json.loads(path.read_text())
     outs = [r["max_tokens"] for r in fx["requests"]]
     run = run_fleet([ReplicaSpec("r0", _config(fx))], _prompts(fx), outs, None, RouterSettings(policy))
-    got = list(zip(run.per_request("num_cached_tokens"), run.per_request("num_preemptions"), run.per_request("finish_step")))
+    got = list(
+        zip(run.per_request("num_cached_tokens"), run.per_request("num_preemptions"), run.per_request("finish_step"))
+    )
     want = [(r["num_cached_tokens"], r["num_preemptions"], r["finish_step"]) for r in fx["requests"]]
     assert got == want
     assert run.runs[0].steps == fx["engine_steps"]
@@ -199,9 +201,7 @@ def _few_lines_bound(path: Path) -> float:
 def test_infinite_cache_bound_on_mooncake_conversation():
     """The whole FAST'25 conversation trace, one replica with a pool no request evicts from: the simulator's bound
     equals the few lines above, and so does the replica's own hit rate (nothing is ever evicted)."""
-    reqs, options = prepare(
-        inputs_from(dict(trace=MOONCAKE_FULL, serve=True, block_size="512", kv_tokens=10**8))
-    )
+    reqs, options = prepare(inputs_from(dict(trace=MOONCAKE_FULL, serve=True, block_size="512", kv_tokens=10**8)))
     r = run_policies(reqs, options, FleetOptions(replicas="1", measure_regret=False)).results[0]
     want = _few_lines_bound(MOONCAKE_FULL)
     assert r.infinite_cache_hit_rate == pytest.approx(want, abs=1e-12)

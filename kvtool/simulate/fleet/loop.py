@@ -28,7 +28,15 @@ from typing import Any
 
 from kvtool.simulate.fleet.routers import FleetView, RouterSettings, make_router
 from kvtool.simulate.prefix_cache import BlockKeys
-from kvtool.simulate.scheduler import Engine, EngineConfig, EngineRun, Prompt, StepCost, _fits_alone, shared_block_contents
+from kvtool.simulate.scheduler import (
+    Engine,
+    EngineConfig,
+    EngineRun,
+    Prompt,
+    StepCost,
+    _fits_alone,
+    shared_block_contents,
+)
 
 _NEVER = float("inf")
 
@@ -99,6 +107,20 @@ def run_fleet(
     progress: Callable[[int], None] | None = None,
 ) -> FleetRun:
     """Route every request to a replica and run the replicas until all finish (or can never run)."""
+    import gc
+
+    # as run_engine: the run makes many small objects that live until it ends, the cyclic collector would walk
+    # them again and again for nothing
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_fleet(replicas, prompts, max_tokens, arrival_s, router, sessions, measure_regret, progress)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run_fleet(replicas, prompts, max_tokens, arrival_s, router, sessions, measure_regret, progress) -> FleetRun:
     n = len(prompts)
     sizes = {spec.config.block_size for spec in replicas}
     if len(sizes) != 1:

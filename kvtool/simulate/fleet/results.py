@@ -54,7 +54,9 @@ class PolicyResult:
     per_replica: tuple[ReplicaResult, ...]
 
 
-def summarise_policy(policy: str, run: FleetRun, prompt_tokens, output_tokens, arrival_s, max_model_len) -> PolicyResult:
+def summarise_policy(
+    policy: str, run: FleetRun, prompt_tokens, output_tokens, arrival_s, max_model_len
+) -> PolicyResult:
     import numpy as np
 
     P = np.asarray(prompt_tokens, dtype=np.int64)
@@ -194,7 +196,9 @@ def recommend_point(rows: tuple[SweepRow, ...], slo_ttft_ms: float | None) -> Sw
         return None
     slo_s = None if slo_ttft_ms is None else slo_ttft_ms / 1e3
     meets = [
-        row for row in ran if slo_s is None or (row.result.serve.ttft_p99_s is not None and row.result.serve.ttft_p99_s <= slo_s)
+        row
+        for row in ran
+        if slo_s is None or (row.result.serve.ttft_p99_s is not None and row.result.serve.ttft_p99_s <= slo_s)
     ]
     target = f"TTFT p99 <= {slo_ttft_ms:g} ms" if slo_s is not None else "no TTFT target (--slo-ttft-ms)"
     if meets:

@@ -70,7 +70,9 @@ def parse_replicas(text: str, gpu: str | None, tp: int) -> list[tuple[int, str |
         m = _GROUP.match(part.strip())
         if not m or int(m.group(1)) <= 0 or (m.group(3) is not None and int(m.group(3)) <= 0):
             raise UsageError(
-                f"not a replica count or group: {part.strip()!r}", where="--replicas", tip="give N, or NxGPU[@tpK] joined by +"
+                f"not a replica count or group: {part.strip()!r}",
+                where="--replicas",
+                tip="give N, or NxGPU[@tpK] joined by +",
             )
         groups.append((int(m.group(1)), m.group(2) or gpu, int(m.group(3)) if m.group(3) else tp))
     if sum(g[0] for g in groups) > MAX_REPLICAS:
@@ -131,7 +133,9 @@ def _replicas(base: FleetBase, replicas: str, block_size: int, kv_tokens, gpu, m
 
 def _check(options: SimulateOptions, fleet: FleetOptions) -> None:
     if not options.serve:
-        raise UsageError("--replicas, --router and --sweep apply to the serving simulation: add --serve", where="--replicas")
+        raise UsageError(
+            "--replicas, --router and --sweep apply to the serving simulation: add --serve", where="--replicas"
+        )
     for flag, bad in (
         ("--split-pools", options.split_threshold_tokens is not None),
         ("--kv-offloading-size", bool(options.offload_sizes_gib)),
@@ -140,7 +144,9 @@ def _check(options: SimulateOptions, fleet: FleetOptions) -> None:
         if bad:
             raise UsageError(f"{flag} is not simulated for a fleet (one engine only)", where=flag)
     if fleet.load_metric not in LOAD_METRICS:
-        raise UsageError(f"unknown load metric {fleet.load_metric!r}", where="--load-metric", tip=" or ".join(LOAD_METRICS))
+        raise UsageError(
+            f"unknown load metric {fleet.load_metric!r}", where="--load-metric", tip=" or ".join(LOAD_METRICS)
+        )
     if not fleet.rate_scale > 0 or fleet.rate_scale == float("inf"):
         raise UsageError(f"--rate-scale must be a positive number, got {fleet.rate_scale:g}", where="--rate-scale")
     if not 0 <= fleet.cache_threshold <= 1:
@@ -194,7 +200,9 @@ def run_policies(
     """One fleet run per --router policy."""
     _check(options, fleet)
     if len(options.block_sizes) != 1:
-        raise UsageError("a fleet runs one block size: give --block-size B (or --sweep block_size=...)", where="--block-size")
+        raise UsageError(
+            "a fleet runs one block size: give --block-size B (or --sweep block_size=...)", where="--block-size"
+        )
     policies = parse_policies(fleet.router)
     base, arrivals_text = fleet_base(requests, options, fleet)
     b = options.block_sizes[0]
@@ -210,7 +218,11 @@ def run_policies(
     replicas_text = ", ".join(f"{r.name} {r.gpu} tp{r.tp} ({r.pool_blocks:,} blocks)" for r in first.per_replica[:8])
     if len(first.per_replica) > 8:
         replicas_text += f", ... ({len(first.per_replica)} replicas)"
-    pool = f"--kv-tokens {options.kv_tokens:,} per replica" if options.kv_tokens else "each GPU's KV budget (kvtool estimate)"
+    pool = (
+        f"--kv-tokens {options.kv_tokens:,} per replica"
+        if options.kv_tokens
+        else "each GPU's KV budget (kvtool estimate)"
+    )
     return FleetReport(requests.source, requests.count, arrivals_text, replicas_text, pool, tuple(results))
 
 
@@ -219,7 +231,9 @@ _DIMENSIONS = ("replicas", "router", "block_size", "kv_tokens", "gpu", "max_num_
 MAX_SWEEP_POINTS = 10_000
 
 
-def parse_sweep(text: str, options: SimulateOptions, fleet: FleetOptions) -> tuple[dict[str, list[Any]], list[SweepPoint]]:
+def parse_sweep(
+    text: str, options: SimulateOptions, fleet: FleetOptions
+) -> tuple[dict[str, list[Any]], list[SweepPoint]]:
     """The grid's axes (given ones; the others take the base run's value) and its points, last axis fastest."""
     axes: dict[str, list[Any]] = {}
     for part in text.split(";"):
@@ -229,7 +243,9 @@ def parse_sweep(text: str, options: SimulateOptions, fleet: FleetOptions) -> tup
         name = name.strip().replace("-", "_")
         if not sep or name not in _DIMENSIONS:
             raise UsageError(
-                f"not a sweep dimension: {part.strip()!r}", where="--sweep", tip=f"NAME=V,V;... with NAME one of {', '.join(_DIMENSIONS)}"
+                f"not a sweep dimension: {part.strip()!r}",
+                where="--sweep",
+                tip=f"NAME=V,V;... with NAME one of {', '.join(_DIMENSIONS)}",
             )
         if name in axes:
             raise UsageError(f"sweep dimension {name} given twice", where="--sweep")
@@ -301,6 +317,10 @@ def run_sweep(
             feature="kvtool simulate --sweep --workers/--scheduler",
             progress=note,
         )
-        ran_on = f"a local Dask cluster of {fleet.workers} workers" if fleet.workers else f"the Dask cluster at {fleet.scheduler}"
+        ran_on = (
+            f"a local Dask cluster of {fleet.workers} workers"
+            if fleet.workers
+            else f"the Dask cluster at {fleet.scheduler}"
+        )
     rows = tuple(SweepRow(p, r) for p, r in zip(points, results))
     return SweepReport(requests.source, requests.count, axes, rows, recommend_point(rows, options.slo_ttft_ms), ran_on)
