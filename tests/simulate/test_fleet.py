@@ -278,3 +278,20 @@ def test_cli_fleet_needs_serve():
     res = runner.invoke(app, ["simulate", "--trace", str(HEAD40), "--replicas", "2"])
     assert res.exit_code == 2
     assert "add --serve" in res.output
+
+
+def test_session_ids_from_a_token_id_trace(tmp_path):
+    # sessions x, y, x, y, x on 2 replicas (1 s apart, nothing in flight): x's first request takes turn 0, y turn 1,
+    # then each goes home: 0, 1, 0, 1, 0; a record without session_id would take the next turn
+    rows = [{"prompt_token_ids": [i] * 8, "max_tokens": 1, "arrival_s": float(i), "session_id": s}
+            for i, s in enumerate("xyxyx")]  # fmt: skip
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reqs, options = _inputs(path, kv_tokens=10_000)
+    assert reqs.sessions == list("xyxyx")
+    r = run_policies(reqs, options, FleetOptions(replicas="2", router="session-affinity")).results[0]
+    assert [x.requests for x in r.per_replica] == [3, 2]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**rows[0], "session_id": [1]}) + "\n")
+    res = runner.invoke(app, ["simulate", "--trace", str(bad), "--serve", "--block-size", "16", "--replicas", "2"])
+    assert res.exit_code != 0 and "'session_id' must be a string or an integer" in res.output
