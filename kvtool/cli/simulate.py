@@ -19,6 +19,7 @@ _LENGTHS = "Request lengths"
 _STATIC = "Static comparison"
 _SERVE = "Serving simulation (--serve)"
 _COST = "Model, GPU and step time (--serve)"
+_FLEET = "Fleet of replicas (--serve --replicas)"
 _OUT = "Output"
 
 
@@ -254,6 +255,77 @@ def register(app: typer.Typer) -> None:
             help="Host-to-device rate of a CPU-tier load (decimal GB/s; default 50, PCIe 5.0 x16).",
             rich_help_panel=_SERVE,
         ),
+        replicas: Optional[str] = typer.Option(
+            None,
+            "--replicas",
+            help="Simulate a fleet: N replicas of --gpu/--tp, or groups NxGPU[@tpK] joined by + "
+            "(2xh100-80gb+2xa100-80gb@tp2); each replica is the one-engine simulation (docs/fleet.md).",
+            rich_help_panel=_FLEET,
+        ),
+        router: Optional[str] = typer.Option(
+            None,
+            "--router",
+            help="The fleet's router: round-robin, least-loaded, session-affinity, prefix-aware (approximate tree), "
+            "precise (real cached blocks); a comma list or 'all' compares them (default round-robin).",
+            rich_help_panel=_FLEET,
+        ),
+        load_metric: str = typer.Option(
+            "requests",
+            "--load-metric",
+            help="least-loaded: 'requests' (running + waiting) or 'kv-blocks' (share of the pool in use).",
+            rich_help_panel=_FLEET,
+        ),
+        cache_threshold: float = typer.Option(
+            0.3,
+            "--cache-threshold",
+            help="prefix-aware: match share above which the best match wins (sglang's).",
+            rich_help_panel=_FLEET,
+        ),
+        balance_abs_threshold: int = typer.Option(
+            64,
+            "--balance-abs-threshold",
+            help="prefix-aware, precise: loads imbalanced when max - min exceeds this.",
+            rich_help_panel=_FLEET,
+        ),
+        balance_rel_threshold: float = typer.Option(
+            1.5,
+            "--balance-rel-threshold",
+            help="... and max exceeds this x min (sglang's defaults).",
+            rich_help_panel=_FLEET,
+        ),
+        rate_scale: float = typer.Option(
+            1.0,
+            "--rate-scale",
+            help="Replay the arrivals this many times faster (gaps divided by it).",
+            rich_help_panel=_FLEET,
+        ),
+        regret: bool = typer.Option(
+            True,
+            "--regret/--no-regret",
+            help="Measure the routing regret (every replica brought to each arrival; --no-regret is faster for "
+            "round-robin and session-affinity).",
+            rich_help_panel=_FLEET,
+        ),
+        sweep: Optional[str] = typer.Option(
+            None,
+            "--sweep",
+            metavar="GRID",
+            help="A design grid 'replicas=2,4;router=round-robin,precise;block_size=16,32;kv_tokens=...;gpu=...;"
+            "max_num_seqs=...': one fleet run per point and a recommendation.",
+            rich_help_panel=_FLEET,
+        ),
+        workers: Optional[int] = typer.Option(
+            None,
+            "--workers",
+            help="--sweep: run the points on a local Dask cluster of N worker processes.",
+            rich_help_panel=_FLEET,
+        ),
+        scheduler: Optional[str] = typer.Option(
+            None,
+            "--scheduler",
+            help="--sweep: run the points on the Dask cluster at this address (tcp://host:8786).",
+            rich_help_panel=_FLEET,
+        ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = path_option(
             None,
@@ -276,9 +348,41 @@ def register(app: typer.Typer) -> None:
         given = dict(locals())  # every option by its name
         given.update(block_size=_block_size(block_size, block_sizes), profiles=tuple(profiles or ()))
         reqs, options = prepare(inputs_from({k: v for k, v in given.items() if v is not None}))
+        if replicas is not None or router is not None or sweep is not None:
+            return _fleet(reqs, options, given, json_output)
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
         _show(report, traces, plot, json_output)
+
+
+def _fleet(reqs, options, given: dict, json_out: bool) -> None:
+    """--replicas / --router / --sweep: the fleet simulation, per policy or per grid point."""
+    from kvtool.simulate.fleet.run import FleetOptions, run_policies, run_sweep
+
+    fleet = FleetOptions(
+        replicas=given["replicas"] or "1",
+        router=given["router"] or "round-robin",
+        load_metric=given["load_metric"],
+        cache_threshold=given["cache_threshold"],
+        balance_abs_threshold=given["balance_abs_threshold"],
+        balance_rel_threshold=given["balance_rel_threshold"],
+        rate_scale=given["rate_scale"],
+        measure_regret=given["regret"],
+        sweep=given["sweep"],
+        workers=given["workers"],
+        scheduler=given["scheduler"],
+    )
+    with StderrProgress(enabled=reqs.count >= 50_000 or fleet.sweep is not None) as progress:
+        report = (run_sweep if fleet.sweep is not None else run_policies)(reqs, options, fleet, progress.task)
+    if json_out:
+        from kvtool.cli.output import print_json
+
+        print_json(report.to_dict())
+        return
+    from kvtool.cli.output import stdout_console
+    from kvtool.simulate.fleet.render import render_fleet, render_sweep
+
+    (render_sweep if fleet.sweep is not None else render_fleet)(report, stdout_console())
 
 
 def _block_size(block_size: Optional[str], block_sizes: Optional[str]) -> Optional[str]:

@@ -78,6 +78,9 @@ class RequestSet:
     # Per request, what the prefix cache may share: ("tokens", ids) or ("pieces", [(piece id, tokens), ...]);
     # None: lengths only (kvtool.simulate.workloads).
     shared: list[tuple[str, Any]] | None = None
+    # Per request, the conversation it belongs to (a trace's 'session_id'; None where a row has none), for a
+    # fleet's session-affinity router (kvtool.simulate.fleet); None: the trace has no session ids.
+    sessions: list[Any] | None = None
 
     @property
     def count(self) -> int:
@@ -376,7 +379,9 @@ def load_trace(path: str | Path, output_share: float = DEFAULT_OUTPUT_SHARE) -> 
 
         if is_prefix_trace(cols):
             t = prefix_trace_requests(cols, path)
-            return RequestSet(t.prompt_tokens, t.output_tokens, t.arrival_s, t.source, shared=t.shared)
+            return RequestSet(
+                t.prompt_tokens, t.output_tokens, t.arrival_s, t.source, shared=t.shared, sessions=t.sessions
+            )
     fmt = _match_format(header)
     if fmt is None:
         raise _unrecognised(str(path), header)
@@ -567,6 +572,7 @@ def sample_requests(requests: RequestSet, count: int, seed: int) -> RequestSet:
         arrival,
         f"{count:,} requests sampled with replacement from {requests.source} (seed {seed})",
         shared=None if requests.shared is None else [requests.shared[i] for i in idx.tolist()],
+        sessions=None if requests.sessions is None else [requests.sessions[i] for i in idx.tolist()],
     )
 
 

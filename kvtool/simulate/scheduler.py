@@ -256,6 +256,43 @@ class Engine:
         self.tier = tier  # the CPU tier of the offloading connector, a second level behind the pool
         if tier is not None:
             self.run.num_external_cached_tokens = [-1] * n
+        self.progress: Callable[[int], None] | None = None  # called with the finished count every 2,000 finishes
+        self.done_reported = 0
+
+    def add_request(self, prompt: Prompt, max_tokens: int, shared_keys: list[int] | None = None) -> int:
+        """One more request known to the engine (a fleet's router hands requests over one by one): its state at
+        the end of the per-request lists; ``shared_keys`` its shareable blocks' keys when the caller computed them
+        already (:meth:`shared_keys`' result, with this engine's ``keys``).  Returns its index; the caller queues it
+        (``waiting.append``).  Not with a CPU tier or several KV-cache groups."""
+        r = len(self.P)
+        if not isinstance(self.prompts, list):
+            self.prompts = list(self.prompts)
+        self.prompts.append(prompt)
+        self.P.append(prompt.tokens)
+        self.out.append(max_tokens if max_tokens >= 1 else 1)
+        self.c.append(0)
+        self.g.append(0)
+        self.blocks.append([])
+        self.npriv.append(0)
+        self.ncached.append(0)
+        if not prompt.shared:
+            self.skeys.append([])
+        elif shared_keys is not None and self.cfg.enable_prefix_caching:
+            self.skeys.append(shared_keys)
+        else:
+            self.skeys.append(None)
+        self.order.append(0)
+        run = self.run
+        run.num_cached_tokens.append(-1)
+        run.num_preemptions.append(0)
+        run.first_token_step.append(-1)
+        run.finish_step.append(-1)
+        run.admit_step.append(-1)
+        nan = float("nan")
+        run.admit_s.append(nan)
+        run.first_token_s.append(nan)
+        run.finish_s.append(nan)
+        return r
 
     # ----------------------------------------------------------------- keys and blocks
     def shared_keys(self, r: int) -> list[int]:
@@ -705,8 +742,31 @@ class Engine:
                 join(r, c[r], self._steps_left(r), order[r])
         return finished
 
+    # ----------------------------------------------------------------- between arrivals
+    def advance_to(self, t: float, stop_s: float = _NEVER) -> None:
+        """Steps while the clock is before ``t`` (the next arrival): run_engine's loop between two arrivals, and a
+        fleet's (kvtool.simulate.fleet) for each replica.  Returns at the first step boundary at or after ``t``, or
+        when the engine is idle (nothing running or waiting) or only a request that can never fit waits.
+
+        Each step: the waiting head may be admitted (no jump then), else a jump if the step is quiet (it ends after
+        the step that reaches ``t``, as at an arrival, or, when the next arrival could not be admitted anyway, at
+        the first finish; ``stop_s`` bounds that too: a fleet router reads the engine's state at ``t``), else an
+        exact step."""
+        waiting, running = self.waiting, self.running
+        cfg = self.cfg
+        room = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)  # running requests that leave room for one more
+        progress = self.progress
+        while self.now < t:
+            if not running and (not waiting or self.head_blocked):
+                return
+            if waiting and not self.head_blocked and len(running) < room or not self.jump(t, stop_s):
+                self.exact_step()
+            if progress is not None and self.finished - self.done_reported >= 2000:
+                self.done_reported = self.finished
+                progress(self.done_reported)
+
     # ----------------------------------------------------------------- decode jumps
-    def jump(self, next_arrival_s: float) -> bool:
+    def jump(self, next_arrival_s: float, stop_s: float = _NEVER) -> bool:
         """Pure-decode steps at once, while the step is quiet: every running request decodes (all in the group),
         all fit the budget, and no admission can happen.  A jump ends with the first finish (at most
         ``max_jump_steps``), before the first step whose new blocks do not fit, or after the step that reaches an
@@ -724,6 +784,8 @@ class Engine:
                     return jumped  # the head may be admitted
             elif n < cfg.max_num_seqs:
                 until_s = next_arrival_s
+            if stop_s < until_s:
+                until_s = stop_s
             steps = group.finish[0][0] - group.tick  # quiet: every running request is in the group
             if cfg.max_jump_steps < steps:
                 steps = cfg.max_jump_steps
@@ -769,7 +831,7 @@ class Engine:
             if group.finish[0][0] > group.tick:
                 return True
             self._finish(self._pop_group_finished())
-            if next_arrival_s <= self.now:
+            if next_arrival_s <= self.now or stop_s <= self.now:
                 return True
             jumped = True
 
@@ -928,29 +990,19 @@ def _run(
     fits = engine.fits_alone()
     times = [arrival[i] for i in order]
     times.append(float("inf"))  # times[nxt]: the next arrival
-    waiting, running = engine.waiting, engine.running
-    room = min(config.max_num_seqs, config.max_num_batched_tokens)  # running requests that leave room for one more
-    done_reported = 0
+    waiting = engine.waiting
+    engine.progress = progress
     while True:
         while times[nxt] <= engine.now:
             r = order[nxt]
             nxt += 1
             if fits[r]:
                 waiting.append(r)
-        if not running:
-            if not waiting:
-                if nxt >= n:
-                    break
-                engine.now = max(engine.now, times[nxt])
-                continue
-            if engine.head_blocked:  # pragma: no cover - excluded by the fits filter
+        engine.advance_to(times[nxt])
+        if engine.now < times[nxt]:  # idle (or only requests that never fit wait: excluded by the fits filter)
+            if waiting or nxt >= n:
                 break
-        # the waiting head may be admitted (no jump then), else a jump if quiet, else an exact step
-        if waiting and not engine.head_blocked and len(running) < room or not engine.jump(times[nxt]):
-            engine.exact_step()
-        if progress is not None and engine.finished - done_reported >= 2000:
-            done_reported = engine.finished
-            progress(done_reported)
+            engine.now = times[nxt]
     if progress is not None:
         progress(engine.finished)
     engine.run.free_blocks_at_end = engine.pool.num_free()

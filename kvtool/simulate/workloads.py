@@ -40,6 +40,7 @@ class PrefixTrace:
     arrival_s: Any | None  # seconds from the first request, sorted
     source: str
     shared: list[tuple[str, Any]]
+    sessions: list[Any] | None = None  # the rows' 'session_id' (a string or an integer; None where absent)
 
 
 def prefix_trace_requests(columns: dict[str, list[Any]], path: Path) -> PrefixTrace:
@@ -95,12 +96,27 @@ def prefix_trace_requests(columns: dict[str, list[Any]], path: Path) -> PrefixTr
                 / 1e3
             )
         kind = "Mooncake trace"
+    sessions = _sessions(columns.get("session_id"), path)
     if arrival is not None:
         order = np.argsort(arrival, kind="stable")
         arrival = arrival[order] - arrival[order][0]
         prompt, output = prompt[order], output[order]
         shared = [shared[i] for i in order]
-    return PrefixTrace(prompt, output, arrival, f"{kind} {path.name} ({n:,} rows)", shared)
+        sessions = None if sessions is None else [sessions[i] for i in order]
+    return PrefixTrace(prompt, output, arrival, f"{kind} {path.name} ({n:,} rows)", shared, sessions)
+
+
+def _sessions(values: list[Any] | None, path: Path) -> list[Any] | None:
+    """The rows' 'session_id' (a string or a whole number; null where a row has none), or None without any."""
+    if values is None or all(v is None for v in values):
+        return None
+    for i, v in enumerate(values):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
+            raise InputFileError(
+                f"'session_id' must be a string or an integer, got {json.dumps(v)[:40]}",
+                where=f"{path}, record {i + 1}",
+            )
+    return list(values)
 
 
 def _count(value: Any, name: str, path: Path, i: int, number: bool = False):
