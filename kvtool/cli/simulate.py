@@ -381,8 +381,12 @@ def _fleet(reqs, options, given: dict, json_out: bool) -> None:
         return
     from kvtool.cli.output import stdout_console
     from kvtool.simulate.fleet.render import render_fleet, render_sweep
+    from kvtool.simulate.fleet.results import SweepReport
 
-    (render_sweep if fleet.sweep is not None else render_fleet)(report, stdout_console())
+    if isinstance(report, SweepReport):
+        render_sweep(report, stdout_console())
+    else:
+        render_fleet(report, stdout_console())
 
 
 def _block_size(block_size: Optional[str], block_sizes: Optional[str]) -> Optional[str]:

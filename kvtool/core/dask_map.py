@@ -1,7 +1,7 @@
 """Independent tasks on Dask, as `kvtool analyze --workers/--scheduler` runs its files: a local cluster of N worker
 processes (one thread each), or an existing scheduler's; results in the order of the inputs.
 
-The same option style as analyze (kvtool.events.fleet._on_dask, which keeps its own copy for its progress per file):
+Used by `kvtool analyze --workers` (kvtool.events.fleet) and `kvtool simulate --sweep --workers`:
 ``workers`` a positive count, ``scheduler`` an address checked the way distributed parses it, an unreachable one a
 usage error; errors a user can cause (KvtoolError) raised from a worker unchanged.
 """
@@ -46,8 +46,10 @@ def map_on_dask(
     scheduler: str | None,
     feature: str,
     progress: Callable[[int, int], None] | None = None,
+    each: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
-    """``[fn(item, shared) for item in items]`` on Dask (``shared`` sent once to every worker)."""
+    """``[fn(item, shared) for item in items]`` on Dask (``shared`` sent once to every worker); ``progress(done,
+    total)`` and ``each(index, result)`` as results come in."""
     from kvtool.core.extras import require
 
     require("dask.distributed", feature=feature)
@@ -79,8 +81,11 @@ def map_on_dask(
         results: list[Any] = [None] * len(items)
         done = 0
         for future in as_completed(futures):
-            results[futures[future]] = future.result()
+            i = futures[future]
+            results[i] = future.result()
             done += 1
+            if each is not None:
+                each(i, results[i])
             if progress is not None:
                 progress(done, len(items))
     return results

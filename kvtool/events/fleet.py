@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvtool.core.errors import InputFileError, KvtoolError, UsageError
+from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.inflate import DEFAULT_MAX_INPUT_BYTES
 from kvtool.events.analysis import (
     DEFAULT_LATE_FREE_MS,
@@ -654,60 +654,22 @@ def analyze_fleet(
     return reduce_fleet(results, options)
 
 
-def _check_scheduler_address(scheduler: str) -> None:
-    """A malformed --scheduler address is a usage error, checked the way distributed parses it before any Client
-    is made (distributed's "missing port number in address ''" was a traceback)."""
-    from distributed.comm.addressing import parse_address, parse_host_port
-
-    try:
-        scheme, location = parse_address(scheduler)
-        if scheme in ("tcp", "tls"):
-            parse_host_port(location)
-    except ValueError:
-        raise UsageError(
-            f"not a Dask scheduler address: {scheduler!r}", where="--scheduler", tip="give tcp://HOST:8786"
-        ) from None
-
-
 def _on_dask(units, options, workers, scheduler, note) -> list[UnitResult]:
     """One task per engine on a Dask cluster (a local one of ``workers`` processes, or ``scheduler``'s)."""
-    from kvtool.core.extras import require
+    from kvtool.core.dask_map import map_on_dask
 
-    require("dask.distributed", feature="kvtool analyze --workers/--scheduler")
-    import contextlib
-    import logging
+    done = [0]
 
-    from dask.distributed import Client, LocalCluster, as_completed
+    def each(i: int, result: UnitResult) -> None:
+        done[0] += 1
+        note(done[0], len(units), result, units[i])
 
-    if scheduler is not None:
-        _check_scheduler_address(scheduler)
-    with contextlib.ExitStack() as stack:
-        try:
-            if scheduler is not None:
-                client = stack.enter_context(Client(scheduler, timeout="20s"))
-            else:
-                cluster = stack.enter_context(
-                    LocalCluster(
-                        n_workers=workers,
-                        threads_per_worker=1,
-                        processes=True,
-                        dashboard_address=None,
-                        silence_logs=logging.ERROR,
-                    )
-                )
-                client = stack.enter_context(Client(cluster))
-        except (OSError, TimeoutError) as err:
-            raise UsageError(f"cannot reach the Dask scheduler: {type(err).__name__}", where=scheduler) from None
-
-        futures = {client.submit(analyze_pool, unit, options, pure=False): i for i, unit in enumerate(units)}
-        results: list[Any] = [None] * len(units)
-        done = 0
-        for future in as_completed(futures):
-            i = futures[future]
-            try:
-                results[i] = future.result()
-            except KvtoolError:
-                raise
-            done += 1
-            note(done, len(units), results[i], units[i])
-    return results
+    return map_on_dask(
+        analyze_pool,
+        list(units),
+        options,
+        workers=workers,
+        scheduler=scheduler,
+        feature="kvtool analyze --workers/--scheduler",
+        each=each,
+    )

@@ -100,7 +100,8 @@ def _replicas(base: FleetBase, replicas: str, block_size: int, kv_tokens, gpu, m
     from kvtool.simulate.scheduler import EngineConfig
 
     o = base.options
-    specs, hardware = [], {}
+    specs: list = []
+    hardware: dict = {}
     for count, g, tp in parse_replicas(replicas, gpu if gpu is not None else o.gpu, o.tp):
         key = (g, tp)
         if key not in hardware:
@@ -256,10 +257,11 @@ def parse_sweep(
             items = parse_policies(",".join(items))
         elif name in ("block_size", "kv_tokens", "max_num_seqs"):
             try:
-                items = [int(v) for v in items]
+                numbers = [int(v) for v in items]
             except ValueError:
                 raise UsageError(f"sweep dimension {name} takes whole numbers", where="--sweep") from None
-            if min(items) <= 0:
+            items = numbers  # type: ignore[assignment]
+            if min(numbers) <= 0:
                 raise UsageError(f"sweep dimension {name} takes positive numbers", where="--sweep")
         elif name == "replicas":
             for v in items:
