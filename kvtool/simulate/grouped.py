@@ -159,16 +159,10 @@ class GroupedEngine(Engine):
             self.used -= freed
             self.entries -= dropped
             need = coord.blocks_to_allocate(r, c[r] + n, None, c[r])
-            fits = True
-            while need > pool.num_free():
-                victim = running.pop()
-                self._preempt(victim)
+            if need > pool.num_free():
                 preempted = True
-                if victim == r:
-                    fits = False
+                if not self._make_room(r, need):
                     break
-            if not fits:
-                break
             taken = coord.allocate(r, c[r] + n)
             self.used += taken
             self.entries += taken

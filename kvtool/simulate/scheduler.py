@@ -448,16 +448,10 @@ class Engine:
             need = -(-(c[r] + n) // b) - self.nblocks(r)
             if need < 0:
                 need = 0
-            fits = True
-            while need > pool.num_free():
-                victim = running.pop()
-                self._preempt(victim)
+            if need > pool.num_free():
                 preempted = True
-                if victim == r:
-                    fits = False
+                if not self._make_room(r, need):
                     break
-            if not fits:
-                break
             if need:
                 self._allocate(r, need)
                 self.used += need
@@ -469,6 +463,17 @@ class Engine:
             budget -= n
             i += 1
         return budget, preempted
+
+    def _make_room(self, r: int, need: int) -> bool:
+        """Preempt from the back of the running queue until ``need`` blocks are free (vLLM's allocate_slots retry
+        loop); False when ``r`` itself was the one preempted."""
+        running, pool = self.running, self.pool
+        while need > pool.num_free():
+            victim = running.pop()
+            self._preempt(victim)
+            if victim == r:
+                return False
+        return True
 
     def _schedule_waiting(self, budget: int, lpt: int, scheduled: list[tuple[int, int]]) -> None:
         """Phase 2 of schedule(): admissions, FCFS, until one does not fit."""
