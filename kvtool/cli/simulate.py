@@ -254,6 +254,15 @@ def register(app: typer.Typer) -> None:
             help="Host-to-device rate of a CPU-tier load (decimal GB/s; default 50, PCIe 5.0 x16).",
             rich_help_panel=_SERVE,
         ),
+        engine: str = typer.Option(
+            "vllm",
+            "--engine",
+            help="vllm, or sglang: SGLang's radix cache (prefix match at the page size = --block-size, LRU "
+            "eviction) and scheduler (PrefillAdder admission, retraction) over a --kv-tokens pool, with "
+            "--max-num-seqs as --max-running-requests and --max-num-batched-tokens as --chunked-prefill-size; "
+            "steps and tokens, not times.",
+            rich_help_panel=_SERVE,
+        ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = path_option(
             None,
@@ -275,10 +284,39 @@ def register(app: typer.Typer) -> None:
 
         given = dict(locals())  # every option by its name
         given.update(block_size=_block_size(block_size, block_sizes), profiles=tuple(profiles or ()))
+        if engine not in ("vllm", "sglang"):
+            from kvtool.core.errors import UsageError
+
+            raise UsageError(f"--engine must be vllm or sglang, not {engine!r}", where="--engine")
         reqs, options = prepare(inputs_from({k: v for k, v in given.items() if v is not None}))
+        if engine == "sglang":
+            _sglang(reqs, options, max_num_seqs, max_num_batched_tokens, json_output)
+            return
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
             report, traces = run_simulation(reqs, options, progress.task, keep_traces=plot is not None)
         _show(report, traces, plot, json_output)
+
+
+def _sglang(reqs, options, max_num_seqs, max_num_batched_tokens, json_output: bool) -> None:
+    from kvtool.simulate.sglang.run import report_table, simulate_sglang_report
+
+    report = simulate_sglang_report(
+        reqs,
+        options,
+        max_running_requests=max_num_seqs or 256,
+        chunked_prefill_size=max_num_batched_tokens or 8192,
+    )
+    if json_output:
+        from kvtool.cli.output import print_json
+
+        print_json(report)
+        return
+    from kvtool.cli.output import stdout_console
+
+    console = stdout_console()
+    console.print(report_table(report))
+    for note in report.notes:
+        console.print(note, highlight=False)
 
 
 def _block_size(block_size: Optional[str], block_sizes: Optional[str]) -> Optional[str]:
