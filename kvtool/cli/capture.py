@@ -68,8 +68,8 @@ def register(app: typer.Typer) -> None:
         engine: str = typer.Option(
             "vllm",
             "--engine",
-            help="Whose publisher: vllm, or sglang (--kv-events-config '{\"publisher\": \"zmq\"}': the same "
-            "frames, endpoint tcp://*:5557 and topic '', its own event fields; rows get \"engine\": \"sglang\").",
+            help='Whose publisher: vllm, or sglang (--kv-events-config \'{"publisher": "zmq"}\': the same '
+            'frames, endpoint tcp://*:5557 and topic \'\', its own event fields; rows get "engine": "sglang").',
         ),
         json_output: JsonOpt = False,
     ) -> None:
@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             if engine == "sglang":
                 warn(
                     f"no events received ({result.role} {result.endpoint}): check that SGLang runs with "
-                    f"--kv-events-config '{{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}}' and the "
+                    f'--kv-events-config \'{{"publisher": "zmq", "endpoint": "tcp://*:5557"}}\' and the '
                     "radix cache on (no --disable-radix-cache)"
                 )
                 return

@@ -61,8 +61,20 @@ def test_cli_engine_sglang_json(tmp_path):
     trace.write_text("".join(json.dumps({"prompt_token_ids": PROMPT, "max_tokens": 2}) + "\n" for _ in range(2)))
     result = CliRunner().invoke(
         app,
-        ["simulate", "--trace", str(trace), "--engine", "sglang", "--kv-tokens", "1000", "--block-size", "1,4",
-         "--max-num-seqs", "1", "--json"],
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--engine",
+            "sglang",
+            "--kv-tokens",
+            "1000",
+            "--block-size",
+            "1,4",
+            "--max-num-seqs",
+            "1",
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

@@ -133,7 +133,9 @@ def run_trace(name, spec, out_events: Path):
                     "seq": seq,
                     "payload_hex": encoder.encode(batch).hex(),
                     # SGLang's own reading of the payload: msgspec's typed decode, as plain values
-                    "sglang_decoded": msgspec.to_builtins(msgspec.msgpack.Decoder(KVEventBatch).decode(encoder.encode(batch))),
+                    "sglang_decoded": msgspec.to_builtins(
+                        msgspec.msgpack.Decoder(KVEventBatch).decode(encoder.encode(batch))
+                    ),
                 }
             )
             seq += 1

@@ -54,11 +54,20 @@ def token_prompts(reqs) -> list[list[int]]:
     return out
 
 
-def simulate_sglang_report(reqs, options, *, max_running_requests: int = 256, chunked_prefill_size: int | None = 8192,
-                           schedule_policy: str = "fcfs") -> SglangReport:
+def simulate_sglang_report(
+    reqs,
+    options,
+    *,
+    max_running_requests: int = 256,
+    chunked_prefill_size: int | None = 8192,
+    schedule_policy: str = "fcfs",
+) -> SglangReport:
     if options.kv_tokens is None:
-        raise UsageError("--engine sglang needs the pool size in tokens", where="--kv-tokens",
-                         tip="give --kv-tokens N (SGLang's max_total_num_tokens, from its start-up log)")
+        raise UsageError(
+            "--engine sglang needs the pool size in tokens",
+            where="--kv-tokens",
+            tip="give --kv-tokens N (SGLang's max_total_num_tokens, from its start-up log)",
+        )
     prompts = token_prompts(reqs)
     max_new = [int(x) for x in reqs.output_tokens]
     results = []
@@ -81,11 +90,27 @@ def report_table(report: SglangReport):
     from kvtool.core.render import new_table
 
     table = new_table(title=f"SGLang radix cache: {report.source} ({report.pool_tokens:,}-token pool)")
-    for name in ("page", "steps", "prefill steps", "cached prompt tokens", "hit", "evicted tokens", "retractions",
-                 "peak used tokens"):
+    for name in (
+        "page",
+        "steps",
+        "prefill steps",
+        "cached prompt tokens",
+        "hit",
+        "evicted tokens",
+        "retractions",
+        "peak used tokens",
+    ):
         table.add_column(name, justify="right")
     for r in report.results:
         hit = "-" if r.cache_hit_fraction is None else f"{100 * r.cache_hit_fraction:.1f} %"
-        table.add_row(str(r.page_size), f"{r.steps:,}", f"{r.prefill_steps:,}", f"{r.cached_prompt_tokens:,}", hit,
-                      f"{r.evicted_tokens:,}", f"{r.retractions:,}", f"{r.peak_used_tokens:,}")
+        table.add_row(
+            str(r.page_size),
+            f"{r.steps:,}",
+            f"{r.prefill_steps:,}",
+            f"{r.cached_prompt_tokens:,}",
+            hit,
+            f"{r.evicted_tokens:,}",
+            f"{r.retractions:,}",
+            f"{r.peak_used_tokens:,}",
+        )
     return table

@@ -257,7 +257,9 @@ class SglangEngine:
     def run(self, prompts: Sequence[Sequence[int]], max_new: Sequence[int]) -> SglangResult:
         for i, (p, m) in enumerate(zip(prompts, max_new)):
             if len(p) + m > self.c.pool_tokens:
-                raise ValueError(f"request {i + 1} needs {len(p) + m:,} tokens, more than the pool's {self.c.pool_tokens:,}")
+                raise ValueError(
+                    f"request {i + 1} needs {len(p) + m:,} tokens, more than the pool's {self.c.pool_tokens:,}"
+                )
             self.waiting.append(_Req(i, tuple(p), max(int(m), 1)))
         n = len(self.waiting)
         while self.waiting or self.running or self.chunked:
