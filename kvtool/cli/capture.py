@@ -1,4 +1,4 @@
-"""`kvtool capture`: record a running vLLM's KV-cache events (ZMQ + msgpack) as JSON lines."""
+"""`kvtool capture`: record a running vLLM's (or SGLang's) KV-cache events (ZMQ + msgpack) as JSON lines."""
 
 from __future__ import annotations
 
@@ -65,9 +65,15 @@ def register(app: typer.Typer) -> None:
         max_events: Optional[int] = typer.Option(
             None, "--max-events", help="Stop after the batch that brings the count to this many events."
         ),
+        engine: str = typer.Option(
+            "vllm",
+            "--engine",
+            help='Whose publisher: vllm, or sglang (--kv-events-config \'{"publisher": "zmq"}\': the same '
+            'frames, endpoint tcp://*:5557 and topic \'\', its own event fields; rows get "engine": "sglang").',
+        ),
         json_output: JsonOpt = False,
     ) -> None:
-        """Capture a running vLLM's KV-cache events (ZMQ publisher) into a JSON-lines file."""
+        """Capture a running vLLM's (or SGLang's) KV-cache events (ZMQ publisher) into a JSON-lines file."""
         from kvtool.cli.output import print_json, stdout_console
         from kvtool.vllm.events.capture import CaptureOptions, run_capture
         from kvtool.vllm.events.render import capture_table
@@ -80,6 +86,7 @@ def register(app: typer.Typer) -> None:
             topic=topic,
             duration_s=duration_s,
             max_events=max_events,
+            engine=engine,
         )
         stop = threading.Event()
         previous = _install_stop_handlers(stop)
@@ -97,6 +104,13 @@ def register(app: typer.Typer) -> None:
         if result.events_written == 0 and result.malformed_frames == 0:
             from kvtool.cli.output import warn
 
+            if engine == "sglang":
+                warn(
+                    f"no events received ({result.role} {result.endpoint}): check that SGLang runs with "
+                    f'--kv-events-config \'{{"publisher": "zmq", "endpoint": "tcp://*:5557"}}\' and the '
+                    "radix cache on (no --disable-radix-cache)"
+                )
+                return
             warn(
                 f"no events received ({result.role} {result.endpoint}): check that vLLM runs with "
                 f"KVEventsConfig(enable_kv_cache_events=True, publisher='zmq', endpoint='{endpoint}') and "

@@ -326,6 +326,15 @@ def register(app: typer.Typer) -> None:
             help="--sweep: run the points on the Dask cluster at this address (tcp://host:8786).",
             rich_help_panel=_FLEET,
         ),
+        engine: str = typer.Option(
+            "vllm",
+            "--engine",
+            help="vllm, or sglang: SGLang's radix cache (prefix match at the page size = --block-size, LRU "
+            "eviction) and scheduler (PrefillAdder admission, retraction) over a --kv-tokens pool, with "
+            "--max-num-seqs as --max-running-requests and --max-num-batched-tokens as --chunked-prefill-size; "
+            "steps and tokens, not times.",
+            rich_help_panel=_SERVE,
+        ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = path_option(
             None,
@@ -347,7 +356,20 @@ def register(app: typer.Typer) -> None:
 
         given = dict(locals())  # every option by its name
         given.update(block_size=_block_size(block_size, block_sizes), profiles=tuple(profiles or ()))
+        if engine not in ("vllm", "sglang"):
+            from kvtool.core.errors import UsageError
+
+            raise UsageError(f"--engine must be vllm or sglang, not {engine!r}", where="--engine")
         reqs, options = prepare(inputs_from({k: v for k, v in given.items() if v is not None}))
+        if engine == "sglang":
+            if replicas is not None or router is not None or sweep is not None:
+                from kvtool.core.errors import UsageError
+
+                raise UsageError(
+                    "the fleet simulation runs vLLM replicas only", where="--engine", tip="drop --engine sglang"
+                )
+            _sglang(reqs, options, max_num_seqs, max_num_batched_tokens, json_output)
+            return
         if replicas is not None or router is not None or sweep is not None:
             return _fleet(reqs, options, given, json_output)
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
@@ -387,6 +409,29 @@ def _fleet(reqs, options, given: dict, json_out: bool) -> None:
         render_sweep(report, stdout_console())
     else:
         render_fleet(report, stdout_console())
+
+
+def _sglang(reqs, options, max_num_seqs, max_num_batched_tokens, json_output: bool) -> None:
+    from kvtool.simulate.sglang.render import report_table
+    from kvtool.simulate.sglang.run import simulate_sglang_report
+
+    report = simulate_sglang_report(
+        reqs,
+        options,
+        max_running_requests=max_num_seqs or 256,
+        chunked_prefill_size=max_num_batched_tokens or 8192,
+    )
+    if json_output:
+        from kvtool.cli.output import print_json
+
+        print_json(report)
+        return
+    from kvtool.cli.output import stdout_console
+
+    console = stdout_console()
+    console.print(report_table(report))
+    for note in report.notes:
+        console.print(note, highlight=False)
 
 
 def _block_size(block_size: Optional[str], block_sizes: Optional[str]) -> Optional[str]:

@@ -59,6 +59,26 @@ NOTE_INCREMENTAL = (
     "which does not report prefix-cache hits; run requests with SamplingParams(extra_args="
     "{'kv_cache_report_mode': 'full'}) for hit evidence."
 )
+# SGLang's events, as its source emits them (sglang 0.5.23: srt/mem_cache/events.py KVCacheEventRecorder,
+# srt/mem_cache/radix_cache.py RadixCache._insert_helper / evict / reset, srt/disaggregation/kv_events.py).
+SGLANG_NOTES = (
+    "SGLang's KV events carry no request id (its BlockStored may carry a session_id, for attribution): the time a "
+    "request holds its KV cannot be derived from them. Lifetimes here run from the radix-tree insert of a page "
+    "(BlockStored) to its eviction (BlockRemoved): how long a prefix stayed cached.",
+    "SGLang's 'blocks' are pages of the radix cache: block_size is its page size, 1 token by default, so with the "
+    "default each block is one token and counts, depths and lifetimes are per token. Only page-aligned prefixes "
+    "enter the tree (RadixKey.page_aligned): the tail of a prompt shorter than a page is never a BlockStored.",
+    "SGLang sends BlockStored only for pages new to the tree (RadixCache._insert_helper: record_store on a new "
+    "node); a prefix-cache hit sends nothing, so the events hold no hit evidence (SGLang has no full report mode). "
+    "A page stored again after its removal is recomputed work (churn).",
+    "Inserts happen when a prefill chunk is cached (cache_unfinished_req/checkpoint) and when a request finishes "
+    "(cache_finished_req), not per decode step; a store can lag the compute by a request's whole decode.",
+    "BlockRemoved is one event per evicted radix node (all its pages), fired by RadixCache.evict (LRU over unlocked "
+    "leaves by default) when the token pool runs short; AllBlocksCleared is RadixCache.reset (start-up, "
+    "flush_cache). medium is GPU, or CPU_PINNED / DISK / EXTERNAL for HiCache tiers.",
+    "SGLang's block hashes are SHA-256 chains over page tokens (first 8 bytes as int64), not seeded per process: "
+    "equal prefixes have equal hashes on every instance (with cache_salt / LoRA they are namespaced).",
+)
 NOTE_FULL = (
     "Hit evidence counts blocks re-sent while cached (full report mode): one per scheduling of a request, "
     "so a request that is scheduled again (after preemption) is counted again."
@@ -197,6 +217,7 @@ class VllmAnalysis:
     notes: tuple[str, ...]
     # lines not read, as (line number, reason): a cut last line (a capture stopped by a full disk); reported
     rejected_lines: tuple[tuple[int, str], ...] = ()
+    engine: str = "vllm"  # whose events: "vllm", or "sglang" (rows written by kvtool capture --engine sglang)
 
 
 def looks_like_vllm_events(path: Path) -> bool:
@@ -448,8 +469,11 @@ class _CacheReplay:
         return self.first_time + self.recomputed + self.after_clear
 
 
-def _notes(replay: _CacheReplay, streams: tuple[Stream, ...]) -> tuple[str, ...]:
-    notes = [NOTE_NO_REQUESTS, NOTE_FULL if replay.hits > 0 else NOTE_INCREMENTAL, NOTE_VLLM_LIFETIME]
+def _notes(replay: _CacheReplay, streams: tuple[Stream, ...], engine: str = "vllm") -> tuple[str, ...]:
+    if engine == "sglang":
+        notes = list(SGLANG_NOTES)
+    else:
+        notes = [NOTE_NO_REQUESTS, NOTE_FULL if replay.hits > 0 else NOTE_INCREMENTAL, NOTE_VLLM_LIFETIME]
     resets = [s for s in streams if s.started_by == STARTED_BY_RESET]
     if resets:
         notes.append(
@@ -540,6 +564,16 @@ def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAn
     """Replay vLLM KV-cache events against a model of the prefix cache (see the module docstring)."""
     if not events:
         raise InputFileError("the file holds no vLLM KV events", where=source or None)
+    engines = sorted({e.engine for e in events})
+    if len(engines) > 1:
+        other = next(e for e in events if e.engine != events[0].engine)
+        raise InputFileError(
+            f"the file mixes {' and '.join(engines)} events (line {other.line:,} is {other.engine}, line "
+            f"{events[0].line:,} {events[0].engine}): analyse each engine's "
+            "capture on its own",
+            where=source or None,
+        )
+    engine = engines[0]
     t0 = events[0].batch_ts
     sizes = Counter(e.block_size for e in events if e.type == BLOCK_STORED and e.block_size)
     block_size = sizes.most_common(1)[0][0] if sizes else None
@@ -572,7 +606,8 @@ def analyze_kv_events(events: tuple[VllmEvent, ...], source: str = "") -> VllmAn
             for sid, s in sorted(replay.sessions.items())
         ),
         streams=streams,
-        notes=_notes(replay, streams),
+        notes=_notes(replay, streams, engine),
+        engine=engine,
     )
 
 

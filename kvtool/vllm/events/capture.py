@@ -52,6 +52,7 @@ class CaptureOptions:
     duration_s: float | None = None  # stop after this long
     max_events: int | None = None  # stop after the batch that brings the count to this many
     replay_timeout_s: float = 2.0  # how long to wait for each replay reply
+    engine: str = "vllm"  # whose publisher: "vllm" or "sglang" (the same frames; other event fields, see wire.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,8 +173,9 @@ def _socket_tip(role: str, err, options: CaptureOptions) -> str | None:
 class _Writer:
     """The output file, written and flushed batch by batch, plus the lazily created side file."""
 
-    def __init__(self, output: Path):
+    def __init__(self, output: Path, engine: str = "vllm"):
         self.output = output
+        self.engine = engine
         self.malformed_path = output.with_name(output.name + ".malformed.jsonl")
         try:
             self.handle: TextIO = output.open("w", encoding="utf-8")
@@ -185,7 +187,7 @@ class _Writer:
         self.batches = 0
 
     def batch(self, seq: int, batch) -> None:
-        rows = batch_rows(seq, batch)
+        rows = batch_rows(seq, batch, self.engine)
         if rows:
             self._write(self.handle, self.output, "".join(row_to_json(r) + "\n" for r in rows))
         self.events += len(rows)
@@ -302,6 +304,10 @@ def run_capture(
 
 
 def check_options(options: CaptureOptions) -> None:
+    from kvtool.vllm.events.wire import ENGINES
+
+    if options.engine not in ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {options.engine!r}", where="--engine")
     validate_endpoint(options.endpoint)
     if options.replay_endpoint is not None:
         validate_endpoint(options.replay_endpoint, "--replay-endpoint")
@@ -349,7 +355,7 @@ class Capture:
         self.replay_error: str | None = None
         self.ctx, self.sub = self._open_socket()
         try:
-            self.writer = _Writer(options.output)
+            self.writer = _Writer(options.output, options.engine)
         except UsageError:
             self._close_socket()
             raise
@@ -410,7 +416,7 @@ class Capture:
             if seq in seen:
                 continue
             try:
-                batch = decode_payload(payload)
+                batch = decode_payload(payload, self.options.engine)
             except MalformedFrame as err:
                 self.bad_frame([encode_seq(seq), payload], f"replayed batch {seq}: {err}")
                 continue
@@ -425,7 +431,7 @@ class Capture:
             return
         try:
             seq = decode_seq(frames[1], signed=False)
-            batch = decode_payload(frames[2])
+            batch = decode_payload(frames[2], self.options.engine)
         except MalformedFrame as err:
             self.bad_frame(frames, str(err))
             return

@@ -89,7 +89,10 @@ def analysis_tables(analysis: VllmAnalysis) -> list:
 
     c = analysis.counts
     out: list[Any] = []
-    summary = new_table(title=f"vLLM KV-cache events: {analysis.source}", show_header=False)
+    summary = new_table(
+        title=f"{'SGLang' if analysis.engine == 'sglang' else 'vLLM'} KV-cache events: {analysis.source}",
+        show_header=False,
+    )
     summary.add_column("what")
     summary.add_column("value", justify="right")
     for name, value in [

@@ -19,6 +19,13 @@ No vLLM import is needed: the format below is read from vLLM's own source,
   ``seq >= start_seq``, then the end marker ``[identity, b"", b"", (-1 as 8-byte signed
   big-endian), b""]`` (vLLM 0.32; earlier versions leave out the topic frame in both).
 
+SGLang publishes the same frames and batch layout (``sglang/srt/disaggregation/kv_events.py``:
+``ZmqEventPublisher``, ``KVEventBatch`` = ``[ts, events, attn_dp_rank]``, one publisher per attention-DP rank on
+port + rank, replay ROUTER only when ``replay_endpoint`` is configured) with its own event fields
+(:data:`SGLANG_FIELDS`): tagged maps in 0.5.23, positional arrays (tag first) in 0.4.10 and 0.5.10 (the
+releases read).  Its rows carry
+``"engine": "sglang"`` after ``dp_rank`` so the analysis knows whose events they are.
+
 Nothing heavy is imported here; msgpack is imported inside :func:`decode_payload`.
 """
 
@@ -64,6 +71,27 @@ POSITIONAL_FIELDS: dict[str, tuple[str, ...]] = {
     BLOCK_REMOVED: ("block_hashes", "medium", "group_idx", "locality", "ownership"),
     ALL_BLOCKS_CLEARED: (),
 }
+
+# SGLang's event structs (sglang/srt/disaggregation/kv_events.py), fields in declaration order: 0.4.10 has
+# BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id) and BlockRemoved(block_hashes);
+# 0.5.10 adds medium to both; 0.5.23 adds cache_salt, session_id, lora_name to BlockStored (and sends maps).
+SGLANG_FIELDS: dict[str, tuple[str, ...]] = {
+    BLOCK_STORED: (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "cache_salt",
+        "session_id",
+        "lora_name",
+    ),
+    BLOCK_REMOVED: ("block_hashes", "medium"),
+    ALL_BLOCKS_CLEARED: (),
+}
+ENGINES = ("vllm", "sglang")
+ENGINE_FIELDS = {"vllm": POSITIONAL_FIELDS, "sglang": SGLANG_FIELDS}
 
 # The replay end-of-sequence marker: ZmqEventPublisher.END_SEQ = (-1).to_bytes(8, "big", signed=True).
 END_SEQ = -1
@@ -120,7 +148,7 @@ def _plain(value: Any) -> Any:
     raise MalformedFrame(f"unexpected {type(value).__name__} value in an event")
 
 
-def normalize_event(obj: Any) -> dict[str, Any]:
+def normalize_event(obj: Any, fields: dict[str, tuple[str, ...]] = POSITIONAL_FIELDS) -> dict[str, Any]:
     """One wire event (tagged map or positional array) -> ``{"type": ..., fields...}``.
 
     Known types get every declared field, in declaration order: msgspec's ``omit_defaults``
@@ -128,13 +156,14 @@ def normalize_event(obj: Any) -> dict[str, Any]:
     null so every row has the shape of the recorded files.  Fields this version does not know
     follow.  Unknown event types are kept (their fields as given, or as ``"fields"`` when
     positional) so nothing received is dropped; the analysis counts them as "other".
+    ``fields``: the engine's declared fields per type (:data:`POSITIONAL_FIELDS` for vLLM, :data:`SGLANG_FIELDS`).
     """
     if isinstance(obj, dict):
         tag = obj.get("type")
         if not isinstance(tag, str):
             raise MalformedFrame("event map has no string 'type' tag")
         row: dict[str, Any] = {"type": tag}
-        for name in POSITIONAL_FIELDS.get(tag, ()):
+        for name in fields.get(tag, ()):
             row[name] = _plain(obj.get(name))
         for key, value in obj.items():
             if key != "type" and key not in row:
@@ -144,7 +173,7 @@ def normalize_event(obj: Any) -> dict[str, Any]:
         if not obj or not isinstance(obj[0], str):
             raise MalformedFrame("positional event does not start with a string tag")
         tag, values = obj[0], list(obj[1:])
-        names = POSITIONAL_FIELDS.get(tag)
+        names = fields.get(tag)
         row = {"type": tag}
         if names is None:
             row["fields"] = _plain(values)
@@ -159,8 +188,10 @@ def normalize_event(obj: Any) -> dict[str, Any]:
     raise MalformedFrame(f"event is a {type(obj).__name__}, not a map or an array")
 
 
-def decode_payload(payload: bytes) -> DecodedBatch:
-    """A msgpack ``KVEventBatch`` payload -> :class:`DecodedBatch`; raises :class:`MalformedFrame`."""
+def decode_payload(payload: bytes, engine: str = "vllm") -> DecodedBatch:
+    """A msgpack ``KVEventBatch`` payload -> :class:`DecodedBatch`; raises :class:`MalformedFrame`.
+
+    ``engine``: "vllm" or "sglang" (whose batch names its rank ``attn_dp_rank``; its events have other fields)."""
     import msgpack
 
     try:
@@ -168,7 +199,8 @@ def decode_payload(payload: bytes) -> DecodedBatch:
     except Exception as err:  # msgpack raises several unrelated exception types
         raise MalformedFrame(f"payload is not msgpack ({type(err).__name__}: {err})") from None
     if isinstance(obj, dict):
-        ts, events, dp_rank = obj.get("ts"), obj.get("events"), obj.get("data_parallel_rank")
+        ts, events = obj.get("ts"), obj.get("events")
+        dp_rank = obj.get("attn_dp_rank" if engine == "sglang" else "data_parallel_rank")
     elif isinstance(obj, (list, tuple)) and len(obj) in (2, 3):
         ts, events = obj[0], obj[1]
         dp_rank = obj[2] if len(obj) == 3 else None
@@ -180,12 +212,17 @@ def decode_payload(payload: bytes) -> DecodedBatch:
         raise MalformedFrame("batch events is not an array")
     if dp_rank is not None and (isinstance(dp_rank, bool) or not isinstance(dp_rank, int)):
         raise MalformedFrame("batch data_parallel_rank is not an integer")
-    return DecodedBatch(float(ts), dp_rank, tuple(normalize_event(e) for e in events))
+    fields = ENGINE_FIELDS[engine]
+    return DecodedBatch(float(ts), dp_rank, tuple(normalize_event(e, fields) for e in events))
 
 
-def batch_rows(seq: int, batch: DecodedBatch) -> list[dict[str, Any]]:
-    """The JSON-lines rows of one batch: ``seq``, ``batch_ts``, ``dp_rank``, then each event."""
-    return [{"seq": seq, "batch_ts": batch.ts, "dp_rank": batch.dp_rank, **event} for event in batch.events]
+def batch_rows(seq: int, batch: DecodedBatch, engine: str = "vllm") -> list[dict[str, Any]]:
+    """The JSON-lines rows of one batch: ``seq``, ``batch_ts``, ``dp_rank`` (and ``engine`` for SGLang), then each
+    event.  vLLM rows keep the shape of the recorded files (no engine key)."""
+    head: dict[str, Any] = {"seq": seq, "batch_ts": batch.ts, "dp_rank": batch.dp_rank}
+    if engine != "vllm":
+        head["engine"] = engine
+    return [{**head, **event} for event in batch.events]
 
 
 def row_to_json(row: dict[str, Any]) -> str:
@@ -221,6 +258,7 @@ class VllmEvent:
     # what else entered each block's hash besides its tokens and parent (LoRA name, cache salt, multimodal keys:
     # vLLM's extra_keys, and lora_name), one canonical JSON text per block; only with keep_tokens=True
     block_extras: tuple[str, ...] | None = None
+    engine: str = "vllm"  # whose events: the row's "engine" ("sglang" from kvtool capture --engine sglang)
 
 
 def _is_hash(value: Any) -> bool:
@@ -251,8 +289,11 @@ def _event_from_row(row: Any, line: int, where: str, keep_tokens: bool = False) 
         dp_rank = 0
     elif isinstance(dp_rank, bool) or not isinstance(dp_rank, int):
         raise field_error("dp_rank", "is not an integer")
+    engine = row.get("engine", "vllm")
+    if engine not in ENGINES:
+        raise field_error("engine", f"is not one of {', '.join(ENGINES)}: {engine!r}")
     if kind not in (BLOCK_STORED, BLOCK_REMOVED):
-        return VllmEvent(line, seq, float(ts), dp_rank, kind)
+        return VllmEvent(line, seq, float(ts), dp_rank, kind, engine=engine)
     hashes = row.get("block_hashes")
     if not isinstance(hashes, list) or not all(_is_hash(h) for h in hashes):
         raise field_error("block_hashes", "is not a list of integer or hex-string hashes")
@@ -261,7 +302,9 @@ def _event_from_row(row: Any, line: int, where: str, keep_tokens: bool = False) 
     if group_idx is not None and (isinstance(group_idx, bool) or not isinstance(group_idx, int)):
         raise field_error("group_idx", "is not an integer")
     if kind == BLOCK_REMOVED:
-        return VllmEvent(line, seq, float(ts), dp_rank, kind, tuple(hashes), medium=medium, group_idx=group_idx)
+        return VllmEvent(
+            line, seq, float(ts), dp_rank, kind, tuple(hashes), medium=medium, group_idx=group_idx, engine=engine
+        )
     parent = row.get("parent_block_hash")
     if parent is not None and not _is_hash(parent):
         raise field_error("parent_block_hash", "is not an integer or hex-string hash")
@@ -293,6 +336,7 @@ def _event_from_row(row: Any, line: int, where: str, keep_tokens: bool = False) 
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None,
         token_ids=tuple(token_ids) if keep_tokens else None,
         block_extras=_block_extras(row, len(hashes)) if keep_tokens else None,
+        engine=engine,
     )
 
 
