@@ -47,10 +47,12 @@ def _int(n: int | None) -> str | None:
     return None if n is None else f"{n:,}"
 
 
-def _reserve(vllm: EstimateResult) -> int | None:
-    """vLLM's profiled reserve (activations, non-torch memory, CUDA graphs) per GPU."""
-    terms = (vllm.activation_bytes, vllm.non_torch_bytes, vllm.cudagraph_bytes)
-    return None if vllm.activation_bytes is None else sum(t or 0 for t in terms)
+def _held_back(vllm: EstimateResult) -> int | None:
+    """What vLLM keeps out of the KV pool besides the weights: the GPU less the weights and the KV budget
+    ((1 - gpu_memory_utilization) of the GPU and the profiled reserve)."""
+    if vllm.gpu_memory_bytes is None or vllm.weights_bytes_per_gpu is None or vllm.kv_budget_bytes is None:
+        return None
+    return vllm.gpu_memory_bytes - vllm.weights_bytes_per_gpu - vllm.kv_budget_bytes
 
 
 def compare_engines(vllm: EstimateResult, sglang: SglangEstimate) -> EngineComparison:
@@ -66,7 +68,7 @@ def compare_engines(vllm: EstimateResult, sglang: SglangEstimate) -> EngineCompa
             f"gpu_memory_utilization {vllm.gpu_memory_utilization}" if vllm.gpu_memory_utilization is not None else None,
             f"mem_fraction_static {sglang.mem_fraction_static:.3f}",
         ),
-        EngineRow("held back for activations, graphs", _gib(_reserve(vllm)), _gib(headroom)),
+        EngineRow("held back besides weights and KV", _gib(_held_back(vllm)), _gib(headroom)),
         EngineRow("KV pool memory per GPU", _gib(vllm.kv_budget_bytes), _gib(rest_bytes)),
         EngineRow("KV pool tokens", _int(vllm.kv_cache_tokens), _int(sglang.max_total_num_tokens)),
         EngineRow("tokens per request (max)", _int(vllm.seq_len), _int(sglang.context_len)),

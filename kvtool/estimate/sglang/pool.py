@@ -154,6 +154,16 @@ class SglangEstimate:
         return to_jsonable(self)
 
 
+def sglang_request_from(values: dict) -> SglangRequest:
+    """The :class:`SglangRequest` of ``kvtool estimate``'s options by name (``kv_dtype`` is --kv-cache-dtype,
+    ``seq_len`` --context-length, ``profiles`` the profile folders); other names are ignored."""
+    renamed = {"kv_dtype": "kv_cache_dtype", "seq_len": "context_length", "profiles": "profile_dirs"}
+    fields = {f.name for f in dataclasses.fields(SglangRequest)}
+    given = {renamed.get(name, name): value for name, value in values.items()}
+    given["profile_dirs"] = tuple(given.get("profile_dirs") or ())
+    return SglangRequest(**{name: value for name, value in given.items() if name in fields and value is not None})
+
+
 def pool_shape(spec: ModelSpec, kv_cache_dtype: str, tp: int, version: str) -> PoolShape:
     """The pool's slot of ``spec`` at ``tp``; a layer kind SGLang sizes otherwise (sliding window, hybrid state) is
     refused."""
