@@ -295,7 +295,18 @@ def test_every_estimate_cli_option_is_an_argument_of_the_api():
         ),
         (
             {"model": "qwen2.5-7b", "gpu": "l4", "tp": 2, "engine": "vllm,sglang", "sglang_version": "0.4.6.post5"},
-            ["-m", "qwen2.5-7b", "--gpu", "l4", "--tp-size", "2", "--engine", "vllm,sglang", "--sglang-version", "0.4.6.post5"],
+            [
+                "-m",
+                "qwen2.5-7b",
+                "--gpu",
+                "l4",
+                "--tp-size",
+                "2",
+                "--engine",
+                "vllm,sglang",
+                "--sglang-version",
+                "0.4.6.post5",
+            ],
         ),
     ],
 )

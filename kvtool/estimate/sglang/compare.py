@@ -61,11 +61,15 @@ def compare_engines(vllm: EstimateResult, sglang: SglangEstimate) -> EngineCompa
     headroom = None if sglang.headroom_gib is None else int(sglang.headroom_gib * GIB)
     rows = (
         EngineRow("release", vllm.vllm_version, sglang.sglang_version),
-        EngineRow("KV bytes per token (one GPU)", _int(vllm.bytes_per_token_per_gpu), _int(sglang.cell_bytes_per_token)),
+        EngineRow(
+            "KV bytes per token (one GPU)", _int(vllm.bytes_per_token_per_gpu), _int(sglang.cell_bytes_per_token)
+        ),
         EngineRow("weights per GPU", _gib(vllm.weights_bytes_per_gpu), _gib(sglang.weights_bytes_per_gpu)),
         EngineRow(
             "memory setting",
-            f"gpu_memory_utilization {vllm.gpu_memory_utilization}" if vllm.gpu_memory_utilization is not None else None,
+            f"gpu_memory_utilization {vllm.gpu_memory_utilization}"
+            if vllm.gpu_memory_utilization is not None
+            else None,
             f"mem_fraction_static {sglang.mem_fraction_static:.3f}",
         ),
         EngineRow("held back besides weights and KV", _gib(_held_back(vllm)), _gib(headroom)),

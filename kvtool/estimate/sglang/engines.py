@@ -51,7 +51,9 @@ def refuse_other_engines_options(engines: tuple[str, ...], set_options: Iterable
         for option in SGLANG_ONLY:
             if option in given:
                 raise UsageError(
-                    f"{name(option)} is SGLang's", where=name(option), tip="add --engine sglang (or --engine vllm,sglang)"
+                    f"{name(option)} is SGLang's",
+                    where=name(option),
+                    tip="add --engine sglang (or --engine vllm,sglang)",
                 )
     if "vllm" not in engines:
         for option in VLLM_ONLY:

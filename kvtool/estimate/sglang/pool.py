@@ -254,18 +254,46 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
         total, available, figures = free / GIB, (free - weights_per_gpu) / GIB, "model"
         notes.append(
             f"free before weights: the GPU's {gpu_bytes / GIB:.2f} GiB less the CUDA context "
-            f"{CUDA_CONTEXT_BYTES / GIB:.2f} GiB" + (f" and NCCL {TP_DISTRIBUTED_BYTES / GIB:.2f} GiB" if request.tp > 1 else "")
+            f"{CUDA_CONTEXT_BYTES / GIB:.2f} GiB"
+            + (f" and NCCL {TP_DISTRIBUTED_BYTES / GIB:.2f} GiB" if request.tp > 1 else "")
         )
         notes.append(f"weights per GPU {weights_per_gpu / GIB:.2f} GiB ({model.weights.method})")
     else:
         total = available = None
         figures = "none"
-    return _pool(request, spec, shape, fraction, how, chunked, tiers.cuda_graph_max_bs, context_len, gpu_name,
-                 gpu_mem_mib, figures, total, available, weights_per_gpu, notes)
+    settings = _Settings(fraction, how, chunked, tiers.cuda_graph_max_bs, context_len, gpu_name, gpu_mem_mib)
+    return _pool(request, spec, shape, settings, _Memory(figures, total, available, weights_per_gpu), notes)
 
 
-def _pool(request, spec, shape, fraction, how, chunked, graph_bs, context_len, gpu_name, gpu_mem_mib, figures,
-          total, available, weights_per_gpu, notes) -> SglangEstimate:  # noqa: ANN001 - the steps of one function
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The server arguments the pool is sized under, and the GPU they were chosen for."""
+
+    fraction: float
+    how: str
+    chunked: int
+    graph_bs: int | None
+    context_len: int
+    gpu_name: str | None
+    gpu_mem_mib: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Memory:
+    """profile_max_num_token's inputs in GiB (None without a GPU) and where they came from."""
+
+    figures: str
+    total: float | None
+    available: float | None
+    weights_per_gpu: int | None
+
+
+def _pool(
+    request: SglangRequest, spec: ModelSpec, shape: PoolShape, settings: _Settings, memory: _Memory, notes: list[str]
+) -> SglangEstimate:
+    """init_memory_pool: the pool's tokens from the memory figures, the request slots, the log lines."""
+    fraction, chunked, context_len = settings.fraction, settings.chunked, settings.context_len
+    total, available = memory.total, memory.available
     version = request.sglang_version
     tokens = headroom = rest = pool_bytes = max_num_reqs = running = None
     lines: list[str] = []
@@ -304,8 +332,8 @@ def _pool(request, spec, shape, fraction, how, chunked, graph_bs, context_len, g
         model=spec.name,
         source=spec.source,
         sglang_version=version,
-        gpu=gpu_name,
-        gpu_memory_mib=gpu_mem_mib,
+        gpu=settings.gpu_name,
+        gpu_memory_mib=settings.gpu_mem_mib,
         tp=request.tp,
         attention=shape.attention,
         num_layers=shape.num_layers,
@@ -314,14 +342,14 @@ def _pool(request, spec, shape, fraction, how, chunked, graph_bs, context_len, g
         kv_dtype=shape.kv_dtype,
         cell_bytes_per_token=shape.cell_bytes,
         mem_fraction_static=fraction,
-        mem_fraction_static_rule=how,
+        mem_fraction_static_rule=settings.how,
         chunked_prefill_size=chunked,
-        cuda_graph_max_bs=graph_bs,
+        cuda_graph_max_bs=settings.graph_bs,
         context_len=context_len,
         page_size=request.page_size,
-        figures_from=figures,
+        figures_from=memory.figures,
         total_gpu_memory_gib=total,
-        weights_bytes_per_gpu=weights_per_gpu,
+        weights_bytes_per_gpu=memory.weights_per_gpu,
         available_gpu_memory_gib=available,
         headroom_gib=headroom,
         rest_memory_gib=rest,
@@ -338,8 +366,10 @@ def _pool(request, spec, shape, fraction, how, chunked, graph_bs, context_len, g
 def _allocated_line(shape: PoolShape, tokens: int, page_size: int, version: str) -> str:
     """srt/mem_cache/memory_pool.py's line: '#tokens' from 0.4.4 on, 'KV size' for MLA's one buffer."""
     size = shape.buffer_gib(tokens, page_size)
-    head = f"KV Cache is allocated. #tokens: {tokens}, " if version_key(version) >= version_key("0.4.4") else (
-        "KV Cache is allocated. "
+    head = (
+        f"KV Cache is allocated. #tokens: {tokens}, "
+        if version_key(version) >= version_key("0.4.4")
+        else ("KV Cache is allocated. ")
     )
     if shape.tensors == 1:
         return f"{head}KV size: {size:.2f} GB"
@@ -353,13 +383,17 @@ def _check_request(request: SglangRequest) -> None:
             raise UsageError(f"{name} must be at least 1, not {value}", where=name)
     if request.pp != 1:
         raise UsageError(
-            "--pp-size above 1: kvtool does not model SGLang's pipeline split yet", where="--pp-size", tip="use --engine vllm"
+            "--pp-size above 1: kvtool does not model SGLang's pipeline split yet",
+            where="--pp-size",
+            tip="use --engine vllm",
         )
     if request.page_size > 1 and version_key(version) < version_key(PAGE_SIZE_SINCE):
         raise UsageError(f"--page-size is new in SGLang {PAGE_SIZE_SINCE}, not in {version}", where="--page-size")
     fraction = request.mem_fraction_static
     if fraction is not None and not 0 < fraction < 1:
-        raise UsageError(f"--mem-fraction-static must be between 0 and 1, not {fraction}", where="--mem-fraction-static")
+        raise UsageError(
+            f"--mem-fraction-static must be between 0 and 1, not {fraction}", where="--mem-fraction-static"
+        )
     for name, count in (
         ("--max-running-requests", request.max_running_requests),
         ("--max-total-tokens", request.max_total_tokens),

@@ -20,7 +20,9 @@ def render_sglang(r: SglangEstimate, console: Any, *, verbose: bool = False) -> 
     table = Table(title=f"SGLang {r.sglang_version}: {r.model}" + (f" on {r.gpu}" if r.gpu else ""), show_header=False)
     table.add_column("what")
     table.add_column("value")
-    table.add_row("attention", f"{r.attention}, {r.num_layers} layers, {r.kv_heads_per_gpu} KV heads/GPU x {r.elements_per_head}")
+    table.add_row(
+        "attention", f"{r.attention}, {r.num_layers} layers, {r.kv_heads_per_gpu} KV heads/GPU x {r.elements_per_head}"
+    )
     table.add_row("KV dtype", r.kv_dtype)
     table.add_row("cell per token (one GPU)", f"{r.cell_bytes_per_token:,} bytes")
     table.add_row("TP", str(r.tp))

@@ -157,7 +157,9 @@ class KvDtypeRule:
 
 KV_DTYPE_RULES: tuple[KvDtypeRule, ...] = (
     KvDtypeRule("0.4.0", ("auto", "fp8_e5m2"), "srt/server_args.py add_cli_args (0.4.0)"),
-    KvDtypeRule("0.4.1", ("auto", "fp8_e5m2", "fp8_e4m3"), "srt/server_args.py add_cli_args (read in 0.4.1.post7-0.5.3)"),
+    KvDtypeRule(
+        "0.4.1", ("auto", "fp8_e5m2", "fp8_e4m3"), "srt/server_args.py add_cli_args (read in 0.4.1.post7-0.5.3)"
+    ),
     KvDtypeRule(
         "0.5.4", ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"), "srt/server_args.py add_cli_args (0.5.4+)"
     ),
