@@ -469,7 +469,7 @@ def estimate_command(
     line_warnings: tuple[str, ...] = ()
     from kvtool.estimate.sglang.args import is_sglang_line
 
-    sglang_line = bool(vllm_line) and is_sglang_line(_line_words(vllm_line))
+    sglang_line = vllm_line is not None and bool(vllm_line) and is_sglang_line(_line_words(vllm_line))
     if vllm_line:
         given, line_warnings = _with_vllm_line(given, vllm_line, ctx)
     engines = _engines(engine, sglang_line, ctx)

@@ -239,7 +239,10 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
     notes = [f"mem_fraction_static {how}"]
     if version_key(version) >= version_key("0.5.3") and request.mem_fraction_static is None:
         notes.append(f"cuda_graph_max_bs {tiers.cuda_graph_max_bs} (the GPU's default) counted in mem_fraction_static")
-    weights_per_gpu = None
+    weights_per_gpu: int | None = None
+    total: float | None = None
+    available: float | None = None
+    figures = "none"
     if logged is not None:
         total, available, figures = logged.free_before_weights_gib, logged.free_after_weights_gib, "log"
     elif gpu_bytes is not None:
@@ -258,9 +261,6 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
             + (f" and NCCL {TP_DISTRIBUTED_BYTES / GIB:.2f} GiB" if request.tp > 1 else "")
         )
         notes.append(f"weights per GPU {weights_per_gpu / GIB:.2f} GiB ({model.weights.method})")
-    else:
-        total = available = None
-        figures = "none"
     settings = _Settings(fraction, how, chunked, tiers.cuda_graph_max_bs, context_len, gpu_name, gpu_mem_mib)
     return _pool(request, spec, shape, settings, _Memory(figures, total, available, weights_per_gpu), notes)
 
