@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvtool.estimate.sglang.versions import NEWEST_RELEASE as SGLANG_NEWEST_RELEASE
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvtool.estimate.estimator import EstimateResult
+    from kvtool.estimate.sglang.compare import EngineComparison
+    from kvtool.estimate.sglang.pool import SglangEstimate
 
 
 def _ints(value: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -74,7 +78,14 @@ def estimate(
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
     lora_memory: str | int | None = None,
-) -> EstimateResult:
+    engine: str = "vllm",
+    sglang_version: str = SGLANG_NEWEST_RELEASE,
+    mem_fraction_static: float | None = None,
+    page_size: int = 1,
+    max_running_requests: int | None = None,
+    max_total_tokens: int | None = None,
+    chunked_prefill_size: int | None = None,
+) -> EstimateResult | SglangEstimate | EngineComparison:
     """Exact KV-cache bytes for a model, and how many requests fit on a GPU the way vLLM counts it.
 
     The options are ``kvtool estimate``'s (docs/estimate.md), with the same defaults: ``model`` is a profile name
@@ -92,6 +103,11 @@ def estimate(
     ``mamba_cache_mode`` and ``mamba_block_size`` vLLM's options of those names; ``enable_lora``, ``max_loras``,
     ``max_lora_rank`` and ``lora_memory`` add vLLM's LoRA buffers; ``encoder_memory`` (the vision encoder's weights
     per GPU) and ``draft_memory`` (the drafter's, with ``speculative_config``) replace kvtool's model of them.
+    ``engine`` ``"sglang"`` sizes SGLang's pool instead (kvtool.estimate.sglang: ``sglang_version``,
+    ``mem_fraction_static``, ``page_size``, ``max_running_requests``, ``max_total_tokens``, ``chunked_prefill_size``
+    are SGLang's options; ``seq_len`` is its ``--context-length``) and returns a
+    :class:`~kvtool.estimate.sglang.pool.SglangEstimate`; ``"vllm,sglang"`` both, an
+    :class:`~kvtool.estimate.sglang.compare.EngineComparison`.
 
     Returns the :class:`~kvtool.estimate.estimator.EstimateResult`; its ``to_dict()`` is ``kvtool estimate
     --json``'s object.  Raises :class:`~kvtool.core.errors.KvtoolError` (``UsageError``, ``InputFileError``) for
@@ -110,6 +126,8 @@ def estimate(
     from kvtool.estimate.estimator import request_from
 
     given = dict(locals())  # every argument by its option name
+    defaults = {name: p.default for name, p in inspect.signature(estimate).parameters.items()}
+    changed = [name for name, value in given.items() if name in defaults and value != defaults[name]]
     given.update(seq_len=_ints(seq_len), batch=_ints(batch), profiles=tuple(profiles))
     for name in (
         "gpu_memory",
@@ -123,5 +141,11 @@ def estimate(
         "draft_memory",
     ):
         given[name] = _size(given[name])
+    from kvtool.estimate.sglang.engines import estimate_engines, parse_engines, refuse_other_engines_options
+
+    engines = parse_engines(engine)
+    refuse_other_engines_options(engines, changed)
+    if "sglang" in engines:
+        return estimate_engines(engines, given, given if "vllm" in engines else None)
     request = request_from(given)
     return run_estimate(request)

@@ -11,6 +11,7 @@ import typer
 from kvtool.cli.options import JsonOpt, ProfilesOpt
 from kvtool.cli.output import handle_errors
 from kvtool.core.errors import UsageError
+from kvtool.estimate.sglang.versions import NEWEST_RELEASE as SGLANG_NEWEST_RELEASE
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ SeqLenOpt = Annotated[
     typer.Option(
         "--seq-len",
         "--max-model-len",
+        "--context-length",
         "-s",
         help="Tokens per sequence; a comma list sweeps. Default: the model's max_position_embeddings.",
     ),
@@ -85,6 +87,7 @@ TpOpt = Annotated[
     typer.Option(
         "--tp",
         "--tensor-parallel-size",
+        "--tp-size",
         "-tp",
         "--num-gpus",
         help="Tensor-parallel GPUs (KV heads per GPU = max(1, kv_heads // tp)).",
@@ -250,6 +253,43 @@ DraftMemoryOpt = Annotated[
         help="Override the drafter's weights per GPU (e.g. 1.5GiB), with --speculative-config.",
     ),
 ]
+# SGLang (--engine sglang; kvtool.estimate.sglang): SGLang's own option names and meanings
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="The engine whose KV pool to size: vllm, sglang, or vllm,sglang (side by side). A "
+        "'python -m sglang.launch_server' line after -- means sglang.",
+    ),
+]
+SglangVersionOpt = Annotated[
+    str,
+    typer.Option(
+        "--sglang-version",
+        help="The SGLang release whose rules apply (0.4.0 to 0.5.6.post2; 0.4 means its newest): mem_fraction_static's "
+        "and chunked_prefill_size's defaults, the lines it logs.",
+    ),
+]
+MemFractionStaticOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--mem-fraction-static",
+        help="SGLang's fraction of the free GPU memory for weights and KV pool. Default: the --sglang-version's for "
+        "the GPU and TP.",
+    ),
+]
+PageSizeOpt = Annotated[int, typer.Option("--page-size", help="SGLang's tokens per page of its pool (default 1).")]
+MaxRunningRequestsOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-running-requests", help="SGLang's max_running_requests. Default: from the pool and context."),
+]
+MaxTotalTokensOpt = Annotated[
+    Optional[int], typer.Option("--max-total-tokens", help="SGLang's cap on the pool's tokens (max_total_tokens).")
+]
+ChunkedPrefillSizeOpt = Annotated[
+    Optional[int],
+    typer.Option("--chunked-prefill-size", help="SGLang's chunked_prefill_size. Default: the release's for the GPU."),
+]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Add a what-if table: MHA, GQA-8, MQA, fp8 and int8 KV.")]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the model and GPU profiles and exit.")]
 VllmLineArg = Annotated[
@@ -399,6 +439,13 @@ def estimate_command(
     max_loras: MaxLorasOpt = None,
     max_lora_rank: MaxLoraRankOpt = None,
     lora_memory: LoraMemoryOpt = None,
+    engine: EngineOpt = "vllm",
+    sglang_version: SglangVersionOpt = SGLANG_NEWEST_RELEASE,
+    mem_fraction_static: MemFractionStaticOpt = None,
+    page_size: PageSizeOpt = 1,
+    max_running_requests: MaxRunningRequestsOpt = None,
+    max_total_tokens: MaxTotalTokensOpt = None,
+    chunked_prefill_size: ChunkedPrefillSizeOpt = None,
     compare: CompareOpt = False,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,
@@ -420,8 +467,18 @@ def estimate_command(
     for name in ("verbose", "ctx", "vllm_line"):  # how much to print, the click context, the line: not the request
         given.pop(name)
     line_warnings: tuple[str, ...] = ()
+    from kvtool.estimate.sglang.args import is_sglang_line
+
+    sglang_line = vllm_line is not None and bool(vllm_line) and is_sglang_line(_line_words(vllm_line))
     if vllm_line:
         given, line_warnings = _with_vllm_line(given, vllm_line, ctx)
+    engines = _engines(engine, sglang_line, ctx)
+    if "sglang" in engines:
+        _estimate_with_sglang(given, engines, ctx, json_output, verbose, line_warnings)
+        return
+    from kvtool.estimate.sglang.engines import refuse_other_engines_options
+
+    refuse_other_engines_options(engines, _set_options(ctx), lambda o: _option_name(ctx, o))
     given["kv_memory"] = _kv_memory_text(given["kv_memory"])
     seq_len, batch = given["seq_len"], given["batch"]
     given.update(
@@ -440,9 +497,10 @@ def _with_vllm_line(
     """The options with the vllm serve line's settings added, and the warnings naming what the line set that kvtool
     does not model.  An option given to kvtool and set otherwise by the line is a usage error naming both: neither
     silently wins."""
+    from kvtool.estimate.sglang.args import is_sglang_line, parse_sglang_launch
     from kvtool.estimate.vllm_args import parse_vllm_serve
 
-    line = parse_vllm_serve(words)
+    line = parse_sglang_launch(_line_words(words)) if is_sglang_line(_line_words(words)) else parse_vllm_serve(words)
     spelled = {s.option: s.flag for s in line.settings} | {"model": "the model"}
     merged = dict(given)
     for option, value in line.values().items():
@@ -457,6 +515,73 @@ def _with_vllm_line(
             )
         merged[option] = value
     return merged, line.warnings()
+
+
+def _line_words(words: list[str]) -> list[str]:
+    """The line as words (one quoted word holding a whole line split as a shell would)."""
+    if len(words) == 1 and any(c.isspace() for c in words[0]):
+        from kvtool.estimate.vllm_args import split_command_line
+
+        return split_command_line(words[0])
+    return list(words)
+
+
+def _typed(ctx: typer.Context, option: str) -> bool:
+    source = ctx.get_parameter_source(option)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def _engines(text: str, sglang_line: bool, ctx: typer.Context) -> tuple[str, ...]:
+    """--engine as a tuple of engines; an SGLang launch line means sglang unless --engine says otherwise."""
+    from kvtool.estimate.sglang.engines import parse_engines
+
+    engines = parse_engines(text)
+    if sglang_line and engines == ("vllm",):
+        if _typed(ctx, "engine"):
+            raise UsageError(
+                "--engine vllm and an SGLang launch line after -- disagree",
+                where="--engine",
+                tip="drop --engine, or give --engine vllm,sglang for both",
+            )
+        return ("sglang",)
+    return engines
+
+
+def _set_options(ctx: typer.Context) -> list[str]:
+    return [p.name for p in ctx.command.params if p.name and _typed(ctx, p.name)]
+
+
+def _estimate_with_sglang(
+    given: dict[str, Any],
+    engines: tuple[str, ...],
+    ctx: typer.Context,
+    json_output: bool,
+    verbose: bool,
+    line_warnings: tuple[str, ...],
+) -> None:
+    """--engine sglang (SGLang's pool) or vllm,sglang (both, side by side)."""
+    from kvtool.cli.output import print_answer
+    from kvtool.estimate.sglang.engines import estimate_engines, refuse_other_engines_options, with_warnings
+
+    refuse_other_engines_options(engines, _set_options(ctx), lambda o: _option_name(ctx, o))
+    sglang_given = dict(given, seq_len=_int_list(given["seq_len"], "--context-length"))
+    vllm_given = None
+    if "vllm" in engines:
+        vllm_given = dict(given, kv_memory=_kv_memory_text(given["kv_memory"]))
+        vllm_given.update(
+            seq_len=_int_list(given["seq_len"], "--seq-len"),
+            batch=_int_list(given["batch"], "--batch"),
+            profiles=tuple(given["profiles"] or ()),
+        )
+    result = with_warnings(estimate_engines(engines, sglang_given, vllm_given), line_warnings)
+    if engines == ("sglang",):
+        from kvtool.estimate.sglang.render import render_sglang
+
+        print_answer(result, json_output, lambda v, c: render_sglang(v, c, verbose=verbose), result.warnings)
+        return
+    from kvtool.estimate.sglang.render import render_comparison
+
+    print_answer(result, json_output, render_comparison, result.warnings)
 
 
 def _same_setting(option: str, ours: Any, theirs: Any) -> bool:

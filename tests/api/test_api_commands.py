@@ -273,3 +273,44 @@ def test_check_target_finds_the_clis_bugs(run_cli, targets):
     )
     with pytest.raises(UsageError, match="--d-model must be positive"):
         kvtool.api.check_target(targets.correct, d_model=0)
+
+
+def test_every_estimate_cli_option_is_an_argument_of_the_api():
+    # the SGLang options (--engine, --mem-fraction-static, ...) are not EstimateRequest fields: checked by name here
+    import inspect
+
+    from kvtool.cli import build_app
+
+    command = next(c for c in build_app("estimate").registered_commands if c.name == "estimate").callback
+    cli = set(inspect.signature(command).parameters) - {"ctx", "vllm_line", "verbose", "json_output", "list_models"}
+    assert cli <= set(inspect.signature(kvtool.api.estimate).parameters)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argv"),
+    [
+        (
+            {"model": "llama-3.1-8b", "gpu": "h100-80gb", "engine": "sglang", "mem_fraction_static": 0.8},
+            ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--engine", "sglang", "--mem-fraction-static", "0.8"],
+        ),
+        (
+            {"model": "qwen2.5-7b", "gpu": "l4", "tp": 2, "engine": "vllm,sglang", "sglang_version": "0.4.6.post5"},
+            [
+                "-m",
+                "qwen2.5-7b",
+                "--gpu",
+                "l4",
+                "--tp-size",
+                "2",
+                "--engine",
+                "vllm,sglang",
+                "--sglang-version",
+                "0.4.6.post5",
+            ],
+        ),
+    ],
+)
+def test_sglang_estimate_equals_the_cli_json(run_cli, kwargs, argv):
+    from kvtool.core.jsonable import to_jsonable
+
+    assert to_jsonable(kvtool.api.estimate(**kwargs)) == _json(run_cli, "estimate", *argv)

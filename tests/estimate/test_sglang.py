@@ -1,0 +1,152 @@
+"""kvtool estimate --engine sglang: SGLang's rules against hand computations from its source (python/sglang/srt in
+each release's wheel, `pip download sglang==X --no-deps`), the CLI and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtool.core.errors import UsageError
+from kvtool.estimate.sglang.args import is_sglang_line, parse_sglang_launch
+from kvtool.estimate.sglang.pool import LoggedMemory, SglangRequest, estimate_sglang, pool_tokens
+from kvtool.estimate.sglang.rules import default_mem_fraction_static, gpu_defaults
+from kvtool.estimate.sglang.versions import resolve_sglang_version
+
+H100_MIB = 81559  # nvidia-smi's total of an H100 80GB HBM3 (profiles/gpus/h100-80gb.yaml)
+H200_MIB = 143771  # nvidia-smi's total of an H200 (profiles/gpus/h200.yaml)
+
+
+@pytest.mark.parametrize(
+    ("mib", "tp", "version", "expected"),
+    [
+        # 0.4.0-0.4.5: by TP alone (server_args.py __post_init__)
+        (H100_MIB, 1, "0.4.3.post2", 0.88),
+        (H100_MIB, 8, "0.4.3.post2", 0.81),
+        (None, 16, "0.4.1", 0.79),
+        # 0.4.6.post2-0.4.7.post1 above 96 GiB: min(0.88 + 48*1024*0.12/143771, (143771 - 18432)/143771) = 0.87180
+        (H200_MIB, 1, "0.4.6.post5", (H200_MIB - 18432) / H200_MIB),
+        # 0.4.6: above 81920 MiB, (gpu_mem - 13312) / gpu_mem
+        (H200_MIB, 1, "0.4.6", (H200_MIB - 13312) / H200_MIB),
+        # 0.4.8-0.5.2: reserved (2.8 + 1/10) GiB below 35 GiB: round((16303 - 2969.6) / 16303, 3) = 0.818
+        (16303, 1, "0.4.10.post2", 0.818),
+        # H100 at TP 2: reserved (9.5 + 2/2) GiB = 10752 MiB: round((81559 - 10752) / 81559, 3) = 0.868
+        (H100_MIB, 2, "0.5.2", 0.868),
+        # 0.5.3+: 512 + 8192*1.5 + 256*2 + 1/8*1024 = 13440 MiB: round((81559 - 13440) / 81559, 3) = 0.835
+        (H100_MIB, 1, "0.5.6", 0.835),
+        # 24 GiB RTX 4090 (24564 MiB) at 0.5.6: 512 + 2048*1.5 + 24*2 + 128 = 3760: round(20804 / 24564, 3) = 0.847
+        (24564, 1, "0.5.6", 0.847),
+        # the same at 0.5.4 (cuda_graph_max_bs 16): 512 + 3072 + 32 + 128 = 3744: round(20820 / 24564, 3) = 0.848
+        (24564, 1, "0.5.4", 0.848),
+    ],
+)
+def test_mem_fraction_static_defaults(mib, tp, version, expected):
+    tiers = gpu_defaults(mib, tp, version)
+    value, _ = default_mem_fraction_static(mib, tp, 1, tiers.chunked_prefill_size, tiers.cuda_graph_max_bs, version)
+    assert value == pytest.approx(expected)
+
+
+def test_chunked_prefill_size_defaults():
+    assert gpu_defaults(24564, 1, "0.4.3").chunked_prefill_size == 2048  # below 25,000 MiB
+    assert gpu_defaults(H100_MIB, 1, "0.4.3").chunked_prefill_size == 8192
+    assert gpu_defaults(46068, 1, "0.5.6").chunked_prefill_size == 4096  # L40S: 35-60 GiB
+    assert gpu_defaults(183359, 8, "0.5.6").chunked_prefill_size == 16384  # B200: 160 GiB and more
+
+
+def test_pool_tokens_is_profile_max_num_token():
+    # Llama-3.1-8B on an H100 (tests/data/sglang-logs/llama-3.1-8b-h100-v0.4.1): rest = 63.72 - 78.81 * 0.12
+    # = 54.2628 GiB; cell = 8 x 128 x 32 x 2 x 2 = 131,072 B; int(54.2628 * 2**30 // 131072) = 444,520
+    assert pool_tokens(63.72 - 78.81 * (1 - 0.88), 131072) == 444520
+
+
+def test_mla_and_fp8_cells():
+    # DeepSeek-V2-Lite: (kv_lora_rank 512 + qk_rope_head_dim 64) x 27 layers x 2 bytes = 31,104; fp8: 15,552
+    mla = estimate_sglang(SglangRequest(model="deepseek-v2-lite", gpu="H100"))
+    assert (mla.attention, mla.cell_bytes_per_token) == ("MLA", 31104)
+    fp8 = estimate_sglang(SglangRequest(model="deepseek-v2-lite", gpu="H100", kv_cache_dtype="fp8_e4m3"))
+    assert fp8.cell_bytes_per_token == 15552 and fp8.log_lines[0].endswith("GB") and "KV size" in fp8.log_lines[0]
+
+
+def test_page_size_rounds_the_pool_down():
+    logged = LoggedMemory(78.81, 63.72)
+    paged = estimate_sglang(SglangRequest(model="llama-3.1-8b", sglang_version="0.4.6", page_size=64), logged)
+    assert paged.max_total_num_tokens == 444520 // 64 * 64
+    with pytest.raises(UsageError, match="new in SGLang 0.4.4"):
+        estimate_sglang(SglangRequest(model="llama-3.1-8b", sglang_version="0.4.3", page_size=64), logged)
+
+
+def test_max_running_requests():
+    # 0.4.7+: ReqToTokenPool(size=max_num_reqs); max_num_reqs = min(max(int(444520/131072*512), 2048), 4096) = 2048
+    pool = estimate_sglang(SglangRequest(model="llama-3.1-8b", sglang_version="0.4.9"), LoggedMemory(78.81, 63.72))
+    assert (pool.max_num_reqs, pool.max_running_requests) == (2048, 2048)
+
+
+def test_versions():
+    assert resolve_sglang_version("0.4") == "0.4.10.post2"
+    assert resolve_sglang_version("v0.4.6.post5") == "0.4.6.post5"
+    assert resolve_sglang_version("0.5.2rc1") == "0.5.2"
+    with pytest.raises(UsageError, match=r"0\.5\.23 is not a release kvtool models") as err:
+        resolve_sglang_version("0.5.23")
+    assert "0.5.6.post2" in (err.value.tip or "")
+
+
+def test_unmodelled_layers_are_refused():
+    with pytest.raises(UsageError, match="sliding-window"):
+        estimate_sglang(SglangRequest(model="gemma-2-9b", gpu="H100"))
+    with pytest.raises(UsageError, match="Mamba state"):
+        estimate_sglang(SglangRequest(model="qwen3-next-80b", gpu="H200", tp=4))
+
+
+def test_launch_line():
+    words = "python3 -m sglang.launch_server --model-path Qwen/QwQ-32B --tp 4 --trust-remote-code --port 30000".split()
+    assert is_sglang_line(words) and not is_sglang_line(["vllm", "serve", "m"])
+    line = parse_sglang_launch(words)
+    assert line.values() == {"model": "Qwen/QwQ-32B", "tp": 4}
+    assert line.warnings() == ("SGLang line: ignored (kvtool does not model them): --trust-remote-code, --port",)
+    with pytest.raises(UsageError, match="speculative decoding"):
+        parse_sglang_launch(["sglang", "serve", "--model-path", "m", "--speculative-algorithm", "EAGLE"])
+
+
+def test_cli_sglang_json(run_cli):
+    result = run_cli("estimate", "-m", "llama-3.1-8b", "--gpu", "H100", "--engine", "sglang", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["engine"] == "sglang" and data["mem_fraction_static"] == 0.835
+    assert data["cell_bytes_per_token"] == 131072 and data["max_total_num_tokens"] > 0
+
+
+def test_cli_launch_line_means_sglang(run_cli):
+    result = run_cli(
+        "estimate", "--gpu", "L4", "--json", "--", "python", "-m", "sglang.launch_server", "--model-path",
+        "llama-3.1-8b", "--tp-size", "2", "--mem-fraction-static", "0.8",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["engine"], data["tp"], data["mem_fraction_static"]) == ("sglang", 2, 0.8)
+
+
+def test_cli_side_by_side(run_cli):
+    result = run_cli("estimate", "-m", "llama-3.1-8b", "--gpu", "H100", "--engine", "vllm,sglang", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    ratio = data["sglang"]["max_total_num_tokens"] / data["vllm"]["kv_cache_tokens"]
+    assert data["sglang_over_vllm_tokens"] == pytest.approx(ratio)
+    table = run_cli("estimate", "-m", "llama-3.1-8b", "--gpu", "H100", "--engine", "vllm,sglang")
+    assert "KV pool tokens" in table.stdout and "SGLang's pool holds" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mem-fraction-static", "0.8"], "Error: --mem-fraction-static is SGLang's (--mem-fraction-static)"),
+        (["--engine", "sglang", "--gpu-memory-utilization", "0.8"], "Error: --gpu-memory-utilization is vLLM's"),
+        (["--engine", "tgi"], "Error: --engine takes vllm, sglang or vllm,sglang, not 'tgi' (--engine)"),
+        (["--engine", "sglang", "--kv-cache-dtype", "fp8"], "Error: --kv-cache-dtype fp8 is not one SGLang"),
+        (["--engine", "sglang", "--mem-fraction-static", "0.05"], "Error: SGLang would stop: 'Not enough memory."),
+    ],
+)
+def test_cli_errors(run_cli, argv, message):
+    result = run_cli("estimate", "-m", "llama-3.1-8b", "--gpu", "H100", *argv)
+    assert result.exit_code != 0 and result.stdout == ""
+    assert result.stderr.startswith(message), result.stderr
+    assert "Traceback" not in result.stderr
