@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
             rich_help_panel=ALERTS,
         ),
         alert_free_latency_ms: float = typer.Option(
-            DEFAULT_LATE_FREE_MS, "--alert-free-latency-ms", help="Free latency p99 over the window, ms.",
+            DEFAULT_LATE_FREE_MS, "--alert-free-latency-ms", help="A free slower than this (ms) in the window.",
             rich_help_panel=ALERTS,
         ),
         alert_hit_baseline: float = typer.Option(
