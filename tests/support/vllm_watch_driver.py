@@ -15,7 +15,8 @@ prefix cache), at ``--concurrency`` requests in flight, 16 generated tokens each
 - ``vary``: the system prompt's last token of its first block varies per request (the seed's trailing space),
   so no prompt's first block matches any other: prefix hits collapse.
 
-Request ids name their phase (``healthy-3``, ``long-0``, ...).  ``--marks`` gets each phase's wall start and end.
+Request ids name their phase (``healthy-3``, ``long-0``, ...).  ``--marks`` gets each phase's wall start and end,
+its engine steps and the time spent in ``engine.step()`` (the step time of benchmarks/bench_watch.py).
 """
 
 from __future__ import annotations
@@ -84,15 +85,22 @@ def main() -> int:
             args.flag.write_text("on")
         start = time.time()
         concurrency = 6 if phase == "long" else args.concurrency
-        i = 0
+        i = steps = 0
+        step_s = 0.0
         while time.time() - start < float(seconds):
             while len(in_flight) < concurrency:
                 submit(phase, i)
                 i += 1
-            for out in engine.step():
+            began = time.perf_counter()
+            outputs = engine.step()
+            step_s += time.perf_counter() - began
+            steps += 1
+            for out in outputs:
                 if out.finished:
                     in_flight.discard(out.request_id)
-        marks.append({"phase": phase, "start_s": start, "end_s": time.time(), "requests": i})
+        marks.append(
+            {"phase": phase, "start_s": start, "end_s": time.time(), "requests": i, "steps": steps, "step_s": step_s}
+        )
     args.flag.unlink(missing_ok=True)
     while engine.has_unfinished_requests():
         for out in engine.step():
