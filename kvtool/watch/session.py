@@ -188,3 +188,27 @@ class WatchSession:
     def close(self) -> None:
         if self.kv_events is not None:
             self.kv_events.close()
+
+
+def serve_in_background(options: WatchOptions, listen: str) -> Callable[[], None]:
+    """Follow ``options.follow`` on a daemon thread and serve its figures on ``listen`` (``kvtool record
+    --serve-metrics``: in kvtool record's own process, never the engine's).  Returns the function that stops it."""
+    import threading
+
+    from kvtool.watch.exporter import serve
+
+    session = WatchSession(options)
+    server, _ = serve(listen, lambda: session.latest)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=session.run, args=(lambda snap: None, stop.is_set), name="kvtool-watch", daemon=True
+    )
+    thread.start()
+
+    def close() -> None:
+        stop.set()
+        thread.join(timeout=5.0)
+        server.shutdown()
+        session.close()
+
+    return close

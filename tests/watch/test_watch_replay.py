@@ -239,3 +239,18 @@ def test_bad_input_is_one_line(run_cli, tmp_path):
     assert result.exit_code == 2 and "--speed must be >= 0" in result.stderr
     result = run_cli("watch", "--replay", RECORD / "recorded-48-blocks.parquet", "--alert-long-share", "2")
     assert result.exit_code == 2 and "--alert-long-share" in result.stderr
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_exported():
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvtool.watch.exporter import exposition
+    from tests.support import REPO_ROOT
+
+    dashboard = json.loads((REPO_ROOT / "docs" / "grafana-kvtool.json").read_text())
+    queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"kvtool_\w+", t["expr"])}
+    snap = _replayed(RECORD / "recorded-48-blocks.parquet").latest
+    exported = {f.name for f in text_string_to_metric_families(exposition(lambda: snap))}
+    assert queried and queried <= exported, queried - exported
