@@ -44,8 +44,8 @@ def per_event(refresh_s: float = 0.5) -> dict:
         ingest_s = time.perf_counter() - started
         rows = watcher.store.count
         # snapshots in trace time over a second watcher fed row by row, as the live loop does
-        from kvtool.watch.rows import rows_of_table
         from kvtool.events.load import load_events
+        from kvtool.watch.rows import rows_of_table
 
         table = load_events(path)
         live = Watcher(str(path), columns=table.columns_found, default_block_size=32, long_threshold_tokens=256)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kvtool.cli.options import JsonOpt
+from kvtool.cli.options import JsonOpt, path_option
 from kvtool.cli.output import handle_errors
 from kvtool.events.analysis import DEFAULT_LATE_FREE_MS, DEFAULT_LONG_SHARE_ALERT, DEFAULT_LONG_THRESHOLD_TOKENS
 
@@ -40,13 +40,17 @@ def register(app: typer.Typer) -> None:
     @app.command("watch", epilog=EXAMPLES)
     @handle_errors
     def command(
-        recording: Optional[Path] = typer.Argument(
+        recording: Optional[str] = typer.Argument(
             None,
             help="A recording being written: kvtool record -o FILE, or KVTOOL_RECORD=FILE (.csv or .parquet).",
             show_default=False,
         ),
-        replay: Optional[Path] = typer.Option(
-            None, "--replay", help="Play a recorded events file through the same path instead.", show_default=False
+        replay: Optional[Path] = path_option(
+            None,
+            "--replay",
+            empty_tip="give a recorded events file (.csv, .csv.gz, .parquet)",
+            help="Play a recorded events file through the same path instead.",
+            show_default=False,
         ),
         speed: float = typer.Option(1.0, "--speed", help="Replay pace: x its recorded pace (0: at once)."),
         kv_events: Optional[str] = typer.Option(
@@ -73,15 +77,23 @@ def register(app: typer.Typer) -> None:
         serve_metrics: Optional[str] = typer.Option(
             None, "--serve-metrics", help="Serve the figures to Prometheus on [HOST]:PORT.", show_default=False
         ),
-        alerts_file: Optional[Path] = typer.Option(
-            None, "--alerts-file", help="Append each alert fired and resolved here (JSON lines).", show_default=False
+        alerts_file: Optional[Path] = path_option(
+            None,
+            "--alerts-file",
+            empty_tip="give the file to append the alerts to (JSON lines)",
+            help="Append each alert fired and resolved here (JSON lines).",
+            show_default=False,
         ),
         alert_long_share: float = typer.Option(
-            DEFAULT_LONG_SHARE_ALERT, "--alert-long-share", help="Long requests' share of the pool.",
+            DEFAULT_LONG_SHARE_ALERT,
+            "--alert-long-share",
+            help="Long requests' share of the pool.",
             rich_help_panel=ALERTS,
         ),
         alert_free_latency_ms: float = typer.Option(
-            DEFAULT_LATE_FREE_MS, "--alert-free-latency-ms", help="A free slower than this (ms) in the window.",
+            DEFAULT_LATE_FREE_MS,
+            "--alert-free-latency-ms",
+            help="A free slower than this (ms) in the window.",
             rich_help_panel=ALERTS,
         ),
         alert_hit_baseline: float = typer.Option(
@@ -107,8 +119,12 @@ def register(app: typer.Typer) -> None:
         The view goes to stderr; --once or --json put the answer on stdout.  Exit codes: 0 no alert, 5 an alert
         fired (--once: fires now, or fired during a --replay).
         """
+        from kvtool.core.errors import UsageError
         from kvtool.watch.alerts import AlertRules
         from kvtool.watch.session import WatchOptions, WatchSession
+
+        if recording == "":
+            raise UsageError("the recording to follow is empty", where="RECORDING", tip="kvtool watch events.csv")
 
         rules = AlertRules(
             long_share=alert_long_share,
@@ -120,7 +136,7 @@ def register(app: typer.Typer) -> None:
             leak_after_s=alert_leak_after_s,
         )
         options = WatchOptions(
-            follow=recording,
+            follow=None if recording is None else Path(recording),
             replay=replay,
             speed=speed,
             kv_events=kv_events,

@@ -103,8 +103,8 @@ class AlertTracker:
     def evaluate(self, watcher: Watcher, window: Analysis | None, clock_s: float) -> tuple[Alert, ...]:
         found: dict[str, tuple[float, float, str, str, tuple[str, ...]]] = {}
         if window is not None:
-            for rule in (self._long_share, self._late_free, self._hit_collapse, self._preemptions):
-                hit = rule(window)
+            for check in (self._long_share, self._late_free, self._hit_collapse, self._preemptions):
+                hit = check(window)
                 if hit is not None:
                     found[hit[0]] = hit[1:]
         leak = self._leak(watcher, clock_s)

@@ -130,4 +130,3 @@ def serve(listen: str, latest: Callable[[], Snapshot | None]):
     except OSError as err:
         raise UsageError(f"cannot serve metrics on {listen}: {err.strerror or err}", where="--serve-metrics") from None
     return server, server.server_address[1]
-

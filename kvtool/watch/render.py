@@ -41,7 +41,10 @@ def figures_rows(window: Figures | None, since: Figures | None) -> list[tuple[st
         ("free latency p99", *both(lambda f: _num(f.free_latency_ms_p99, ",.2f", " ms"))),
         ("preemptions / s", *both(lambda f: _num(f.preemptions_per_s, ",.2f"))),
         ("long-request share (peak)", *both(lambda f: _pct(f.long_share_peak))),
-        ("blocks held (mean / peak)", *both(lambda f: f"{_num(f.mean_blocks_in_use, ',.1f')} / {f.peak_blocks_in_use:,}")),
+        (
+            "blocks held (mean / peak)",
+            *both(lambda f: f"{_num(f.mean_blocks_in_use, ',.1f')} / {f.peak_blocks_in_use:,}"),
+        ),
         ("requests / rows", *both(lambda f: f"{f.requests:,} / {f.events:,}")),
         ("span", *both(lambda f: _num(f.span_s, ",.1f", " s"))),
     ]

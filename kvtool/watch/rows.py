@@ -230,11 +230,14 @@ class RowStore:
         self._pending_ids = ([], [])
         old = self._arrays
         if old is not None:
-            olds = (old.ts, old.event, old.request, old.num_blocks, old.num_tokens, old.block_size, old.latency_ms)
-            olds += (old.free_pool_blocks, old.source_request)
+            olds = [old.ts, old.event, old.request, old.num_blocks, old.num_tokens, old.block_size, old.latency_ms]
+            olds += [old.free_pool_blocks, old.source_request]
             new = [np.concatenate((a, b)) for a, b in zip(olds, new)]
             new_ids = (np.concatenate((old.id_rows, new_ids[0])), np.concatenate((old.id_values, new_ids[1])))
-        self._arrays = _Arrays(self.count, *new, *new_ids)
+        ts, event, request, blocks, tokens, size, latency, pool, source = new
+        self._arrays = _Arrays(
+            self.count, ts, event, request, blocks, tokens, size, latency, pool, source, new_ids[0], new_ids[1]
+        )
         return self._arrays
 
     def has(self, column: str) -> bool:
@@ -278,8 +281,8 @@ def rows_of_table(table: EventTable):
 
     n = table.events
     ids_of_row: dict[int, tuple[int, ...]] = {}
-    if table.block_id_rows is not None and table.block_id_rows.size:
-        rows, values = table.block_id_rows, table.block_id_values
+    rows, values = table.block_id_rows, table.block_id_values
+    if rows is not None and values is not None and rows.size:
         cuts = np.flatnonzero(np.diff(rows)) + 1
         for chunk_rows, chunk in zip(np.split(rows, cuts), np.split(values, cuts)):
             ids_of_row[int(chunk_rows[0])] = tuple(chunk.tolist())

@@ -12,12 +12,13 @@ import csv
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from kvtool.core.errors import InputFileError
 from kvtool.events.load import DEFAULT_BLOCK_SIZE, load_events
+from kvtool.vllm.recorder.writer import META_SUFFIX, SPOOL_SUFFIX
 from kvtool.watch.rows import LineParser, RowError, rows_of_table
 from kvtool.watch.state import Watcher
-from kvtool.vllm.recorder.writer import META_SUFFIX, SPOOL_SUFFIX
 
 READ_BYTES = 1 << 20  # read at most this much per poll (a backlog is caught up over a few polls)
 
@@ -46,7 +47,7 @@ class FileFollower:
         self.spool = target.with_name(target.name + SPOOL_SUFFIX) if parquet else target
         self.parquet = parquet
         self.from_start = from_start
-        self._handle = None
+        self._handle: Any = None
         self._parser: LineParser | None = None
         self._buffer = b""
         self._line = 1  # line number of the last line read (the header is line 1)

@@ -346,9 +346,7 @@ class Watcher:
     def idle_holders(self, clock_s: float, idle_s: float) -> list[tuple[str, int, float]]:
         """(request, blocks, idle seconds) of the requests holding blocks with no row for more than ``idle_s``."""
         names = self.store.request_ids
-        out = [
-            (names[code], s[0], clock_s - s[3]) for code, s in self.lead.held.items() if clock_s - s[3] > idle_s
-        ]
+        out = [(names[code], s[0], clock_s - s[3]) for code, s in self.lead.held.items() if clock_s - s[3] > idle_s]
         return sorted(out, key=lambda r: (-r[2], r[0]))
 
 

@@ -33,8 +33,13 @@ def test_metrics_are_served_while_the_recording_is_written(tmp_path):
     command = [sys.executable, "-m", "kvtool", "record", "-o", str(tmp_path / "run.csv")]
     command += ["--serve-metrics", f"127.0.0.1:{port}", "--", sys.executable, str(ENGINE), "driver", str(state)]
     command += ["80", "5", "0.05"]
-    proc = subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO_ROOT))),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command,
+        env=dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO_ROOT))),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = {}
     try:
         deadline = time.monotonic() + 60
