@@ -26,6 +26,7 @@ COMMAND_MODULES: dict[str, str] = {
     "record": "kvtool.cli.record",
     "explain": "kvtool.cli.explain",
     "plan": "kvtool.cli.plan",
+    "watch": "kvtool.cli.watch",
 }
 
 

@@ -53,6 +53,12 @@ def register(app: typer.Typer) -> None:
             help="Seconds the command's engines may run on after the command itself exits (a killed driver leaves "
             "its engine running) before kvtool stops them; the file is finished only when every one has ended.",
         ),
+        serve_metrics: Optional[str] = typer.Option(
+            None,
+            "--serve-metrics",
+            help="Serve kvtool watch's figures of the recording to Prometheus on [HOST]:PORT while it runs.",
+            show_default=False,
+        ),
         json_output: JsonOpt = False,
     ) -> None:
         """Run a command with kvtool's recorder inside vLLM: per-request KV-block events for `kvtool analyze`.
@@ -71,7 +77,19 @@ def register(app: typer.Typer) -> None:
             appends="blocks" if block_appends_only else "all",
             grace_s=grace,
         )
-        result = run_record(options, on_note=warn)
+        stop_serving = None
+        if serve_metrics:
+            from kvtool.vllm.recorder.launch import _remove_previous
+            from kvtool.watch.session import WatchOptions, serve_in_background
+
+            _remove_previous(output)  # the watcher must not follow an earlier recording's file
+            stop_serving = serve_in_background(WatchOptions(follow=output), serve_metrics)
+            warn(f"serving kvtool watch's figures on {serve_metrics} (/metrics)")
+        try:
+            result = run_record(options, on_note=warn)
+        finally:
+            if stop_serving is not None:
+                stop_serving()
         if json_output:
             print_json(result)
         else:

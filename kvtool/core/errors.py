@@ -12,6 +12,7 @@ EXIT_CHECK_FAILED = 1  # the command ran, and what it checked failed (repro verd
 EXIT_USAGE = 2  # bad options or values: unknown model, zero/negative sizes, unknown scenario
 EXIT_INPUT = 3  # an input file is missing, unreadable, or not in an accepted format
 EXIT_INCONCLUSIVE = 4  # the command ran and could not decide either way (vllm isolation: a control did not share)
+EXIT_ALERT = 5  # kvtool watch: an alert fired (--once: fires now, or fired during a --replay)
 # a command needs an optional extra that is not installed (torch for repro, matplotlib for --plot, ...): the
 # install is incomplete, not the command line; 69 is sysexits.h's EX_UNAVAILABLE ("a support program ... does
 # not exist"), away from the small codes a command's own outcomes take

@@ -46,6 +46,7 @@ EXTRAS: dict[str, Extra] = {
         Extra("msgpack", "msgpack", "capture", "msgpack"),
         Extra("dask.distributed", "Dask", "fleet", "dask"),
         Extra("fsspec", "fsspec", "fleet", "fsspec"),
+        Extra("prometheus_client", "prometheus-client", "watch", "prometheus-client"),
     )
 }
 

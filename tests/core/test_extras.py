@@ -23,7 +23,7 @@ else:  # the dev extra brings tomli there
     import tomli as tomllib
 
 # module imported -> its name on PyPI, where the two differ (what pip resolves, PEP 503 normalised below)
-DISTRIBUTION_OF = {"yaml": "pyyaml", "zmq": "pyzmq", "distributed": "dask"}
+DISTRIBUTION_OF = {"yaml": "pyyaml", "zmq": "pyzmq", "distributed": "dask", "prometheus_client": "prometheus-client"}
 # imported by code that runs inside vLLM's own environment (the recorder plugin, the live-vLLM test drivers)
 RUNS_INSIDE_VLLM = {"vllm"}
 MADE_AT_RUN_TIME = {"kvtool_api_targets"}  # kvtool.api.check_target's registry module (kvtool/api/_repro.py)
