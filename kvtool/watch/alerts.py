@@ -23,7 +23,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvtool.core.errors import UsageError
 from kvtool.core.jsonable import to_jsonable
@@ -31,7 +31,6 @@ from kvtool.events.analysis import DEFAULT_LATE_FREE_MS, DEFAULT_LONG_SHARE_ALER
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvtool.events.analysis import Analysis
-    from kvtool.watch.state import Watcher
 
 RULES = ("long_share", "late_free", "hit_collapse", "preemption_storm", "leak")
 NAMED_REQUESTS = 10  # requests named per alert, the most involved first
@@ -62,6 +61,12 @@ class AlertRules:
             raise UsageError(f"--alert-preemptions-per-s must be >= 0, got {self.preemptions_per_s:g}")
         if not self.leak_after_s > 0:
             raise UsageError(f"--alert-leak-after-s must be > 0 seconds, got {self.leak_after_s:g}")
+
+
+class Holders(Protocol):
+    """What the leak rule reads of the watcher (kvtool.watch.state.Watcher), which imports this module."""
+
+    def idle_holders(self, clock_s: float, idle_s: float) -> list[tuple[str, int, float]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +105,7 @@ class AlertTracker:
     def ever_fired(self) -> bool:
         return bool(self.first_fired_s)
 
-    def evaluate(self, watcher: Watcher, window: Analysis | None, clock_s: float) -> tuple[Alert, ...]:
+    def evaluate(self, watcher: Holders, window: Analysis | None, clock_s: float) -> tuple[Alert, ...]:
         found: dict[str, tuple[float, float, str, str, tuple[str, ...]]] = {}
         if window is not None:
             for check in (self._long_share, self._late_free, self._hit_collapse, self._preemptions):
@@ -129,9 +134,7 @@ class AlertTracker:
     def _long_share(self, window: Analysis):
         import numpy as np
 
-        from kvtool.watch.state import _long_share_last
-
-        share = _long_share_last(window)
+        share = long_share_last(window)
         limit = self.rules.long_share
         if not share > limit:
             return None
@@ -203,7 +206,7 @@ class AlertTracker:
         )
         return ("preemption_storm", rate, limit, "per_s", message, ids)
 
-    def _leak(self, watcher: Watcher, clock_s: float):
+    def _leak(self, watcher: Holders, clock_s: float):
         limit = self.rules.leak_after_s
         idle = watcher.idle_holders(clock_s, limit)
         if not idle:
@@ -225,3 +228,16 @@ class AlertTracker:
 
 def _names(request_ids: tuple[str, ...], idx) -> tuple[str, ...]:
     return tuple(request_ids[i] for i in idx[:NAMED_REQUESTS].tolist())
+
+
+def long_share_last(analysis: Analysis) -> float:
+    """The long requests' share at the last point of analyze's curve, on analyze's basis (capacity when known)."""
+    t = analysis.timeline
+    if not t.time_s.size:
+        return float("nan")
+    long_now = float(t.long_blocks_in_use[-1])
+    capacity = analysis.long_requests.capacity_blocks
+    if capacity:
+        return long_now / capacity
+    held = float(t.blocks_in_use[-1])
+    return long_now / held if held > 0 else 0.0

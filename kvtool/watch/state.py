@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtool.events.analysis import DEFAULT_LATE_FREE_MS, DEFAULT_LONG_THRESHOLD_TOKENS, Analysis, analyze_events
 from kvtool.events.load import APPEND, DEFAULT_BLOCK_SIZE, FREE, EventTable
+from kvtool.watch.alerts import long_share_last
 from kvtool.watch.rows import Row, RowStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -311,7 +312,7 @@ class Watcher:
             in_use = capacity - self.last_free_pool
         long_share = nan
         if window is not None:
-            long_share = _long_share_last(window)
+            long_share = long_share_last(window)
         return Now(
             clock_s=clock_s,
             last_event_s=self.last_ts,
@@ -350,19 +351,6 @@ class Watcher:
         return sorted(out, key=lambda r: (-r[2], r[0]))
 
 
-def _long_share_last(analysis: Analysis) -> float:
-    """The long requests' share at the last point of analyze's curve, on analyze's basis (capacity when known)."""
-    t = analysis.timeline
-    if not t.time_s.size:
-        return nan
-    long_now = float(t.long_blocks_in_use[-1])
-    capacity = analysis.long_requests.capacity_blocks
-    if capacity:
-        return long_now / capacity
-    held = float(t.blocks_in_use[-1])
-    return long_now / held if held > 0 else 0.0
-
-
 def figures_of(analysis: Analysis, scope: str, span_s: float, opening_rows: int = 0) -> Figures:
     """The figures of one scope, read off its analysis."""
     s, pool, prefix = analysis.summary, analysis.pool, analysis.prefix_reuse
@@ -383,5 +371,5 @@ def figures_of(analysis: Analysis, scope: str, span_s: float, opening_rows: int 
         preemptions=s.preemptions,
         preemptions_per_s=s.preemptions / span_s if span_s > 0 else nan,
         long_share_peak=analysis.long_requests.peak_share,
-        long_share_last=_long_share_last(analysis),
+        long_share_last=long_share_last(analysis),
     )

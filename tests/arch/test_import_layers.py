@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"core", "estimate", "events", "vllm", "simulate", "repro"},
     "explain": {"core", "estimate"},
     "plan": {"core", "estimate", "simulate"},
-    "cli": {"core", "estimate", "events", "vllm", "simulate", "repro", "api", "kvtool", "explain", "plan"},
+    "watch": {"core", "events", "vllm"},
+    "cli": {"core", "estimate", "events", "vllm", "simulate", "repro", "api", "kvtool", "explain", "plan", "watch"},
     "kvtool": {"cli", "api", "core"},
 }
 RENDERERS = ("render", "plots")
