@@ -13,8 +13,9 @@ from pathlib import Path
 BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 2  # K and V x 4 layers x 2 KV heads x head_dim 32 x bf16 = 1024
 BLOCK_SIZE = 32
 
-# The shape every tiny model shares: hidden 256, 4 layers, 8 heads, 2 KV heads (head_dim 256 / 8 = 32), vocab 1000.
-_SHAPE = dict(
+# The shape every tiny model shares (tests/data/simulate/record_vllm_parity.py's too): hidden 256, 4 layers, 8 heads,
+# 2 KV heads (head_dim 256 / 8 = 32), vocab 1000.
+TINY_SHAPE = dict(
     hidden_size=256,
     num_hidden_layers=4,
     num_attention_heads=8,
@@ -42,7 +43,7 @@ def build_model(model_dir: Path, arch: str = "llama") -> None:
     import transformers
 
     config_class, model_class, extra = ARCHS[arch]
-    config = getattr(transformers, config_class)(**_SHAPE, **extra)
+    config = getattr(transformers, config_class)(**TINY_SHAPE, **extra)
     torch.manual_seed(0)
     getattr(transformers, model_class)(config).to(torch.bfloat16).save_pretrained(model_dir)
 
