@@ -18,8 +18,8 @@ from tests.support import DATA
 FIXTURES = sorted((DATA / "simulate").glob("vllm-parity-*.json"))
 
 
-def _config(fx: dict) -> EngineConfig:
-    """The engine settings the recording ran with."""
+def _config(fx: dict, **settings) -> EngineConfig:
+    """The engine settings the recording ran with (``settings``: what a caller adds, e.g. the KV-cache groups)."""
     return EngineConfig(
         num_blocks=fx["num_gpu_blocks"],
         block_size=fx["block_size"],
@@ -27,6 +27,7 @@ def _config(fx: dict) -> EngineConfig:
         max_num_batched_tokens=fx["max_num_batched_tokens"],
         long_prefill_token_threshold=fx["long_prefill_token_threshold"],
         max_model_len=fx["max_model_len"],
+        **settings,
     )
 
 
