@@ -20,8 +20,8 @@ from kvtool.estimate.hf_config import parse_config
 from kvtool.estimate.layout import kv_layout
 from kvtool.simulate.grouped import GroupedEngine, model_groups
 from kvtool.simulate.scheduler import run_engine
+from tests.simulate.test_vllm_scheduler_parity import _assert_requests_match, _prompts
 from tests.simulate.test_vllm_scheduler_parity import _config as recorded_config
-from tests.simulate.test_vllm_scheduler_parity import _prompts
 from tests.support import DATA
 
 FIXTURES = sorted((DATA / "simulate").glob("vllm-groups-*.json"))
@@ -73,13 +73,7 @@ def test_per_request_parity(path):
     assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
     prompts, out = _inputs(fx)
     run = run_engine(_config(fx), prompts, out, engine_class=GroupedEngine if _config(fx).kv_groups else None)
-    got = [
-        (r["id"], run.num_cached_tokens[i], run.num_preemptions[i], run.finish_step[i])
-        for i, r in enumerate(fx["requests"])
-    ]
-    want = [(r["id"], r["num_cached_tokens"], r["num_preemptions"], r["finish_step"]) for r in fx["requests"]]
-    assert got == want
-    assert run.steps == fx["engine_steps"]
+    _assert_requests_match(run, fx)
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)

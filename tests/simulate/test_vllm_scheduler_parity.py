@@ -43,11 +43,8 @@ def test_fixtures_are_present():
     assert len(FIXTURES) >= 4
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
-def test_per_request_parity(path):
-    fx = json.loads(path.read_text())
-    assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
-    run = _simulate(fx)
+def _assert_requests_match(run, fx: dict) -> None:
+    """Per request num_cached_tokens, preemptions and finish step, and the engine's step count, as vLLM recorded."""
     got = [
         (r["id"], run.num_cached_tokens[i], run.num_preemptions[i], run.finish_step[i])
         for i, r in enumerate(fx["requests"])
@@ -55,6 +52,13 @@ def test_per_request_parity(path):
     want = [(r["id"], r["num_cached_tokens"], r["num_preemptions"], r["finish_step"]) for r in fx["requests"]]
     assert got == want
     assert run.steps == fx["engine_steps"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_per_request_parity(path):
+    fx = json.loads(path.read_text())
+    assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
+    _assert_requests_match(_simulate(fx), fx)
     assert sum(r["num_preemptions"] for r in fx["requests"]) > 0
 
 
