@@ -271,15 +271,39 @@ def prefix_report_from_rows(path: str | Path, prompts: tuple[PromptRecord, ...])
             window = _window_note(rows, groups, who, admitted_at[p.request_id], name)
             r = _with_evidence(r, _kept_note(r, prompts, unit) if r.outcome == WINDOW else window)
         outcomes.append(r)
+    return _report(
+        path,
+        unit,
+        groups,
+        outcomes,
+        notes,
+        utilization=holding.utilization(),
+        vllm_usage_mean=holding.usage_s / holding.duration_s if holding.duration_s else None,
+        vllm_usage_peak=holding.usage_peak,
+    )
+
+
+def _report(
+    path: str | Path,
+    unit: int,
+    groups: tuple[CacheGroup, ...],
+    outcomes: list[RequestOutcome],
+    notes: list[str],
+    utilization: tuple[GroupUtilization, ...] = (),
+    vllm_usage_mean: float | None = None,
+    vllm_usage_peak: float | None = None,
+) -> PrefixReport:
+    """One source's report: its requests' outcomes and their shares; the per-group utilization and vLLM's usage
+    gauge only where the source has held blocks (the recorder's rows; vLLM's KV events have none)."""
     return PrefixReport(
         source=str(path),
         unit_tokens=unit,
         groups=groups,
         requests=tuple(outcomes),
         shares=outcome_shares(outcomes),
-        utilization=holding.utilization(),
-        vllm_usage_mean=holding.usage_s / holding.duration_s if holding.duration_s else None,
-        vllm_usage_peak=holding.usage_peak,
+        utilization=utilization,
+        vllm_usage_mean=vllm_usage_mean,
+        vllm_usage_peak=vllm_usage_peak,
         notes=tuple(notes),
     )
 
@@ -413,17 +437,8 @@ def prefix_report_from_events(path: str | Path, events, prompts: tuple[PromptRec
         outcomes.append(r)
     if any(p.num_cached_tokens is None for p in prompts):
         notes.append("hits without num_cached_tokens are the depth of the first block the request stored")
-    return PrefixReport(
-        source=str(path),
-        unit_tokens=unit,
-        groups=groups,
-        requests=tuple(outcomes),
-        shares=outcome_shares(outcomes),
-        utilization=(),
-        vllm_usage_mean=None,
-        vllm_usage_peak=None,
-        notes=(*notes, "vLLM's KV events carry no held blocks: per-group utilization needs the recorder's rows"),
-    )
+    notes.append("vLLM's KV events carry no held blocks: per-group utilization needs the recorder's rows")
+    return _report(path, unit, groups, outcomes, notes)
 
 
 def _first_own_store(content: _Content, ids: tuple[int, ...], after: int, unit: int):

@@ -36,19 +36,18 @@ def _recorded() -> list[tuple[float, int, int]]:
     return rows
 
 
+def _tiny_offloaded(tiny: str, tp: int, size_gib: float, **offload):
+    """The estimate of the recorded runs' engine (the tiny Llama, 5,000,000 B of KV, block 32, length 2,048) with a CPU
+    tier of ``size_gib`` GiB; ``offload``: backend, chunk size and release."""
+    request = EstimateRequest(
+        config=tiny, kv_memory="5000000", block_size=32, seq_lens=(2048,), tp=tp, kv_offloading_size=size_gib, **offload
+    )
+    return estimate(request)
+
+
 @pytest.mark.parametrize(("size_gib", "tp", "chunks"), _recorded())
 def test_cpu_blocks_equal_vllm_0_32_cpu_offloading_spec(tiny: str, size_gib: float, tp: int, chunks: int) -> None:
-    result = estimate(
-        EstimateRequest(
-            config=tiny,
-            kv_memory="5000000",
-            block_size=32,
-            seq_lens=(2048,),
-            tp=tp,
-            kv_offloading_size=size_gib,
-            vllm_version="0.32.0",
-        )
-    )
+    result = _tiny_offloaded(tiny, tp, size_gib, vllm_version="0.32.0")
     assert result.cpu_kv_blocks == chunks
     assert result.cpu_kv_tokens == chunks * 32
 
@@ -115,18 +114,9 @@ def _lmcache_recorded() -> list[tuple[float, int, int, int, int]]:
 def test_lmcache_chunks_equal_lmcache_0_5_6_allocator(
     tiny: str, size_gib: float, tp: int, chunk_size: int, chunks: int, chunk_bytes: int
 ) -> None:
-    result = estimate(
-        EstimateRequest(
-            config=tiny,
-            kv_memory="5000000",
-            block_size=32,
-            seq_lens=(2048,),
-            tp=tp,
-            kv_offloading_size=size_gib,
-            kv_offloading_backend="lmcache",
-            lmcache_chunk_size=None if chunk_size == 256 else chunk_size,
-            vllm_version="0.22.1",
-        )
+    chunk = None if chunk_size == 256 else chunk_size
+    result = _tiny_offloaded(
+        tiny, tp, size_gib, kv_offloading_backend="lmcache", lmcache_chunk_size=chunk, vllm_version="0.22.1"
     )
     assert result.cpu_kv_blocks == chunks
     assert result.cpu_kv_tokens == chunks * chunk_size

@@ -19,7 +19,9 @@ import pytest
 from kvtool.estimate.hf_config import parse_config
 from kvtool.estimate.layout import kv_layout
 from kvtool.simulate.grouped import GroupedEngine, model_groups
-from kvtool.simulate.scheduler import EngineConfig, Prompt, run_engine
+from kvtool.simulate.scheduler import run_engine
+from tests.simulate.test_vllm_scheduler_parity import _assert_requests_match, _prompts
+from tests.simulate.test_vllm_scheduler_parity import _config as recorded_config
 from tests.support import DATA
 
 FIXTURES = sorted((DATA / "simulate").glob("vllm-groups-*.json"))
@@ -39,23 +41,12 @@ def _groups(fx: dict):
     return model_groups(kv_layout(spec), fx["block_size"], fx["max_model_len"], mbt, spec.kv_layer_kinds)
 
 
-def _config(fx: dict) -> EngineConfig:
-    return EngineConfig(
-        num_blocks=fx["num_gpu_blocks"],
-        block_size=fx["block_size"],
-        max_num_seqs=fx["max_num_seqs"],
-        max_num_batched_tokens=fx["max_num_batched_tokens"],
-        long_prefill_token_threshold=fx["long_prefill_token_threshold"],
-        max_model_len=fx["max_model_len"],
-        kv_groups=_groups(fx).specs,
-    )
+def _config(fx: dict):
+    return recorded_config(fx, kv_groups=_groups(fx).specs)
 
 
 def _inputs(fx: dict):
-    reqs = fx["requests"]
-    return [Prompt(len(r["prompt_token_ids"]), r["prompt_token_ids"], "tokens") for r in reqs], [
-        r["max_tokens"] for r in reqs
-    ]
+    return _prompts(fx), [r["max_tokens"] for r in fx["requests"]]
 
 
 def test_fixtures_are_present():
@@ -82,13 +73,7 @@ def test_per_request_parity(path):
     assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
     prompts, out = _inputs(fx)
     run = run_engine(_config(fx), prompts, out, engine_class=GroupedEngine if _config(fx).kv_groups else None)
-    got = [
-        (r["id"], run.num_cached_tokens[i], run.num_preemptions[i], run.finish_step[i])
-        for i, r in enumerate(fx["requests"])
-    ]
-    want = [(r["id"], r["num_cached_tokens"], r["num_preemptions"], r["finish_step"]) for r in fx["requests"]]
-    assert got == want
-    assert run.steps == fx["engine_steps"]
+    _assert_requests_match(run, fx)
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)

@@ -18,8 +18,8 @@ from tests.support import DATA
 FIXTURES = sorted((DATA / "simulate").glob("vllm-parity-*.json"))
 
 
-def _config(fx: dict) -> EngineConfig:
-    """The engine settings the recording ran with."""
+def _config(fx: dict, **settings) -> EngineConfig:
+    """The engine settings the recording ran with (``settings``: what a caller adds, e.g. the KV-cache groups)."""
     return EngineConfig(
         num_blocks=fx["num_gpu_blocks"],
         block_size=fx["block_size"],
@@ -27,6 +27,7 @@ def _config(fx: dict) -> EngineConfig:
         max_num_batched_tokens=fx["max_num_batched_tokens"],
         long_prefill_token_threshold=fx["long_prefill_token_threshold"],
         max_model_len=fx["max_model_len"],
+        **settings,
     )
 
 
@@ -42,11 +43,8 @@ def test_fixtures_are_present():
     assert len(FIXTURES) >= 4
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
-def test_per_request_parity(path):
-    fx = json.loads(path.read_text())
-    assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
-    run = _simulate(fx)
+def _assert_requests_match(run, fx: dict) -> None:
+    """Per request num_cached_tokens, preemptions and finish step, and the engine's step count, as vLLM recorded."""
     got = [
         (r["id"], run.num_cached_tokens[i], run.num_preemptions[i], run.finish_step[i])
         for i, r in enumerate(fx["requests"])
@@ -54,6 +52,13 @@ def test_per_request_parity(path):
     want = [(r["id"], r["num_cached_tokens"], r["num_preemptions"], r["finish_step"]) for r in fx["requests"]]
     assert got == want
     assert run.steps == fx["engine_steps"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_per_request_parity(path):
+    fx = json.loads(path.read_text())
+    assert fx["async_scheduling"] is False and fx["vllm_version"].startswith("0.32")
+    _assert_requests_match(_simulate(fx), fx)
     assert sum(r["num_preemptions"] for r in fx["requests"]) > 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -28,9 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support import vllm_engine_env
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-BLOCK_SIZE = 32
 
 
 def token_sets(seed: int = 29) -> dict[str, list[int]]:
@@ -60,24 +60,6 @@ PLAN: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("a", "r8", ("S1", "u1")),
     ("b", "r9", ("N",)),
 )
-
-
-def _env(scratch: Path, seed: int) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("TMPDIR", "VLLM_RPC_BASE_PATH", "VLLM_CACHE_ROOT", "HF_HOME", "XDG_CACHE_HOME"):
-        env[name] = str(scratch)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
-    env.update(
-        VLLM_HOST_IP="127.0.0.1",
-        VLLM_LOOPBACK_IP="127.0.0.1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_DO_NOT_TRACK="1",
-        DO_NOT_TRACK="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        PYTHONHASHSEED=str(seed),
-    )
-    return env
 
 
 def main() -> int:
@@ -116,11 +98,12 @@ def _record(args, captures: dict, engines: dict) -> int:
     for index, name in enumerate(("a", "b")):
         port, replay = args.port + 2 * index, args.port + 2 * index + 1
         scratch = Path(tempfile.mkdtemp(prefix=f"kvtool-fleet-{name}-"))
+        env = dict(vllm_engine_env(scratch), PYTHONHASHSEED=str(args.seeds[index]))
         engines[name] = subprocess.Popen(
             [args.vllm_python, str(HERE / "vllm_fleet_engine.py"), "--model-dir", str(args.model_dir),
              "--endpoint", f"tcp://127.0.0.1:{port}", "--replay-endpoint", f"tcp://*:{replay}",
              "--report-mode", args.report_mode],
-            env=_env(scratch, args.seeds[index]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             stderr=(scratch / "engine.log").open("w"),
         )  # fmt: skip
         print(f"engine {name}: log in {scratch / 'engine.log'}", file=sys.stderr)

@@ -10,7 +10,7 @@ Run it with a Python that has vLLM installed (never kvtool's own venv):
 stdin, one JSON object a line: ``{"id": "r0", "prompt": [token ids]}`` runs that request to the end and answers
 ``{"id": "r0", "num_cached_tokens": N}`` on stdout; ``{"reset": true}`` resets the prefix cache (one
 AllBlocksCleared event, published with a short flush request that stores no block) and answers ``{"reset": true}``;
-end of input stops the engine.  The model is the tiny random Llama of tests/support/vllm_live_engine.py.
+end of input stops the engine.  The model is the tiny random Llama of tests/support/vllm_tiny.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-BLOCK_SIZE = 32
 MAX_TOKENS = 4  # a prompt of 32 m + 4 tokens then holds 32 m + 7 computed tokens: m full blocks, all of the prompt
 KV_BLOCKS = 1024  # a cache large enough that nothing is evicted in these runs
-BYTES_PER_TOKEN = 1024
 
 
 def main() -> int:
@@ -45,37 +43,17 @@ def main() -> int:
         answers.flush()
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vllm_live_engine import build_model
+    from vllm_tiny import BLOCK_SIZE, BYTES_PER_TOKEN, ensure_model, kv_events, offline_llm, reset_and_flush, sampling
 
-    if not (args.model_dir / "config.json").exists():
-        build_model(args.model_dir)
-
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVEventsConfig
+    ensure_model(args.model_dir)
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=str(args.model_dir),
-        skip_tokenizer_init=True,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_model_len=1024,
-        enforce_eager=True,
-        kv_cache_memory_bytes=KV_BLOCKS * BLOCK_SIZE * BYTES_PER_TOKEN,
-        kv_events_config=KVEventsConfig(
-            enable_kv_cache_events=True,
-            publisher="zmq",
-            endpoint=args.endpoint,
-            replay_endpoint=args.replay_endpoint,
-            topic="",
-        ),
+    llm = offline_llm(
+        args.model_dir,
+        KV_BLOCKS * BLOCK_SIZE * BYTES_PER_TOKEN,
+        kv_events_config=kv_events(args.endpoint, args.replay_endpoint),
     )
-    params = SamplingParams(
-        max_tokens=MAX_TOKENS,
-        ignore_eos=True,
-        detokenize=False,
-        extra_args={"kv_cache_report_mode": args.report_mode},
-    )
+    params = sampling(MAX_TOKENS, extra_args={"kv_cache_report_mode": args.report_mode})
     engine = llm.llm_engine
     answer({"ready": True, "vllm_version": __import__("vllm").__version__})
     for line in sys.stdin:
@@ -83,11 +61,7 @@ def main() -> int:
             continue
         command = json.loads(line)
         if command.get("reset"):
-            llm.reset_prefix_cache()
-            flush = TokensPrompt(prompt_token_ids=list(range(1, 9)))  # 8 tokens: stores no block
-            engine.add_request("flush", flush, SamplingParams(max_tokens=1, detokenize=False))
-            while engine.has_unfinished_requests():
-                engine.step()
+            reset_and_flush(llm)  # one AllBlocksCleared event, published with a flush request
             answer({"reset": True})
             continue
         engine.add_request(command["id"], TokensPrompt(prompt_token_ids=command["prompt"]), params)

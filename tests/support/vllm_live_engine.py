@@ -21,26 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 2  # K and V x 4 layers x 2 KV heads x head_dim 32 x bf16 = 1024
-BLOCK_SIZE = 32
-
-
-def build_model(model_dir: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=512,
-        vocab_size=1000,
-        max_position_embeddings=2048,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(model_dir)
+from vllm_tiny import BLOCK_SIZE, BYTES_PER_TOKEN, ensure_model, kv_events, offline_llm, reset_and_flush, sampling
 
 
 def prompts(count: int, seed: int) -> list[list[int]]:
@@ -66,50 +47,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
-    if not (args.model_dir / "config.json").exists():
-        build_model(args.model_dir)
-
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVEventsConfig
+    ensure_model(args.model_dir)
     from vllm.inputs import TokensPrompt
 
     kv_bytes = args.kv_blocks * BLOCK_SIZE * BYTES_PER_TOKEN
-    llm = LLM(
-        model=str(args.model_dir),
-        skip_tokenizer_init=True,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_model_len=1024,
-        enforce_eager=True,
-        kv_cache_memory_bytes=kv_bytes,
-        kv_events_config=KVEventsConfig(
-            enable_kv_cache_events=True,
-            publisher="zmq",
-            endpoint=args.endpoint,
-            replay_endpoint=args.replay_endpoint,
-            topic="",
-        ),
-    )
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        ignore_eos=True,
-        detokenize=False,
-        extra_args={"kv_cache_report_mode": args.report_mode},
-    )
+    llm = offline_llm(args.model_dir, kv_bytes, kv_events_config=kv_events(args.endpoint, args.replay_endpoint))
+    params = sampling(args.max_tokens, extra_args={"kv_cache_report_mode": args.report_mode})
     engine = llm.llm_engine
     for i, ids in enumerate(prompts(args.prompts, args.seed)):
         engine.add_request(f"req-{i}", TokensPrompt(prompt_token_ids=ids), params, session_id=f"sess-{i % 4}")
     finished = 0
     while engine.has_unfinished_requests():
         finished += sum(1 for out in engine.step() if out.finished)
-    llm.reset_prefix_cache()
-    # The AllBlocksCleared event is published with the next engine step: run one short request
-    # (8 tokens, less than a block, so it stores nothing).
-    engine.add_request(
-        "flush", TokensPrompt(prompt_token_ids=list(range(1, 9))), SamplingParams(max_tokens=1, detokenize=False)
-    )
-    while engine.has_unfinished_requests():
-        engine.step()
+    reset_and_flush(llm)
     time.sleep(2.0)  # let the publisher thread send the last batches
     summary = {
         "num_gpu_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,

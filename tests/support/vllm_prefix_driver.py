@@ -34,32 +34,7 @@ import random
 import sys
 from pathlib import Path
 
-from vllm_live_engine import BLOCK_SIZE, BYTES_PER_TOKEN, build_model  # same folder (run as a script)
-
-
-def build_mistral(model_dir: Path) -> None:
-    import torch
-    from transformers import MistralConfig, MistralForCausalLM
-
-    config = MistralConfig(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=512,
-        vocab_size=1000,
-        max_position_embeddings=2048,
-        sliding_window=64,
-    )
-    torch.manual_seed(0)
-    MistralForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
-
-
-def build_gemma2(model_dir: Path) -> None:
-    from vllm_record_driver import build_gemma2 as build
-
-    build(model_dir)
+from vllm_tiny import BLOCK_SIZE, BYTES_PER_TOKEN, ensure_model, kv_events, offline_llm, sampling  # a script
 
 
 class Run:
@@ -73,11 +48,9 @@ class Run:
         self.generated: dict[str, int] = {}
 
     def add(self, rid: str, ids: list[int], max_tokens: int) -> None:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), sampling(max_tokens))
         self.order.append(rid)
         self.prompts[rid] = ids
 
@@ -110,22 +83,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=28)
     args = parser.parse_args()
 
-    if not (args.model_dir / "config.json").exists():
-        {"llama": build_model, "mistral": build_mistral, "gemma2": build_gemma2}[args.arch](args.model_dir)
-
-    from vllm import LLM
-    from vllm.config import KVEventsConfig
-
-    llm = LLM(
-        model=str(args.model_dir),
-        skip_tokenizer_init=True,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_model_len=1024,
-        enforce_eager=True,
-        kv_cache_memory_bytes=args.kv_blocks * BLOCK_SIZE * BYTES_PER_TOKEN,
+    ensure_model(args.model_dir, args.arch)
+    llm = offline_llm(
+        args.model_dir,
+        args.kv_blocks * BLOCK_SIZE * BYTES_PER_TOKEN,
         disable_log_stats=False,
-        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=args.endpoint, topic=""),
+        kv_events_config=kv_events(args.endpoint),
     )
     rng = random.Random(args.seed)
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_live_engine import BLOCK_SIZE, BYTES_PER_TOKEN, build_model  # same folder (run as a script)
+from vllm_tiny import BLOCK_SIZE, BYTES_PER_TOKEN, ensure_model, offline_llm, sampling  # same folder (a script)
 
 SYSTEM_PROMPT_TOKENS = (96, 70, 128)
 
@@ -43,27 +43,6 @@ def workload(count: int, seed: int) -> list[tuple[list[int], int]]:
             prompt = prompt + [rng.randrange(1, 1000) for _ in range(rng.randrange(300, 500))]
         out.append((prompt, rng.choice((16, 32, 48, 96, 160))))
     return out
-
-
-def build_gemma2(model_dir: Path) -> None:
-    """A tiny random Gemma 2: global and sliding-window (64 tokens) layers alternate, so vLLM keeps two KV-cache
-    groups (a hybrid model) and releases sliding-window blocks mid-request."""
-    import torch
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    config = Gemma2Config(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=512,
-        vocab_size=1000,
-        max_position_embeddings=2048,
-        sliding_window=64,
-    )
-    torch.manual_seed(0)
-    Gemma2ForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
 
 
 def counters(llm) -> dict[str, float]:
@@ -87,28 +66,15 @@ def main() -> int:
     parser.add_argument("--arch", choices=("llama", "gemma2"), default="llama", help="gemma2: a hybrid model")
     args = parser.parse_args()
 
-    if not (args.model_dir / "config.json").exists():
-        (build_gemma2 if args.arch == "gemma2" else build_model)(args.model_dir)
-
-    from vllm import LLM, SamplingParams
+    ensure_model(args.model_dir, args.arch)
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=str(args.model_dir),
-        skip_tokenizer_init=True,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_model_len=1024,
-        enforce_eager=True,
-        kv_cache_memory_bytes=args.kv_blocks * BLOCK_SIZE * BYTES_PER_TOKEN,
-        disable_log_stats=False,
-    )
+    llm = offline_llm(args.model_dir, args.kv_blocks * BLOCK_SIZE * BYTES_PER_TOKEN, disable_log_stats=False)
     engine = llm.llm_engine
     requests = workload(args.requests, args.seed)
     prompt_tokens = {}
     for i, (ids, max_tokens) in enumerate(requests):
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-        engine.add_request(f"req-{i}", TokensPrompt(prompt_token_ids=ids), params)
+        engine.add_request(f"req-{i}", TokensPrompt(prompt_token_ids=ids), sampling(max_tokens))
         prompt_tokens[f"req-{i}"] = len(ids)
     aborted = [f"req-{i}" for i in range(3, 3 + 5 * args.abort, 5)][: args.abort]
     outputs: dict[str, dict] = {}

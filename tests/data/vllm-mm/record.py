@@ -14,14 +14,9 @@ eager backend, vllm/platforms/cpu.py) and the encoder profiling is logged; it wr
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import re
-import subprocess
-import sys
-import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -165,10 +160,7 @@ RELEVANT = re.compile(sizing.RELEVANT.pattern + r"|[Ee]ncoder|multimodal|[Mm]ult
 def run_one(name: str) -> None:
     case = CASES[name]
     model_dir = BUILDERS[case["model"]]()
-    import torch
-    import transformers
-    import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     # mode 2 (DYNAMO_TRACE_ONCE) with the eager backend, given explicitly: vllm/platforms/cpu.py
     # check_and_update_config rewrites only VLLM_COMPILE (to inductor, or eager under VLLM_CPU_CI_ENV), and
@@ -180,31 +172,16 @@ def run_one(name: str) -> None:
                   kv_cache_memory_bytes=case["kv_cache_memory_bytes"], **case["extra"])
     if case["limit_mm_per_prompt"] is not None:
         kwargs["limit_mm_per_prompt"] = case["limit_mm_per_prompt"]
-    result = {"versions": {"vllm": vllm.__version__, "torch": torch.__version__,
-                           "transformers": transformers.__version__},
-              "engine_args": {k: v for k, v in kwargs.items() if k != "model"}}
-    try:
-        llm = LLM(**kwargs)
-    except Exception as exc:
-        result["refused"] = "To serve at least one request" in str(exc)
-        result["failed"] = not result["refused"]
-        result["error_chain"] = [f"{type(e).__name__}: {e}" for e in sizing._chain(exc)]
-        traceback.print_exc()
-        print("RECORD_RESULT " + json.dumps(result), flush=True)
+    llm, result = sizing.start_engine(kwargs)
+    if llm is None:
         return
     vcfg = llm.llm_engine.vllm_config
-    cache = vcfg.cache_config
-    result["refused"] = False
-    result["observed"] = {
-        "num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
-        "kv_cache_size_tokens": getattr(cache, "kv_cache_size_tokens", None),
-        "kv_cache_max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
-        "max_num_batched_tokens": vcfg.scheduler_config.max_num_batched_tokens,
-        "limit_mm_per_prompt": str(getattr(vcfg.model_config.multimodal_config, "limit_per_prompt", None)),
-        "compilation_mode": str(vcfg.compilation_config.mode),
-        "kv_cache_groups": sizing._groups_summary(llm),
-    }
-    print("RECORD_RESULT " + json.dumps(result), flush=True)  # sized: kept even if serving then dies
+    result["observed"] = sizing.sizing_observed(
+        llm,
+        limit_mm_per_prompt=str(getattr(vcfg.model_config.multimodal_config, "limit_per_prompt", None)),
+        compilation_mode=str(vcfg.compilation_config.mode),
+    )
+    sizing.print_result(result)  # sized: kept even if serving then dies
     try:
         from PIL import Image
 
@@ -218,34 +195,16 @@ def run_one(name: str) -> None:
         result["observed"]["generated_tokens"] = [len(o.outputs[0].token_ids) for o in outs]
     except Exception as exc:
         result["observed"]["generate_error"] = f"{type(exc).__name__}: {exc}"
-    print("RECORD_RESULT " + json.dumps(result), flush=True)
+    sizing.print_result(result)
 
 
 def record(name: str) -> dict:
     case = CASES[name]
-    log_dir = sizing.SCRATCH / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = sizing.offline_env()
-    started = time.time()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", name], env=env,
-                          cwd=str(sizing.SCRATCH), capture_output=True, text=True, timeout=900)
-    elapsed = round(time.time() - started, 1)
-    full = proc.stdout + proc.stderr
-    (log_dir / f"mm-{name}.log").write_text(full)
-    found = [ln for ln in full.splitlines() if ln.startswith("RECORD_RESULT ")]
-    if not found:
-        print(f"{name}: child exited {proc.returncode} without a result; see {log_dir}", file=sys.stderr)
+    result, full, elapsed = sizing.run_child(Path(__file__), name, f"mm-{name}.log", sizing.offline_env())
+    if result is None:
         return {"case": name, "run_seconds": elapsed}
-    result = json.loads(found[-1][len("RECORD_RESULT "):])
     out = HERE / name
-    out.mkdir(parents=True, exist_ok=True)
-    kept = [ln for ln in full.splitlines()
-            if not ln.startswith("RECORD_RESULT ") and RELEVANT.search(ln) and not sizing.NOISE.search(ln)]
-    text = "\n".join(kept) + "\n"
-    if result.get("error_chain"):
-        text += "\n# Exception raised by vllm.LLM(...), verbatim:\n" + "\n".join(result["error_chain"]) + "\n"
-    (out / "vllm.log").write_text(text)
-    (out / "config.json").write_text((MODELS / case["model"] / "config.json").read_text())
+    sizing.write_log_and_config(out, full, result, case["model"], RELEVANT)
     summary = {"case": name, "note": case["note"], "kv_cache_memory_bytes": case["kv_cache_memory_bytes"],
                "block_size": case["block_size"], "max_model_len": case["max_model_len"],
                "limit_mm_per_prompt": case["limit_mm_per_prompt"], **case["extra"], **result,
@@ -254,25 +213,5 @@ def record(name: str) -> dict:
     return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="*")
-    parser.add_argument("--all", action="store_true")
-    parser.add_argument("--list", action="store_true")
-    parser.add_argument("--run-one")
-    args = parser.parse_args()
-    if args.run_one:
-        return run_one(args.run_one)
-    if args.list:
-        for name, case in CASES.items():
-            print(name, json.dumps(case))
-        return
-    for name in list(CASES) if args.all else args.cases:
-        s = record(name)
-        obs = s.get("observed") or {}
-        print(f"{name}: refused={s.get('refused')} failed={s.get('failed')} blocks={obs.get('num_gpu_blocks')} "
-              f"({s['run_seconds']} s)", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    sizing.command_line(__doc__, CASES, record, run_one)

@@ -403,10 +403,7 @@ def run_one(case_name: str) -> None:
     """Child process: start the engine for one case and print one RECORD_RESULT json line on stdout."""
     case = CASES[case_name]
     model_dir = build_model(case["model"])
-    import torch
-    import transformers
-    import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     kwargs = dict(
@@ -420,36 +417,14 @@ def run_one(case_name: str) -> None:
         kwargs["dtype"] = case["dtype"]
     if case.get("tensor_parallel_size", 1) > 1:
         kwargs["tensor_parallel_size"] = case["tensor_parallel_size"]
-    result = {
-        "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__},
-        "engine_args": {k: v for k, v in kwargs.items() if k != "model"},
-    }
-    try:
-        llm = LLM(**kwargs)
-    except Exception as exc:  # a refusal is the observation; anything else is a failed recording
-        result["refused"] = "To serve at least one request" in str(exc)
-        result["failed"] = not result["refused"]
-        result["error_type"] = type(exc).__name__
-        result["error"] = str(exc)
-        result["error_chain"] = [f"{type(e).__name__}: {e}" for e in _chain(exc)]
-        traceback.print_exc()
-        print("RECORD_RESULT " + json.dumps(result), flush=True)
+    llm, result = start_engine(kwargs, error_detail=True)
+    if llm is None:
         return
-    cache = llm.llm_engine.vllm_config.cache_config
     vcfg = llm.llm_engine.vllm_config
-    result["refused"] = False
-    result["observed"] = {
-        "num_gpu_blocks": cache.num_gpu_blocks,
-        "block_size": cache.block_size,
-        "cache_dtype": str(cache.cache_dtype),
-        "kv_cache_size_tokens": getattr(cache, "kv_cache_size_tokens", None),
-        "kv_cache_max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
-        "max_num_batched_tokens": vcfg.scheduler_config.max_num_batched_tokens,
-        "max_in_flight_tokens": getattr(vcfg, "max_in_flight_tokens", None),
-        "model_dtype": str(vcfg.model_config.dtype),
-        "kv_cache_groups": _groups_summary(llm),
-    }
+    result["observed"] = sizing_observed(
+        llm, cache_dtype=str(vcfg.cache_config.cache_dtype),
+        max_in_flight_tokens=getattr(vcfg, "max_in_flight_tokens", None), model_dtype=str(vcfg.model_config.dtype),
+    )
     # Prove the engine really serves with this cache: two short requests.
     try:
         outs = llm.generate(
@@ -459,63 +434,29 @@ def run_one(case_name: str) -> None:
         result["observed"]["generated_tokens"] = [len(o.outputs[0].token_ids) for o in outs]
     except Exception as exc:  # sizing happened before; record that serving failed, and why
         result["observed"]["generate_error"] = f"{type(exc).__name__}: {exc}"
-    print("RECORD_RESULT " + json.dumps(result), flush=True)
+    print_result(result)
 
 
-def _chain(exc: BaseException):
-    seen = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return seen
-
-
-def relevant_lines(full: str, result: dict) -> str:
-    """The sizing lines of one run's full output, verbatim, plus the refusal message when there was one."""
-    lines = [ln for ln in full.splitlines() if not ln.startswith("RECORD_RESULT ")]
-    kept = [ln for ln in lines if RELEVANT.search(ln) and not NOISE.search(ln)]
-    log_text = "\n".join(kept) + "\n"
-    if result.get("refused"):
-        log_text += "\n# Exception raised by vllm.LLM(...), verbatim:\n" + "\n".join(result["error_chain"]) + "\n"
-    return log_text
-
-
-def refilter(case_name: str) -> None:
-    """Rewrite <case>/vllm.log from the full log kept in the scratch folder (after changing RELEVANT/NOISE)."""
-    full = (SCRATCH / "logs" / f"{case_name}.log").read_text()
-    result_lines = [ln for ln in full.splitlines() if ln.startswith("RECORD_RESULT ")]
-    result = json.loads(result_lines[-1][len("RECORD_RESULT "):])
-    (HERE / case_name / "vllm.log").write_text(relevant_lines(full, result))
+def refilter(case_names: list[str]) -> None:
+    """Rewrite <case>/vllm.log from the full logs kept in the scratch folder (after changing RELEVANT/NOISE); no
+    names: every recorded case."""
+    for case_name in case_names or [p.parent.name for p in HERE.glob("*/case.json")]:
+        full = (SCRATCH / "logs" / f"{case_name}.log").read_text()
+        (HERE / case_name / "vllm.log").write_text(sizing_log(full, last_result(full)))
 
 
 def record(case_name: str) -> dict:
     """Parent: run one case in a child interpreter and write the three fixture files."""
     case = CASES[case_name]
-    out_dir = HERE / case_name
-    log_dir = SCRATCH / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--run-one", case_name],
-        env=offline_env(case.get("tensor_parallel_size", 1)), cwd=str(SCRATCH), capture_output=True, text=True,
-        timeout=900,
-    )
-    elapsed = time.time() - started
-    full = proc.stdout + proc.stderr
-    (log_dir / f"{case_name}.log").write_text(full)
-    result_lines = [ln for ln in full.splitlines() if ln.startswith("RECORD_RESULT ")]
-    if not result_lines:
-        print(f"{case_name}: child exited {proc.returncode} without a result; see {log_dir}", file=sys.stderr)
-        return {"refused": None, "num_gpu_blocks": None, "run_seconds": round(elapsed, 1)}
-    result = json.loads(result_lines[-1][len("RECORD_RESULT "):])
+    env = offline_env(case.get("tensor_parallel_size", 1))
+    result, full, elapsed = run_child(Path(__file__), case_name, f"{case_name}.log", env)
+    if result is None:
+        return {"refused": None, "num_gpu_blocks": None, "run_seconds": elapsed}
     if result.get("failed"):
-        print(f"{case_name}: engine failed, not a sizing refusal: {result['error']}; see {log_dir}", file=sys.stderr)
-        return {"refused": None, "num_gpu_blocks": None, "run_seconds": round(elapsed, 1)}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "vllm.log").write_text(relevant_lines(full, result))
-    model_dir = MODELS / case["model"]
-    config_text = (model_dir / "config.json").read_text()
-    (out_dir / "config.json").write_text(config_text)
+        print(f"{case_name}: engine failed, not a sizing refusal: {result['error']}; see {SCRATCH / 'logs'}",
+              file=sys.stderr)
+        return {"refused": None, "num_gpu_blocks": None, "run_seconds": elapsed}
+    write_log_and_config(HERE / case_name, full, result, case["model"])
     case_json = {
         "case": case_name,
         "model": case["model"],
@@ -534,40 +475,154 @@ def record(case_name: str) -> dict:
         "num_gpu_blocks": (result.get("observed") or {}).get("num_gpu_blocks"),
         "observed": result.get("observed"),
         "error": result.get("error"),
-        "run_seconds": round(elapsed, 1),
+        "run_seconds": elapsed,
     }
-    (out_dir / "case.json").write_text(json.dumps(case_json, indent=2) + "\n")
+    (HERE / case_name / "case.json").write_text(json.dumps(case_json, indent=2) + "\n")
     return case_json
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# ---------------------------------------------------------------------------------------------------------
+# The steps every recorder here takes; tests/data/vllm-spec/record.py and tests/data/vllm-mm/record.py load
+# this file and use them too.
+# ---------------------------------------------------------------------------------------------------------
+RESULT_TAG = "RECORD_RESULT "
+
+
+def print_result(result: dict) -> None:
+    """Child: the one line the parent reads back (the last one printed wins)."""
+    print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def last_result(full: str) -> dict | None:
+    """Parent: the last RECORD_RESULT line of a child's output, or None when it printed none."""
+    found = [ln for ln in full.splitlines() if ln.startswith(RESULT_TAG)]
+    return json.loads(found[-1][len(RESULT_TAG):]) if found else None
+
+
+def start_engine(kwargs: dict, error_detail: bool = False):
+    """Child: ``vllm.LLM(**kwargs)`` and the result so far (versions, engine arguments, ``refused``).
+
+    When the engine does not start, the result says whether it was the sizing refusal ("To serve at least one
+    request") or another failure, with the exception chain verbatim (``error_detail``: also the exception's type and
+    message), is printed, and the engine returned is None."""
+    import torch
+    import transformers
+    import vllm
+    from vllm import LLM
+
+    result = {
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "engine_args": {k: v for k, v in kwargs.items() if k != "model"},
+    }
+    try:
+        llm = LLM(**kwargs)
+    except Exception as exc:  # a refusal is the observation; anything else is a failed recording
+        result["refused"] = "To serve at least one request" in str(exc)
+        result["failed"] = not result["refused"]
+        if error_detail:
+            result["error_type"] = type(exc).__name__
+            result["error"] = str(exc)
+        result["error_chain"] = [f"{type(e).__name__}: {e}" for e in _chain(exc)]
+        traceback.print_exc()
+        print_result(result)
+        return None, result
+    result["refused"] = False
+    return llm, result
+
+
+def _chain(exc: BaseException):
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def sizing_observed(llm, groups: list[dict] | None = None, **extra) -> dict:
+    """Child: what the started engine sized (blocks, block size, logged tokens and concurrency, batch budget), the
+    recorder's own ``extra`` figures, and the KV cache groups (``groups``, else ``_groups_summary``)."""
+    vcfg = llm.llm_engine.vllm_config
+    cache = vcfg.cache_config
+    return {
+        "num_gpu_blocks": cache.num_gpu_blocks,
+        "block_size": cache.block_size,
+        "kv_cache_size_tokens": getattr(cache, "kv_cache_size_tokens", None),
+        "kv_cache_max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
+        "max_num_batched_tokens": vcfg.scheduler_config.max_num_batched_tokens,
+        **extra,
+        "kv_cache_groups": _groups_summary(llm) if groups is None else groups,
+    }
+
+
+def run_child(script: Path, name: str, log_name: str, env: dict) -> tuple[dict | None, str, float]:
+    """Parent: ``script --run-one name`` in a fresh interpreter under ``env``, its full output kept as
+    ``<scratch>/logs/<log_name>``; returns (its result or None, the full output, seconds)."""
+    log_dir = SCRATCH / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(Path(script).resolve()), "--run-one", name],
+        env=env, cwd=str(SCRATCH), capture_output=True, text=True, timeout=900,
+    )
+    elapsed = round(time.time() - started, 1)
+    full = proc.stdout + proc.stderr
+    (log_dir / log_name).write_text(full)
+    result = last_result(full)
+    if result is None:
+        print(f"{name}: child exited {proc.returncode} without a result; see {log_dir}", file=sys.stderr)
+    return result, full, elapsed
+
+
+def sizing_log(full: str, result: dict, relevant: re.Pattern = RELEVANT) -> str:
+    """The sizing lines of one run's full output, verbatim, plus the exception chain when the engine did not
+    start."""
+    kept = [ln for ln in full.splitlines()
+            if not ln.startswith(RESULT_TAG) and relevant.search(ln) and not NOISE.search(ln)]
+    text = "\n".join(kept) + "\n"
+    if result.get("error_chain"):
+        text += "\n# Exception raised by vllm.LLM(...), verbatim:\n" + "\n".join(result["error_chain"]) + "\n"
+    return text
+
+
+def write_log_and_config(out_dir: Path, full: str, result: dict, model: str, relevant: re.Pattern = RELEVANT) -> None:
+    """Parent: ``<case>/vllm.log`` (the sizing lines) and ``<case>/config.json`` (the model's, as saved)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "vllm.log").write_text(sizing_log(full, result, relevant))
+    (out_dir / "config.json").write_text((MODELS / model / "config.json").read_text())
+
+
+def command_line(doc: str, cases: dict, record, run_one, refilter=None) -> None:
+    """The recorders' command line: CASE [CASE...], ``--all``, ``--list``, ``--run-one CASE`` (the child) and, where
+    the recorder has one, ``--refilter [CASE...]``; prints one line per case recorded."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("cases", nargs="*")
     parser.add_argument("--all", action="store_true")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--run-one")
-    parser.add_argument("--refilter", action="store_true", help="rewrite vllm.log files from the scratch logs")
+    if refilter is not None:
+        parser.add_argument("--refilter", action="store_true", help="rewrite vllm.log files from the scratch logs")
     args = parser.parse_args()
     if args.run_one:
         run_one(args.run_one)
         return
-    if args.refilter:
-        for name in args.cases or [p.parent.name for p in HERE.glob("*/case.json")]:
-            refilter(name)
+    if refilter is not None and args.refilter:
+        refilter(args.cases)
         return
     if args.list:
-        for name, case in CASES.items():
+        for name, case in cases.items():
             print(name, json.dumps(case))
         return
-    names = list(CASES) if args.all else args.cases
-    unknown = [n for n in names if n not in CASES]
+    names = list(cases) if args.all else args.cases
+    unknown = [n for n in names if n not in cases]
     if unknown:
         raise SystemExit(f"unknown case(s): {unknown}; see --list")
     for name in names:
-        summary = record(name)
-        print(f"{name}: refused={summary['refused']} num_gpu_blocks={summary['num_gpu_blocks']} "
-              f"({summary['run_seconds']} s)", flush=True)
+        s = record(name)
+        obs = s.get("observed") or {}
+        print(f"{name}: refused={s.get('refused')} failed={s.get('failed')} blocks={obs.get('num_gpu_blocks')} "
+              f"({s['run_seconds']} s)", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    command_line(__doc__, CASES, record, run_one, refilter)

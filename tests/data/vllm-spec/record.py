@@ -13,14 +13,9 @@ reported), ``config.json`` (the target's) and ``draft/`` (the drafter's config.j
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import re
-import subprocess
-import sys
-import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -149,10 +144,7 @@ def _worker_facts(worker) -> dict:
 def run_one(name: str) -> None:
     case = CASES[name]
     model_dir = sizing.build_model(case["model"])
-    import torch
-    import transformers
-    import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     spec = dict(case["speculative_config"]) if case["speculative_config"] else None
@@ -163,20 +155,10 @@ def run_one(name: str) -> None:
                   kv_cache_memory_bytes=case["kv_cache_memory_bytes"], **case["extra"])
     if spec:
         kwargs["speculative_config"] = spec
-    result = {"versions": {"vllm": vllm.__version__, "torch": torch.__version__,
-                           "transformers": transformers.__version__},
-              "engine_args": {k: v for k, v in kwargs.items() if k != "model"}}
-    try:
-        llm = LLM(**kwargs)
-    except Exception as exc:
-        result["refused"] = "To serve at least one request" in str(exc)
-        result["failed"] = not result["refused"]
-        result["error_chain"] = [f"{type(e).__name__}: {e}" for e in sizing._chain(exc)]
-        traceback.print_exc()
-        print("RECORD_RESULT " + json.dumps(result), flush=True)
+    llm, result = sizing.start_engine(kwargs)
+    if llm is None:
         return
     vcfg = llm.llm_engine.vllm_config
-    cache = vcfg.cache_config
     groups = sizing._groups_summary(llm)
     try:
         kv_config = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
@@ -184,19 +166,14 @@ def run_one(name: str) -> None:
             g["layer_names"] = list(group.layer_names)
     except AttributeError:
         pass
-    result["refused"] = False
-    result["observed"] = {
-        "num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
-        "kv_cache_size_tokens": getattr(cache, "kv_cache_size_tokens", None),
-        "kv_cache_max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
-        "max_num_batched_tokens": vcfg.scheduler_config.max_num_batched_tokens,
-        "num_prefill_lookahead_tokens": getattr(vcfg, "num_prefill_lookahead_tokens", None),
-        "num_lookahead_tokens": (vcfg.speculative_config.num_lookahead_slots
-                                 if vcfg.speculative_config is not None
-                                 and hasattr(vcfg.speculative_config, "num_lookahead_slots") else None),
-        "speculative_config": str(vcfg.speculative_config),
-        "kv_cache_groups": groups,
-    }
+    result["observed"] = sizing.sizing_observed(
+        llm, groups,
+        num_prefill_lookahead_tokens=getattr(vcfg, "num_prefill_lookahead_tokens", None),
+        num_lookahead_tokens=(vcfg.speculative_config.num_lookahead_slots
+                              if vcfg.speculative_config is not None
+                              and hasattr(vcfg.speculative_config, "num_lookahead_slots") else None),
+        speculative_config=str(vcfg.speculative_config),
+    )
     try:
         result["observed"].update(llm.collective_rpc(_worker_facts)[0])
     except Exception as exc:
@@ -208,7 +185,7 @@ def run_one(name: str) -> None:
         result["observed"]["generated_tokens"] = [len(o.outputs[0].token_ids) for o in outs]
     except Exception as exc:
         result["observed"]["generate_error"] = f"{type(exc).__name__}: {exc}"
-    print("RECORD_RESULT " + json.dumps(result), flush=True)
+    sizing.print_result(result)
 
 
 def write_draft(src: Path, dst: Path) -> None:
@@ -225,29 +202,11 @@ def write_draft(src: Path, dst: Path) -> None:
 
 def record(name: str) -> dict:
     case = CASES[name]
-    log_dir = sizing.SCRATCH / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", name],
-                          env=sizing.offline_env(), cwd=str(sizing.SCRATCH), capture_output=True, text=True,
-                          timeout=900)
-    elapsed = round(time.time() - started, 1)
-    full = proc.stdout + proc.stderr
-    (log_dir / f"spec-{name}.log").write_text(full)
-    found = [ln for ln in full.splitlines() if ln.startswith("RECORD_RESULT ")]
-    if not found:
-        print(f"{name}: child exited {proc.returncode} without a result; see {log_dir}", file=sys.stderr)
+    result, full, elapsed = sizing.run_child(Path(__file__), name, f"spec-{name}.log", sizing.offline_env())
+    if result is None:
         return {"case": name, "run_seconds": elapsed}
-    result = json.loads(found[-1][len("RECORD_RESULT "):])
     out = HERE / name
-    out.mkdir(parents=True, exist_ok=True)
-    kept = [ln for ln in full.splitlines()
-            if not ln.startswith("RECORD_RESULT ") and RELEVANT.search(ln) and not sizing.NOISE.search(ln)]
-    text = "\n".join(kept) + "\n"
-    if result.get("error_chain"):
-        text += "\n# Exception raised by vllm.LLM(...), verbatim:\n" + "\n".join(result["error_chain"]) + "\n"
-    (out / "vllm.log").write_text(text)
-    (out / "config.json").write_text((MODELS / case["model"] / "config.json").read_text())
+    sizing.write_log_and_config(out, full, result, case["model"], RELEVANT)
     if case["draft"]:
         write_draft(MODELS / case["draft"], out / "draft")
     summary = {"case": name, "note": case["note"], "kv_cache_memory_bytes": case["kv_cache_memory_bytes"],
@@ -258,25 +217,5 @@ def record(name: str) -> dict:
     return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="*")
-    parser.add_argument("--all", action="store_true")
-    parser.add_argument("--list", action="store_true")
-    parser.add_argument("--run-one")
-    args = parser.parse_args()
-    if args.run_one:
-        return run_one(args.run_one)
-    if args.list:
-        for name, case in CASES.items():
-            print(name, json.dumps(case))
-        return
-    for name in list(CASES) if args.all else args.cases:
-        s = record(name)
-        obs = s.get("observed") or {}
-        print(f"{name}: refused={s.get('refused')} failed={s.get('failed')} blocks={obs.get('num_gpu_blocks')} "
-              f"({s['run_seconds']} s)", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    sizing.command_line(__doc__, CASES, record, run_one)
