@@ -38,6 +38,9 @@ class EngineInfo:
     version: str | None  # what /version answered, when it did
     events_endpoint: str | None  # the ZMQ KV-event endpoint captured, None when events were not captured
     note: str | None = None  # free text (the tests name the deliberately broken engines here)
+    cache_config: dict[str, str] | None = None  # the labels of vllm:cache_config_info (None: not in /metrics)
+    metrics_status: int | None = None  # the HTTP status /metrics answered (None: older records)
+    search_seconds: float | None = None  # wall time of the probes (search and minimization)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class ProbeResult:
     hits_before: float | None
     queries_after: float | None
     hits_after: float | None
+    error: str | None = None  # the engine refused the request (HTTP 4xx, e.g. an empty salt); nothing was cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +97,8 @@ class _KeyLabels:
 
     def trial(self, trial: Trial) -> Trial:
         prime, control, victim = (self.probe(p) for p in trial.probes)
-        return dataclasses.replace(trial, probes=(prime, control, victim))
+        fillers = tuple(self.probe(p) for p in trial.fillers)
+        return dataclasses.replace(trial, probes=(prime, control, victim), fillers=fillers)
 
 
 def redact_keys(record: IsolationRecord) -> IsolationRecord:
@@ -140,8 +145,10 @@ def _plan(obj: dict[str, Any]) -> Plan:
         probes = tuple(_probe(p) for p in t["probes"])
         if len(probes) != 3:
             raise ValueError("a trial has three probes")
-        trials.append(Trial(**dict(t, probes=probes)))
-    return Plan(obj["block_size"], obj["full_blocks"], obj["partial_tokens"], obj["run_id"], tuple(trials))
+        fillers = tuple(_probe(p) for p in t.get("fillers", ()))
+        trials.append(Trial(**dict(t, probes=probes, fillers=fillers)))
+    return Plan(obj["block_size"], obj["full_blocks"], obj["partial_tokens"], obj["run_id"], tuple(trials),
+                obj.get("budget_requests"), tuple(obj.get("not_covered", ())))  # fmt: skip
 
 
 def _index(probe: Any) -> int:
