@@ -327,7 +327,8 @@ def _victims_reused(trials: list[TrialVerdict]) -> int:
 
 
 def _controls_shared(trials: list[TrialVerdict]) -> int:
-    return sum(1 for t in trials if t.control_cached_tokens >= t.control_expected_tokens)
+    """Controls that reused what their prime stored (a refused trial's control never ran: it counts as shared)."""
+    return sum(1 for t in trials if t.control_cached_tokens >= t.control_expected_tokens or t.verdict == REFUSED)
 
 
 def _dimension_evidence(
