@@ -74,7 +74,8 @@ def test_prefix_caching_off_is_inconclusive_never_pass():
         report = run(fake, adapters=("lora-a",))
     assert report.verdict == "inconclusive" and report.exit_code == 4  # not 2, a usage error's code
     assert {d.verdict for d in report.dimensions if d.verdict != "not run"} == {"inconclusive"}
-    assert all(d.controls_shared == 0 for d in report.dimensions)
+    # no control that ran shared (the salt variants' empty salt is refused, so its control never ran)
+    assert all(t.control_cached_tokens == 0 for d in report.dimensions for t in d.trial_verdicts)
 
 
 def test_dimensions_without_what_they_need_are_not_run_and_say_why():

@@ -40,8 +40,8 @@ from kvtool.vllm.isolation.record import (
     IsolationRecord,
     ProbeResult,
     SkippedDimension,
-    keep_event,
     redact_keys,
+    relevant_events,
 )
 
 EVENTS_SETTLE_S = 5.0  # how long to wait for the last probe's KV events after its response
@@ -454,8 +454,10 @@ def _minimize(
             if leaked is None:
                 break
             lo, hi = (lo, mid) if leaked else (mid, hi)
-        simple = SIMPLE_SALTS.get(trial.case) if trial.dimension != "eviction" else None
         both_salted = first.cache_salt is not None and second.cache_salt is not None
+        simple = SIMPLE_SALTS.get(trial.case)
+        if simple is None and both_salted and trial.dimension != "salt-variant":  # salt x adapter: same kind
+            simple = SIMPLE_SALTS[""] if first.cache_salt != second.cache_salt else ("a", "a")
         if simple and both_salted and (first.cache_salt, second.cache_salt) != simple:
             attempt(trial, _simpler(first, simple[0]), _simpler(second, simple[1]), hi)
     return new_trials, new_results
@@ -522,7 +524,7 @@ def _check(
     events = None
     if rows is not None:
         sessions = {p.session_id for p in plan.probes}
-        events = tuple(keep_event(r) for r in rows if r.get("session_id") in sessions or r.get("type") != "BlockStored")
+        events = relevant_events(rows, sessions)
     engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note,
                         cache_config, metrics_status, seconds)  # fmt: skip
     # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)

@@ -212,6 +212,8 @@ def plan_trials(
                     for first, second in ((a, b),) if group.one_order else ((a, b), (b, a)):
                         for variant in group.variants:
                             shapes.append((group, repeat, first, second, variant, length, case))
+    # trials that fill the pool run last, after every repeat: whatever they evict cannot disturb the others
+    shapes.sort(key=lambda shape: shape[0].filler_blocks > 0)
     trials: list[Trial] = []
     dropped: dict[str, int] = {}
     numbers: dict[str, int] = {}

@@ -77,6 +77,26 @@ def keep_event(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in EVENT_FIELDS if k in row}
 
 
+def relevant_events(rows: list[dict[str, Any]], sessions: set[str]) -> tuple[dict[str, Any], ...]:
+    """The rows the verdicts read: BlockStored of the run's sessions, BlockRemoved trimmed to the hashes those
+    published (the filler requests that make the pool evict remove thousands of others), AllBlocksCleared."""
+    stored = [r for r in rows if r.get("type") == "BlockStored" and r.get("session_id") in sessions]
+    published = {h for r in stored for h in (r.get("block_hashes") or [])}
+    out = []
+    for row in rows:
+        kind = row.get("type")
+        if kind == "BlockStored":
+            if row.get("session_id") in sessions:
+                out.append(keep_event(row))
+        elif kind == "BlockRemoved":
+            hashes = [h for h in (row.get("block_hashes") or []) if h in published]
+            if hashes:
+                out.append(dict(keep_event(row), block_hashes=hashes))
+        else:
+            out.append(keep_event(row))
+    return tuple(out)
+
+
 class _KeyLabels:
     """``key#1``, ``key#2``, ...: one label per distinct API key, in the order the keys first appear.
 
@@ -177,9 +197,14 @@ def record_from_json(obj: Any) -> IsolationRecord:
 def read_record(path: Path) -> IsolationRecord:
     """A record written by ``--record``; errors name the file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputFileError(f"cannot read the record: {err.strerror or err}", where=str(path)) from None
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":  # a gzipped record (the larger fixtures under tests/data/isolation/)
+            import gzip
+
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise InputFileError(f"cannot read the record: {getattr(err, 'strerror', None) or err}", where=str(path)) from None
     try:
         return record_from_json(loads_bounded(text, str(path)))
     except (ValueError, KeyError, TypeError) as err:
