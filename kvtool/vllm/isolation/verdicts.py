@@ -12,7 +12,8 @@ Evidence, strongest first:
    victim ran make a clean victim inconclusive (an eviction turns a leak into an apparent miss).
 3. **Metric deltas** (``vllm:prefix_cache_hits``): used only for a probe whose ``queries`` delta equals its own
    prompt length, i.e. when no other traffic moved the counters; a clean delta above the expected hits is a leak.
-4. **Timing** is reported as a channel (how well latency tells a hit from a miss, as an AUC), never as a verdict.
+4. **Timing** is reported as a channel (how well latency tells a hit from a miss: Mann-Whitney AUC with its
+   Hanley-McNeil interval, kvtool.vllm.isolation.timing), never as a verdict.
 
 A trial is a leak when any evidence says so, inconclusive when its control failed (or its prime was evicted
 before the victim ran), and a pass otherwise; a trial without KV events is judged on the rest.  A dimension passes
@@ -32,7 +33,6 @@ from kvtool.vllm.isolation.plan import Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 
 PASS, LEAK, INCONCLUSIVE, REFUSED = "pass", "leak", "inconclusive", "refused"
-TIMING_CHANNEL_AUC = 0.75  # an AUC at or above this (with MIN_TIMING_SAMPLES each side) = "channel present"
 MIN_TIMING_SAMPLES = 4
 
 
@@ -112,7 +112,7 @@ class TimingChannel:
     hit_miss_auc: float  # P(a miss is slower than a hit); 0.5 = no channel, 1.0 = perfect
     hits: int
     misses: int
-    present: bool  # the AUC's 95% interval lies above 0.5 and the AUC is at least TIMING_CHANNEL_AUC
+    present: bool  # the AUC's 95% interval lies above 0.5 (with MIN_TIMING_SAMPLES a side): misses are slower
     auc_ci_low: float = 0.0  # Hanley-McNeil 95% interval of the AUC
     auc_ci_high: float = 1.0
     mann_whitney_u: float = 0.0  # U of the misses (slower) over the hits
@@ -148,6 +148,7 @@ class Precondition:
     state: str  # ok | failed | unknown
     detail: str
     fix: str | None
+    summary: str = ""  # a failed one in a few words: the headline of an inconclusive verdict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +274,7 @@ def timing_channel(hit_latencies: list[float], miss_latencies: list[float]) -> T
     enough = min(len(hit_latencies), len(miss_latencies)) >= MIN_TIMING_SAMPLES
     decides = enough and (t.ci_low > 0.5 or t.ci_high < 0.5)
     return TimingChannel(
-        round(t.auc, 3), len(hit_latencies), len(miss_latencies), decides and t.auc >= TIMING_CHANNEL_AUC,
+        round(t.auc, 3), len(hit_latencies), len(miss_latencies), decides and t.ci_low > 0.5,
         round(t.ci_low, 3), round(t.ci_high, 3), t.u, t.p_value, t.samples_for_power,
         round(1000 * t.median_b, 2), round(1000 * t.median_a, 2), decides,
     )  # fmt: skip
@@ -466,6 +467,7 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
             'prefix caching is off (/metrics: vllm:cache_config_info enable_prefix_caching="False"): no request can '
             "reuse a block, so no leak can show",
             "start vLLM with --enable-prefix-caching (and without --no-enable-prefix-caching)",
+            "prefix caching is off",
         ))  # fmt: skip
     else:
         out.append(Precondition("prefix-caching", "ok", 'enable_prefix_caching="True"', None))
@@ -482,8 +484,8 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
             "cache-size", "failed",
             f"the KV pool ({pool} blocks, vllm:cache_config_info num_gpu_blocks) is too small to keep a prime of "
             f"{needed} blocks; {len(failed_controls)}/{len(searched)} controls found the prime gone",
-            "give the engine more KV cache (--kv-cache-memory-bytes or --gpu-memory-utilization), or a larger "
-            "--block-size budget of blocks",
+            "give the engine more KV cache (--kv-cache-memory-bytes or --gpu-memory-utilization)",
+            "the KV pool is too small to keep a prime",
         ))  # fmt: skip
     elif failed_controls:
         out.append(Precondition(
@@ -492,6 +494,7 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
             + (f" (pool {pool} blocks)" if pool else "") + ": too small for the prompts, or other traffic evicted it",
             "run on an idle engine, give it more KV cache (--kv-cache-memory-bytes or --gpu-memory-utilization), "
             "or shorter prompts (--length)",
+            "the cache did not keep the primes",
         ))  # fmt: skip
     else:
         out.append(Precondition("cache-size", "ok", f"every control found its prime ({pool or '?'} blocks)", None))
@@ -503,6 +506,7 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
             f"/metrics answered HTTP {status}" if status else "/metrics had no prefix-cache counters",
             "point --endpoint at the vLLM server itself (a proxy may hide /metrics); metric evidence and the "
             "precondition checks need it; give --block-size",
+            "/metrics is unavailable",
         ))  # fmt: skip
     else:
         out.append(Precondition("metrics", "ok" if not no_counters else "unknown", "prefix-cache counters read", None))
@@ -540,7 +544,7 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
     n_events = None if record.events is None else len(record.events)
     pre = _preconditions(record, dims)
     failed = [p for p in pre if p.state == "failed"]
-    headline = failed[0].detail.split(":")[0] if failed and verdict == INCONCLUSIVE else ""
+    headline = failed[0].summary if failed and verdict == INCONCLUSIVE else ""
     return IsolationReport(record.engine, verdict, exit_code, len(record.results), n_events, tuple(dims), pre,
                            headline, record.plan.budget_requests, record.plan.not_covered,
                            record.engine.search_seconds)  # fmt: skip
