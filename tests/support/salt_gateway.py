@@ -3,7 +3,8 @@
 Negative control for `kvtool vllm isolation --api-key` (tests/data/isolation/README.md): started with a map that
 gives two tenants the same salt (``k1`` and ``k3`` below), it is the gateway of kvtool issue 31 that a check of
 neighbouring tenants only (1-2, 2-3) passed.  Standard library only; requests without a known key are answered 401;
-GET /v1/models, /metrics and /version pass through.
+requests without a key pass through unchanged (the operator's own traffic, with or without a body salt); GET
+/v1/models, /metrics and /version pass through.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class SaltGateway:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
-                if self.path.startswith("/v1/completions"):
+                if self.path.startswith("/v1/completions") and key:
                     if key not in gateway.key_salts:
                         data = json.dumps({"error": {"message": "unknown API key"}}).encode()
                         self.send_response(401)

@@ -40,7 +40,9 @@ def test_the_correct_engine_is_clean_on_the_whole_default_search():
     # every tenant pair in both orders: salt:a, salt:b and base give 3 pairs = 6 ordered pairs
     assert len({(r.first, r.second) for r in dim(report, "salt").rows}) == 6
     # the empty salt is refused by vLLM 0.32 (validate_cache_salt), which the coverage says
-    assert any("refused by the engine (not covered): empty-absent" in line for line in dim(report, "salt-variant").coverage)
+    assert any(
+        "refused by the engine (not covered): empty-absent" in line for line in dim(report, "salt-variant").coverage
+    )
     # the default search on 2 shared cores: 680 requests in 26.2 s (engine start-up not included; 57 s with it)
     assert len(record.results) == 680 and record.engine.search_seconds < 600
     assert all(p.state == "ok" for p in report.preconditions)
@@ -80,3 +82,22 @@ def test_replay_prints_the_minimal_case(run_cli):
     assert result.exit_code == 1
     text = " ".join(result.stdout.split())
     assert "minimal leak: salt='a' -> salt='b' (salts 'a' / 'b'), exact, 9 full blocks = 304 tokens" in text
+
+
+def test_a_gateway_giving_tenants_1_and_3_one_salt_is_caught_on_that_pair_only():
+    # tests/support/salt_gateway.py THIRD_TENANT_SHARES in front of the real engine: neighbours-only pairing (1-2,
+    # 2-3) passed it; all pairs in both orders convict exactly 1-3 and 3-1, minimized to one block
+    _, report = load("vllm-0.32-search-gateway-third-tenant.json.gz")
+    salt = dim(report, "salt")
+    assert {(r.first, r.second) for r in salt.rows if r.verdict == "leak"} == {("tenant:t1", "tenant:t3"),
+                                                                               ("tenant:t3", "tenant:t1")}  # fmt: skip
+    assert salt.minimal.full_blocks == 1 and salt.minimal.prompt_tokens == 48
+    assert report.engine.note == "gateway: third-tenant-shares"
+
+
+def test_a_correct_gateway_keeps_all_three_tenants_apart():
+    _, report = load("vllm-0.32-search-gateway-correct.json.gz")
+    salt = dim(report, "salt")
+    assert report.verdict == "pass" and salt.minimal is None
+    tenants = {(r.first, r.second) for r in salt.rows if r.first.startswith("tenant:")}
+    assert len(tenants) == 6  # t1-t2, t1-t3, t2-t3, both orders

@@ -12,7 +12,6 @@ from kvtool.vllm.isolation.check import IsolationOptions, run_isolation
 from kvtool.vllm.isolation.verdicts import judge_record
 from tests.vllm.isolation_fake import BLOCK, FakeVllm
 
-
 SEARCHED = ("salt", "adapter", "adapter-version", "embeddings", "cross", "salt-variant", "length", "salt-adapter",
             "salt-embeds", "eviction")  # fmt: skip
 

@@ -67,8 +67,10 @@ def test_a_gateway_giving_the_first_and_third_tenant_one_salt_is_caught():
     with FakeVllm(key_salts=keys, adapters=()) as fake:
         _, report = run(fake, api_keys=(("t1", "k1"), ("t2", "k2"), ("t3", "k3")), dimensions=("salt",))
     rows = [r for r in dim(report, "salt").rows if r.first.startswith("tenant:")]
-    assert {(r.first, r.second) for r in rows if r.verdict == "leak"} == {("tenant:t1", "tenant:t3"),
-                                                                          ("tenant:t3", "tenant:t1")}
+    assert {(r.first, r.second) for r in rows if r.verdict == "leak"} == {
+        ("tenant:t1", "tenant:t3"),
+        ("tenant:t3", "tenant:t1"),
+    }
     assert len({(r.first, r.second) for r in rows}) == 6  # 3 pairs x 2 orders
 
 

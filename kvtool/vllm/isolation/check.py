@@ -25,7 +25,6 @@ from kvtool.vllm.isolation.client import Client, EndpointError, parse_block_size
 from kvtool.vllm.isolation.plan import (
     DIMENSIONS,
     FILLER,
-    MIN_FULL_BLOCKS,
     DimensionPartitions,
     Partition,
     Plan,
@@ -283,9 +282,18 @@ def _partitions(
                             Partition("salt:eb", cache_salt=f"kvtool-{run_id}-eb"))]  # fmt: skip
     add("eviction", evict_pairs, reason, variants=("exact",), filler_blocks=fill_blocks,
         filler_prompt_blocks=fill_prompt)  # fmt: skip
-    add("multimodal", [], "not covered: kvtool sends no image or audio inputs yet" + (
-        "" if setup.multimodal else " (nor does the model take any: its config.json has no vision or audio config)"
-        if setup.multimodal is False and mode_self(setup) else ""))
+    add(
+        "multimodal",
+        [],
+        "not covered: kvtool sends no image or audio inputs yet"
+        + (
+            ""
+            if setup.multimodal
+            else " (nor does the model take any: its config.json has no vision or audio config)"
+            if setup.multimodal is False and mode_self(setup)
+            else ""
+        ),
+    )
     return tuple(groups), tuple(skipped)
 
 
@@ -406,7 +414,9 @@ def _minimize(
     judged = {}
     for trial in plan.trials:
         got = by_trial.get(trial.id, {})
-        if {"prime", "control", "victim"} <= got.keys() and not any(got[k].error for k in ("prime", "control", "victim")):
+        if {"prime", "control", "victim"} <= got.keys() and not any(
+            got[k].error for k in ("prime", "control", "victim")
+        ):
             judged[trial.id] = judge_trial(got["prime"], got["control"], got["victim"], None, plan.block_size).verdict
     new_trials: list[Trial] = []
     new_results: list[ProbeResult] = []

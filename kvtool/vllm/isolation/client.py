@@ -153,10 +153,10 @@ class Client:
         if status != 200:
             tip = None
             if status in (401, 403):
-                tip = "give the server's API key with --key (or KVTOOL_API_KEY); tenants' keys go in --api-key TENANT=KEY"
-            raise EndpointError(
-                f"GET {path} answered HTTP {status}: {self._quote(text)}", where=self.base_url, tip=tip
-            )
+                tip = (
+                    "give the server's API key with --key (or KVTOOL_API_KEY); tenants' keys go in --api-key TENANT=KEY"
+                )
+            raise EndpointError(f"GET {path} answered HTTP {status}: {self._quote(text)}", where=self.base_url, tip=tip)
         return _parse_json(text, path, (self.api_key,))
 
     def served_models(self) -> tuple[str, ...]:

@@ -170,9 +170,7 @@ def prefix_blocks(full_blocks: int) -> int:
     return min(PREFIX_BLOCKS, max(1, full_blocks - 1))
 
 
-def _expected(
-    variant: str, kind: str, role: str, full_blocks: int, block_size: int, same_content: bool = False
-) -> int:
+def _expected(variant: str, kind: str, role: str, full_blocks: int, block_size: int, same_content: bool = False) -> int:
     """Cached tokens a correct engine reports (vLLM caches full blocks only and always recomputes the last token,
     so a prompt of ``full_blocks`` full blocks plus a partial one can reuse at most ``full_blocks`` blocks)."""
     shared_blocks = full_blocks if variant == "exact" else prefix_blocks(full_blocks)
@@ -181,7 +179,11 @@ def _expected(
     if role == "control":
         return shared_blocks * block_size
     # victim: nothing for another partition; embeddings share exactly the blocks whose rows are equal
-    return prefix_blocks(full_blocks) * block_size if (kind == "embeds" and variant == "prefix" and not same_content) else 0
+    return (
+        prefix_blocks(full_blocks) * block_size
+        if (kind == "embeds" and variant == "prefix" and not same_content)
+        else 0
+    )
 
 
 def trial_requests(trial: Trial) -> int:
@@ -227,7 +229,9 @@ def plan_trials(
         sent += cost
         number = numbers.get(group.dimension, 0)
         numbers[group.dimension] = number + 1
-        trial_id = f"{group.dimension}/{number}" if stage == "search" else f"{group.dimension}/{stage}{first_index}-{number}"
+        trial_id = (
+            f"{group.dimension}/{number}" if stage == "search" else f"{group.dimension}/{stage}{first_index}-{number}"
+        )
         fillers = []
         for _ in range(n_fill):
             fill_seeds = seeds.take(group.filler_prompt_blocks + 1)

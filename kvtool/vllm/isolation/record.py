@@ -204,7 +204,9 @@ def read_record(path: Path) -> IsolationRecord:
             raw = gzip.decompress(raw)
         text = raw.decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError) as err:
-        raise InputFileError(f"cannot read the record: {getattr(err, 'strerror', None) or err}", where=str(path)) from None
+        raise InputFileError(
+            f"cannot read the record: {getattr(err, 'strerror', None) or err}", where=str(path)
+        ) from None
     try:
         return record_from_json(loads_bounded(text, str(path)))
     except (ValueError, KeyError, TypeError) as err:

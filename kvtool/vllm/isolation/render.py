@@ -12,8 +12,18 @@ from typing import Any
 
 from kvtool.vllm.isolation.verdicts import INCONCLUSIVE, LEAK, PASS, DimensionResult, IsolationReport
 
-VERDICT_STYLE = {PASS: "green", LEAK: "bold red", INCONCLUSIVE: "yellow", "not run": "dim", "refused": "dim",
-                 "ok": "green", "failed": "bold yellow", "missing": "dim", "partial": "yellow", "unknown": "dim"}
+VERDICT_STYLE = {
+    PASS: "green",
+    LEAK: "bold red",
+    INCONCLUSIVE: "yellow",
+    "not run": "dim",
+    "refused": "dim",
+    "ok": "green",
+    "failed": "bold yellow",
+    "missing": "dim",
+    "partial": "yellow",
+    "unknown": "dim",
+}
 EXPECTED_NOTE = "control, victim: cached tokens seen / expected"
 
 
@@ -52,7 +62,9 @@ def dimension_table(result: DimensionResult) -> Any:
     extra = [f"covered: {line}" for line in result.coverage]
     if result.minimal is not None:
         m = result.minimal
-        salts = "" if m.first_salt is None and m.second_salt is None else f" (salts {m.first_salt!r} / {m.second_salt!r})"
+        salts = (
+            "" if m.first_salt is None and m.second_salt is None else f" (salts {m.first_salt!r} / {m.second_salt!r})"
+        )
         extra.append(
             f"minimal leak: {m.first} -> {m.second}{salts}, {m.variant}, {m.full_blocks} full blocks = {m.prompt_tokens} "
             f"tokens (first leak at {m.searched_from_blocks} blocks; {m.steps} shrinking trials); trial {m.trial}: "

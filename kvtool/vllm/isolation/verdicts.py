@@ -28,8 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
-from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, Partition
-from kvtool.vllm.isolation.plan import Trial
+from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, Partition, Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 
 PASS, LEAK, INCONCLUSIVE, REFUSED = "pass", "leak", "inconclusive", "refused"
