@@ -170,10 +170,6 @@ class _Setup:
     multimodal: bool | None = None  # the model takes images/audio (config.json); None: not known (endpoint mode)
 
 
-def mode_self(setup: _Setup) -> bool:
-    return setup.can_load_adapters
-
-
 @dataclasses.dataclass(frozen=True)
 class _Limits:
     block_size: int
@@ -282,18 +278,10 @@ def _partitions(
                             Partition("salt:eb", cache_salt=f"kvtool-{run_id}-eb"))]  # fmt: skip
     add("eviction", evict_pairs, reason, variants=("exact",), filler_blocks=fill_blocks,
         filler_prompt_blocks=fill_prompt)  # fmt: skip
-    add(
-        "multimodal",
-        [],
-        "not covered: kvtool sends no image or audio inputs yet"
-        + (
-            ""
-            if setup.multimodal
-            else " (nor does the model take any: its config.json has no vision or audio config)"
-            if setup.multimodal is False and mode_self(setup)
-            else ""
-        ),
-    )
+    reason = "not covered: kvtool sends no image or audio inputs yet"
+    if setup.multimodal is False:  # known only when kvtool started the engine on a model folder
+        reason += " (nor does the model take any: its config.json has no vision or audio config)"
+    add("multimodal", [], reason)
     return tuple(groups), tuple(skipped)
 
 

@@ -10,7 +10,9 @@ the module's globals for every block).  ``KVTOOL_TEST_DEFECT`` (comma-separated)
 - ``casefold``: salts compared case-insensitively (the salt key holds ``salt.casefold()``);
 - ``normalize``: salts compared after NFKC, strip and casefold (a "canonicalising" gateway pushed into the engine);
 - ``salt-after:N``: the salt ignored for prompts longer than N full blocks (a length-limited salt check);
-- ``adapter-shared``: the salt ignored on LoRA requests (tenants share on one adapter).
+- ``adapter-shared``: the salt ignored on LoRA requests (tenants share on one adapter);
+- ``evict``: the salt ignored once the pool has evicted a cached block (``BlockPool._maybe_evict_cached_block``
+  returned True): a defect on the eviction path, invisible to any check that never fills the pool.
 
 Unset or empty: the plugin does nothing.
 """
@@ -49,9 +51,25 @@ def register() -> None:
                     continue
                 if "adapter-shared" in wanted and request.lora_request is not None:
                     continue
+                if "evict" in wanted and evicted[0] > 0:
+                    continue
                 key = ("cache_salt", salt)
             kept.append(key)
         return (tuple(kept) or None), next_mm_idx
+
+    evicted = [0]
+    if "evict" in wanted:
+        from vllm.v1.core.block_pool import BlockPool
+
+        original_evict = BlockPool._maybe_evict_cached_block
+
+        def counting_evict(self, block):
+            done = original_evict(self, block)
+            if done:
+                evicted[0] += 1
+            return done
+
+        BlockPool._maybe_evict_cached_block = counting_evict
 
     kv_cache_utils.generate_block_hash_extra_keys = planted
     kv_cache_utils._kvtool_planted = wanted
