@@ -131,3 +131,18 @@ def test_a_401_on_the_model_list_tips_at_key():
     with FakeVllm(models_status=401) as fake, pytest.raises(KvtoolError) as err:
         run(fake)
     assert "HTTP 401" in err.value.message and "--key" in err.value.tip
+
+
+def test_budget_and_length_through_the_cli(run_cli):
+    import json
+
+    with FakeVllm(adapters=()) as fake:
+        result = run_cli("vllm", "isolation", "--endpoint", fake.url, "--budget", "30", "--no-minimize", "--json")
+        lengths = run_cli("vllm", "isolation", "--endpoint", fake.url, "--dimension", "length", "--length", "2",
+                          "--length", "7", "--repeats", "1", "--json")  # fmt: skip
+        refused = run_cli("vllm", "isolation", "--endpoint", fake.url, "--budget", "2")
+    data = json.loads(result.stdout)
+    assert data["probes"] <= 30 and data["not_covered"] and data["budget_requests"] == 30
+    trials = next(d for d in json.loads(lengths.stdout)["dimensions"] if d["dimension"] == "length")
+    assert sorted({t["full_blocks"] for t in trials["trial_verdicts"]}) == [2, 7]
+    assert refused.exit_code == 2 and "--budget must be at least 3" in refused.stderr
