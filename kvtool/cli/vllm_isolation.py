@@ -132,6 +132,15 @@ def register(app: typer.Typer) -> None:
             600.0, "--startup-timeout", help="--model mode: seconds to wait for vLLM."
         ),
         repeats: int = typer.Option(2, "--repeats", help="Trials per ordered pair and variant, each on fresh content."),
+        budget: int = typer.Option(
+            1500, "--budget", help="At most this many requests (0: no bound); the report lists what it left out."
+        ),
+        length: list[int] = typer.Option(
+            [], "--length", help="Full blocks of the length dimension's prompts (repeat; default: 1 up to the limit)."
+        ),
+        minimize: bool = typer.Option(
+            True, "--minimize/--no-minimize", help="Shrink each dimension's first leak to its shortest, simplest case."
+        ),
         seed: Optional[int] = typer.Option(None, "--seed", help="Fix the random content (default: fresh every run)."),
         record: Optional[Path] = path_option(
             None,
@@ -166,6 +175,7 @@ def register(app: typer.Typer) -> None:
             adapter_versions=tuple(adapter_version), api_keys=_tenant_keys(api_key), api_key=key,
             hidden_size=hidden_size, block_size=block_size, events_endpoint=events, port=port,
             events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
-            startup_timeout_s=startup_timeout,
+            startup_timeout_s=startup_timeout, budget_requests=budget or None, lengths=tuple(length),
+            minimize=minimize,
         )  # fmt: skip
         raise typer.Exit(_judge_and_print(None, options, record, json_output))

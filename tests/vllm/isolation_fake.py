@@ -4,8 +4,13 @@ It hashes prompts the way vLLM 0.32 does (vllm/v1/core/kv_cache_utils.py: a chai
 over (parent, block tokens, extra keys), extra keys = LoRA name and path, and the cache salt on the first block),
 reports ``usage.prompt_tokens_details.cached_tokens`` = the longest cached chain of full blocks, capped at
 prompt length - 1 and rounded down to whole blocks, and serves ``/metrics`` counters and ``/version``.
-``caching=False`` keeps nothing (prefix caching off); ``drop`` names a dimension to leave out of the hash (the
-negative control); ``report_cached=False`` behaves like vLLM without --enable-prompt-tokens-details
+``caching=False`` keeps nothing (prefix caching off, and says so in ``vllm:cache_config_info`` as vLLM 0.32 does);
+``drop`` names a dimension to leave out of the hash (the negative control); ``defects`` plants the families of
+docs/isolation.md "Negative controls" (``casefold``: salts compared case-insensitively; ``salt-after:N``: the salt
+ignored for prompts over N full blocks; ``adapter-shared``: the salt ignored on LoRA requests; ``evict``: the salt
+ignored once the pool has evicted); ``pool_blocks`` bounds the cache (LRU, reported as ``num_gpu_blocks``);
+``key_salts`` maps API keys to salts like a gateway; ``metrics=False`` answers /metrics with 404; salts are
+validated as vLLM 0.32 does (non-empty, at most 128 characters: vllm/entrypoints/generate/base/protocol.py); ``report_cached=False`` behaves like vLLM without --enable-prompt-tokens-details
 (prompt_tokens_details is null); ``refused_keys`` are answered 401 the way OpenAI's API answers a wrong key.
 """
 
@@ -16,6 +21,7 @@ import hashlib
 import io
 import json
 import threading
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BLOCK = 16
@@ -31,14 +37,27 @@ class FakeVllm:
         caching=True,
         salt_from_key=False,
         refused_keys: frozenset[str] = frozenset(),
+        defects: frozenset[str] = frozenset(),
+        pool_blocks: int = 400,
+        key_salts: dict[str, str] | None = None,
+        metrics: bool = True,
+        max_model_len: int = 512,
+        models_status: int = 200,
     ):
+        self.defects = defects
+        self.pool_blocks = pool_blocks
+        self.key_salts = key_salts
+        self.metrics = metrics
+        self.max_model_len = max_model_len
+        self.models_status = models_status
+        self.evictions = 0
         self.refused_keys = refused_keys  # keys answered 401 with OpenAI's message, which quotes the key
         self.salt_from_key = salt_from_key  # a gateway that salts each API key's requests
         self.drop = drop
         self.caching = caching  # False: prefix caching off (nothing is ever kept)
         self.report_cached = report_cached
         self.adapters = {name: f"/adapters/{name}" for name in adapters}
-        self.cache: set[bytes] = set()
+        self.cache: OrderedDict[bytes, None] = OrderedDict()  # LRU, at most pool_blocks
         self.queries = self.hits = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -72,6 +91,15 @@ class FakeVllm:
         if lora and "lora-path" in self.drop:
             lora = (model,)
         salt = None if "salt" in self.drop else body.get("cache_salt")
+        if salt is not None and "casefold" in self.defects:
+            salt = salt.casefold()
+        after = [int(d.split(":")[1]) for d in self.defects if d.startswith("salt-after:")]
+        if after and len(tokens) // BLOCK > after[0]:
+            salt = None
+        if lora and "adapter-shared" in self.defects:
+            salt = None
+        if "evict" in self.defects and self.evictions:
+            salt = None
         chain, parent = [], b""
         for i in range(len(tokens) // BLOCK):
             extra = (lora, salt if i == 0 else None, per_block[i] if per_block else None)
@@ -85,8 +113,15 @@ class FakeVllm:
         hit = 0
         while hit < min(usable, len(chain)) and chain[hit] in self.cache:
             hit += 1
+        for h in chain[:hit]:
+            self.cache.move_to_end(h)
         if self.caching:
-            self.cache.update(chain)
+            for h in chain:
+                self.cache[h] = None
+                self.cache.move_to_end(h)
+            while len(self.cache) > self.pool_blocks:
+                self.cache.popitem(last=False)
+                self.evictions += 1
         self.queries += n
         self.hits += hit * BLOCK
         details = {"cached_tokens": hit * BLOCK} if self.report_cached else None
@@ -109,13 +144,19 @@ class FakeVllm:
 
             def do_GET(self):
                 if self.path == "/v1/models":
+                    if fake.models_status != 200:
+                        self._send(fake.models_status, {"error": {"message": "Unauthorized"}})
+                        return
                     names = ["base", *fake.adapters]
-                    self._send(200, {"data": [{"id": n} for n in names]})
+                    self._send(200, {"data": [{"id": n, "max_model_len": fake.max_model_len} for n in names]})
+                elif self.path == "/metrics" and not fake.metrics:
+                    self._send(404, {"error": {"message": "not found"}})
                 elif self.path == "/metrics":
                     text = (
                         f'vllm:prefix_cache_queries_total{{engine="0",model_name="base"}} {float(fake.queries)}\n'
                         f'vllm:prefix_cache_hits_total{{engine="0",model_name="base"}} {float(fake.hits)}\n'
-                        f'vllm:cache_config_info{{block_size="{BLOCK}",enable_prefix_caching="True"}} 1.0\n'
+                        f'vllm:cache_config_info{{block_size="{BLOCK}",enable_prefix_caching="{fake.caching}",'
+                        f'num_gpu_blocks="{fake.pool_blocks}"}} 1.0\n'
                     )
                     self._send(200, text.encode(), "text/plain")
                 elif self.path == "/version":
@@ -137,6 +178,13 @@ class FakeVllm:
                         return
                     if fake.salt_from_key and key:
                         body = dict(body, cache_salt=key)
+                    if fake.key_salts is not None and key:
+                        body = dict(body, cache_salt=fake.key_salts[key.removeprefix("Bearer ")])
+                    salt = body.get("cache_salt")
+                    if salt is not None and (not salt or len(salt) > 128):
+                        message = "Parameter 'cache_salt' must be a non-empty string if provided."
+                        self._send(400, {"error": {"message": message, "type": "BadRequestError"}})
+                        return
                     self._send(200, fake.complete(body))
                 elif self.path == "/v1/load_lora_adapter":
                     fake.adapters[body["lora_name"]] = body["lora_path"]

@@ -25,7 +25,9 @@ from tests.support import REPO_ROOT
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
 PLUGIN = REPO_ROOT / "tests" / "support" / "broken_hash_plugin"
-DIMENSIONS = ("salt", "adapter", "adapter-version", "embeddings", "cross")
+PLANTED = REPO_ROOT / "tests" / "support" / "planted_defect_plugin"
+DIMENSIONS = ("salt", "adapter", "adapter-version", "embeddings", "cross", "salt-variant", "length", "salt-adapter",
+              "salt-embeds", "eviction")  # fmt: skip
 
 pytestmark = pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM is not installed (set VLLM_PYTHON to use one)")
 
@@ -49,14 +51,17 @@ def model_dir(scratch):
     return target
 
 
-def run_check(scratch: Path, model_dir: Path, port: int, broken: str | None):
+def run_check(scratch: Path, model_dir: Path, port: int, broken: str | None, planted: str | None = None):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     for name in ("VLLM_CACHE_ROOT", "HF_HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR"):
         env[name] = str(scratch / name.lower())
     if broken:
         env["PYTHONPATH"] += os.pathsep + str(PLUGIN)
         env["KVTOOL_TEST_BREAK_HASH"] = broken
-    record = scratch / f"record-{broken or 'real'}.json"
+    if planted:
+        env["PYTHONPATH"] += os.pathsep + str(PLANTED)
+        env["KVTOOL_TEST_DEFECT"] = planted
+    record = scratch / f"record-{broken or planted or 'real'}.json".replace(":", "-")
     proc = subprocess.run(
         [sys.executable, "-m", "kvtool", "vllm", "isolation", "--model", str(model_dir), "--vllm-python", VLLM_PYTHON,
          "--port", str(port), "--events-port", str(port + 1), "--block-size", "32", "--engine-arg=--enforce-eager",
@@ -71,14 +76,33 @@ def run_check(scratch: Path, model_dir: Path, port: int, broken: str | None):
 
 def test_real_vllm_keeps_every_dimension_apart(scratch, model_dir):
     code, verdicts, report = run_check(scratch, model_dir, 21640, None)
-    assert verdicts == dict.fromkeys(DIMENSIONS, "pass"), report
+    assert verdicts == {**dict.fromkeys(DIMENSIONS, "pass"), "multimodal": "not run"}, report
     assert code == 0
     assert report["events_captured"] > 0 and report["engine"]["version"].startswith("0.")
 
 
-@pytest.mark.parametrize(("broken", "leaking"), [("salt", {"salt"}), ("lora-path", {"adapter-version"})])
+SALTED = {"salt", "salt-variant", "length", "salt-adapter", "salt-embeds", "eviction"}  # every pair differing by salt
+
+
+@pytest.mark.parametrize(("broken", "leaking"), [("salt", SALTED), ("lora-path", {"adapter-version"})])
 def test_a_broken_block_hash_fails_exactly_the_affected_dimension(scratch, model_dir, broken, leaking):
     code, verdicts, report = run_check(scratch, model_dir, 21650 if broken == "salt" else 21660, broken)
     assert {d for d, v in verdicts.items() if v == "leak"} == leaking, report
-    assert all(v == "pass" for d, v in verdicts.items() if d not in leaking), report
+    assert all(v in ("pass", "not run") for d, v in verdicts.items() if d not in leaking), report
     assert code == 1
+
+
+@pytest.mark.parametrize(
+    ("planted", "leaking", "blocks", "port"),
+    [
+        ("casefold", "salt-variant", 1, 21670),
+        ("salt-after:8", "length", 9, 21680),
+        ("adapter-shared", "salt-adapter", 1, 21690),
+    ],
+)
+def test_a_planted_defect_is_caught_on_its_own_dimension_minimized(scratch, model_dir, planted, leaking, blocks, port):
+    # tests/support/planted_defect_plugin: the defects the fixed sample passed (kvtool issue 31)
+    code, verdicts, report = run_check(scratch, model_dir, port, None, planted)
+    assert {d for d, v in verdicts.items() if v == "leak"} == {leaking}, report
+    minimal = next(d for d in report["dimensions"] if d["dimension"] == leaking)["minimal"]
+    assert minimal["full_blocks"] == blocks and code == 1

@@ -12,6 +12,13 @@ from kvtool.vllm.isolation.check import IsolationOptions, run_isolation
 from kvtool.vllm.isolation.verdicts import judge_record
 from tests.vllm.isolation_fake import BLOCK, FakeVllm
 
+SEARCHED = ("salt", "adapter", "adapter-version", "embeddings", "cross", "salt-variant", "length", "salt-adapter",
+            "salt-embeds", "eviction")  # fmt: skip
+
+
+# every dimension whose pairs differ by the salt: a hash without the salt leaks in all of them
+SALTED = {"salt", "salt-variant", "length", "salt-adapter", "salt-embeds", "eviction"}
+
 
 def verdicts(report) -> dict[str, str]:
     return {d.dimension: d.verdict for d in report.dimensions}
@@ -25,25 +32,26 @@ def test_a_correct_cache_passes_every_dimension_that_can_run():
     with FakeVllm() as fake:
         report = run(fake, adapters=("lora-a",), adapter_versions=("/p/v1", "/p/v2"), hidden_size=8)
     assert report.verdict == "pass" and report.exit_code == 0
-    assert verdicts(report) == dict.fromkeys(["salt", "adapter", "adapter-version", "embeddings", "cross"], "pass")
+    assert verdicts(report) == {**dict.fromkeys(SEARCHED, "pass"), "multimodal": "not run"}
     assert report.engine.block_size == BLOCK  # read from vllm:cache_config_info
     salt = report.dimensions[0]
-    # 2 pairs x 2 orders x 2 variants x 1 repeat; the exact control reuses all 4 full blocks, the prefix one 2
-    assert salt.trials == 8
+    # all 3 pairs of salt:a, salt:b, base x 2 orders x 2 variants x 1 repeat; the exact control reuses all 4 full
+    # blocks, the prefix one 2
+    assert salt.trials == 12
     assert {(r.variant, r.control_expected_tokens) for r in salt.rows} == {("exact", 4 * BLOCK), ("prefix", 2 * BLOCK)}
     assert all(t.metric_clean_probes == 3 for t in salt.trial_verdicts)  # nothing else moved the counters
 
 
 @pytest.mark.parametrize(
     ("drop", "leaking"),
-    [({"salt"}, {"salt"}), ({"lora-path"}, {"adapter-version"}), ({"salt", "lora-path"}, {"salt", "adapter-version"})],
+    [({"salt"}, SALTED), ({"lora-path"}, {"adapter-version"}), ({"salt", "lora-path"}, {*SALTED, "adapter-version"})],
 )
 def test_a_dropped_dimension_leaks_there_and_nowhere_else(drop, leaking):
     with FakeVllm(drop=frozenset(drop)) as fake:
         report = run(fake, adapters=("lora-a",), adapter_versions=("/p/v1", "/p/v2"), hidden_size=8)
     assert report.verdict == "leak" and report.exit_code == 1
     assert {d for d, v in verdicts(report).items() if v == "leak"} == leaking
-    assert all(v == "pass" for d, v in verdicts(report).items() if d not in leaking)
+    assert all(v in ("pass", "not run") for d, v in verdicts(report).items() if d not in leaking)
     salt_rows = [r for r in report.dimensions[0].rows if r.first == "salt:a" and r.variant == "exact"]
     if "salt" in drop:  # the victim reused the prime's 4 full blocks
         assert salt_rows[0].victim_cached_tokens == (4 * BLOCK,)
@@ -65,14 +73,17 @@ def test_prefix_caching_off_is_inconclusive_never_pass():
         report = run(fake, adapters=("lora-a",))
     assert report.verdict == "inconclusive" and report.exit_code == 4  # not 2, a usage error's code
     assert {d.verdict for d in report.dimensions if d.verdict != "not run"} == {"inconclusive"}
-    assert all(d.controls_shared == 0 for d in report.dimensions)
+    # no control that ran shared (the salt variants' empty salt is refused, so its control never ran)
+    assert all(t.control_cached_tokens == 0 for d in report.dimensions for t in d.trial_verdicts)
 
 
 def test_dimensions_without_what_they_need_are_not_run_and_say_why():
     with FakeVllm(adapters=()) as fake:
         report = run(fake)
     assert verdicts(report) == {
-        "salt": "pass", "adapter": "not run", "adapter-version": "not run", "embeddings": "not run", "cross": "not run"
+        "salt": "pass", "adapter": "not run", "adapter-version": "not run", "embeddings": "not run", "cross": "not run",
+        "salt-variant": "pass", "length": "pass", "salt-adapter": "not run", "salt-embeds": "not run",
+        "eviction": "pass", "multimodal": "not run",
     }  # fmt: skip
     reasons = {d.dimension: d.skipped_reason for d in report.dimensions}
     assert "--adapter NAME" in reasons["adapter"] and "--hidden-size" in reasons["embeddings"]
@@ -93,7 +104,9 @@ def test_cli_against_the_fake_endpoint(run_cli):
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["verdict"] == "pass" and data["engine"]["mode"] == "endpoint"
-    assert [d["verdict"] for d in data["dimensions"]] == ["pass", "pass", "not run", "not run", "pass"]
+    assert [d["verdict"] for d in data["dimensions"]] == [
+        "pass", "pass", "not run", "not run", "pass", "pass", "pass", "pass", "not run", "pass", "not run"
+    ]  # fmt: skip
 
 
 def test_cli_leak_exits_1_and_names_the_dimension(run_cli, tmp_path):

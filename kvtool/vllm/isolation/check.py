@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import tempfile
 import threading
 import time
@@ -20,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
-from kvtool.vllm.isolation.client import Client, parse_block_size
+from kvtool.vllm.isolation.client import Client, EndpointError, parse_block_size, parse_cache_config
 from kvtool.vllm.isolation.plan import (
     DIMENSIONS,
+    FILLER,
     DimensionPartitions,
     Partition,
     Plan,
     PlanOptions,
+    Trial,
     new_run_id,
     plan_trials,
 )
@@ -36,11 +39,47 @@ from kvtool.vllm.isolation.record import (
     IsolationRecord,
     ProbeResult,
     SkippedDimension,
-    keep_event,
     redact_keys,
+    relevant_events,
 )
 
 EVENTS_SETTLE_S = 5.0  # how long to wait for the last probe's KV events after its response
+DEFAULT_BUDGET = 1500  # requests (fillers included); about 4 minutes on the tiny CPU model (docs/isolation.md)
+MINIMIZE_RESERVE = 60  # of the budget, kept for minimizing the first leaking case of each dimension
+# prompt lengths (full blocks) of the length dimension: both sides of every power of two, up to what the engine takes
+LENGTH_LADDER = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513)
+DEFAULT_MAX_BLOCKS = 16  # when neither max_model_len (/v1/models) nor the pool size (/metrics) is known
+MAX_SALT_LENGTH = 128  # vLLM 0.32 refuses longer salts (vllm/entrypoints/generate/base/protocol.py validate_cache_salt)
+
+
+def salt_variants(run_id: str) -> tuple[tuple[str, str | None, str | None], ...]:
+    """(case, salt 1, salt 2): pairs of salts a correct engine keeps apart although they differ only slightly.
+    ``None`` is no salt at all; vLLM 0.32 refuses an empty salt (HTTP 400), which the report shows as refused."""
+    s = f"kv{run_id}"
+    long_a = (s + "-" + "x" * MAX_SALT_LENGTH)[: MAX_SALT_LENGTH - 1]
+    return (
+        ("case", f"{s}-tenant", f"{s}-TENANT"),
+        ("nfc-nfd", f"{s}-caf\u00e9", f"{s}-cafe\u0301"),  # one code point vs e + combining acute
+        ("nfkc", f"{s}-\ufb01le", f"{s}-file"),  # the fi ligature vs f, i
+        ("whitespace", f"{s}-t", f" {s}-t "),
+        ("prefix", f"{s}-t", f"{s}-t2"),
+        ("long", long_a + "a", long_a + "b"),  # 128 characters, differing in the last
+        ("long-prefix", long_a + "a", long_a),
+        ("non-ascii", f"{s}-\u79df\u6237\u7532", f"{s}-\u79df\u6237\u4e59"),
+        ("empty-absent", "", None),
+    )
+
+
+# the simplest salt pair of each kind, tried when minimizing a leak (after the shortest prompt is found)
+SIMPLE_SALTS = {
+    "": ("a", "b"),
+    "case": ("a", "A"),
+    "nfc-nfd": ("\u00e9", "e\u0301"),
+    "nfkc": ("\ufb01", "fi"),
+    "whitespace": ("a", " a"),
+    "prefix": ("a", "ab"),
+    "non-ascii": ("\u7532", "\u4e59"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +103,9 @@ class IsolationOptions:
     engine_args: tuple[str, ...] = ()
     startup_timeout_s: float = 600.0
     note: str | None = None  # recorded as is (tests name deliberately broken engines)
+    budget_requests: int | None = DEFAULT_BUDGET  # at most this many requests (None: no bound)
+    lengths: tuple[int, ...] = ()  # full blocks of the length dimension (default: LENGTH_LADDER up to the limits)
+    minimize: bool = True
 
 
 Progress = Callable[[str], None]
@@ -77,6 +119,11 @@ def _validate(options: IsolationOptions) -> None:
         raise UsageError(
             f"unknown dimension {unknown[0]!r}", where="--dimension", tip=f"one of {', '.join(DIMENSIONS)}"
         )
+    if options.budget_requests is not None and options.budget_requests < 3:
+        raise UsageError(f"--budget must be at least 3 requests (one trial), not {options.budget_requests}",
+                         where="--budget")  # fmt: skip
+    if any(n < 1 for n in options.lengths):
+        raise UsageError("--length must be at least 1 full block", where="--length")
     if options.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, not {options.repeats}", where="--repeats")
     if options.block_size is not None and options.block_size < 1:
@@ -120,32 +167,59 @@ class _Setup:
     adapter_versions: tuple[str, ...]  # two paths to load under one name
     hidden_size: int | None
     can_load_adapters: bool
+    multimodal: bool | None = None  # the model takes images/audio (config.json); None: not known (endpoint mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    block_size: int
+    max_blocks: int  # the longest prime the engine takes and keeps (full blocks)
+    pool_blocks: int | None  # the KV pool (vllm:cache_config_info num_gpu_blocks)
+    budget: int | None
+
+
+def _limits(block_size: int, max_model_len: int | None, cache_config: dict[str, str] | None, budget) -> _Limits:
+    pool = None
+    if cache_config and str(cache_config.get("num_gpu_blocks", "")).isdigit():
+        pool = int(cache_config["num_gpu_blocks"])
+    caps = []
+    partial = max(1, block_size // 2)
+    if max_model_len:  # prompt + the one generated token fit in max_model_len
+        caps.append((max_model_len - 1 - partial) // block_size)
+    if pool:  # prime + its partial block, with room for the next request
+        caps.append(pool // 2 - 1)
+    max_blocks = max(1, min(caps)) if caps else DEFAULT_MAX_BLOCKS
+    return _Limits(block_size, max_blocks, pool, budget)
 
 
 def _partitions(
-    setup: _Setup, options: IsolationOptions, run_id: str
+    setup: _Setup, options: IsolationOptions, run_id: str, limits: _Limits | None = None
 ) -> tuple[tuple[DimensionPartitions, ...], tuple[SkippedDimension, ...]]:
     """The partition pairs of every requested dimension, and the dimensions that cannot run here (and why)."""
+    limits = limits or _Limits(16, DEFAULT_MAX_BLOCKS, None, None)
     base = Partition("base")
     salt_a = Partition("salt:a", cache_salt=f"kvtool-{run_id}-a")
     salt_b = Partition("salt:b", cache_salt=f"kvtool-{run_id}-b")
     groups: list[DimensionPartitions] = []
     skipped: list[SkippedDimension] = []
 
-    def add(dimension: str, pairs: list[tuple[Partition, Partition]], reason: str, kind: str = "tokens") -> None:
+    def add(dimension: str, pairs: list[tuple[Partition, Partition]], reason: str, kind: str = "tokens", **kw) -> None:
         if dimension not in options.dimensions:
             return
         if pairs:
-            groups.append(DimensionPartitions(dimension, tuple(pairs), kind))
+            groups.append(DimensionPartitions(dimension, tuple(pairs), kind, **kw))
         else:
             skipped.append(SkippedDimension(dimension, reason))
 
     tenants = [Partition(f"tenant:{name}", api_key=key) for name, key in options.api_keys]
-    add("salt", [(salt_a, salt_b), (base, salt_a)] + list(zip(tenants, tenants[1:])), "")
+    # every pair, not neighbours only: a gateway giving tenants 1 and 3 one salt passed a neighbours-only check
+    pairs = list(itertools.combinations([salt_a, salt_b, base], 2)) + list(itertools.combinations(tenants, 2))
+    add("salt", pairs, "")
     adapters = [Partition(f"adapter:{name}", model=name) for name in setup.adapters]
-    adapter_pairs = list(zip(adapters, adapters[1:])) + [(base, a) for a in adapters[:1]]
+    adapter_pairs = list(itertools.combinations(adapters, 2)) + [(base, a) for a in adapters[:1]]
     add("adapter", adapter_pairs, "no LoRA adapter is served: name one with --adapter NAME")
     version_pairs = []
+    v1 = v2 = None
     if len(setup.adapter_versions) == 2:
         name = f"kvtool-{run_id}-v"
         v1, v2 = (Partition(f"version:{n}", model=name, adapter_path=p) for n, p in zip((1, 2), setup.adapter_versions))
@@ -155,6 +229,59 @@ def _partitions(
     add("embeddings", embeds, "needs the model's hidden size: --hidden-size N", kind="embeds")
     cross = [(Partition(f"salt={n}", cache_salt=n), Partition(f"adapter={n}", model=n)) for n in setup.adapters[:1]]
     add("cross", cross, "needs a served LoRA adapter whose name is used as a salt: --adapter NAME")
+    # the search beyond the fixed sample
+    variants = salt_variants(run_id)
+    add("salt-variant",
+        [(Partition(f"{case}:1", cache_salt=a), Partition(f"{case}:2", cache_salt=b)) for case, a, b in variants],
+        "", variants=("exact",), cases=tuple(case for case, _, _ in variants))  # fmt: skip
+    lengths = options.lengths or tuple(n for n in LENGTH_LADDER if n <= limits.max_blocks)
+    if limits.max_blocks not in lengths and not options.lengths:
+        lengths += (limits.max_blocks,)
+    long_a = Partition("salt:la", cache_salt=f"kvtool-{run_id}-la")
+    long_b = Partition("salt:lb", cache_salt=f"kvtool-{run_id}-lb")
+    add("length", [(long_a, long_b)], "", variants=("exact",), lengths=tuple(sorted(set(lengths))))
+    combos: list[tuple[Partition, Partition]] = []
+    cases: list[str] = []
+    sa, sb = salt_a.cache_salt, salt_b.cache_salt
+    for name in setup.adapters[:1]:
+        combos.append((Partition(f"salt:a+{name}", model=name, cache_salt=sa),
+                       Partition(f"salt:b+{name}", model=name, cache_salt=sb)))  # fmt: skip
+        cases.append("one adapter, two salts")
+        combos.append((Partition(f"salt:a+{name}", model=name, cache_salt=sa), salt_a))
+        cases.append("one salt, adapter vs base")
+    for other in setup.adapters[1:2]:
+        combos.append((Partition(f"salt:a+{setup.adapters[0]}", model=setup.adapters[0], cache_salt=sa),
+                       Partition(f"salt:a+{other}", model=other, cache_salt=sa)))  # fmt: skip
+        cases.append("one salt, two adapters")
+    if v1 is not None:
+        combos.append((dataclasses.replace(v1, label="salt:a+version:1", cache_salt=sa),
+                       dataclasses.replace(v1, label="salt:b+version:1", cache_salt=sb)))  # fmt: skip
+        cases.append("one adapter version, two salts")
+    add("salt-adapter", combos, "needs a served LoRA adapter: --adapter NAME", cases=tuple(cases))
+    salted_embeds = []
+    if setup.hidden_size:
+        salted_embeds = [(Partition("embeds+salt:a", cache_salt=sa), Partition("embeds+salt:b", cache_salt=sb))]
+    add("salt-embeds", salted_embeds, "needs the model's hidden size: --hidden-size N", kind="embeds",
+        same_content=True)  # fmt: skip
+    evict_pairs: list[tuple[Partition, Partition]] = []
+    reason = "needs the KV pool size (vllm:cache_config_info num_gpu_blocks in /metrics)"
+    fill_blocks = fill_prompt = 0
+    if limits.pool_blocks:
+        fill_prompt = limits.max_blocks
+        fill_blocks = limits.pool_blocks + fill_prompt  # more than the pool holds: everything before is evicted
+        requests = 2 * (-(-fill_blocks // fill_prompt) + 3)
+        if limits.budget is not None and requests > limits.budget // 3:
+            reason = (f"filling the pool ({limits.pool_blocks} blocks, {fill_prompt} per request) takes {requests} "
+                      f"requests, more than a third of --budget {limits.budget}")  # fmt: skip
+        else:
+            evict_pairs = [(Partition("salt:ea", cache_salt=f"kvtool-{run_id}-ea"),
+                            Partition("salt:eb", cache_salt=f"kvtool-{run_id}-eb"))]  # fmt: skip
+    add("eviction", evict_pairs, reason, variants=("exact",), filler_blocks=fill_blocks,
+        filler_prompt_blocks=fill_prompt)  # fmt: skip
+    reason = "not covered: kvtool sends no image or audio inputs yet"
+    if setup.multimodal is False:  # known only when kvtool started the engine on a model folder
+        reason += " (nor does the model take any: its config.json has no vision or audio config)"
+    add("multimodal", [], reason)
     return tuple(groups), tuple(skipped)
 
 
@@ -202,32 +329,136 @@ class _Capture:
         return [row for _, row in iter_event_rows(self.path) if isinstance(row, dict)]
 
 
-def _run_probes(client: Client, plan: Plan, *, with_events: bool, hidden_size: int | None, progress: Progress):
+REFUSABLE = {"salt-variant"}  # dimensions whose requests an engine may refuse (an empty salt): recorded, not fatal
+
+
+def _run_probes(
+    client: Client, plan: Plan, *, with_events: bool, hidden_size: int | None, progress: Progress,
+    trials: tuple[Trial, ...] | None = None, loaded: dict[str, str] | None = None,
+) -> tuple[ProbeResult, ...]:  # fmt: skip
     """Send every probe in order; load the adapter version a probe needs first.  Returns its ProbeResults."""
     results: list[ProbeResult] = []
-    loaded: dict[str, str] = {}  # adapter name -> the path it points at now
+    loaded = {} if loaded is None else loaded  # adapter name -> the path it points at now
     counters = client.counters()
-    probes = plan.probes
-    for n, probe in enumerate(probes, start=1):
-        partition = probe.partition
-        if (
-            partition.adapter_path is not None
-            and partition.model
-            and loaded.get(partition.model) != partition.adapter_path
-        ):
-            client.load_adapter(partition.model, partition.adapter_path, in_place=partition.model in loaded)
-            loaded[partition.model] = partition.adapter_path
-            counters = client.counters()
-        reply = client.complete(probe, plan, with_events=with_events, hidden_size=hidden_size)
-        after = client.counters()
-        results.append(
-            ProbeResult(probe, reply.cached_tokens, reply.prompt_tokens, reply.sent_at_s, reply.latency_s,
-                        counters.queries_tokens, counters.hits_tokens, after.queries_tokens, after.hits_tokens)
-        )  # fmt: skip
-        counters = after
-        if n % 10 == 0 or n == len(probes):
-            progress(f"probes: {n}/{len(probes)} sent")
+    trials = plan.trials if trials is None else trials
+    total = sum(len(t.fillers) + 3 for t in trials)
+    n = 0
+    for trial in trials:
+        refused: str | None = None
+        for probe in (*trial.fillers, *trial.probes):
+            n += 1
+            if refused is not None:
+                results.append(ProbeResult(probe, 0, None, time.time(), 0.0, None, None, None, None,
+                                           f"not sent: {refused}"))  # fmt: skip
+                continue
+            partition = probe.partition
+            if (
+                partition.adapter_path is not None
+                and partition.model
+                and loaded.get(partition.model) != partition.adapter_path
+            ):
+                client.load_adapter(partition.model, partition.adapter_path, in_place=partition.model in loaded)
+                loaded[partition.model] = partition.adapter_path
+                counters = client.counters()
+            try:
+                reply = client.complete(probe, plan, with_events=with_events and probe.role != FILLER,
+                                        hidden_size=hidden_size)  # fmt: skip
+            except EndpointError as err:
+                if probe.dimension not in REFUSABLE or err.status is None or not 400 <= err.status < 500:
+                    raise
+                refused = f"HTTP {err.status}: {err.answer}"
+                results.append(ProbeResult(probe, 0, None, time.time(), 0.0, None, None, None, None, refused))
+                counters = client.counters()
+                continue
+            after = client.counters()
+            results.append(
+                ProbeResult(probe, reply.cached_tokens, reply.prompt_tokens, reply.sent_at_s, reply.latency_s,
+                            counters.queries_tokens, counters.hits_tokens, after.queries_tokens, after.hits_tokens)
+            )  # fmt: skip
+            counters = after
+            if n % 25 == 0 or n == total:
+                progress(f"probes: {n}/{total} sent")
     return tuple(results)
+
+
+def _simpler(partition: Partition, salt: str) -> Partition:
+    suffix = f"+{partition.model}" if partition.model else ""
+    return dataclasses.replace(partition, label=f"salt={salt!r}{suffix}", cache_salt=salt)
+
+
+def _minimize(
+    client: Client, plan: Plan, results: tuple[ProbeResult, ...], options: IsolationOptions, setup: _Setup,
+    with_events: bool, budget_left: int | None, progress: Progress, loaded: dict[str, str],
+) -> tuple[list[Trial], list[ProbeResult]]:  # fmt: skip
+    """For each leaking dimension, shrink its first leaking case: the shortest prompt that still leaks (a binary
+    search between the longest passing and the leaking length, assuming a leak at n blocks means one at more),
+    then the simplest salt pair of its kind (SIMPLE_SALTS).  Every step is one more trial, recorded; the verdicts
+    pick the minimal leaking case from them (kvtool.vllm.isolation.verdicts)."""
+    from kvtool.vllm.isolation.verdicts import LEAK, judge_trial
+
+    by_trial: dict[str, dict[str, ProbeResult]] = {}
+    for r in results:
+        by_trial.setdefault(r.probe.trial, {})[r.probe.role] = r
+    judged = {}
+    for trial in plan.trials:
+        got = by_trial.get(trial.id, {})
+        if {"prime", "control", "victim"} <= got.keys() and not any(
+            got[k].error for k in ("prime", "control", "victim")
+        ):
+            judged[trial.id] = judge_trial(got["prime"], got["control"], got["victim"], None, plan.block_size).verdict
+    new_trials: list[Trial] = []
+    new_results: list[ProbeResult] = []
+    index = max((p.index for p in plan.probes), default=-1) + 1
+    step = 0
+    left = budget_left
+
+    def attempt(trial: Trial, first: Partition, second: Partition, length: int) -> bool | None:
+        nonlocal index, step, left
+        if left is not None and left < 3:
+            return None
+        step += 1
+        kind = trial.probes[0].kind
+        group = DimensionPartitions(trial.dimension, ((first, second),), kind, variants=(trial.variant,),
+                                    lengths=(length,), cases=(trial.case,), one_order=True,
+                                    same_content=trial.dimension == "salt-embeds")  # fmt: skip
+        seed = None if options.seed is None else options.seed * 7919 + step
+        sub = plan_trials((group,), PlanOptions(plan.block_size, repeats=1, seed=seed), plan.run_id,
+                          stage="min", first_index=index)  # fmt: skip
+        got = _run_probes(client, sub, with_events=with_events, hidden_size=setup.hidden_size,
+                          progress=lambda _m: None, loaded=loaded)  # fmt: skip
+        index += len(got)
+        if left is not None:
+            left -= len(got)
+        new_trials.extend(sub.trials)
+        new_results.extend(got)
+        prime, control, victim = got
+        return judge_trial(prime, control, victim, None, plan.block_size).verdict == LEAK
+
+    for dimension in options.dimensions:
+        leaking = [t for t in plan.trials if t.dimension == dimension and judged.get(t.id) == LEAK]
+        if not leaking:
+            continue
+        trial = leaking[0]
+        first, second = trial.probes[0].partition, trial.probes[2].partition
+        passing = [t.full_blocks for t in plan.trials
+                   if t.dimension == dimension and (t.first, t.second, t.case, t.variant) ==
+                   (trial.first, trial.second, trial.case, trial.variant)
+                   and judged.get(t.id) == "pass" and t.full_blocks < trial.full_blocks]  # fmt: skip
+        lo, hi = max(passing, default=0), trial.full_blocks
+        progress(f"minimizing the first leak of {dimension}: {trial.first} -> {trial.second}, {hi} blocks")
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            leaked = attempt(trial, first, second, mid)
+            if leaked is None:
+                break
+            lo, hi = (lo, mid) if leaked else (mid, hi)
+        both_salted = first.cache_salt is not None and second.cache_salt is not None
+        simple = SIMPLE_SALTS.get(trial.case)
+        if simple is None and both_salted and trial.dimension != "salt-variant":  # salt x adapter: same kind
+            simple = SIMPLE_SALTS[""] if first.cache_salt != second.cache_salt else ("a", "a")
+        if simple and both_salted and (first.cache_salt, second.cache_salt) != simple:
+            attempt(trial, _simpler(first, simple[0]), _simpler(second, simple[1]), hi)
+    return new_trials, new_results
 
 
 def _version(client: Client) -> str | None:
@@ -241,8 +472,9 @@ def _version(client: Client) -> str | None:
 def _check(
     client: Client, options: IsolationOptions, setup: _Setup, events_endpoint: str | None, mode: str, progress: Progress
 ) -> IsolationRecord:
-    """Plan, probe, collect: the part both modes share."""
-    served = client.served_models()
+    """Plan, probe, minimize, collect: the part both modes share."""
+    models = client.models()
+    served = tuple(str(m.get("id")) for m in models)
     base = options.base_model or (served[0] if served else None)
     if base is None:
         raise UsageError("the endpoint serves no model (/v1/models is empty)", where=client.base_url)
@@ -250,26 +482,49 @@ def _check(
     missing = [a for a in setup.adapters if a not in served]
     if missing and not setup.can_load_adapters:
         raise UsageError(f"adapter {missing[0]!r} is not served (served: {', '.join(served)})", where="--adapter")
+    metrics_status, metrics = client.metrics_fetch()
+    cache_config = parse_cache_config(metrics)
     block_size = options.block_size or discover_block_size(client)
+    max_model_len = next((m.get("max_model_len") for m in models if m.get("id") == base), None)
+    max_model_len = max_model_len if isinstance(max_model_len, int) else None
+    limits = _limits(block_size, max_model_len, cache_config, options.budget_requests)
     run_id = new_run_id(options.seed)
-    partitions, skipped = _partitions(setup, options, run_id)
-    plan = plan_trials(partitions, PlanOptions(block_size, repeats=options.repeats, seed=options.seed), run_id)
-    progress(f"{len(plan.trials)} trials, {len(plan.probes)} probes; block size {block_size}")
+    partitions, skipped = _partitions(setup, options, run_id, limits)
+    reserve = 0 if options.budget_requests is None or not options.minimize else min(
+        MINIMIZE_RESERVE, options.budget_requests // 10)  # fmt: skip
+    search_budget = None if options.budget_requests is None else options.budget_requests - reserve
+    plan = plan_trials(partitions, PlanOptions(block_size, repeats=options.repeats, seed=options.seed), run_id,
+                       budget_requests=search_budget)  # fmt: skip
+    plan = dataclasses.replace(plan, budget_requests=options.budget_requests)
+    progress(f"{len(plan.trials)} trials, {len(plan.probes)} requests; block size {block_size}, prompts up to "
+             f"{limits.max_blocks} blocks, pool {limits.pool_blocks or '?'} blocks")  # fmt: skip
+    started = time.monotonic()
+    loaded: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="kvtool-iso-events-") as folder:
         capture = _Capture(events_endpoint, Path(folder)) if events_endpoint else None
         if capture is not None:
             capture.start()
+        last = None
         try:
             results = _run_probes(client, plan, with_events=capture is not None, hidden_size=setup.hidden_size,
-                                  progress=progress)  # fmt: skip
-        finally:
+                                  progress=progress, loaded=loaded)  # fmt: skip
+            if options.minimize:
+                left = None if options.budget_requests is None else options.budget_requests - len(results)
+                extra_trials, extra = _minimize(client, plan, results, options, setup, capture is not None, left,
+                                                progress, loaded)  # fmt: skip
+                plan = dataclasses.replace(plan, trials=plan.trials + tuple(extra_trials))
+                results = results + tuple(extra)
             last = plan.probes[-1].session_id if plan.probes else None
+        finally:
             rows = capture.rows(last) if capture is not None else None
+    seconds = round(time.monotonic() - started, 1)
+    progress(f"{len(results)} requests in {seconds:g} s")
     events = None
     if rows is not None:
         sessions = {p.session_id for p in plan.probes}
-        events = tuple(keep_event(r) for r in rows if r.get("session_id") in sessions or r.get("type") != "BlockStored")
-    engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note)
+        events = relevant_events(rows, sessions)
+    engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note,
+                        cache_config, metrics_status, seconds)  # fmt: skip
     # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)
     return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped))
 
@@ -297,7 +552,10 @@ def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tup
         for name, key in zip(names, "ab"):
             client.load_adapter(name, str(paths[key]), in_place=False)
         v2 = write_random_adapter(folder / "v2", shape, str(model_dir), 7)
-        setup = _Setup(names, (str(paths["v"]), str(v2)), shape.hidden_size, can_load_adapters=True)
+        config = (model_dir / "config.json").read_text(encoding="utf-8")
+        multimodal = any(k in config for k in ('"vision_config"', '"audio_config"'))
+        setup = _Setup(names, (str(paths["v"]), str(v2)), shape.hidden_size, can_load_adapters=True,
+                       multimodal=multimodal)  # fmt: skip
         yield client, setup, f"tcp://127.0.0.1:{events_port}"
 
 

@@ -39,6 +39,9 @@ _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', 
 class EndpointError(KvtoolError):
     """The endpoint answered something the check cannot use (exit 2)."""
 
+    status: int | None = None  # the HTTP status, when the endpoint answered one
+    answer: str = ""  # the endpoint's message, keys masked
+
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
@@ -148,16 +151,30 @@ class Client:
     def get_json(self, path: str) -> Any:
         status, text = self._request("GET", path)
         if status != 200:
-            raise EndpointError(f"GET {path} answered HTTP {status}: {self._quote(text)}", where=self.base_url)
+            tip = None
+            if status in (401, 403):
+                tip = (
+                    "give the server's API key with --key (or KVTOOL_API_KEY); tenants' keys go in --api-key TENANT=KEY"
+                )
+            raise EndpointError(f"GET {path} answered HTTP {status}: {self._quote(text)}", where=self.base_url, tip=tip)
         return _parse_json(text, path, (self.api_key,))
 
     def served_models(self) -> tuple[str, ...]:
-        return tuple(str(m.get("id")) for m in self.get_json("/v1/models").get("data", []))
+        return tuple(str(m.get("id")) for m in self.models())
+
+    def models(self) -> list[dict[str, Any]]:
+        """/v1/models' entries (vLLM's carry ``max_model_len``)."""
+        data = self.get_json("/v1/models").get("data", [])
+        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+    def metrics_fetch(self) -> tuple[int, str]:
+        """The HTTP status of /metrics and its text ("" unless 200)."""
+        status, text = self._request("GET", "/metrics")
+        return status, (text if status == 200 else "")
 
     def metrics_text(self) -> str:
         """/metrics as Prometheus text ("" when the endpoint has none)."""
-        status, text = self._request("GET", "/metrics")
-        return text if status == 200 else ""
+        return self.metrics_fetch()[1]
 
     def counters(self) -> PrefixCounters:
         """Prefix-cache counters from /metrics; None values where absent."""
@@ -183,12 +200,15 @@ class Client:
         status, text = self._request("POST", "/v1/completions", body, probe.partition.api_key)
         latency = time.perf_counter() - start
         if status != 200:
-            raise EndpointError(
+            error = EndpointError(
                 f"probe {probe.index} ({probe.trial} {probe.role}, {probe.partition.label}) answered HTTP {status}: "
                 f"{self._quote(text, probe.partition.api_key)}",
                 where=self.base_url,
                 tip=_status_tip(status, text),  # fixed texts: never quotes the answer
             )
+            error.status = status
+            error.answer = self._quote(text, probe.partition.api_key)
+            raise error
         usage = _parse_json(text, "/v1/completions", (probe.partition.api_key, self.api_key)).get("usage") or {}
         details = usage.get("prompt_tokens_details")
         if not isinstance(details, dict) or not isinstance(details.get("cached_tokens"), int):
@@ -237,6 +257,16 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
             continue
         totals[name] = totals.get(name, 0.0) + value
     return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS))
+
+
+_CACHE_INFO_LINE = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_cache_config(text: str) -> dict[str, str] | None:
+    """The labels of vLLM's ``vllm:cache_config_info`` (block_size, enable_prefix_caching, num_gpu_blocks, ...)."""
+    match = _CACHE_INFO_LINE.search(text)
+    return dict(_LABEL.findall(match.group(1))) if match else None
 
 
 def parse_block_size(text: str) -> int | None:

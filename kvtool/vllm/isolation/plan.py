@@ -24,15 +24,25 @@ from __future__ import annotations
 import dataclasses
 import random
 
-DIMENSIONS = ("salt", "adapter", "adapter-version", "embeddings", "cross")
+DIMENSIONS = (
+    "salt", "adapter", "adapter-version", "embeddings", "cross",
+    "salt-variant", "length", "salt-adapter", "salt-embeds", "eviction", "multimodal",
+)  # fmt: skip
 DIMENSION_TITLES = {
     "salt": "Tenants (cache_salt)",
     "adapter": "LoRA adapters",
     "adapter-version": "Adapter versions",
     "embeddings": "Prompt embeddings",
     "cross": "Cross (LoRA name = salt)",
+    "salt-variant": "Salt variants",
+    "length": "Prompt lengths",
+    "salt-adapter": "Salt x adapter",
+    "salt-embeds": "Salt x embeddings",
+    "eviction": "After evictions",
+    "multimodal": "Salt x multimodal",
 }
 ROLES = ("prime", "control", "victim")
+FILLER = "filler"  # role of the requests that push the prime's pool into evicting (eviction dimension)
 VARIANTS = ("exact", "prefix")
 MIN_FULL_BLOCKS = 4  # the issue: at least four full blocks plus a partial one
 PREFIX_BLOCKS = 2  # blocks the prefix variant shares between prime, control and victim
@@ -75,6 +85,10 @@ class Trial:
     second: str  # partition label of the victim
     repeat: int
     probes: tuple[Probe, Probe, Probe]
+    full_blocks: int = MIN_FULL_BLOCKS  # full blocks of the prime (the search varies it; older records: 4)
+    case: str = ""  # what the pair varies, e.g. "case" or "nfc-nfd" for salt variants; "" for the plain pairs
+    stage: str = "search"  # search | minimize (a follow-up that shrinks the first leaking case)
+    fillers: tuple[Probe, ...] = ()  # sent before the prime: fresh prompts that make the pool evict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +106,12 @@ class Plan:
     partial_tokens: int  # tokens of the last, partial block
     run_id: str  # random hex that prefixes session ids and generated salts
     trials: tuple[Trial, ...]
+    budget_requests: int | None = None  # the --budget the plan was cut to (None: no bound)
+    not_covered: tuple[str, ...] = ()  # what the plan would have sent past the budget, per dimension
 
     @property
     def probes(self) -> tuple[Probe, ...]:
-        return tuple(p for t in self.trials for p in t.probes)
+        return tuple(p for t in self.trials for p in (*t.fillers, *t.probes))
 
     @property
     def prompt_tokens(self) -> int:
@@ -109,6 +125,13 @@ class DimensionPartitions:
     dimension: str
     pairs: tuple[tuple[Partition, Partition], ...]
     kind: str = "tokens"
+    variants: tuple[str, ...] = VARIANTS
+    lengths: tuple[int, ...] = (MIN_FULL_BLOCKS,)  # full blocks of each trial's prime
+    cases: tuple[str, ...] = ()  # per pair: what it varies ("" for all when empty)
+    same_content: bool = False  # embeddings: the victim sends the prime's rows (the partition is not the content)
+    filler_blocks: int = 0  # eviction: blocks of fresh filler sent before each prime (more than the pool holds)
+    filler_prompt_blocks: int = 0  # full blocks per filler request
+    one_order: bool = False  # only (a, b), not also (b, a): minimization steps
 
 
 class _Seeds:
@@ -128,59 +151,108 @@ class _Seeds:
         return tuple(out)
 
 
-def _trial_prompts(seeds: _Seeds, variant: str, kind: str, full_blocks: int) -> tuple[tuple[int, ...], ...]:
+def _trial_prompts(
+    seeds: _Seeds, variant: str, kind: str, full_blocks: int, same_content: bool = False
+) -> tuple[tuple[int, ...], ...]:
     """Block seeds of prime, control and victim (each ``full_blocks`` + 1 long)."""
     n = full_blocks + 1
     prime = seeds.take(n)
     if variant == "exact":
-        victim = prime if kind == "tokens" else seeds.take(n)
+        victim = prime if (kind == "tokens" or same_content) else seeds.take(n)
         return prime, prime, victim
-    head = prime[:PREFIX_BLOCKS]
-    return prime, head + seeds.take(n - PREFIX_BLOCKS), head + seeds.take(n - PREFIX_BLOCKS)
+    head = prime[: prefix_blocks(full_blocks)]
+    tail = n - len(head)
+    return prime, head + seeds.take(tail), head + seeds.take(tail)
 
 
-def _expected(variant: str, kind: str, role: str, full_blocks: int, block_size: int) -> int:
+def prefix_blocks(full_blocks: int) -> int:
+    """Blocks the prefix variant shares: two, or one for a prime of two full blocks or fewer."""
+    return min(PREFIX_BLOCKS, max(1, full_blocks - 1))
+
+
+def _expected(variant: str, kind: str, role: str, full_blocks: int, block_size: int, same_content: bool = False) -> int:
     """Cached tokens a correct engine reports (vLLM caches full blocks only and always recomputes the last token,
     so a prompt of ``full_blocks`` full blocks plus a partial one can reuse at most ``full_blocks`` blocks)."""
-    shared_blocks = full_blocks if variant == "exact" else PREFIX_BLOCKS
+    shared_blocks = full_blocks if variant == "exact" else prefix_blocks(full_blocks)
     if role == "prime":
         return 0
     if role == "control":
         return shared_blocks * block_size
     # victim: nothing for another partition; embeddings share exactly the blocks whose rows are equal
-    return PREFIX_BLOCKS * block_size if (kind == "embeds" and variant == "prefix") else 0
+    return (
+        prefix_blocks(full_blocks) * block_size
+        if (kind == "embeds" and variant == "prefix" and not same_content)
+        else 0
+    )
 
 
-def plan_trials(partitions: tuple[DimensionPartitions, ...], options: PlanOptions, run_id: str) -> Plan:
-    """Every trial, in the order they run: dimension by dimension, pair by pair, both orders, both variants."""
+def trial_requests(trial: Trial) -> int:
+    return len(trial.fillers) + len(trial.probes)
+
+
+def plan_trials(
+    partitions: tuple[DimensionPartitions, ...],
+    options: PlanOptions,
+    run_id: str,
+    *,
+    budget_requests: int | None = None,
+    stage: str = "search",
+    first_index: int = 0,
+) -> Plan:
+    """Every trial, in the order they run.  Coverage first: the first repeat of every dimension (each pair, both
+    orders, each variant and length) before any second repeat, so a ``budget_requests`` cut drops repeats and the
+    last dimensions' tails first; what the budget left out is listed in ``Plan.not_covered``."""
     rng = random.Random(options.seed)
     seeds = _Seeds(rng)
     partial = max(1, options.block_size // 2)
+    shapes: list[tuple[DimensionPartitions, int, Partition, Partition, str, int, str]] = []
+    for repeat in range(options.repeats):
+        for group in partitions:
+            cases = group.cases or ("",) * len(group.pairs)
+            for length in group.lengths:
+                for (a, b), case in zip(group.pairs, cases):
+                    for first, second in ((a, b),) if group.one_order else ((a, b), (b, a)):
+                        for variant in group.variants:
+                            shapes.append((group, repeat, first, second, variant, length, case))
+    # trials that fill the pool run last, after every repeat: whatever they evict cannot disturb the others
+    shapes.sort(key=lambda shape: shape[0].filler_blocks > 0)
     trials: list[Trial] = []
-    index = 0
-    for group in partitions:
-        number = 0
-        for repeat in range(options.repeats):
-            for a, b in group.pairs:
-                for first, second in ((a, b), (b, a)):
-                    for variant in VARIANTS:
-                        trial_id = f"{group.dimension}/{number}"
-                        prompts = _trial_prompts(seeds, variant, group.kind, options.full_blocks)
-                        probes = []
-                        for role, partition, block_seeds in zip(ROLES, (first, first, second), prompts):
-                            expected = _expected(variant, group.kind, role, options.full_blocks, options.block_size)
-                            session = f"kvtool-iso-{run_id}-{index}"
-                            probes.append(
-                                Probe(index, group.dimension, trial_id, role, partition, group.kind, block_seeds,
-                                      expected, session)
-                            )  # fmt: skip
-                            index += 1
-                        trials.append(
-                            Trial(trial_id, group.dimension, variant, first.label, second.label, repeat,
-                                  (probes[0], probes[1], probes[2]))
-                        )  # fmt: skip
-                        number += 1
-    return Plan(options.block_size, options.full_blocks, partial, run_id, tuple(trials))
+    dropped: dict[str, int] = {}
+    numbers: dict[str, int] = {}
+    index, sent = first_index, 0
+    for group, repeat, first, second, variant, length, case in shapes:
+        n_fill = -(-group.filler_blocks // group.filler_prompt_blocks) if group.filler_blocks else 0
+        cost = 3 + n_fill
+        if budget_requests is not None and sent + cost > budget_requests:
+            dropped[group.dimension] = dropped.get(group.dimension, 0) + 1
+            continue
+        sent += cost
+        number = numbers.get(group.dimension, 0)
+        numbers[group.dimension] = number + 1
+        trial_id = (
+            f"{group.dimension}/{number}" if stage == "search" else f"{group.dimension}/{stage}{first_index}-{number}"
+        )
+        fillers = []
+        for _ in range(n_fill):
+            fill_seeds = seeds.take(group.filler_prompt_blocks + 1)
+            fillers.append(Probe(index, group.dimension, trial_id, FILLER, Partition("filler"), "tokens", fill_seeds, -1,
+                                 f"kvtool-iso-{run_id}-{index}"))  # fmt: skip
+            index += 1
+        prompts = _trial_prompts(seeds, variant, group.kind, length, group.same_content)
+        probes = []
+        for role, partition, block_seeds in zip(ROLES, (first, first, second), prompts):
+            expected = _expected(variant, group.kind, role, length, options.block_size, group.same_content)
+            session = f"kvtool-iso-{run_id}-{index}"
+            probes.append(
+                Probe(index, group.dimension, trial_id, role, partition, group.kind, block_seeds, expected, session)
+            )
+            index += 1
+        trials.append(
+            Trial(trial_id, group.dimension, variant, first.label, second.label, repeat,
+                  (probes[0], probes[1], probes[2]), length, case, stage, tuple(fillers))
+        )  # fmt: skip
+    not_covered = tuple(f"{d}: {n} trials past the budget" for d, n in dropped.items())
+    return Plan(options.block_size, options.full_blocks, partial, run_id, tuple(trials), budget_requests, not_covered)
 
 
 def new_run_id(seed: int | None = None) -> str:

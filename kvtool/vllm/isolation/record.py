@@ -38,6 +38,9 @@ class EngineInfo:
     version: str | None  # what /version answered, when it did
     events_endpoint: str | None  # the ZMQ KV-event endpoint captured, None when events were not captured
     note: str | None = None  # free text (the tests name the deliberately broken engines here)
+    cache_config: dict[str, str] | None = None  # the labels of vllm:cache_config_info (None: not in /metrics)
+    metrics_status: int | None = None  # the HTTP status /metrics answered (None: older records)
+    search_seconds: float | None = None  # wall time of the probes (search and minimization)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class ProbeResult:
     hits_before: float | None
     queries_after: float | None
     hits_after: float | None
+    error: str | None = None  # the engine refused the request (HTTP 4xx, e.g. an empty salt); nothing was cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,26 @@ def keep_event(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in EVENT_FIELDS if k in row}
 
 
+def relevant_events(rows: list[dict[str, Any]], sessions: set[str]) -> tuple[dict[str, Any], ...]:
+    """The rows the verdicts read: BlockStored of the run's sessions, BlockRemoved trimmed to the hashes those
+    published (the filler requests that make the pool evict remove thousands of others), AllBlocksCleared."""
+    stored = [r for r in rows if r.get("type") == "BlockStored" and r.get("session_id") in sessions]
+    published = {h for r in stored for h in (r.get("block_hashes") or [])}
+    out = []
+    for row in rows:
+        kind = row.get("type")
+        if kind == "BlockStored":
+            if row.get("session_id") in sessions:
+                out.append(keep_event(row))
+        elif kind == "BlockRemoved":
+            hashes = [h for h in (row.get("block_hashes") or []) if h in published]
+            if hashes:
+                out.append(dict(keep_event(row), block_hashes=hashes))
+        else:
+            out.append(keep_event(row))
+    return tuple(out)
+
+
 class _KeyLabels:
     """``key#1``, ``key#2``, ...: one label per distinct API key, in the order the keys first appear.
 
@@ -93,7 +117,8 @@ class _KeyLabels:
 
     def trial(self, trial: Trial) -> Trial:
         prime, control, victim = (self.probe(p) for p in trial.probes)
-        return dataclasses.replace(trial, probes=(prime, control, victim))
+        fillers = tuple(self.probe(p) for p in trial.fillers)
+        return dataclasses.replace(trial, probes=(prime, control, victim), fillers=fillers)
 
 
 def redact_keys(record: IsolationRecord) -> IsolationRecord:
@@ -140,8 +165,10 @@ def _plan(obj: dict[str, Any]) -> Plan:
         probes = tuple(_probe(p) for p in t["probes"])
         if len(probes) != 3:
             raise ValueError("a trial has three probes")
-        trials.append(Trial(**dict(t, probes=probes)))
-    return Plan(obj["block_size"], obj["full_blocks"], obj["partial_tokens"], obj["run_id"], tuple(trials))
+        fillers = tuple(_probe(p) for p in t.get("fillers", ()))
+        trials.append(Trial(**dict(t, probes=probes, fillers=fillers)))
+    return Plan(obj["block_size"], obj["full_blocks"], obj["partial_tokens"], obj["run_id"], tuple(trials),
+                obj.get("budget_requests"), tuple(obj.get("not_covered", ())))  # fmt: skip
 
 
 def _index(probe: Any) -> int:
@@ -170,9 +197,16 @@ def record_from_json(obj: Any) -> IsolationRecord:
 def read_record(path: Path) -> IsolationRecord:
     """A record written by ``--record``; errors name the file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputFileError(f"cannot read the record: {err.strerror or err}", where=str(path)) from None
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":  # a gzipped record (the larger fixtures under tests/data/isolation/)
+            import gzip
+
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise InputFileError(
+            f"cannot read the record: {getattr(err, 'strerror', None) or err}", where=str(path)
+        ) from None
     try:
         return record_from_json(loads_bounded(text, str(path)))
     except (ValueError, KeyError, TypeError) as err:
