@@ -395,11 +395,11 @@ def judge_dimension(
     misses = [r.latency_s for r in results if r.probe.role == "prime" and r.cached_tokens == 0 and not r.error
               and r.probe.trial in search_ids]  # fmt: skip
     timing = timing_channel(hits, misses)
-    verdict = _combine(t.verdict for t in trials)
+    outcome = _combine(t.verdict for t in trials)
     evidence = _dimension_evidence(search, results, events, timing)
-    minimal = _minimal(trials, results) if verdict == LEAK else None
+    minimal = _minimal(trials, results) if outcome == LEAK else None
     return DimensionResult(
-        dimension, DIMENSION_TITLES[dimension], verdict, len(search), _controls_shared(search),
+        dimension, DIMENSION_TITLES[dimension], outcome, len(search), _controls_shared(search),
         _victims_reused(search), _rows(trials), evidence, timing, None, tuple(trials), minimal,
         _coverage(search, trials_by_id),
     )  # fmt: skip
