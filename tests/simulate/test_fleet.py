@@ -178,6 +178,35 @@ def test_precise_knows_evictions_the_tree_does_not():
     assert tree.best_hit_blocks[2] == 0
 
 
+def test_precise_starves_replicas_without_the_shared_system_prompt():
+    # Why precise hits less than prefix-aware on the Mooncake conversation trace (docs/fleet.md, "Precise below
+    # prefix-aware").  Block 4, 3 replicas of 13 blocks (12 usable), 1 output each (a request ends in its prefill
+    # step), arrivals 10 s apart, so every load is 0 at routing and the guard never fires.  Every prompt starts with
+    # the same 8-token system prompt S (2 blocks) + 24 own tokens (8 blocks in all); A2 is A's next turn (A + 8).
+    # Precise: A -> r0 (no hit anywhere, loads 0, 0, 0).  B, C: r0 holds S (2 blocks), r1 and r2 nothing: the longest
+    # real prefix is r0's -> r0.  r0's 12 blocks: A freed 8 cached (tail first in the LRU); B hits S and takes 4 plain
+    # + A's last 2; C takes A's other 4 + B's last 2; so A2 finds S only on r0 (2 blocks, 8 tokens; r1, r2 0) -> r0,
+    # and allocates 8 blocks (8 evictions: 2 + 6 + 8 = 16).  r1 and r2 are never used.
+    # Prefix-aware: A -> r0 (tree 8).  B matches S: 8 / 32 = 0.25 <= 0.3 -> the smallest tree, r1; C -> r2.  A2
+    # matches r0's 8 blocks: 32 / 40 > 0.3 -> r0, which still holds all of A: a hit of 8 blocks (32 tokens,
+    # (40 - 1) // 4 = 9 allowed).  Hits: precise 24 tokens, prefix-aware 32, with no regret for precise.
+    S = list(range(1000, 1008))
+    A, B, C = S + list(range(24)), S + list(range(100, 124)), S + list(range(200, 224))
+    prompts = [_tok(A), _tok(B), _tok(C), _tok(A + list(range(300, 308)))]
+    args = (prompts, [1] * 4, [0, 10, 20, 30])
+    for abs_threshold in (64, 0):  # loads are all 0 at routing: no threshold makes the guard fire
+        settings = RouterSettings("precise", balance_abs_threshold=abs_threshold)
+        precise = run_fleet(_replicas(3, blocks=13), *args, settings)
+        assert precise.replica_of == [0, 0, 0, 0]
+        assert precise.per_request("num_cached_tokens") == [0, 8, 8, 8]
+        assert precise.best_hit_blocks == precise.chosen_hit_blocks == [0, 2, 2, 2]
+        assert [r.evictions for r in precise.runs] == [16, 0, 0]
+    tree = run_fleet(_replicas(3, blocks=13), *args, RouterSettings("prefix-aware"))
+    assert tree.replica_of == [0, 1, 2, 0]
+    assert tree.per_request("num_cached_tokens") == [0, 0, 0, 32]
+    assert [r.evictions for r in tree.runs] == [0, 0, 0]
+
+
 # ------------------------------------------------------------------------------------ the infinite-cache bound
 def _few_lines_bound(path: Path) -> float:
     """One infinite prefix cache over Mooncake's 512-token hash ids, in arrival order: a request hits its leading

@@ -17,6 +17,8 @@ Five policies (docs/fleet.md has the long form and the sources):
 - ``precise`` (KV-aware): the replicas' real cached block hashes, as llm-d's KV-cache indexer keeps them from vLLM's
   KV events (and SGLang's event-driven cache-aware mode): the replica whose prefix cache holds the longest prefix of
   the request now, ties to the least loaded; no hit anywhere, or imbalanced loads (the rule above): the least loaded.
+  Any match wins, however small a share of the prompt: when every prompt shares a system prompt, a replica that
+  does not hold it never wins (docs/fleet.md, "Precise below prefix-aware").
 
 A router reads the replicas' state through :class:`FleetView` (``needs_state``): the fleet then brings every replica
 to the arrival's time before asking.
