@@ -10,33 +10,21 @@ requests without a key pass through unchanged (the operator's own traffic, with 
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.local_http import LocalHttpServer
 
 THIRD_TENANT_SHARES = {"k1": "tenant-salt-1", "k2": "tenant-salt-2", "k3": "tenant-salt-1"}  # the planted defect
 CORRECT = {"k1": "tenant-salt-1", "k2": "tenant-salt-2", "k3": "tenant-salt-3"}
 
 
-class SaltGateway:
+class SaltGateway(LocalHttpServer):
     def __init__(self, upstream: str, key_salts: dict[str, str], port: int = 0):
         self.upstream = upstream.rstrip("/")
         self.key_salts = key_salts
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(self._handler(), port)
 
     def _handler(self):
         gateway = self

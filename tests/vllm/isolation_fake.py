@@ -20,14 +20,15 @@ import base64
 import hashlib
 import io
 import json
-import threading
 from collections import OrderedDict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.local_http import LocalHttpServer
 
 BLOCK = 16
 
 
-class FakeVllm:
+class FakeVllm(LocalHttpServer):
     def __init__(
         self,
         *,
@@ -59,20 +60,7 @@ class FakeVllm:
         self.adapters = {name: f"/adapters/{name}" for name in adapters}
         self.cache: OrderedDict[bytes, None] = OrderedDict()  # LRU, at most pool_blocks
         self.queries = self.hits = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(self._handler())
 
     def hashes(self, body: dict) -> tuple[list[bytes], int]:
         if "prompt_embeds" in body:
