@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_live_engine import BLOCK_SIZE, BYTES_PER_TOKEN, build_model  # same folder (run as a script)
+from vllm_tiny import BLOCK_SIZE, BYTES_PER_TOKEN, build_model  # same folder (run as a script)
 
 
 def main() -> int:

@@ -57,6 +57,7 @@ def live_run(tmp_path: Path, phases: str) -> tuple[Path, list[dict], dict]:
             text=True,
             timeout=900,
         )
+        assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-3000:]
         out, _ = watch.communicate(timeout=60)  # it ends by itself once the recording closes
     finally:
         if watch.poll() is None:
