@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from kvtool.cli.options import JsonOpt, path_option
+from kvtool.cli.options import JsonOpt, path_option, scheduler_option, workers_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.core.errors import CheckFailed, UsageError
@@ -73,12 +73,8 @@ def register(app: typer.Typer) -> None:
             needs=("matplotlib", "kvtool analyze --plot"),
             help="Write four PNG charts into this directory (a fleet: one folder per worst pool).",
         ),
-        workers: Optional[int] = typer.Option(
-            None, "--workers", help="Several files: run them on a local Dask cluster of N worker processes."
-        ),
-        scheduler: Optional[str] = typer.Option(
-            None, "--scheduler", help="Several files: run them on the Dask cluster at this address (tcp://host:8786)."
-        ),
+        workers: Optional[int] = workers_option("Several files: run them"),
+        scheduler: Optional[str] = scheduler_option("Several files: run them"),
         strict: bool = typer.Option(
             False,
             "--strict",

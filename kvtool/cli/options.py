@@ -24,6 +24,29 @@ def json_option(rich_help_panel: str | None = None) -> Any:
 
 
 JsonOpt = Annotated[bool, json_option()]
+
+
+def workers_option(what: str, rich_help_panel: str | None = None) -> Any:
+    """``--workers N``: ``what`` ("Several files: run them", "--sweep: run the points") on a local Dask cluster
+    (kvtool.core.dask_map; analyze and simulate --sweep)."""
+    return typer.Option(
+        None,
+        "--workers",
+        help=f"{what} on a local Dask cluster of N worker processes.",
+        rich_help_panel=rich_help_panel,
+    )
+
+
+def scheduler_option(what: str, rich_help_panel: str | None = None) -> Any:
+    """``--scheduler ADDRESS``: ``what`` on an existing Dask cluster."""
+    return typer.Option(
+        None,
+        "--scheduler",
+        help=f"{what} on the Dask cluster at this address (tcp://host:8786).",
+        rich_help_panel=rich_help_panel,
+    )
+
+
 ProfilesOpt = Annotated[Optional[list[str]], typer.Option("--profiles", help=PROFILES_HELP, show_default=False)]
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvtool.cli.options import PROFILES_HELP, json_option, path_option
+from kvtool.cli.options import PROFILES_HELP, json_option, path_option, scheduler_option, workers_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
@@ -314,18 +314,8 @@ def register(app: typer.Typer) -> None:
             "max_num_seqs=...': one fleet run per point and a recommendation.",
             rich_help_panel=_FLEET,
         ),
-        workers: Optional[int] = typer.Option(
-            None,
-            "--workers",
-            help="--sweep: run the points on a local Dask cluster of N worker processes.",
-            rich_help_panel=_FLEET,
-        ),
-        scheduler: Optional[str] = typer.Option(
-            None,
-            "--scheduler",
-            help="--sweep: run the points on the Dask cluster at this address (tcp://host:8786).",
-            rich_help_panel=_FLEET,
-        ),
+        workers: Optional[int] = workers_option("--sweep: run the points", _FLEET),
+        scheduler: Optional[str] = scheduler_option("--sweep: run the points", _FLEET),
         engine: str = typer.Option(
             "vllm",
             "--engine",
