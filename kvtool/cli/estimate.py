@@ -467,9 +467,11 @@ def estimate_command(
     for name in ("verbose", "ctx", "vllm_line"):  # how much to print, the click context, the line: not the request
         given.pop(name)
     line_warnings: tuple[str, ...] = ()
-    from kvtool.estimate.sglang.args import is_sglang_line
+    sglang_line = False
+    if vllm_line:  # the launch-line readers only for a line after --
+        from kvtool.estimate.sglang.args import is_sglang_line
 
-    sglang_line = vllm_line is not None and bool(vllm_line) and is_sglang_line(_line_words(vllm_line))
+        sglang_line = is_sglang_line(_line_words(vllm_line))
     if vllm_line:
         given, line_warnings = _with_vllm_line(given, vllm_line, ctx)
     engines = _engines(engine, sglang_line, ctx)
