@@ -165,8 +165,14 @@ class RadixCache:
             node = node.parent
         return delta
 
+    @property
+    def size(self) -> int:
+        """Tokens held by the tree, kept as SGLang keeps them: every node is either locked (protected) or not
+        (evictable), so their sum is what :meth:`total_size` counts by walking the tree (the tests hold the two equal)."""
+        return self.evictable_size + self.protected_size
+
     def total_size(self) -> int:
-        """Tokens held by the tree (``total_size``)."""
+        """Tokens held by the tree (``total_size``), by walking it."""
         total, stack = 0, [self.root]
         while stack:
             node = stack.pop()
