@@ -289,13 +289,29 @@ class SglangEngine:
         else:
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         batch = _Batch()
+        page = self.c.page_size
         for req in self.running:
-            batch.add(len(req.prompt) + len(req.output) - 1, 1, self.c.page_size)  # the last sampled token is fed
+            batch.add(len(req.prompt) + len(req.output) - 1, 1, page)  # the last sampled token is fed
         self._run_step(batch, len(self.running))
+        self._alloc_decode()
         for req in self.running:
             req.output.append(self._next_token())
-            self._alloc(req, 1)
+            req.owned += 1
         self._finish_done()
+
+    def _alloc_decode(self) -> None:
+        """One token for every running request: what ``_alloc(req, 1)`` request by request does, at once.  The
+        evictions are the same (each call pops LRU leaves until its shortfall is covered, and the next calls use
+        what is left: one call for the whole shortfall pops the same leaves), and so is the peak: a pool short of
+        room fills up to the last token before the first eviction."""
+        need = len(self.running)
+        available = self.available()
+        if need > available:
+            if available > 0:
+                self.peak = max(self.peak, self.c.pool_tokens)
+            self.evicted += self.tree.evict(need - available)[0]
+        self.owned_tokens += need
+        self.peak = max(self.peak, self.used())
 
     def _run_step(self, batch: _Batch, requests: int) -> None:
         """The step's time by the cost model (none without one): the clock moves to the step's end."""
