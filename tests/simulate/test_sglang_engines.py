@@ -92,7 +92,9 @@ def test_idle_engine_waits_for_the_next_arrival():
     assert r.first_cached_prompt_tokens == 99
     assert r.ttft_p50_s == pytest.approx((3.000012928e-3 + 2.01e-3) / 2, rel=1e-12)  # median of two
     assert r.span_s == pytest.approx(1.0 + 2.01e-3 + 2.0101e-3 + 2.0102e-3, rel=1e-12)
-    assert r.busy_s == pytest.approx(3.000012928e-3 + 2.0101e-3 + 2.0102e-3 + 2.01e-3 + 2.0101e-3 + 2.0102e-3, rel=1e-12)
+    assert r.busy_s == pytest.approx(
+        3.000012928e-3 + 2.0101e-3 + 2.0102e-3 + 2.01e-3 + 2.0101e-3 + 2.0102e-3, rel=1e-12
+    )
 
 
 def test_prefill_batch_holds_only_the_admitted_chunks():
@@ -146,7 +148,11 @@ def test_vllm_block16_and_sglang_page1_hits_differ_as_their_units_predict(tmp_pa
     assert runs[("sglang", 1)]["prefix_hit_rate"] == pytest.approx(120 / 200)
     assert runs[("vllm", 16)]["prefix_hit_rate"] == pytest.approx(96 / 200)
     # vLLM's usable pool: 10,000 // 16 = 625 blocks less the null block, x 16; SGLang's: 10,000 in whole pages
-    assert {k: r["pool_tokens"] for k, r in runs.items()} == {("vllm", 16): 9984, ("sglang", 1): 10000, ("sglang", 16): 10000}
+    assert {k: r["pool_tokens"] for k, r in runs.items()} == {
+        ("vllm", 16): 9984,
+        ("sglang", 1): 10000,
+        ("sglang", 16): 10000,
+    }
     for r in runs.values():
         assert r["completed"] == 4 and r["preemptions"] == 0
         assert r["ttft_p50_s"] > 0 and r["tpot_p50_s"] > 0 and r["throughput_tokens_per_s"] > 0

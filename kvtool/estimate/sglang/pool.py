@@ -361,9 +361,7 @@ def _pool(
     )
 
 
-def running_requests(
-    tokens: int, context_len: int, max_running_requests: int | None, version: str
-) -> tuple[int, int]:
+def running_requests(tokens: int, context_len: int, max_running_requests: int | None, version: str) -> tuple[int, int]:
     """(max_num_reqs, max_running_requests) for a pool of ``tokens``: init_memory_pool's ReqToTokenPool size
     (``--max-running-requests``, else ``min(max(int(tokens / context_len * 512), 2048), 4096)``) and the scheduler's
     ``min(tokens // 2 or --max-running-requests, req_to_token_pool.size)`` (srt/managers/tp_worker.py)."""

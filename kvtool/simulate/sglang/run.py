@@ -105,9 +105,7 @@ def sglang_hardware(hw, cell_bytes_per_token: int, table_entry_us: float | None)
     """vLLM's resolved model and GPU (kvtool.simulate.costs.Hardware) with SGLang's KV cell and page-entry term."""
     entry = SGLANG_TABLE_ENTRY_US if table_entry_us is None else table_entry_us
     why = "--table-entry-us" if table_entry_us is not None else "SGLang: no figure calibrated for its kernels"
-    sources = [
-        s for s in hw.sources if not s.startswith("block-table entry") and not s.startswith("KV ")
-    ]
+    sources = [s for s in hw.sources if not s.startswith("block-table entry") and not s.startswith("KV ")]
     sources.append(f"KV {cell_bytes_per_token:,} B per token per GPU (SGLang's cell_size)")
     sources.append(f"page-table entry {entry:g} us ({why})")
     return dataclasses.replace(
@@ -191,7 +189,9 @@ def simulate_sglang_report(
     serving = dataclasses.replace(options, serve=True)
     hw = hardware if hardware is not None else resolve_serving_hardware(serving)
     arrivals = arrivals_for(reqs, serving)
-    prompts = token_prompts(build_prompts(reqs, options.shared_prefix_tokens, options.prefix_variant_share, options.seed))
+    prompts = token_prompts(
+        build_prompts(reqs, options.shared_prefix_tokens, options.prefix_variant_share, options.seed)
+    )
     max_new = [int(x) for x in reqs.output_tokens]
     results, setups = [], []
     shown_hw = None
@@ -242,4 +242,3 @@ def parse_page_sizes(text: str | Sequence[int] | None) -> tuple[int, ...]:
         return tuple(parse_block_sizes(text))
     except UsageError as err:
         raise UsageError(err.message.replace("block size", "page size"), where="--page-size") from None
-
