@@ -57,6 +57,17 @@ def check_engine_options(engines: tuple[str, ...], given: Mapping[str, Any]) -> 
                 where=_flag(name),
                 tip="drop it, or drop sglang from --engine",
             )
+    if engines == ("sglang",):
+        for name, value in (
+            ("long_prefill_token_threshold", given.get("long_prefill_token_threshold") or None),
+            ("slo_ttft_ms", given.get("slo_ttft_ms")),
+        ):
+            if value is not None:
+                raise UsageError(
+                    f"{_flag(name)} is vLLM's: SGLang's model does not read it",
+                    where=_flag(name),
+                    tip="drop it, or give --engine vllm,sglang (it applies to the vLLM column)",
+                )
     if given.get("prefix_cache") is False:
         raise UsageError(
             "kvtool's SGLang model always runs the radix cache (SGLang's --disable-radix-cache is not modelled)",
