@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvtool.core.format import fmt_num, fmt_pct
+from kvtool.core.format import fmt_num, fmt_pct, fmt_plural
 from kvtool.simulate.results import _s
 from kvtool.simulate.sglang.compare import EngineComparison, EngineRun
 from kvtool.simulate.sglang.run import SglangReport
@@ -84,7 +84,7 @@ ROWS: tuple[tuple[str, Callable[[EngineRun], str]], ...] = (
     ("completed", lambda r: f"{r.completed:,} of {r.requests:,}"),
     ("prefix hit (first admission)", lambda r: _pct(r.prefix_hit_rate)),
     ("cached prompt tokens", lambda r: f"{r.cached_prompt_tokens:,}"),
-    ("preemptions / retractions", lambda r: f"{r.preemptions:,} ({r.preempted_requests:,} requests)"),
+    ("preemptions / retractions", lambda r: f"{r.preemptions:,} ({fmt_plural(r.preempted_requests, 'request')})"),
     ("steps", lambda r: f"{r.steps:,}"),
     ("TTFT p50", lambda r: _s(r.ttft_p50_s)),
     ("TTFT p99", lambda r: _s(r.ttft_p99_s)),
