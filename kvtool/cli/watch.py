@@ -74,6 +74,11 @@ def register(app: typer.Typer) -> None:
         duration: Optional[float] = typer.Option(
             None, "--duration", help="Stop after this many seconds.", show_default=False
         ),
+        nice: int = typer.Option(
+            10,
+            "--nice",
+            help="Lower the watcher's own CPU priority by this many levels, so it yields to the engine (0: keep it).",
+        ),
         serve_metrics: Optional[str] = typer.Option(
             None, "--serve-metrics", help="Serve the figures to Prometheus on [HOST]:PORT.", show_default=False
         ),
@@ -149,6 +154,7 @@ def register(app: typer.Typer) -> None:
             rules=rules,
             alerts_file=alerts_file,
             duration_s=duration,
+            nice=nice,
         )
         session = WatchSession(options)
         try:
