@@ -204,6 +204,8 @@ def _live(session) -> WatchReport:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     console = stderr_console()
+    # rich draws a live screen only on a terminal (elsewhere only its last update, at the end): build it only there
+    screen = console.is_terminal and not console.is_dumb_terminal
     shown: set[tuple[str, float]] = set()
     try:
         with Live(console=console, auto_refresh=False, transient=False) as live:
@@ -214,9 +216,12 @@ def _live(session) -> WatchReport:
                     if key not in shown:
                         shown.add(key)
                         live.console.print(f"[bold red]ALERT[/] {stamp(alert.since_s)} {alert.rule}: {alert.message}")
-                live.update(render(snap, session.history), refresh=True)
+                if screen:
+                    live.update(render(snap, session.history), refresh=True)
 
-            session.run(show, stop.is_set)
+            last = session.run(show, stop.is_set)
+            if not screen:
+                live.update(render(last, session.history), refresh=True)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
