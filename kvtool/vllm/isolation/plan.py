@@ -159,7 +159,7 @@ def _trial_prompts(
     n = full_blocks + 1
     prime = seeds.take(n)
     if variant == "exact":
-        victim = prime if (kind == "tokens" or same_content) else seeds.take(n)
+        victim = prime if (kind != "embeds" or same_content) else seeds.take(n)  # images: the partition sets it
         return prime, prime, victim
     head = prime[: prefix_blocks(full_blocks)]
     tail = n - len(head)
