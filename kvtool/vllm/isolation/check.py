@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import shutil
 import tempfile
 import threading
 import time
@@ -22,6 +23,16 @@ from typing import Any
 
 from kvtool.core.errors import UsageError
 from kvtool.vllm.isolation.client import Client, EndpointError, parse_block_size, parse_cache_config
+from kvtool.vllm.isolation.multimodal import (
+    CHAT_TEMPLATE,
+    IMAGE_KIND,
+    ImageSupport,
+    config_takes_images,
+    detect_images,
+    has_chat_template,
+    image_pairs,
+    not_covered_combinations,
+)
 from kvtool.vllm.isolation.plan import (
     DIMENSIONS,
     FILLER,
@@ -168,6 +179,7 @@ class _Setup:
     hidden_size: int | None
     can_load_adapters: bool
     multimodal: bool | None = None  # the model takes images/audio (config.json); None: not known (endpoint mode)
+    model_dir: Path | None = None  # self-started: the model folder (its config.json says whether it takes images)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +205,9 @@ def _limits(block_size: int, max_model_len: int | None, cache_config: dict[str, 
 
 
 def _partitions(
-    setup: _Setup, options: IsolationOptions, run_id: str, limits: _Limits | None = None
-) -> tuple[tuple[DimensionPartitions, ...], tuple[SkippedDimension, ...]]:
+    setup: _Setup, options: IsolationOptions, run_id: str, limits: _Limits | None = None,
+    images: ImageSupport | None = None,
+) -> tuple[tuple[DimensionPartitions, ...], tuple[SkippedDimension, ...]]:  # fmt: skip
     """The partition pairs of every requested dimension, and the dimensions that cannot run here (and why)."""
     limits = limits or _Limits(16, DEFAULT_MAX_BLOCKS, None, None)
     base = Partition("base")
@@ -278,10 +291,11 @@ def _partitions(
                             Partition("salt:eb", cache_salt=f"kvtool-{run_id}-eb"))]  # fmt: skip
     add("eviction", evict_pairs, reason, variants=("exact",), filler_blocks=fill_blocks,
         filler_prompt_blocks=fill_prompt)  # fmt: skip
-    reason = "not covered: kvtool sends no image or audio inputs yet"
-    if setup.multimodal is False:  # known only when kvtool started the engine on a model folder
-        reason += " (nor does the model take any: its config.json has no vision or audio config)"
-    add("multimodal", [], reason)
+    # salt x image (x adapter, x tenant): kvtool.vllm.isolation.multimodal
+    images = images or ImageSupport(None, "not covered: the model was not probed for images")
+    mm_pairs, mm_cases = image_pairs(images, setup.adapters, tenants, run_id)
+    add("multimodal", mm_pairs, images.how + (f" ({images.fix})" if images.fix else ""), kind=IMAGE_KIND,
+        variants=("exact",), cases=mm_cases)  # fmt: skip
     return tuple(groups), tuple(skipped)
 
 
@@ -489,7 +503,14 @@ def _check(
     max_model_len = max_model_len if isinstance(max_model_len, int) else None
     limits = _limits(block_size, max_model_len, cache_config, options.budget_requests)
     run_id = new_run_id(options.seed)
-    partitions, skipped = _partitions(setup, options, run_id, limits)
+    images = None
+    if "multimodal" in options.dimensions:
+        root = setup.model_dir or next((m.get("root") for m in models if m.get("id") == base), None)
+        images = detect_images(client, config_takes_images(root) if root else None, run_id)
+        progress(f"images: {images.how}")
+    partitions, skipped = _partitions(setup, options, run_id, limits, images)
+    if images is not None:
+        images = dataclasses.replace(images, not_covered=not_covered_combinations(images, setup.adapters))
     reserve = 0 if options.budget_requests is None or not options.minimize else min(
         MINIMIZE_RESERVE, options.budget_requests // 10)  # fmt: skip
     search_budget = None if options.budget_requests is None else options.budget_requests - reserve
@@ -526,7 +547,7 @@ def _check(
     engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note,
                         cache_config, metrics_status, seconds)  # fmt: skip
     # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)
-    return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped))
+    return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped, images))
 
 
 @contextlib.contextmanager
@@ -540,10 +561,20 @@ def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tup
     shape = attention_shape(model_dir)
     python = options.vllm_python or _default_vllm_python()
     events_port = options.events_port or free_port()
+    takes_images = config_takes_images(model_dir)
+    engine_args = options.engine_args
+    scratch = Path(tempfile.mkdtemp(prefix="kvtool-iso-tmpl-"))
+    if (takes_images and takes_images[0] and not has_chat_template(model_dir)
+            and not any(a.startswith("--chat-template") for a in engine_args)):  # fmt: skip
+        # the chat API needs a template to take the image probes (kvtool.vllm.isolation.multimodal)
+        (scratch / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n", encoding="utf-8")
+        engine_args += (f"--chat-template={scratch / 'chat_template.jinja'}",)
     spec = EngineSpec(python, model_dir, options.port or free_port(), events_port, options.block_size,
-                      options.engine_args, options.startup_timeout_s)  # fmt: skip
+                      engine_args, options.startup_timeout_s)  # fmt: skip
     progress(f"starting vLLM on {model_dir} (port {spec.port}); this takes a while")
-    with Engine(spec) as engine:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, True)
+        engine = stack.enter_context(Engine(spec))
         progress(f"vLLM is up at {engine.url}")
         folder = engine.scratch / "adapters"
         paths = {n: write_random_adapter(folder / n, shape, str(model_dir), seed) for seed, n in enumerate("abv")}
@@ -552,10 +583,8 @@ def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tup
         for name, key in zip(names, "ab"):
             client.load_adapter(name, str(paths[key]), in_place=False)
         v2 = write_random_adapter(folder / "v2", shape, str(model_dir), 7)
-        config = (model_dir / "config.json").read_text(encoding="utf-8")
-        multimodal = any(k in config for k in ('"vision_config"', '"audio_config"'))
         setup = _Setup(names, (str(paths["v"]), str(v2)), shape.hidden_size, can_load_adapters=True,
-                       multimodal=multimodal)  # fmt: skip
+                       multimodal=takes_images[0] if takes_images else None, model_dir=model_dir)  # fmt: skip
         yield client, setup, f"tcp://127.0.0.1:{events_port}"
 
 

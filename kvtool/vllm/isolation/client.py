@@ -27,6 +27,7 @@ from typing import Any
 
 from kvtool.core.errors import KvtoolError, UsageError
 from kvtool.core.redact import redact_url, without_secrets
+from kvtool.vllm.isolation.multimodal import CHAT_PATH, IMAGE_KIND, chat_body
 from kvtool.vllm.isolation.plan import Plan, Probe
 
 TOKEN_LOW, TOKEN_HIGH = 10, 1000  # random prompt token ids; every real vocabulary has at least 1,000 tokens
@@ -193,11 +194,17 @@ class Client:
                 tip=tip,
             )
 
+    def post(self, path: str, body: Any, api_key: str | None = None) -> tuple[int, str]:
+        """POST a JSON body: the HTTP status and the answer (a refusal's message, keys masked)."""
+        status, text = self._request("POST", path, body, api_key)
+        return status, (text if status == 200 else self._quote(text, api_key))
+
     def complete(self, probe: Probe, plan: Plan, *, with_events: bool, hidden_size: int | None) -> Completion:
         body = completion_body(probe, plan, with_events=with_events, hidden_size=hidden_size, base=self.base_model)
+        path = CHAT_PATH if probe.kind == IMAGE_KIND else "/v1/completions"  # images: the chat API only (vLLM 0.32)
         sent = time.time()
         start = time.perf_counter()
-        status, text = self._request("POST", "/v1/completions", body, probe.partition.api_key)
+        status, text = self._request("POST", path, body, probe.partition.api_key)
         latency = time.perf_counter() - start
         if status != 200:
             error = EndpointError(
@@ -209,7 +216,7 @@ class Client:
             error.status = status
             error.answer = self._quote(text, probe.partition.api_key)
             raise error
-        usage = _parse_json(text, "/v1/completions", (probe.partition.api_key, self.api_key)).get("usage") or {}
+        usage = _parse_json(text, path, (probe.partition.api_key, self.api_key)).get("usage") or {}
         details = usage.get("prompt_tokens_details")
         if not isinstance(details, dict) or not isinstance(details.get("cached_tokens"), int):
             raise EndpointError(
@@ -227,6 +234,8 @@ def completion_body(
     probe: Probe, plan: Plan, *, with_events: bool, hidden_size: int | None, base: str
 ) -> dict[str, Any]:
     """The JSON body of one probe request."""
+    if probe.kind == IMAGE_KIND:
+        return chat_body(probe, plan, with_events=with_events, base=base)
     body: dict[str, Any] = {"model": probe.partition.model or base, "max_tokens": 1, "temperature": 0.0}
     if probe.kind == "embeds":
         if hidden_size is None:

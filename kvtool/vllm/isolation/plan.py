@@ -57,6 +57,7 @@ class Partition:
     cache_salt: str | None = None  # the request body's cache_salt
     api_key: str | None = None  # a tenant's API key (gateways that derive the salt from credentials)
     adapter_path: str | None = None  # adapter-version: the path the adapter name must point at when probed
+    image: int | None = None  # multimodal: the seed of the image every request carries (isolation.multimodal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Probe:
     trial: str  # the trial id, e.g. "salt/0" (three probes share it)
     role: str  # prime | control | victim
     partition: Partition
-    kind: str  # "tokens" or "embeds"
+    kind: str  # "tokens", "embeds" or "image" (a chat request with the partition's image, isolation.multimodal)
     block_seeds: tuple[int, ...]  # one seed per full block, then one for the partial tail
     expected_cached_tokens: int  # what a correct engine reports for this request
     session_id: str  # sent as session_id so its KV events can be told apart
@@ -158,7 +159,7 @@ def _trial_prompts(
     n = full_blocks + 1
     prime = seeds.take(n)
     if variant == "exact":
-        victim = prime if (kind == "tokens" or same_content) else seeds.take(n)
+        victim = prime if (kind != "embeds" or same_content) else seeds.take(n)  # images: the partition sets it
         return prime, prime, victim
     head = prime[: prefix_blocks(full_blocks)]
     tail = n - len(head)

@@ -21,6 +21,7 @@ from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.jsonable import to_jsonable
 from kvtool.core.jsonfile import loads_bounded
 from kvtool.core.redact import redact_url
+from kvtool.vllm.isolation.multimodal import ImageSupport
 from kvtool.vllm.isolation.plan import Partition, Plan, Probe, Trial
 
 RECORD_FORMAT = "kvtool-isolation/1"
@@ -71,6 +72,7 @@ class IsolationRecord:
     results: tuple[ProbeResult, ...]
     events: tuple[dict[str, Any], ...] | None  # KV-event rows (EVENT_FIELDS), None when not captured
     skipped: tuple[SkippedDimension, ...]
+    images: ImageSupport | None = None  # whether the model takes images, and what showed it (None: not asked)
 
 
 def keep_event(row: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +173,12 @@ def _plan(obj: dict[str, Any]) -> Plan:
                 obj.get("budget_requests"), tuple(obj.get("not_covered", ())))  # fmt: skip
 
 
+def _images(obj: Any) -> ImageSupport | None:
+    if obj is None:
+        return None
+    return ImageSupport(**dict(obj, not_covered=tuple(obj.get("not_covered", ()))))
+
+
 def _index(probe: Any) -> int:
     return int(probe["index"] if isinstance(probe, dict) else probe)
 
@@ -190,6 +198,7 @@ def record_from_json(obj: Any) -> IsolationRecord:
         results,
         events,
         tuple(SkippedDimension(**s) for s in obj.get("skipped", ())),
+        _images(obj.get("images")),
     )
     return redact_keys(record)  # a record written before keys were redacted holds them in plaintext
 

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
+from kvtool.vllm.isolation.multimodal import IMAGE_KIND, control_expected_tokens
 from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, Partition, Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 
@@ -166,7 +167,7 @@ class IsolationReport:
 
 
 def _partition_key(partition: Partition) -> tuple[Any, ...]:
-    return (partition.model, partition.cache_salt, partition.api_key, partition.adapter_path)
+    return (partition.model, partition.cache_salt, partition.api_key, partition.adapter_path, partition.image)
 
 
 class _Events:
@@ -225,6 +226,8 @@ def judge_trial(
     doubts: list[str] = []
     v_expected = victim.probe.expected_cached_tokens
     c_expected = control.probe.expected_cached_tokens
+    if control.probe.kind == IMAGE_KIND:  # the image's placeholder tokens and the tokenizer set the length
+        c_expected = control_expected_tokens(control.prompt_tokens, c_expected, block_size)
     first, second = prime.probe.partition.label, victim.probe.partition.label
     # 1. cached tokens
     if victim.cached_tokens > v_expected:
@@ -316,7 +319,7 @@ def _cross_partition_hashes(results: list[ProbeResult], events: _Events) -> int:
     """Hashes published under two different partitions (token dimensions: fresh prompts never legitimately do)."""
     owners: dict[Any, set[tuple[Any, ...]]] = defaultdict(set)
     for r in results:
-        if r.probe.kind == "tokens":
+        if r.probe.kind in ("tokens", IMAGE_KIND):  # fresh content: embeddings share rows on purpose
             for h in events.stored.get(r.probe.session_id, ()):
                 owners[h].add(_partition_key(r.probe.partition))
     return sum(1 for keys in owners.values() if len(keys) > 1)
@@ -538,6 +541,10 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
                 DimensionResult(dimension, DIMENSION_TITLES[dimension], "not run", 0, 0, 0, (), (), None,
                                 skipped[dimension], ())
             )  # fmt: skip
+    if record.images is not None:  # how the run told whether the model takes images, and what it could not send
+        dims = [dataclasses.replace(d, coverage=(record.images.how, *d.coverage, *(
+            f"not sent: {line}" for line in record.images.not_covered)))
+                if d.dimension == "multimodal" and d.skipped_reason is None else d for d in dims]  # fmt: skip
     verdict = _combine(d.verdict for d in dims if d.verdict != "not run")
     exit_code = {PASS: EXIT_OK, LEAK: EXIT_CHECK_FAILED}.get(verdict, EXIT_INCONCLUSIVE)
     n_events = None if record.events is None else len(record.events)
