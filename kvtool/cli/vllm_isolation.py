@@ -132,6 +132,11 @@ def register(app: typer.Typer) -> None:
             600.0, "--startup-timeout", help="--model mode: seconds to wait for vLLM."
         ),
         repeats: int = typer.Option(2, "--repeats", help="Trials per ordered pair and variant, each on fresh content."),
+        repeat_primes: int = typer.Option(
+            1,
+            "--repeat-primes",
+            help="Send each prime N times in a row: behind a router over N engines, every engine then holds it.",
+        ),
         budget: int = typer.Option(
             1500, "--budget", help="At most this many requests (0: no bound); the report lists what it left out."
         ),
@@ -176,6 +181,6 @@ def register(app: typer.Typer) -> None:
             hidden_size=hidden_size, block_size=block_size, events_endpoint=events, port=port,
             events_port=events_port, repeats=repeats, seed=seed, engine_args=tuple(engine_arg),
             startup_timeout_s=startup_timeout, budget_requests=budget or None, lengths=tuple(length),
-            minimize=minimize,
+            minimize=minimize, repeat_primes=repeat_primes,
         )  # fmt: skip
         raise typer.Exit(_judge_and_print(None, options, record, json_output))

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.core.errors import UsageError
-from kvtool.vllm.isolation.client import Client, EndpointError, parse_block_size, parse_cache_config
+from kvtool.vllm.isolation.client import (
+    Client,
+    EndpointError,
+    parse_block_size,
+    parse_cache_config,
+    parse_prefix_counters,
+)
 from kvtool.vllm.isolation.multimodal import (
     CHAT_TEMPLATE,
     IMAGE_KIND,
@@ -53,6 +59,7 @@ from kvtool.vllm.isolation.record import (
     redact_keys,
     relevant_events,
 )
+from kvtool.vllm.isolation.routing import engine_count, served_by
 
 EVENTS_SETTLE_S = 5.0  # how long to wait for the last probe's KV events after its response
 DEFAULT_BUDGET = 1500  # requests (fillers included); about 4 minutes on the tiny CPU model (docs/isolation.md)
@@ -117,6 +124,8 @@ class IsolationOptions:
     budget_requests: int | None = DEFAULT_BUDGET  # at most this many requests (None: no bound)
     lengths: tuple[int, ...] = ()  # full blocks of the length dimension (default: LENGTH_LADDER up to the limits)
     minimize: bool = True
+    # send each prime this many times in a row (behind a router: once per engine; kvtool.vllm.isolation.routing)
+    repeat_primes: int = 1
 
 
 Progress = Callable[[str], None]
@@ -137,6 +146,8 @@ def _validate(options: IsolationOptions) -> None:
         raise UsageError("--length must be at least 1 full block", where="--length")
     if options.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, not {options.repeats}", where="--repeats")
+    if options.repeat_primes < 1:
+        raise UsageError(f"--repeat-primes must be at least 1, not {options.repeat_primes}", where="--repeat-primes")
     if options.block_size is not None and options.block_size < 1:
         raise UsageError(f"--block-size must be positive, not {options.block_size}", where="--block-size")
     # checked before any request or launch: these were used as given (a 0 hidden size, port 99999, a NaN timeout)
@@ -387,7 +398,8 @@ def _run_probes(
             after = client.counters()
             results.append(
                 ProbeResult(probe, reply.cached_tokens, reply.prompt_tokens, reply.sent_at_s, reply.latency_s,
-                            counters.queries_tokens, counters.hits_tokens, after.queries_tokens, after.hits_tokens)
+                            counters.queries_tokens, counters.hits_tokens, after.queries_tokens, after.hits_tokens,
+                            engine=served_by(counters, after))
             )  # fmt: skip
             counters = after
             if n % 25 == 0 or n == total:
@@ -436,7 +448,8 @@ def _minimize(
                                     lengths=(length,), cases=(trial.case,), one_order=True,
                                     same_content=trial.dimension == "salt-embeds")  # fmt: skip
         seed = None if options.seed is None else options.seed * 7919 + step
-        sub = plan_trials((group,), PlanOptions(plan.block_size, repeats=1, seed=seed), plan.run_id,
+        sub = plan_trials((group,), PlanOptions(plan.block_size, repeats=1, seed=seed,
+                                                repeat_primes=options.repeat_primes), plan.run_id,
                           stage="min", first_index=index)  # fmt: skip
         got = _run_probes(client, sub, with_events=with_events, hidden_size=setup.hidden_size,
                           progress=lambda _m: None, loaded=loaded)  # fmt: skip
@@ -445,7 +458,7 @@ def _minimize(
             left -= len(got)
         new_trials.extend(sub.trials)
         new_results.extend(got)
-        prime, control, victim = got
+        prime, control, victim = got[-3:]  # after the prime's copies (--repeat-primes)
         return judge_trial(prime, control, victim, None, plan.block_size).verdict == LEAK
 
     for dimension in options.dimensions:
@@ -514,7 +527,8 @@ def _check(
     reserve = 0 if options.budget_requests is None or not options.minimize else min(
         MINIMIZE_RESERVE, options.budget_requests // 10)  # fmt: skip
     search_budget = None if options.budget_requests is None else options.budget_requests - reserve
-    plan = plan_trials(partitions, PlanOptions(block_size, repeats=options.repeats, seed=options.seed), run_id,
+    plan = plan_trials(partitions, PlanOptions(block_size, repeats=options.repeats, seed=options.seed,
+                                               repeat_primes=options.repeat_primes), run_id,
                        budget_requests=search_budget)  # fmt: skip
     plan = dataclasses.replace(plan, budget_requests=options.budget_requests)
     progress(f"{len(plan.trials)} trials, {len(plan.probes)} requests; block size {block_size}, prompts up to "
@@ -545,7 +559,8 @@ def _check(
         sessions = {p.session_id for p in plan.probes}
         events = relevant_events(rows, sessions)
     engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note,
-                        cache_config, metrics_status, seconds)  # fmt: skip
+                        cache_config, metrics_status, seconds,
+                        engines=engine_count(parse_prefix_counters(metrics)))  # fmt: skip
     # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)
     return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped, images))
 

@@ -60,6 +60,8 @@ class PrefixCounters:
 
     queries_tokens: float | None
     hits_tokens: float | None
+    # vllm:prefix_cache_queries_total per ``engine`` label (several behind a router: kvtool.vllm.isolation.routing)
+    queries_by_engine: tuple[tuple[str, float], ...] = ()
 
 
 def block_tokens(seed: int, count: int) -> list[int]:
@@ -254,6 +256,7 @@ def completion_body(
 def parse_prefix_counters(text: str) -> PrefixCounters:
     """Sum vLLM's prefix-cache counters over every label set (one per engine) in Prometheus text."""
     totals: dict[str, float] = {}
+    by_engine: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#"):
             continue
@@ -265,7 +268,13 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
         except ValueError:
             continue
         totals[name] = totals.get(name, 0.0) + value
-    return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS))
+        engine = _ENGINE_LABEL.search(rest) if name == METRIC_QUERIES else None
+        if engine is not None:
+            by_engine[engine.group(1)] = by_engine.get(engine.group(1), 0.0) + value
+    return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS), tuple(sorted(by_engine.items())))
+
+
+_ENGINE_LABEL = re.compile(r'\bengine="([^"]*)"')
 
 
 _CACHE_INFO_LINE = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)

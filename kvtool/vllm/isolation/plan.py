@@ -11,6 +11,10 @@ The control runs right before the victim, so a victim miss counts only when the 
 earlier, that the cache was on and still held the prime's blocks.  Each ordered partition pair runs in both
 orders (A then B, B then A), in both variants, ``repeats`` times, each time on new random content.
 
+Behind a router over several engines, ``repeat_primes`` sends each prime that many times in a row (the copies are
+the trial's ``REPRIME`` probes, after any fillers) so that every engine the router may pick holds it before the
+control and the victim run (kvtool.vllm.isolation.routing).
+
 Embeddings are the one dimension where the partition *is* the content: the victim sends other embedding rows
 at the same positions; in the prefix variant its first blocks carry the prime's rows, so exactly those
 blocks are expected back and anything beyond them is a leak.
@@ -43,6 +47,7 @@ DIMENSION_TITLES = {
 }
 ROLES = ("prime", "control", "victim")
 FILLER = "filler"  # role of the requests that push the prime's pool into evicting (eviction dimension)
+REPRIME = "reprime"  # role of the copies of a prime sent before it (--repeat-primes; kvtool.vllm.isolation.routing)
 VARIANTS = ("exact", "prefix")
 MIN_FULL_BLOCKS = 4  # the issue: at least four full blocks plus a partial one
 PREFIX_BLOCKS = 2  # blocks the prefix variant shares between prime, control and victim
@@ -89,7 +94,8 @@ class Trial:
     full_blocks: int = MIN_FULL_BLOCKS  # full blocks of the prime (the search varies it; older records: 4)
     case: str = ""  # what the pair varies, e.g. "case" or "nfc-nfd" for salt variants; "" for the plain pairs
     stage: str = "search"  # search | minimize (a follow-up that shrinks the first leaking case)
-    fillers: tuple[Probe, ...] = ()  # sent before the prime: fresh prompts that make the pool evict
+    # sent before the prime: fresh prompts that make the pool evict (FILLER), then the prime's copies (REPRIME)
+    fillers: tuple[Probe, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +104,7 @@ class PlanOptions:
     full_blocks: int = MIN_FULL_BLOCKS
     repeats: int = 2
     seed: int | None = None  # None: fresh content every run (the default; a fixed seed is for tests)
+    repeat_primes: int = 1  # each prime sent this many times (behind a router: once per engine it may pick)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +230,7 @@ def plan_trials(
     index, sent = first_index, 0
     for group, repeat, first, second, variant, length, case in shapes:
         n_fill = -(-group.filler_blocks // group.filler_prompt_blocks) if group.filler_blocks else 0
-        cost = 3 + n_fill
+        cost = 3 + n_fill + options.repeat_primes - 1
         if budget_requests is not None and sent + cost > budget_requests:
             dropped[group.dimension] = dropped.get(group.dimension, 0) + 1
             continue
@@ -240,6 +247,10 @@ def plan_trials(
                                  f"kvtool-iso-{run_id}-{index}"))  # fmt: skip
             index += 1
         prompts = _trial_prompts(seeds, variant, group.kind, length, group.same_content)
+        for _ in range(options.repeat_primes - 1):  # copies of the prime, sent right before it (its partition)
+            fillers.append(Probe(index, group.dimension, trial_id, REPRIME, first, group.kind, prompts[0], -1,
+                                 f"kvtool-iso-{run_id}-{index}"))  # fmt: skip
+            index += 1
         probes = []
         for role, partition, block_seeds in zip(ROLES, (first, first, second), prompts):
             expected = _expected(variant, group.kind, role, length, options.block_size, group.same_content)

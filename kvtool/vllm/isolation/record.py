@@ -42,6 +42,7 @@ class EngineInfo:
     cache_config: dict[str, str] | None = None  # the labels of vllm:cache_config_info (None: not in /metrics)
     metrics_status: int | None = None  # the HTTP status /metrics answered (None: older records)
     search_seconds: float | None = None  # wall time of the probes (search and minimization)
+    engines: int | None = None  # engines /metrics showed behind the endpoint (None: no engine label; older records)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,7 @@ class ProbeResult:
     queries_after: float | None
     hits_after: float | None
     error: str | None = None  # the engine refused the request (HTTP 4xx, e.g. an empty salt); nothing was cached
+    engine: str | None = None  # the engine that served it, when /metrics shows several (kvtool.vllm.isolation.routing)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,12 +25,15 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from kvtool.vllm.isolation.multimodal import IMAGE_KIND, control_expected_tokens
-from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, Partition, Trial
+from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, FILLER, Partition, Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
+
+if TYPE_CHECKING:
+    from kvtool.vllm.isolation.routing import TrialPath
 
 PASS, LEAK, INCONCLUSIVE, REFUSED = "pass", "leak", "inconclusive", "refused"
 MIN_TIMING_SAMPLES = 4
@@ -66,6 +69,7 @@ class TrialVerdict:
     case: str = ""  # what the pair varies (salt variants, combinations)
     stage: str = "search"  # search | minimize
     prompt_tokens: int = 0  # the prime's length in tokens
+    spread: bool = False  # behind a router: the control or victim ran where no copy of the prime went (routing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,9 +214,15 @@ def _metric_hits(result: ProbeResult) -> float:
 
 
 def judge_trial(
-    prime: ProbeResult, control: ProbeResult, victim: ProbeResult, events: _Events | None, block_size: int
+    prime: ProbeResult,
+    control: ProbeResult,
+    victim: ProbeResult,
+    events: _Events | None,
+    block_size: int,
+    path: TrialPath | None = None,
 ) -> TrialVerdict:
-    """The verdict of one trial (see the module docstring for the rules)."""
+    """The verdict of one trial (see the module docstring for the rules); ``path`` says where its requests ran
+    behind a router (kvtool.vllm.isolation.routing): a miss away from the prime's engines proves nothing."""
     trial = prime.probe.trial
     errors = [r.error for r in (prime, control, victim) if r.error]
     if errors:  # the engine refused a request (an empty salt): nothing was cached, nothing proven
@@ -232,12 +242,16 @@ def judge_trial(
     # 1. cached tokens
     if victim.cached_tokens > v_expected:
         leaks.append(f"reused {victim.cached_tokens} tokens of {first} (expected {v_expected})")
-    if prime.cached_tokens > 0:
-        doubts.append(f"the fresh prime already had {prime.cached_tokens} cached tokens")
+    fresh = prime.cached_tokens if path is None else path.first_prime_cached_tokens  # copies: the first is fresh
+    if fresh > 0:
+        doubts.append(f"the fresh prime already had {fresh} cached tokens")
+    spread = False
     if control.cached_tokens < c_expected:
+        spread = path is not None and path.control_elsewhere
         doubts.append(
-            f"control reused {control.cached_tokens} of {c_expected} tokens: the cache did not keep the prime"
-        )
+            path.control_doubt() if path is not None and spread
+            else f"control reused {control.cached_tokens} of {c_expected} tokens: the cache did not keep the prime"
+        )  # fmt: skip
     # 2. published hashes
     hashes = None
     if events is not None and prime.probe.session_id in events.stored:
@@ -253,11 +267,14 @@ def judge_trial(
     clean = [r for r in (prime, control, victim) if _metric_clean(r)]
     if victim in clean and _metric_hits(victim) > v_expected:
         leaks.append(f"vllm:prefix_cache_hits rose by {_metric_hits(victim):g} tokens")
+    if path is not None and path.victim_elsewhere and not leaks:
+        spread = True
+        doubts.append(path.victim_doubt())
     verdict = LEAK if leaks else INCONCLUSIVE if doubts else PASS
     return TrialVerdict(
         prime.probe.trial, prime.probe.dimension, _variant(prime, control), first, second,
         prime.cached_tokens, control.cached_tokens, c_expected, victim.cached_tokens, v_expected,
-        hashes, len(clean), verdict, tuple(leaks + doubts), len(prime.probe.block_seeds) - 1,
+        hashes, len(clean), verdict, tuple(leaks + doubts), len(prime.probe.block_seeds) - 1, spread=spread,
     )  # fmt: skip
 
 
@@ -377,14 +394,19 @@ def judge_dimension(
     block_size: int,
     trials_by_id: dict[str, Trial] | None = None,
 ) -> DimensionResult:
+    from kvtool.vllm.isolation.routing import trial_path
+
     by_trial: dict[str, dict[str, ProbeResult]] = {}
+    all_of_trial: dict[str, list[ProbeResult]] = defaultdict(list)
     for r in results:
         by_trial.setdefault(r.probe.trial, {})[r.probe.role] = r
+        all_of_trial[r.probe.trial].append(r)
     trials = []
     for trial_id, t in by_trial.items():
         if not {"prime", "control", "victim"} <= t.keys():
             continue
-        verdict = judge_trial(t["prime"], t["control"], t["victim"], events, block_size)
+        path = trial_path(all_of_trial[trial_id])
+        verdict = judge_trial(t["prime"], t["control"], t["victim"], events, block_size, path)
         plan_trial = (trials_by_id or {}).get(trial_id)
         tokens = t["prime"].prompt_tokens or (len(t["prime"].probe.block_seeds) - 1) * block_size
         verdict = dataclasses.replace(verdict, prompt_tokens=tokens)
@@ -449,9 +471,13 @@ def _coverage(search: list[TrialVerdict], trials_by_id: dict[str, Trial] | None)
     if refused:
         lines.append("refused by the engine (not covered): " + ", ".join(refused))
     if trials_by_id:
-        fillers = sum(len(trials_by_id[t.trial].fillers) for t in search if t.trial in trials_by_id)
+        fillers = sum(1 for t in search if t.trial in trials_by_id for p in trials_by_id[t.trial].fillers
+                      if p.role == FILLER)  # fmt: skip
         if fillers:
             lines.append(f"{fillers} filler requests made the pool evict before the primes")
+        copies = sum(len(trials_by_id[t.trial].fillers) for t in search if t.trial in trials_by_id) - fillers
+        if copies:
+            lines.append(f"{copies} copies of the primes sent before them (--repeat-primes)")
     return tuple(lines)
 
 
@@ -474,7 +500,12 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
     else:
         out.append(Precondition("prefix-caching", "ok", 'enable_prefix_caching="True"', None))
     searched = [t for d in dims for t in d.trial_verdicts if t.verdict != REFUSED]
-    failed_controls = [t for t in searched if t.control_cached_tokens < t.control_expected_tokens]
+    if not caching_off:  # behind a router: controls sent away from their primes are the routing line's, not the cache's
+        from kvtool.vllm.isolation.routing import routing_precondition
+
+        routing = routing_precondition(record, searched)
+        out.extend([routing] if routing is not None else [])
+    failed_controls = [t for t in searched if t.control_cached_tokens < t.control_expected_tokens and not t.spread]
     pool = None
     if config and str(config.get("num_gpu_blocks", "")).isdigit():
         pool = int(config["num_gpu_blocks"])
@@ -495,7 +526,7 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
             f"the cache did not keep the prime in {len(failed_controls)}/{len(searched)} trials"
             + (f" (pool {pool} blocks)" if pool else "") + ": too small for the prompts, or other traffic evicted it",
             "run on an idle engine, give it more KV cache (--kv-cache-memory-bytes or --gpu-memory-utilization), "
-            "or shorter prompts (--length)",
+            "or shorter prompts (--length); behind a router over N engines, --repeat-primes N",
             "the cache did not keep the primes",
         ))  # fmt: skip
     else:
