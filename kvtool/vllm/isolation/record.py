@@ -41,6 +41,7 @@ class EngineInfo:
     cache_config: dict[str, str] | None = None  # the labels of vllm:cache_config_info (None: not in /metrics)
     metrics_status: int | None = None  # the HTTP status /metrics answered (None: older records)
     search_seconds: float | None = None  # wall time of the probes (search and minimization)
+    kv_connector: str | None = None  # how the check told whether a KV connector serves a second tier (tier dimension)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ class ProbeResult:
     queries_after: float | None
     hits_after: float | None
     error: str | None = None  # the engine refused the request (HTTP 4xx, e.g. an empty salt); nothing was cached
+    external_hits_before: float | None = None  # vllm:external_prefix_cache_hits_total (a KV connector's hits)
+    external_hits_after: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
