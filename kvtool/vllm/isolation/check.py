@@ -49,6 +49,8 @@ from kvtool.vllm.isolation.plan import (
     Trial,
     new_run_id,
     plan_trials,
+    send_order,
+    trial_requests,
 )
 from kvtool.vllm.isolation.record import (
     RECORD_FORMAT,
@@ -370,7 +372,7 @@ def _run_probes(
     n = 0
     for trial in trials:
         refused: str | None = None
-        for probe in (*trial.fillers, *trial.probes):
+        for probe in send_order(trial):
             n += 1
             if refused is not None:
                 results.append(ProbeResult(probe, 0, None, time.time(), 0.0, None, None, None, None,
@@ -399,7 +401,9 @@ def _run_probes(
             results.append(
                 ProbeResult(probe, reply.cached_tokens, reply.prompt_tokens, reply.sent_at_s, reply.latency_s,
                             counters.queries_tokens, counters.hits_tokens, after.queries_tokens, after.hits_tokens,
-                            engine=served_by(counters, after))
+                            engine=served_by(counters, after),
+                            external_hits_before=counters.external_hits_tokens,
+                            external_hits_after=after.external_hits_tokens)
             )  # fmt: skip
             counters = after
             if n % 25 == 0 or n == total:
@@ -444,13 +448,20 @@ def _minimize(
             return None
         step += 1
         kind = trial.probes[0].kind
+        fill: dict[str, Any] = {}
+        if trial.fillers_after_prime:  # a second-tier trial shrinks with its fillers (kvtool.vllm.isolation.tier)
+            from kvtool.vllm.isolation.tier import minimize_fields
+
+            fill = minimize_fields(trial.fillers)
         group = DimensionPartitions(trial.dimension, ((first, second),), kind, variants=(trial.variant,),
                                     lengths=(length,), cases=(trial.case,), one_order=True,
-                                    same_content=trial.dimension == "salt-embeds")  # fmt: skip
+                                    same_content=trial.dimension == "salt-embeds", **fill)  # fmt: skip
         seed = None if options.seed is None else options.seed * 7919 + step
         sub = plan_trials((group,), PlanOptions(plan.block_size, repeats=1, seed=seed,
                                                 repeat_primes=options.repeat_primes), plan.run_id,
                           stage="min", first_index=index)  # fmt: skip
+        if left is not None and left < trial_requests(sub.trials[0]):
+            return None
         got = _run_probes(client, sub, with_events=with_events, hidden_size=setup.hidden_size,
                           progress=lambda _m: None, loaded=loaded)  # fmt: skip
         index += len(got)
@@ -458,8 +469,8 @@ def _minimize(
             left -= len(got)
         new_trials.extend(sub.trials)
         new_results.extend(got)
-        prime, control, victim = got[-3:]  # after the prime's copies (--repeat-primes)
-        return judge_trial(prime, control, victim, None, plan.block_size).verdict == LEAK
+        role = {r.probe.role: r for r in got}
+        return judge_trial(role["prime"], role["control"], role["victim"], None, plan.block_size).verdict == LEAK
 
     for dimension in options.dimensions:
         leaking = [t for t in plan.trials if t.dimension == dimension and judged.get(t.id) == LEAK]
@@ -524,6 +535,14 @@ def _check(
     partitions, skipped = _partitions(setup, options, run_id, limits, images)
     if images is not None:
         images = dataclasses.replace(images, not_covered=not_covered_combinations(images, setup.adapters))
+    connector = None
+    if "tier" in options.dimensions:  # a second tier behind a KV connector (kvtool.vllm.isolation.tier)
+        from kvtool.vllm.isolation.tier import add_tier, detect_connector
+
+        connector = detect_connector(client, block_size, run_id)
+        progress(f"KV connector {connector.text}")
+        partitions, skipped = add_tier(partitions, skipped, connector, run_id, limits.pool_blocks, limits.max_blocks,
+                                       options.budget_requests)  # fmt: skip
     reserve = 0 if options.budget_requests is None or not options.minimize else min(
         MINIMIZE_RESERVE, options.budget_requests // 10)  # fmt: skip
     search_budget = None if options.budget_requests is None else options.budget_requests - reserve
@@ -560,7 +579,8 @@ def _check(
         events = relevant_events(rows, sessions)
     engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note,
                         cache_config, metrics_status, seconds,
-                        engines=engine_count(parse_prefix_counters(metrics)))  # fmt: skip
+                        engines=engine_count(parse_prefix_counters(metrics)),
+                        kv_connector=None if connector is None else connector.text)  # fmt: skip
     # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)
     return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped, images))
 

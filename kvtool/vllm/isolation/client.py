@@ -34,6 +34,9 @@ TOKEN_LOW, TOKEN_HIGH = 10, 1000  # random prompt token ids; every real vocabula
 CACHED_TOKENS_TIP = "start vLLM with --enable-prompt-tokens-details (it fills usage.prompt_tokens_details)"
 METRIC_QUERIES = "vllm:prefix_cache_queries_total"
 METRIC_HITS = "vllm:prefix_cache_hits_total"
+# what a KV connector (a second tier) served: vLLM 0.32 vllm/v1/metrics/loggers.py, counted only with a connector
+METRIC_EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+METRIC_EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
 
@@ -62,6 +65,8 @@ class PrefixCounters:
     hits_tokens: float | None
     # vllm:prefix_cache_queries_total per ``engine`` label (several behind a router: kvtool.vllm.isolation.routing)
     queries_by_engine: tuple[tuple[str, float], ...] = ()
+    external_queries_tokens: float | None = None  # vllm:external_prefix_cache_queries (KV connector lookups)
+    external_hits_tokens: float | None = None  # vllm:external_prefix_cache_hits (tokens a KV connector served)
 
 
 def block_tokens(seed: int, count: int) -> list[int]:
@@ -261,7 +266,7 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
         if line.startswith("#"):
             continue
         name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
-        if name not in (METRIC_QUERIES, METRIC_HITS):
+        if name not in (METRIC_QUERIES, METRIC_HITS, METRIC_EXTERNAL_QUERIES, METRIC_EXTERNAL_HITS):
             continue
         try:
             value = float(line.rsplit(" ", 1)[-1])
@@ -271,7 +276,8 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
         engine = _ENGINE_LABEL.search(rest) if name == METRIC_QUERIES else None
         if engine is not None:
             by_engine[engine.group(1)] = by_engine.get(engine.group(1), 0.0) + value
-    return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS), tuple(sorted(by_engine.items())))
+    return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS), tuple(sorted(by_engine.items())),
+                          totals.get(METRIC_EXTERNAL_QUERIES), totals.get(METRIC_EXTERNAL_HITS))  # fmt: skip
 
 
 _ENGINE_LABEL = re.compile(r'\bengine="([^"]*)"')

@@ -43,6 +43,7 @@ class EngineInfo:
     metrics_status: int | None = None  # the HTTP status /metrics answered (None: older records)
     search_seconds: float | None = None  # wall time of the probes (search and minimization)
     engines: int | None = None  # engines /metrics showed behind the endpoint (None: no engine label; older records)
+    kv_connector: str | None = None  # how the check told whether a KV connector serves a second tier (tier dimension)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,8 @@ class ProbeResult:
     hits_after: float | None
     error: str | None = None  # the engine refused the request (HTTP 4xx, e.g. an empty salt); nothing was cached
     engine: str | None = None  # the engine that served it, when /metrics shows several (kvtool.vllm.isolation.routing)
+    external_hits_before: float | None = None  # vllm:external_prefix_cache_hits_total (a KV connector's hits)
+    external_hits_after: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -223,6 +223,10 @@ def judge_trial(
 ) -> TrialVerdict:
     """The verdict of one trial (see the module docstring for the rules); ``path`` says where its requests ran
     behind a router (kvtool.vllm.isolation.routing): a miss away from the prime's engines proves nothing."""
+    if prime.probe.dimension == "tier":  # a second-tier trial has rules of its own (kvtool.vllm.isolation.tier)
+        from kvtool.vllm.isolation.tier import judge_tier_trial
+
+        return judge_tier_trial(prime, control, victim, events, block_size)
     trial = prime.probe.trial
     errors = [r.error for r in (prime, control, victim) if r.error]
     if errors:  # the engine refused a request (an empty salt): nothing was cached, nothing proven
@@ -499,7 +503,8 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
         ))  # fmt: skip
     else:
         out.append(Precondition("prefix-caching", "ok", 'enable_prefix_caching="True"', None))
-    searched = [t for d in dims for t in d.trial_verdicts if t.verdict != REFUSED]
+    # the tier's controls run after fillers that evict on purpose: its own line (kv-connector) judges them
+    searched = [t for d in dims if d.dimension != "tier" for t in d.trial_verdicts if t.verdict != REFUSED]
     if not caching_off:  # behind a router: controls sent away from their primes are the routing line's, not the cache's
         from kvtool.vllm.isolation.routing import routing_precondition
 
@@ -548,6 +553,9 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
                                 "give --events tcp://HOST:PORT as in vLLM's --kv-events-config"))  # fmt: skip
     else:
         out.append(Precondition("kv-events", "ok", f"{len(record.events)} KV events", None))
+    from kvtool.vllm.isolation.tier import tier_preconditions
+
+    out.extend(tier_preconditions(record, dims))
     if record.plan.not_covered:
         out.append(Precondition("budget", "partial", "; ".join(record.plan.not_covered),
                                 f"raise --budget (now {record.plan.budget_requests})"))  # fmt: skip
@@ -564,7 +572,12 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
     skipped = {s.dimension: s.reason for s in record.skipped}
     dims = []
     for dimension in DIMENSIONS:
-        if dimension in results_by_dim:
+        if dimension in results_by_dim and dimension == "tier":
+            from kvtool.vllm.isolation.tier import judge_tier_dimension
+
+            dims.append(judge_tier_dimension(results_by_dim[dimension], events, record.plan.block_size, trials_by_id,
+                                             record.engine))  # fmt: skip
+        elif dimension in results_by_dim:
             dims.append(judge_dimension(dimension, results_by_dim[dimension], events, record.plan.block_size,
                                         trials_by_id))  # fmt: skip
         elif dimension in skipped:
