@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_WINDOW_S = 10.0
 DEFAULT_TOP_HOLDERS = 5
 SINCE_START_DUTY = 0.01  # the since-start analysis takes at most this share of one core (its cost grows with the run)
-SINCE_START_EVERY_S = 2.0  # ... and is recomputed at most this often (the final snapshot always recomputes it)
+SINCE_START_EVERY_S = 5.0  # ... and is recomputed at most this often (the final snapshot always recomputes it)
 nan = float("nan")
 
 
