@@ -10,8 +10,6 @@ its prime; a tier prime of 4 full blocks + 16 tokens = 144 tokens reuses 4 x 32 
 
 from __future__ import annotations
 
-import pytest
-
 from kvtool.vllm.isolation.plan import FILLER, send_order
 from kvtool.vllm.isolation.record import read_record
 from kvtool.vllm.isolation.verdicts import judge_record
