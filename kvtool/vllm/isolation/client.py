@@ -2,7 +2,8 @@
 
 What it sends, per probe, to ``POST /v1/completions``: ``prompt`` as token ids (no tokenizer needed) or
 ``prompt_embeds`` (base64 of a ``torch.save``'d ``num_tokens x hidden_size`` tensor), ``max_tokens: 1``,
-``cache_salt`` when the partition has one, the partition's adapter name as ``model``, its API key as a bearer
+``cache_salt`` when the partition has one (an image probe goes to ``POST /v1/chat/completions`` instead, with the
+partition's image and the probe's words: :mod:`kvtool.vllm.isolation.multimodal`), the partition's adapter name as ``model``, its API key as a bearer
 token, and, when KV events are captured, ``session_id`` plus ``vllm_xargs.kv_cache_report_mode = "full"`` (vLLM
 then re-publishes prefix hits as ``BlockStored``, so every request publishes the hashes of all its full blocks).
 
