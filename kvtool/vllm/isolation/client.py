@@ -236,7 +236,7 @@ def completion_body(
 ) -> dict[str, Any]:
     """The JSON body of one probe request."""
     if probe.kind == IMAGE_KIND:
-        return chat_body(probe, plan, with_events=with_events, base=base)
+        return chat_body(probe, prompt_token_ids(probe, plan), with_events=with_events, base=base)
     body: dict[str, Any] = {"model": probe.partition.model or base, "max_tokens": 1, "temperature": 0.0}
     if probe.kind == "embeds":
         if hidden_size is None:
