@@ -2,7 +2,8 @@
 
 What it sends, per probe, to ``POST /v1/completions``: ``prompt`` as token ids (no tokenizer needed) or
 ``prompt_embeds`` (base64 of a ``torch.save``'d ``num_tokens x hidden_size`` tensor), ``max_tokens: 1``,
-``cache_salt`` when the partition has one, the partition's adapter name as ``model``, its API key as a bearer
+``cache_salt`` when the partition has one (an image probe goes to ``POST /v1/chat/completions`` instead, with the
+partition's image and the probe's words: :mod:`kvtool.vllm.isolation.multimodal`), the partition's adapter name as ``model``, its API key as a bearer
 token, and, when KV events are captured, ``session_id`` plus ``vllm_xargs.kv_cache_report_mode = "full"`` (vLLM
 then re-publishes prefix hits as ``BlockStored``, so every request publishes the hashes of all its full blocks).
 
@@ -242,7 +243,7 @@ def completion_body(
 ) -> dict[str, Any]:
     """The JSON body of one probe request."""
     if probe.kind == IMAGE_KIND:
-        return chat_body(probe, plan, with_events=with_events, base=base)
+        return chat_body(probe, prompt_token_ids(probe, plan), with_events=with_events, base=base)
     body: dict[str, Any] = {"model": probe.partition.model or base, "max_tokens": 1, "temperature": 0.0}
     if probe.kind == "embeds":
         if hidden_size is None:

@@ -39,13 +39,9 @@ import random
 import struct
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from kvtool.vllm.isolation.plan import Partition
-
-if TYPE_CHECKING:
-    from kvtool.vllm.isolation.client import Client
-    from kvtool.vllm.isolation.plan import Plan, Probe
+from kvtool.vllm.isolation.plan import Partition, Probe
 
 IMAGE_KIND = "image"  # Probe.kind of a chat request carrying its partition's image
 CHAT_PATH = "/v1/chat/completions"
@@ -113,13 +109,19 @@ def words(token_ids: list[int]) -> str:
     return " ".join(f"w{t}" for t in token_ids)
 
 
-def chat_body(probe: Probe, plan: Plan, *, with_events: bool, base: str) -> dict[str, Any]:
-    """The JSON body of one image probe: the partition's image, then the probe's words."""
-    from kvtool.vllm.isolation.client import prompt_token_ids
+class Poster(Protocol):
+    """What the probes need of kvtool.vllm.isolation.client.Client (imported by it, so not imported here)."""
 
+    base_model: str
+
+    def post(self, path: str, body: Any, api_key: str | None = None) -> tuple[int, str]: ...
+
+
+def chat_body(probe: Probe, token_ids: list[int], *, with_events: bool, base: str) -> dict[str, Any]:
+    """The JSON body of one image probe: the partition's image, then one word per token id of the probe."""
     partition = probe.partition
     body: dict[str, Any] = {"model": partition.model or base, "max_tokens": 1, "temperature": 0.0,
-                            "messages": _message(partition.image, words(prompt_token_ids(probe, plan)))}  # fmt: skip
+                            "messages": _message(partition.image, words(token_ids))}  # fmt: skip
     if partition.cache_salt is not None:
         body["cache_salt"] = partition.cache_salt
     if with_events:
@@ -175,7 +177,7 @@ def _prompt_tokens(text: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def detect_images(client: Client, config: tuple[bool, str] | None, run_id: str) -> ImageSupport:
+def detect_images(client: Poster, config: tuple[bool, str] | None, run_id: str) -> ImageSupport:
     """Whether the served model takes images: from its config.json when known to take none, else by a probe (one
     chat request with an image, one without, under a salt of their own; both cached nowhere else)."""
     if config is not None and not config[0]:
