@@ -73,6 +73,27 @@ def _trace_file(trace: PathLike | pd.DataFrame | None) -> Iterator[Path | None]:
         yield path
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class EngineSimulateResult:
+    """``kvtool simulate --engine sglang`` / ``--engine vllm,sglang``'s result for a notebook.
+
+    ``table``: one row per run (engine and its block or page size): with both engines the side-by-side table's
+    columns (pool tokens, prefix hit rate, preemptions / retractions, TTFT / TPOT p50 / p99, throughput); with
+    SGLang alone its results.  ``report``: the core report
+    (:class:`~kvtool.simulate.sglang.compare.EngineComparison` or :class:`~kvtool.simulate.sglang.run.SglangReport`);
+    ``to_dict()``: the ``--json`` object.
+    """
+
+    report: Any
+    table: pd.DataFrame
+
+    def to_dict(self) -> dict[str, Any]:
+        """``kvtool simulate --engine ... --json``'s object."""
+        from kvtool.core.jsonable import to_jsonable
+
+        return to_jsonable(self.report)
+
+
 def simulate(
     trace: PathLike | pd.DataFrame | None = None,
     *,
@@ -88,7 +109,7 @@ def simulate(
     alpha: float | None = None,
     output_share: float = DEFAULT_OUTPUT_SHARE,
     shared_prefix: int = 0,
-    block_size: int | Sequence[int] = DEFAULT_BLOCK_SIZES,
+    block_size: int | Sequence[int] | None = None,
     max_model_len: int | None = None,
     kv_tokens: int | None = None,
     model: str | None = None,
@@ -117,14 +138,21 @@ def simulate(
     kv_offloading_size: float | Sequence[float] | None = None,
     kv_offloading_backend: str = "native",
     h2d_bandwidth_gb_s: float | None = None,
-) -> SimulateResult:
+    engine: str = "vllm",
+    page_size: int | Sequence[int] | None = None,
+    max_running_requests: int | None = None,
+    chunked_prefill_size: int | None = None,
+    mem_fraction_static: float | None = None,
+    schedule_policy: str | None = None,
+    sglang_version: str | None = None,
+) -> SimulateResult | EngineSimulateResult:
     """Compare KV-cache block sizes against real or sampled request lengths (``kvtool simulate``).
 
     One source of lengths: ``trace`` (a trace file, or a DataFrame with ``prompt_tokens``, ``output_tokens`` and
     optionally ``arrival_s``, read by the same reader), ``from_events`` (an events file), or ``dist``
     (``lognormal`` with ``mean``/``p99``, ``uniform`` with ``min_tokens``/``max_tokens``, ``fixed`` with
-    ``length``, ``zipf`` with ``alpha``).  ``block_size`` takes one size or a sequence to compare (``block_sizes``
-    is its deprecated spelling).  ``max_num_seqs`` and ``max_num_batched_tokens`` default to vllm serve's for the
+    ``length``, ``zipf`` with ``alpha``).  ``block_size`` takes one size or a sequence to compare (default
+    ``DEFAULT_BLOCK_SIZES``; ``block_sizes`` is its deprecated spelling).  ``max_num_seqs`` and ``max_num_batched_tokens`` default to vllm serve's for the
     GPU, the rule ``kvtool estimate`` states.  The other options are the CLI's (docs/simulate.md); ``serve`` adds the
     simulation of vLLM 0.32's scheduler (prefix cache on by default), ``model``/``config``/``gpu``/``tp``/``kv_dtype``/``vllm_version``
     and the cost overrides its roofline step time, ``export_events`` writes its events like ``--export-events``,
@@ -133,6 +161,12 @@ def simulate(
 
     Returns a :class:`SimulateResult`: ``table`` (one row per block size), ``recommendations``, ``to_dict()``,
     and with ``serve`` the simulated events of each block size through ``events(block_size)``.
+
+    ``engine``: ``"sglang"`` runs SGLang's model (radix cache at ``page_size``, its scheduler, timed by the same
+    step-time model), ``"vllm,sglang"`` both engines on the same requests side by side (vLLM at ``block_size``,
+    default 16; SGLang at ``page_size``, default 1; ``max_running_requests``, ``chunked_prefill_size``,
+    ``mem_fraction_static``, ``schedule_policy``, ``sglang_version`` are SGLang's, default SGLang's for the GPU):
+    an :class:`EngineSimulateResult` (``kvtool simulate --engine``, docs/simulate.md).
 
     Example (every request 100 tokens: block 16 leaves 12 of 112 slots empty, block 32 28 of 128):
 
@@ -154,9 +188,11 @@ def simulate(
 
         warnings.warn("simulate(block_sizes=...) is deprecated: pass block_size=", DeprecationWarning, stacklevel=2)
         block_size = block_sizes
-    sizes = (block_size,) if isinstance(block_size, int) else tuple(block_size)
+    from kvtool.simulate.sglang.engines import check_engine_options, engine_inputs, parse_simulate_engines
+
+    engines = parse_simulate_engines(engine)
     with _trace_file(trace) as trace_path:
-        given = {**locals(), "trace": trace_path, "block_size": ",".join(str(b) for b in sizes)}
+        given = {**locals(), "trace": trace_path, "block_size": _sizes(block_size), "page_size": _sizes(page_size)}
         given["gpu_memory"] = None if gpu_memory is None else str(gpu_memory)
         given["profiles"] = tuple(profiles)
         if kv_offloading_size is not None:
@@ -164,6 +200,12 @@ def simulate(
             given["kv_offloading_size"] = ",".join(repr(float(x)) for x in offload)
         given["from_events"] = None if from_events is None else Path(from_events)
         given["export_events"] = None if export_events is None else Path(export_events)
+        check_engine_options(engines, given)
+        if "sglang" in engines:
+            inputs = engine_inputs(engines, given)
+            reqs, options = prepare(inputs_from({k: v for k, v in inputs.items() if v is not None}))
+            return _engine_result(reqs, options, engines, given)
+        given["block_size"] = given["block_size"] or _sizes(DEFAULT_BLOCK_SIZES)
         reqs, options = prepare(inputs_from(given))  # every argument by its option name
     report, traces = run_simulation(reqs, options, keep_traces=serve, record_events=serve)
     doc = report.to_dict()
@@ -173,3 +215,24 @@ def simulate(
         recommendations=pd.DataFrame(doc["recommendations"], columns=["objective", "block_size", "reason"]),
         traces=traces,
     )
+
+
+def _sizes(sizes: int | Sequence[int] | None) -> str | None:
+    """One size or a sequence, as the CLI's comma list (None: not given)."""
+    if sizes is None:
+        return None
+    return ",".join(str(b) for b in ((sizes,) if isinstance(sizes, int) else tuple(sizes)))
+
+
+def _engine_result(reqs, options, engines: tuple[str, ...], given: dict) -> EngineSimulateResult:
+    import pandas as pd
+
+    from kvtool.core.jsonable import to_jsonable
+    from kvtool.simulate.sglang.engines import simulate_engines
+
+    report = simulate_engines(reqs, options, engines, given)
+    if engines == ("sglang",):
+        table = pd.DataFrame(to_jsonable(report.results)).set_index("page_size")
+    else:
+        table = pd.DataFrame(to_jsonable(report.runs)).set_index(["engine", "unit_tokens"])
+    return EngineSimulateResult(report=report, table=table)

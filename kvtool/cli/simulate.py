@@ -10,6 +10,7 @@ import typer
 from kvtool.cli.options import PROFILES_HELP, json_option, path_option, scheduler_option, workers_option
 from kvtool.cli.output import handle_errors
 from kvtool.cli.progress import StderrProgress
+from kvtool.estimate.sglang.versions import NEWEST_RELEASE as SGLANG_NEWEST_RELEASE
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
 from kvtool.simulate.costs import DEFAULT_STEP_OVERHEAD_MS, DEFAULT_TABLE_ENTRY_US
 from kvtool.simulate.lengths import DEFAULT_OUTPUT_SHARE, DEFAULT_PARAMETRIC_REQUESTS
@@ -20,6 +21,7 @@ _STATIC = "Static comparison"
 _SERVE = "Serving simulation (--serve)"
 _COST = "Model, GPU and step time (--serve)"
 _FLEET = "Fleet of replicas (--serve --replicas)"
+_SGLANG = "SGLang (--engine sglang, --engine vllm,sglang)"
 _OUT = "Output"
 
 
@@ -319,11 +321,45 @@ def register(app: typer.Typer) -> None:
         engine: str = typer.Option(
             "vllm",
             "--engine",
-            help="vllm, or sglang: SGLang's radix cache (prefix match at the page size = --block-size, LRU "
-            "eviction) and scheduler (PrefillAdder admission, retraction) over a --kv-tokens pool, with "
-            "--max-num-seqs as --max-running-requests and --max-num-batched-tokens as --chunked-prefill-size; "
-            "steps and tokens, not times.",
-            rich_help_panel=_SERVE,
+            help="vllm, sglang, or vllm,sglang (one trace through both, side by side, as estimate's --engine): "
+            "SGLang's radix cache (prefix match at the page size, LRU eviction) and scheduler (PrefillAdder "
+            "admission, retraction) over its own pool, timed by the same step-time model (docs/simulate.md). With "
+            "sglang alone, --block-size is the page size and --max-num-seqs / --max-num-batched-tokens stand for "
+            "--max-running-requests / --chunked-prefill-size unless those are given.",
+            rich_help_panel=_SGLANG,
+        ),
+        page_size: Optional[str] = typer.Option(
+            None,
+            "--page-size",
+            help="SGLang's --page-size; a comma list compares several (default 1).",
+            rich_help_panel=_SGLANG,
+        ),
+        max_running_requests: Optional[int] = typer.Option(
+            None,
+            "--max-running-requests",
+            help="SGLang's (default: SGLang's for the pool, as kvtool estimate --engine sglang gives it).",
+            rich_help_panel=_SGLANG,
+        ),
+        chunked_prefill_size: Optional[int] = typer.Option(
+            None,
+            "--chunked-prefill-size",
+            help="SGLang's (default: SGLang's for the GPU).",
+            rich_help_panel=_SGLANG,
+        ),
+        mem_fraction_static: Optional[float] = typer.Option(
+            None,
+            "--mem-fraction-static",
+            help="SGLang's, which sizes its pool (default: SGLang's for the GPU and TP).",
+            rich_help_panel=_SGLANG,
+        ),
+        schedule_policy: Optional[str] = typer.Option(
+            None, "--schedule-policy", help="SGLang's: fcfs (default) or lpm.", rich_help_panel=_SGLANG
+        ),
+        sglang_version: Optional[str] = typer.Option(
+            None,
+            "--sglang-version",
+            help=f"The SGLang release whose rules size its pool (default {SGLANG_NEWEST_RELEASE}).",
+            rich_help_panel=_SGLANG,
         ),
         json_output: Annotated[bool, json_option(rich_help_panel=_OUT)] = False,
         plot: Optional[Path] = path_option(
@@ -346,20 +382,15 @@ def register(app: typer.Typer) -> None:
 
         given = dict(locals())  # every option by its name
         given.update(block_size=_block_size(block_size, block_sizes), profiles=tuple(profiles or ()))
-        if engine not in ("vllm", "sglang"):
-            from kvtool.core.errors import UsageError
+        from kvtool.simulate.sglang.engines import check_engine_options, engine_inputs, parse_simulate_engines
 
-            raise UsageError(f"--engine must be vllm or sglang, not {engine!r}", where="--engine")
+        engines = parse_simulate_engines(engine)
+        check_engine_options(engines, given)
+        if "sglang" in engines:
+            inputs = engine_inputs(engines, given)
+            reqs, options = prepare(inputs_from({k: v for k, v in inputs.items() if v is not None}))
+            return _engines(reqs, options, engines, given, json_output)
         reqs, options = prepare(inputs_from({k: v for k, v in given.items() if v is not None}))
-        if engine == "sglang":
-            if replicas is not None or router is not None or sweep is not None:
-                from kvtool.core.errors import UsageError
-
-                raise UsageError(
-                    "the fleet simulation runs vLLM replicas only", where="--engine", tip="drop --engine sglang"
-                )
-            _sglang(reqs, options, max_num_seqs, max_num_batched_tokens, json_output)
-            return
         if replicas is not None or router is not None or sweep is not None:
             return _fleet(reqs, options, given, json_output)
         with StderrProgress(enabled=serve and reqs.count * len(options.block_sizes) >= 50_000) as progress:
@@ -401,27 +432,24 @@ def _fleet(reqs, options, given: dict, json_out: bool) -> None:
         render_fleet(report, stdout_console())
 
 
-def _sglang(reqs, options, max_num_seqs, max_num_batched_tokens, json_output: bool) -> None:
-    from kvtool.simulate.sglang.render import report_table
-    from kvtool.simulate.sglang.run import simulate_sglang_report
+def _engines(reqs, options, engines: tuple[str, ...], given: dict, json_output: bool) -> None:
+    """--engine sglang (SGLang's table) or vllm,sglang (both side by side)."""
+    from kvtool.simulate.sglang.engines import simulate_engines
 
-    report = simulate_sglang_report(
-        reqs,
-        options,
-        max_running_requests=max_num_seqs or 256,
-        chunked_prefill_size=max_num_batched_tokens or 8192,
-    )
+    report = simulate_engines(reqs, options, engines, given)
     if json_output:
         from kvtool.cli.output import print_json
 
         print_json(report)
         return
     from kvtool.cli.output import stdout_console
+    from kvtool.simulate.sglang.render import render_comparison, render_sglang
 
     console = stdout_console()
-    console.print(report_table(report))
-    for note in report.notes:
-        console.print(note, highlight=False)
+    if engines == ("sglang",):
+        render_sglang(report, console)  # type: ignore[arg-type]
+    else:
+        render_comparison(report, console)  # type: ignore[arg-type]
 
 
 def _block_size(block_size: Optional[str], block_sizes: Optional[str]) -> Optional[str]:

@@ -74,6 +74,11 @@ def register(app: typer.Typer) -> None:
         duration: Optional[float] = typer.Option(
             None, "--duration", help="Stop after this many seconds.", show_default=False
         ),
+        nice: int = typer.Option(
+            10,
+            "--nice",
+            help="Lower the watcher's own CPU priority by this many levels, so it yields to the engine (0: keep it).",
+        ),
         serve_metrics: Optional[str] = typer.Option(
             None, "--serve-metrics", help="Serve the figures to Prometheus on [HOST]:PORT.", show_default=False
         ),
@@ -149,6 +154,7 @@ def register(app: typer.Typer) -> None:
             rules=rules,
             alerts_file=alerts_file,
             duration_s=duration,
+            nice=nice,
         )
         session = WatchSession(options)
         try:
@@ -198,6 +204,8 @@ def _live(session) -> WatchReport:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     console = stderr_console()
+    # rich draws a live screen only on a terminal (elsewhere only its last update, at the end): build it only there
+    screen = console.is_terminal and not console.is_dumb_terminal
     shown: set[tuple[str, float]] = set()
     try:
         with Live(console=console, auto_refresh=False, transient=False) as live:
@@ -208,9 +216,12 @@ def _live(session) -> WatchReport:
                     if key not in shown:
                         shown.add(key)
                         live.console.print(f"[bold red]ALERT[/] {stamp(alert.since_s)} {alert.rule}: {alert.message}")
-                live.update(render(snap, session.history), refresh=True)
+                if screen:
+                    live.update(render(snap, session.history), refresh=True)
 
-            session.run(show, stop.is_set)
+            last = session.run(show, stop.is_set)
+            if not screen:
+                live.update(render(last, session.history), refresh=True)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

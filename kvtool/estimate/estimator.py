@@ -35,10 +35,10 @@ from kvtool.estimate.request import _FIELD_OF_OPTION, EstimateRequest, check_req
 from kvtool.estimate.result import EstimateResult, LayerGroupResult, WhatIf, build_result
 from kvtool.estimate.serve_defaults import scheduler_settings
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE
-from kvtool.estimate.whatif import CompareRow, compare_rows, suggest_fits
 
-if TYPE_CHECKING:  # imported with --speculative-config only
+if TYPE_CHECKING:  # imported with --speculative-config only; the what-ifs with --compare or a batch that does not fit
     from kvtool.estimate.spec_decode import SpecDecode
+    from kvtool.estimate.whatif import CompareRow
 
 __all__ = [
     "_FIELD_OF_OPTION",
@@ -70,8 +70,11 @@ def estimate(request: EstimateRequest) -> EstimateResult:
     lengths = asked_lengths(request, model.spec)
     fit = plan_fit(request, plan, scheduler, lengths)
     budget = plan.planned.budget
-    compare = (
-        compare_rows(
+    compare: tuple[CompareRow, ...] = ()
+    if request.compare:
+        from kvtool.estimate.whatif import compare_rows
+
+        compare = compare_rows(
             model.spec,
             request,
             budget,
@@ -80,10 +83,12 @@ def estimate(request: EstimateRequest) -> EstimateResult:
             fit.batch,
             layout.kv_bytes_per_gpu(fit.seq_len, fit.batch),
         )
-        if request.compare
-        else ()
-    )
-    what_if = WhatIf(compare, suggest_fits(request, model.spec, fit.capacity, scheduler, estimate))
+    suggestions: tuple[str, ...] = ()
+    if request.suggest and fit.capacity is not None and not fit.capacity.fits:  # what suggest_fits answers
+        from kvtool.estimate.whatif import suggest_fits
+
+        suggestions = suggest_fits(request, model.spec, fit.capacity, scheduler, estimate)
+    what_if = WhatIf(compare, suggestions)
     offload = None
     if request.kv_offloading_size is not None:
         from kvtool.estimate.offload import plan_offload
@@ -222,3 +227,12 @@ def kv_budget_tokens(
         max_num_batched_tokens=max_num_batched_tokens,
         vllm_version=request.vllm_version,
     )
+
+
+def __getattr__(name: str):
+    # CompareRow (in __all__) comes from kvtool.estimate.whatif, imported only when --compare or a suggestion needs it
+    if name == "CompareRow":
+        from kvtool.estimate.whatif import CompareRow
+
+        return CompareRow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -276,11 +276,38 @@ def _find(name: str, dirs: list[Path], reader, kind: str, option: str):
             profile = reader(file)
             if profile.name.lower() == key:
                 return profile
+    found = _find_by_alias(key, dirs, reader)
+    if found is not None:
+        return found
     profiles = _scan(dirs, reader)
     for profile in profiles:
         if key == profile.name.lower() or key in (a.lower() for a in profile.aliases):
             return profile
     raise UsageError(f"unknown {kind} {name!r}", where=option, tip=_suggest(key, profiles, kind))
+
+
+def _find_by_alias(key: str, dirs: list[Path], reader):
+    """What :func:`_scan` then a match on name or alias finds, parsing only the files whose text holds ``key``
+    (a profile naming it as its name or an alias has it in its text) and, for a match, the earlier files that could
+    shadow it (whose text holds its name).  None when no such file matches: the caller scans them all (and so
+    reports a broken profile, or suggests names)."""
+    files = [file for d in dirs for file in sorted(d.glob("*.yaml"))]
+    texts = []
+    for file in files:
+        try:
+            texts.append(file.read_text(encoding="utf-8", errors="replace").lower())
+        except OSError:
+            return None  # the full scan says what is wrong with it
+    for i, file in enumerate(files):
+        if key not in texts[i]:
+            continue
+        profile = reader(file)
+        name = profile.name.lower()
+        if key != name and key not in (a.lower() for a in profile.aliases):
+            continue
+        if not any(name in texts[j] and reader(files[j]).name.lower() == name for j in range(i)):
+            return profile  # not shadowed by an earlier profile of the same name
+    return None
 
 
 def _suggest(key: str, profiles: list, kind: str) -> str:

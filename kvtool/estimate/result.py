@@ -19,13 +19,14 @@ from kvtool.estimate.prefix_unit import PrefixUnit, prefix_unit_with_what_ifs
 from kvtool.estimate.request import EstimateRequest
 from kvtool.estimate.serve_defaults import Scheduler
 from kvtool.estimate.weights import WeightEstimate
-from kvtool.estimate.whatif import CompareRow
 
-if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only, offload and spec_decode with their options
+if TYPE_CHECKING:  # kvtool.estimate.pipeline is imported at pp > 1 only, offload and spec_decode with their options;
+    # the what-ifs with --compare or a batch that does not fit
     from kvtool.estimate.disagg import Disaggregation
     from kvtool.estimate.offload import OffloadTier
     from kvtool.estimate.pipeline import Stage
     from kvtool.estimate.spec_decode import SpecDecode
+    from kvtool.estimate.whatif import CompareRow
 
 
 @dataclasses.dataclass(frozen=True)

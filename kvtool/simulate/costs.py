@@ -70,6 +70,13 @@ class CostOverrides:
     table_entry_us: float | None = None
 
 
+def attended_pairs(computed: int, new: int) -> float:
+    """Query-key pairs of a chunk of ``new`` tokens after ``computed`` ones (causal attention): each new token attends
+    the computed ones and the new ones up to itself, ``new x (computed + (new + 1) / 2)``.  A decode (new 1) attends
+    ``computed + 1``.  The one formula both engines' batches are costed with (vLLM's scheduler, SGLang's)."""
+    return new * (computed + (new + 1) / 2)
+
+
 class RooflineCost:
     """The step-time model (``kvtool.simulate.scheduler.StepCost``) for one block size; coefficients precomputed."""
 

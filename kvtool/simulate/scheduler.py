@@ -45,6 +45,7 @@ from itertools import accumulate
 from typing import NamedTuple, Protocol
 
 from kvtool.events.load import ALLOCATE, APPEND, FREE, REUSE
+from kvtool.simulate.costs import attended_pairs
 from kvtool.simulate.decode_group import DecodeGroup, DecodeSpan, decode_span
 from kvtool.simulate.offload_tier import CpuTier, own_key
 from kvtool.simulate.prefix_cache import BlockKeys, BlockPool, Run
@@ -618,7 +619,7 @@ class Engine:
         if not preempted:
             self._schedule_waiting(budget, lpt, scheduled)
         c = self.c
-        pairs = sum(n * (c[r] + (n + 1) / 2) for r, n in scheduled)
+        pairs = sum(attended_pairs(c[r], n) for r, n in scheduled)
         total = sum(n for _, n in scheduled)
         dt = self.cost.time_s(total, len(scheduled), self.entries, pairs) if self.cost else 0.0
         if self.tier is not None:
@@ -713,7 +714,7 @@ class Engine:
         pairs = float(group.base_sum + n * group.tick + n)
         total = n
         for r, k in scheduled:
-            pairs += k * (c[r] + (k + 1) / 2)
+            pairs += attended_pairs(c[r], k)
             total += k
         dt = self.cost.time_s(total, n + len(scheduled), self.entries, pairs) if self.cost else 0.0
         if self.tier is not None:

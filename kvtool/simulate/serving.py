@@ -233,6 +233,53 @@ def latency_percentiles(values, qs):
     return [float(x) for x in np.percentile(v, qs)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Latencies:
+    """Per-request latencies and their summary, as both engines' simulations report them (vLLM's and SGLang's)."""
+
+    ttft_s: Any  # numpy float64 per request: arrival to the end of the step that produced the first token (nan: none)
+    tpot_s: Any  # (completion - first token) / (output - 1); nan with one output token or never finished
+    queue_delay_p50_s: float | None  # arrival to first admission
+    queue_delay_p99_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    span_s: float  # first arrival (of the requests that ran) to the last completion
+    throughput_tokens_per_s: float  # output tokens of completed requests / span (nan: no span)
+    requests_per_s: float
+
+
+def request_latencies(arrival_s, admit_s, first_token_s, finish_s, output_tokens, ran) -> Latencies:
+    """The latencies of one run from per-request times (numpy arrays, nan where never reached); ``ran``: the
+    requests that were admitted (a boolean array), whose first arrival opens the span."""
+    import numpy as np
+
+    finished = np.isfinite(finish_s)
+    first_arrival = float(arrival_s[ran].min()) if ran.any() else 0.0
+    span = float(np.nanmax(finish_s)) - first_arrival if finished.any() else 0.0
+    ttft = first_token_s - arrival_s
+    out = output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (finish_s - first_token_s) / (out - 1), np.nan)
+    q50, q99 = latency_percentiles(admit_s - arrival_s, [50, 99])
+    t50, t99 = latency_percentiles(ttft, [50, 99])
+    p50, p99 = latency_percentiles(tpot, [50, 99])
+    return Latencies(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        queue_delay_p50_s=q50,
+        queue_delay_p99_s=q99,
+        ttft_p50_s=t50,
+        ttft_p99_s=t99,
+        tpot_p50_s=p50,
+        tpot_p99_s=p99,
+        span_s=span,
+        throughput_tokens_per_s=float(out[finished].sum()) / span if span > 0 else float("nan"),
+        requests_per_s=float(finished.sum()) / span if span > 0 else float("nan"),
+    )
+
+
 def _summarise(
     b, total_blocks, plans, runs, prompt_len, out, arrival, max_model_len: int | None
 ) -> tuple[ServeResult, ServeTrace]:
@@ -246,14 +293,8 @@ def _summarise(
         out = np.maximum(np.minimum(out, max_model_len - prompt_len), 1)
     never = ~np.isfinite(per.admit_s) & ~refused
     ran = ~never & ~refused
-    first_arrival = float(arrival[ran].min()) if ran.any() else 0.0
-    span = float(np.nanmax(per.finish_s)) - first_arrival if finished.any() else 0.0
-    ttft = per.first_token_s - arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (per.finish_s - per.first_token_s) / (out - 1), np.nan)
-    q50, q99 = latency_percentiles(per.admit_s - arrival, [50, 99])
-    t50, t99 = latency_percentiles(ttft, [50, 99])
-    p50, p99 = latency_percentiles(tpot, [50, 99])
+    lat = request_latencies(arrival, per.admit_s, per.first_token_s, per.finish_s, out, ran)
+    span, ttft, tpot = lat.span_s, lat.ttft_s, lat.tpot_s
     block_s = sum(r.block_seconds for r in runs)
     entry_s = sum(r.entry_seconds for r in runs)
     token_s = sum(r.token_seconds for r in runs)
@@ -290,17 +331,17 @@ def _summarise(
         cached_prompt_tokens=int(per.cached_tokens.sum()),
         prefix_hit_rate=float(per.cached_tokens.sum()) / prompt_ran if prompt_ran else 0.0,
         evicted_blocks=sum(r.evictions for r in runs),
-        queue_delay_p50_s=q50,
-        queue_delay_p99_s=q99,
-        ttft_p50_s=t50,
-        ttft_p99_s=t99,
-        tpot_p50_s=p50,
-        tpot_p99_s=p99,
+        queue_delay_p50_s=lat.queue_delay_p50_s,
+        queue_delay_p99_s=lat.queue_delay_p99_s,
+        ttft_p50_s=lat.ttft_p50_s,
+        ttft_p99_s=lat.ttft_p99_s,
+        tpot_p50_s=lat.tpot_p50_s,
+        tpot_p99_s=lat.tpot_p99_s,
         span_s=span,
         steps=sum(r.steps for r in runs),
         busy_s=busy,
-        throughput_tokens_per_s=float(out[finished].sum()) / span if span > 0 else float("nan"),
-        requests_per_s=float(finished.sum()) / span if span > 0 else float("nan"),
+        throughput_tokens_per_s=lat.throughput_tokens_per_s,
+        requests_per_s=lat.requests_per_s,
         pools=pools,
     )
     return result, _trace(b, plans, runs, ttft, tpot)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 EVENT_CODE = {name: code for code, name in enumerate(EVENT_TYPES)}
+FREE_CODE = EVENT_CODE["free"]
 FIRST_REJECTED_KEPT = 10
 nan = float("nan")
 
@@ -53,7 +54,12 @@ class RowError(ValueError):
 
 
 class LineParser:
-    """Lines of an events CSV (the recorder's columns or any schema-1 header) -> :class:`Row`."""
+    """Lines of an events CSV (the recorder's columns or any schema-1 header) -> :class:`Row`.
+
+    The watcher's hot path: the column positions are looked up once and a plain run of ASCII digits is read as an
+    integer without going through ``float``; the checks and their order (so the reason given for a bad line) are
+    load.py's.
+    """
 
     def __init__(self, header: list[str]):
         names = [h.strip().lower() for h in header]
@@ -63,59 +69,59 @@ class LineParser:
         self.columns = tuple(names)
         self.width = len(names)
         self.at = {name: names.index(name) for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if name in names}
+        at = self.at
+        self._ts, self._event, self._request = at["ts"], at["event"], at["request_id"]
+        self._blocks, self._tokens = at["num_blocks"], at["num_tokens"]
+        self._ids = at.get("block_ids", -1)
+        self._latency = at.get("latency_ms", -1)
+        self._source = at.get("source_request_id", -1)
+        self._size = at.get("block_size", -1)
+        self._pool = at.get("free_pool_blocks", -1)
 
     def parse(self, fields: list[str]) -> Row:
         if len(fields) != self.width:
             raise RowError("wrong number of columns")
-        at = self.at
-
-        def get(name: str) -> str:
-            i = at.get(name)
-            return "" if i is None else fields[i].strip()
-
         try:
-            ts = float(get("ts"))
+            ts = float(fields[self._ts])
         except ValueError:
             raise RowError("unparseable ts") from None
         if not abs(ts) <= MAX_ABS_TS_S:
             raise RowError("ts out of range")
-        event = EVENT_CODE.get(get("event").lower())
+        event = EVENT_CODE.get(fields[self._event].strip().lower())
         if event is None:
             raise RowError("unknown event type")
-        request_id = get("request_id")
+        request_id = fields[self._request].strip()
         if not request_id:
             raise RowError("missing request_id")
-        num_blocks = _count(get("num_blocks"), "num_blocks", blank_ok=False)
-        num_tokens = _count(get("num_tokens"), "num_tokens", blank_ok=event == EVENT_CODE["free"])
-        text = get("block_ids")
+        num_blocks = _count(fields[self._blocks].strip(), "num_blocks", blank_ok=False)
+        num_tokens = _count(fields[self._tokens].strip(), "num_tokens", blank_ok=event == FREE_CODE)
         block_ids = None
-        if "block_ids" in at and text:
-            try:
-                block_ids = tuple(int(v) for v in text.split())
-            except ValueError:
-                raise RowError("unparseable block_ids") from None
-        latency = _number(get("latency_ms"), "latency_ms", MAX_LATENCY_MS)
-        size_text = get("block_size")
+        if self._ids >= 0:
+            text = fields[self._ids].strip()
+            if text:
+                try:
+                    block_ids = tuple(map(int, text.split()))
+                except ValueError:
+                    raise RowError("unparseable block_ids") from None
+        latency = nan if self._latency < 0 else _number(fields[self._latency].strip(), "latency_ms", MAX_LATENCY_MS)
         block_size = None
-        if size_text:
-            block_size = _count(size_text, "block_size", blank_ok=False)
-            if block_size <= 0:
-                raise RowError("non-positive block_size")
-        return Row(
-            ts,
-            event,
-            request_id,
-            num_blocks,
-            num_tokens,
-            block_ids,
-            latency,
-            get("source_request_id") or None,
-            block_size,
-            _number(get("free_pool_blocks"), "free_pool_blocks", math.inf),
-        )
+        if self._size >= 0:
+            size_text = fields[self._size].strip()
+            if size_text:
+                block_size = _count(size_text, "block_size", blank_ok=False)
+                if block_size <= 0:
+                    raise RowError("non-positive block_size")
+        source = fields[self._source].strip() or None if self._source >= 0 else None
+        pool = nan if self._pool < 0 else _number(fields[self._pool].strip(), "free_pool_blocks", math.inf)
+        return Row(ts, event, request_id, num_blocks, num_tokens, block_ids, latency, source, block_size, pool)
 
 
 def _count(text: str, name: str, *, blank_ok: bool) -> int:
+    if text.isdigit() and text.isascii():  # the recorder's rows: plain digits
+        count = int(text)
+        if count > MAX_COUNT:
+            raise RowError(f"unparseable {name}")
+        return count
     if not text:
         if blank_ok:
             return 0

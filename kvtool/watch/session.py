@@ -3,12 +3,21 @@
 The story of a tick: poll each source (the rows flushed since the last tick, vLLM's KV events, its /metrics),
 then take a snapshot: the since-start analysis when due, the window's analysis, the lead holding's "now", the
 alerts.  ``run`` repeats ticks every ``refresh_s`` until the source is finished, the duration is over or the
-caller's ``stop`` says so, handing each snapshot to ``on_snapshot`` (the live view, the exporter).
+caller's ``stop`` says so, handing each snapshot to ``on_snapshot`` (the live view, the exporter).  A tick that
+read no new row (and watches nothing but the recording) takes no snapshot unless the last one is ``IDLE_REFRESH_S``
+old: an idle engine costs the watcher almost nothing.
+
+The watcher yields to the engine: ``run`` lowers its own CPU priority by ``nice`` levels first (the whole process
+for ``kvtool watch``; only its own thread inside ``kvtool record --serve-metrics``), so on a machine whose cores
+the engine keeps busy the scheduler runs the engine first.  A replay watches no engine and keeps its priority.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +36,8 @@ from kvtool.watch.state import (
 )
 
 DEFAULT_REFRESH_S = 0.5
+DEFAULT_NICE = 10  # nice levels the watcher lowers its priority by (0: keep it); 19 is the lowest priority
+IDLE_REFRESH_S = 2.0  # with no new row, a snapshot (and a redraw) at most this often: the clock, idle holders, a leak
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +57,7 @@ class WatchOptions:
     rules: AlertRules = AlertRules()
     alerts_file: Path | None = None
     duration_s: float | None = None  # stop after this long (None: until the source ends or Ctrl-C)
+    nice: int = DEFAULT_NICE  # lower the watcher's CPU priority by this many levels while it runs (0: keep it)
 
     def check(self) -> None:
         if self.follow is not None and self.replay is not None:
@@ -70,6 +82,8 @@ class WatchOptions:
             raise UsageError("--long-threshold must be >= 0 tokens", where="--long-threshold")
         if self.duration_s is not None and not self.duration_s > 0:
             raise UsageError(f"--duration must be > 0 seconds, got {self.duration_s:g}", where="--duration")
+        if not 0 <= self.nice <= 19:
+            raise UsageError(f"--nice must be 0 (keep the priority) to 19, got {self.nice}", where="--nice")
         self.rules.check()
 
 
@@ -151,17 +165,23 @@ class WatchSession:
 
     def run(self, on_snapshot: Callable[[Snapshot], None], stop: Callable[[], bool] = lambda: False) -> Snapshot:
         """Tick until the source ends, the duration passes or ``stop()``; the last snapshot is final."""
+        if self.options.replay is None:
+            lower_priority(self.options.nice, this_thread=threading.current_thread() is not threading.main_thread())
         began = time.monotonic()
         refresh = self.options.refresh_s
+        rows_only = self.metrics is None and self.kv_events is None
+        shown = -float("inf")  # when the last snapshot was taken
         while True:
             tick = time.monotonic()
-            self.poll()
+            added = self.poll()
             done = self.finished or stop()
             if self.options.duration_s is not None and tick - began >= self.options.duration_s:
                 done = True
             if done:
                 break
-            on_snapshot(self.snapshot())
+            if added or not rows_only or self.latest is None or tick - shown >= IDLE_REFRESH_S:
+                on_snapshot(self.snapshot())
+                shown = tick
             time.sleep(max(0.0, refresh - (time.monotonic() - tick)))
         last = self.snapshot(final=True)
         on_snapshot(last)
@@ -188,6 +208,25 @@ class WatchSession:
     def close(self) -> None:
         if self.kv_events is not None:
             self.kv_events.close()
+
+
+def lower_priority(levels: int, *, this_thread: bool = False) -> int | None:
+    """Lower the CPU priority by ``levels`` nice levels (capped at 19): the process, or on Linux only the calling
+    thread (its nice value is per thread there).  Returns the new nice value; None when ``levels`` is 0 or the
+    platform has no nice (a priority can only be lowered without privileges, so this is never undone)."""
+    if levels <= 0:
+        return None
+    try:
+        if this_thread:
+            if not sys.platform.startswith("linux"):
+                return None  # elsewhere a thread's priority is its process's: leave kvtool record's alone
+            tid = threading.get_native_id()
+            value = min(19, os.getpriority(os.PRIO_PROCESS, tid) + levels)
+            os.setpriority(os.PRIO_PROCESS, tid, value)
+            return value
+        return os.nice(levels)
+    except (AttributeError, OSError):  # no nice on this platform, or not allowed
+        return None
 
 
 def serve_in_background(options: WatchOptions, listen: str) -> Callable[[], None]:

@@ -8,7 +8,8 @@ who has been idle since their last row) without any analysis.
 Per snapshot (a few times a second), the figures of two scopes, each by :func:`kvtool.events.analysis.analyze_events`:
 
 - *since start*: every row so far, the table ``load_events`` makes of the same file, so the figures are those of
-  ``kvtool analyze FILE`` (recomputed at most at a tenth of the watcher's time: a long run's whole table costs);
+  ``kvtool analyze FILE`` (recomputed no more often than every ``SINCE_START_EVERY_S``, and taking at most a
+  hundredth of a core: a long run's whole table costs; the final snapshot always recomputes it);
 - *window*: the rows of the last ``window_s`` seconds, preceded by one opening row per request that held blocks at
   the window's start (an ``append`` of the blocks it held and the tokens it had added since it last held none, at
   the start time).  A *lag* holding, the same update as the lead one applied to rows as they leave the window,
@@ -34,7 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_WINDOW_S = 10.0
 DEFAULT_TOP_HOLDERS = 5
-SINCE_START_DUTY = 0.1  # the since-start analysis takes at most this share of the watcher's time
+SINCE_START_DUTY = 0.01  # the since-start analysis takes at most this share of one core (its cost grows with the run)
+SINCE_START_EVERY_S = 5.0  # ... and is recomputed at most this often (the final snapshot always recomputes it)
 nan = float("nan")
 
 
@@ -206,7 +208,7 @@ class Watcher:
         n = self.store.count
         if not n:
             return None
-        due = time.perf_counter() - self._since_at >= self._since_cost_s / SINCE_START_DUTY
+        due = time.perf_counter() - self._since_at >= max(SINCE_START_EVERY_S, self._since_cost_s / SINCE_START_DUTY)
         if n != self._since_rows and (force or due or self._since is None):
             started = time.perf_counter()
             self._since = analyze_events(

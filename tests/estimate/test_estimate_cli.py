@@ -697,6 +697,8 @@ def test_an_unknown_model_type_is_sized_and_warned_about(run_cli, tmp_path, drop
 
 
 _REAL_CONFIGS = sorted(p.parent for p in DATA.glob("*/**/config.json"))
+# xai-org/grok-2's published config.json says model_type "git", a type kvtool does not know: the warning is right there
+_WARNED_CONFIGS = {"grok-2-fp8-h100-tp8-v0.5.2"}
 
 
 def test_the_real_configs_are_all_found():
@@ -708,7 +710,9 @@ def test_the_real_configs_are_all_found():
     assert len([p for p in _REAL_CONFIGS if p.parent.name == "estimate"]) == 16
 
 
-@pytest.mark.parametrize("folder", _REAL_CONFIGS, ids=lambda p: str(p.relative_to(DATA)))
+@pytest.mark.parametrize(
+    "folder", [p for p in _REAL_CONFIGS if p.name not in _WARNED_CONFIGS], ids=lambda p: str(p.relative_to(DATA))
+)
 def test_no_real_config_is_warned_about_its_model_type(run_cli, folder):
     r = run_cli("estimate", "--config", folder, "--json")
     assert r.exit_code == 0, r.stderr

@@ -156,6 +156,19 @@ def test_user_profile_overrides_builtin(tmp_path):
     assert find_model("llama-2-7b", [tmp_path]).hf_repo == "me/llama-2-7b"
 
 
+def test_alias_lookup_honours_overrides(tmp_path):
+    # profiles/gpus/h100-80gb.yaml names the aliases h100 and h800; a user profile of the same name without them
+    # replaces it whole (earlier directories override later ones), so its aliases go with it
+    write(tmp_path / "gpus" / "mine.yaml", "name: H100-80GB\nmemory: 1GiB\naliases: [h800]\n")
+    assert find_gpu("h800", [tmp_path]).memory_bytes == 1024**3
+    with pytest.raises(UsageError, match="unknown GPU 'h100'"):
+        find_gpu("h100", [tmp_path])
+    assert find_gpu("h100-nvl", [tmp_path]).name == "H100-NVL"  # the other built-in profiles stay
+    # an alias found without reading every profile is the one the full scan finds (every name and alias)
+    every = {key for p in list_gpus() for key in (p.name, *p.aliases)}
+    assert all(find_gpu(key).name in {p.name for p in list_gpus() if key in (p.name, *p.aliases)} for key in every)
+
+
 @pytest.mark.parametrize(
     "text, field",
     [

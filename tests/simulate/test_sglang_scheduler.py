@@ -82,9 +82,14 @@ def test_cli_engine_sglang_json(tmp_path):
     assert [(r["page_size"], r["cached_prompt_tokens"]) for r in data["results"]] == [(1, 9), (4, 8)]
 
 
-def test_cli_engine_sglang_needs_kv_tokens(tmp_path):
+def test_cli_engine_sglang_sizes_its_pool_as_estimate_does(tmp_path):
+    """Without --kv-tokens the pool is SGLang's max_total_num_tokens for the model on the GPU (kvtool estimate
+    --engine sglang; llama-2-7b on an H100 by default, as the serving simulation's default pair)."""
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"prompt_token_ids": PROMPT, "max_tokens": 2}) + "\n")
-    result = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--engine", "sglang"])
-    assert result.exit_code != 0
-    assert "--kv-tokens" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--engine", "sglang", "--json"])
+    assert result.exit_code == 0, result.output
+    est = CliRunner().invoke(
+        app, ["estimate", "--model", "llama-2-7b", "--gpu", "h100-80gb", "--engine", "sglang", "--json"]
+    )
+    assert json.loads(result.stdout)["pool_tokens"] == json.loads(est.stdout)["max_total_num_tokens"]

@@ -12,6 +12,13 @@ ignored once the pool has evicted); ``pool_blocks`` bounds the cache (LRU, repor
 ``key_salts`` maps API keys to salts like a gateway; ``metrics=False`` answers /metrics with 404; salts are
 validated as vLLM 0.32 does (non-empty, at most 128 characters: vllm/entrypoints/generate/base/protocol.py); ``report_cached=False`` behaves like vLLM without --enable-prompt-tokens-details
 (prompt_tokens_details is null); ``refused_keys`` are answered 401 the way OpenAI's API answers a wrong key.
+``tier`` adds a second tier behind a KV connector, shaped like vLLM 0.32's ExampleConnector
+(vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py): whole prompts stored under a key of their
+aligned tokens, served when the GPU cache misses, counted in ``vllm:external_prefix_cache_*``; ``"salted"`` adds the
+salt and the adapter to the key, ``"tokens"`` does not (ExampleConnector's ``_generate_foldername_debug``); ``tier_lazy`` makes an
+entry visible only once the GPU cache has evicted its owner's blocks (a write-back tier); ``tier_keeps=False`` is a
+tier that stores nothing; ``hold_blocks`` keeps more blocks than ``num_gpu_blocks`` says (fillers sized from it fall
+short).
 """
 
 from __future__ import annotations
@@ -44,7 +51,17 @@ class FakeVllm(LocalHttpServer):
         metrics: bool = True,
         max_model_len: int = 512,
         models_status: int = 200,
+        tier: str | None = None,
+        tier_lazy: bool = False,
+        tier_keeps: bool = True,
+        hold_blocks: int | None = None,
     ):
+        self.hold_blocks = hold_blocks or pool_blocks  # the blocks it really keeps (more: num_gpu_blocks understates)
+        self.tier = tier
+        self.tier_lazy = tier_lazy
+        self.tier_keeps = tier_keeps
+        self.tier_store: dict[tuple, list[bytes]] = {}  # key -> the GPU chain of the request that stored it
+        self.external_queries = self.external_hits = 0
         self.defects = defects
         self.pool_blocks = pool_blocks
         self.key_salts = key_salts
@@ -95,6 +112,13 @@ class FakeVllm(LocalHttpServer):
             chain.append(parent)
         return chain, len(tokens)
 
+    def tier_key(self, body: dict, usable: int) -> tuple | None:
+        if "prompt" not in body or not usable:
+            return None
+        if self.tier == "salted":  # the salt and the adapter in the key, as vLLM's own block hash has them
+            return (tuple(body["prompt"][: usable * BLOCK]), body.get("model"), body.get("cache_salt"))
+        return (tuple(body["prompt"][: usable * BLOCK]),)
+
     def complete(self, body: dict) -> dict:
         chain, n = self.hashes(body)
         usable = (n - 1) // BLOCK
@@ -103,16 +127,27 @@ class FakeVllm(LocalHttpServer):
             hit += 1
         for h in chain[:hit]:
             self.cache.move_to_end(h)
+        external = 0
+        if self.tier is not None and self.caching:
+            key = self.tier_key(body, usable)
+            if hit < usable:
+                self.external_queries += n - hit * BLOCK
+                owner = self.tier_store.get(key) if key else None
+                if owner is not None and not (self.tier_lazy and any(h in self.cache for h in owner)):
+                    external = usable - hit
+            if key and key not in self.tier_store and self.tier_keeps:
+                self.tier_store[key] = chain[:usable]
+        self.external_hits += external * BLOCK
         if self.caching:
             for h in chain:
                 self.cache[h] = None
                 self.cache.move_to_end(h)
-            while len(self.cache) > self.pool_blocks:
+            while len(self.cache) > self.hold_blocks:
                 self.cache.popitem(last=False)
                 self.evictions += 1
         self.queries += n
         self.hits += hit * BLOCK
-        details = {"cached_tokens": hit * BLOCK} if self.report_cached else None
+        details = {"cached_tokens": (hit + external) * BLOCK} if self.report_cached else None
         return {"usage": {"prompt_tokens": n, "completion_tokens": 1, "prompt_tokens_details": details}}
 
     def _handler(self):
@@ -143,6 +178,10 @@ class FakeVllm(LocalHttpServer):
                     text = (
                         f'vllm:prefix_cache_queries_total{{engine="0",model_name="base"}} {float(fake.queries)}\n'
                         f'vllm:prefix_cache_hits_total{{engine="0",model_name="base"}} {float(fake.hits)}\n'
+                        f'vllm:external_prefix_cache_queries_total{{engine="0",model_name="base"}} '
+                        f"{float(fake.external_queries)}\n"
+                        f'vllm:external_prefix_cache_hits_total{{engine="0",model_name="base"}} '
+                        f"{float(fake.external_hits)}\n"
                         f'vllm:cache_config_info{{block_size="{BLOCK}",enable_prefix_caching="{fake.caching}",'
                         f'num_gpu_blocks="{fake.pool_blocks}"}} 1.0\n'
                     )

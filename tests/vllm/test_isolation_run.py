@@ -32,7 +32,7 @@ def test_a_correct_cache_passes_every_dimension_that_can_run():
     with FakeVllm() as fake:
         report = run(fake, adapters=("lora-a",), adapter_versions=("/p/v1", "/p/v2"), hidden_size=8)
     assert report.verdict == "pass" and report.exit_code == 0
-    assert verdicts(report) == {**dict.fromkeys(SEARCHED, "pass"), "multimodal": "not run"}
+    assert verdicts(report) == {**dict.fromkeys(SEARCHED, "pass"), "multimodal": "not run", "tier": "not run"}
     assert report.engine.block_size == BLOCK  # read from vllm:cache_config_info
     salt = report.dimensions[0]
     # all 3 pairs of salt:a, salt:b, base x 2 orders x 2 variants x 1 repeat; the exact control reuses all 4 full
@@ -83,7 +83,7 @@ def test_dimensions_without_what_they_need_are_not_run_and_say_why():
     assert verdicts(report) == {
         "salt": "pass", "adapter": "not run", "adapter-version": "not run", "embeddings": "not run", "cross": "not run",
         "salt-variant": "pass", "length": "pass", "salt-adapter": "not run", "salt-embeds": "not run",
-        "eviction": "pass", "multimodal": "not run",
+        "eviction": "pass", "multimodal": "not run", "tier": "not run",
     }  # fmt: skip
     reasons = {d.dimension: d.skipped_reason for d in report.dimensions}
     assert "--adapter NAME" in reasons["adapter"] and "--hidden-size" in reasons["embeddings"]
@@ -105,7 +105,7 @@ def test_cli_against_the_fake_endpoint(run_cli):
     data = json.loads(result.stdout)
     assert data["verdict"] == "pass" and data["engine"]["mode"] == "endpoint"
     assert [d["verdict"] for d in data["dimensions"]] == [
-        "pass", "pass", "not run", "not run", "pass", "pass", "pass", "pass", "not run", "pass", "not run"
+        "pass", "pass", "not run", "not run", "pass", "pass", "pass", "pass", "not run", "pass", "not run", "not run"
     ]  # fmt: skip
 
 

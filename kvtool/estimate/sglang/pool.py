@@ -314,9 +314,7 @@ def _pool(
                 tip=f"raise --mem-fraction-static above {fraction:.3f}, or use more GPUs (--tp-size)",
             )
         pool_bytes = int(shape.buffer_gib(tokens, request.page_size) * GIB) * shape.tensors
-        max_num_reqs = request.max_running_requests or min(max(int(tokens / context_len * 512), 2048), 4096)
-        pool_size = max_num_reqs + pick(REQ_POOL_RULES, version).extra_slots
-        running = min(tokens // 2 if request.max_running_requests is None else request.max_running_requests, pool_size)
+        max_num_reqs, running = running_requests(tokens, context_len, request.max_running_requests, version)
         lines.append(_allocated_line(shape, tokens, request.page_size, version))
         lines.append(
             f"max_total_num_tokens={tokens}, chunked_prefill_size={chunked}, max_prefill_tokens={MAX_PREFILL_TOKENS}, "
@@ -361,6 +359,16 @@ def _pool(
         notes=tuple(notes),
         warnings=tuple(warnings),
     )
+
+
+def running_requests(tokens: int, context_len: int, max_running_requests: int | None, version: str) -> tuple[int, int]:
+    """(max_num_reqs, max_running_requests) for a pool of ``tokens``: init_memory_pool's ReqToTokenPool size
+    (``--max-running-requests``, else ``min(max(int(tokens / context_len * 512), 2048), 4096)``) and the scheduler's
+    ``min(tokens // 2 or --max-running-requests, req_to_token_pool.size)`` (srt/managers/tp_worker.py)."""
+    max_num_reqs = max_running_requests or min(max(int(tokens / context_len * 512), 2048), 4096)
+    pool_size = max_num_reqs + pick(REQ_POOL_RULES, version).extra_slots
+    running = min(tokens // 2 if max_running_requests is None else max_running_requests, pool_size)
+    return max_num_reqs, running
 
 
 def _allocated_line(shape: PoolShape, tokens: int, page_size: int, version: str) -> str:
@@ -455,4 +463,5 @@ __all__ = [
     "estimate_sglang",
     "pool_shape",
     "pool_tokens",
+    "running_requests",
 ]

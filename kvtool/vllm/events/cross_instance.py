@@ -20,6 +20,13 @@ whether they did (``hashes``).  When some BlockStored carries no token ids, bloc
 
 The counts are a what-if of the first order: had the router sent that request to the instance holding the prefix,
 those blocks would have been hits, if that instance had room, and every later eviction would have differed.
+
+SGLang's events (``kvtool capture --engine sglang``; rows with ``"engine": "sglang"``) go through the same replay:
+its "blocks" are radix-cache pages (``block_size`` is the page size), a ``BlockStored`` is a node new to the tree
+(one per page in ``block_hashes``, ``parent_block_hash`` the page before), a ``BlockRemoved`` an evicted node, and
+its hashes are unseeded SHA-256 chains (``srt/mem_cache/radix_cache.py``; equal content, equal hash on every
+instance, a cache_salt or LoRA namespacing them).  The files of one report are all one engine's; the notes say what
+SGLang's events cannot show (``SGLANG_NOTES`` below).
 """
 
 from __future__ import annotations
@@ -65,6 +72,29 @@ NOTE_CONTENT = (
     "hashing (vLLM 0.29.0 and later; before, only the same PYTHONHASHSEED: vllm/v1/core/kv_cache_utils.py: "
     "resolve_none_hash_seed, init_none_hash)."
 )
+# SGLang's events as its 0.5.23 source emits them (srt/mem_cache/radix_cache.py _insert_helper / evict,
+# srt/managers/scheduler_output_processor_mixin.py: cache_unfinished_req after a prefill, cache_finished_req at the end)
+SGLANG_NOTE_CONTENT = (
+    "Pages are matched by content (token ids, LoRA and cache_salt, and every page before them); SGLang's page hashes "
+    "are unseeded SHA-256 chains over the page tokens, equal on every instance for equal content, so a hash-keyed "
+    "router (SGLang's own, llm-d, Dynamo) sees the same matches."
+)
+SGLANG_NOTE_PAGES = (
+    "SGLang's blocks are radix-cache pages (block_size is its page size, 1 token by default: then each block is one "
+    "token). Only whole pages enter the tree: a prompt's last partial page is in no event; the share's denominator "
+    "is the tokens of the pages stored, which include generated tokens."
+)
+SGLANG_NOTE_NO_HITS = (
+    "SGLang sends BlockStored only for pages new to its tree and nothing for a prefix-cache hit (it has no full "
+    "report mode): prompt tokens served from an instance's own cache are in neither count."
+)
+SGLANG_NOTE_STORE_TIME = (
+    "A page's BlockStored is sent when the page is cached: a prompt's pages after its prefill (cache_unfinished_req), "
+    "generated tokens' at the request's finish (cache_finished_req). A page is judged missed at that time, so "
+    "generated pages, stored a whole decode after they were computed, may count against a holder that stored them "
+    "meanwhile."
+)
+ENGINE_KINDS = {"vllm": "vllm-cross-instance-reuse", "sglang": "sglang-cross-instance-reuse"}
 NOTE_HASH = (
     "Some BlockStored events carry no token ids, so blocks are matched by vLLM's block hash: valid only when every "
     "instance hashes alike (the same PYTHONHASHSEED, or none with sha256 or sha256_cbor hashing from vLLM 0.29.0 on); "
@@ -124,7 +154,7 @@ class HashAgreement:
 
 @dataclasses.dataclass(frozen=True)
 class CrossInstanceReuse:
-    kind: str  # always "vllm-cross-instance-reuse"
+    kind: str  # "vllm-cross-instance-reuse", or "sglang-cross-instance-reuse" for SGLang's events
     matched_by: str  # MATCH_CONTENT or MATCH_HASH
     instances: tuple[InstanceReuse, ...]
     computed_blocks: int
@@ -138,6 +168,7 @@ class CrossInstanceReuse:
     hashes: HashAgreement
     top_prefixes: tuple[RepeatedPrefix, ...]
     notes: tuple[str, ...]
+    engine: str = "vllm"  # whose events: "vllm" or "sglang"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,13 +386,16 @@ def choose_matching(files: Sequence[InstanceEvents]) -> str:
 
 
 def analyze_cross_instance(files: Sequence[InstanceEvents], top: int = DEFAULT_TOP) -> CrossInstanceReuse:
-    """Replay a fleet's vLLM KV events and count the reuse missed across instances (see the module docstring).
+    """Replay a fleet's vLLM (or SGLang) KV events and count the reuse missed across instances (see the module
+    docstring).
 
-    Raises UsageError for fewer than two instances, InputFileError for an instance with no events.
+    Raises UsageError for fewer than two instances or files of both engines, InputFileError for an instance with
+    no events.
     """
     for f in files:
         if not f.events:
             raise InputFileError("the file holds no vLLM KV events", where=f.source)
+    engine = _engine_of(files)
     plan = _units_of(files)
     if len(plan) < 2:
         raise UsageError(
@@ -399,7 +433,28 @@ def analyze_cross_instance(files: Sequence[InstanceEvents], top: int = DEFAULT_T
             replay.removed(index, event)
         elif event.type == ALL_BLOCKS_CLEARED:
             replay.cleared(index)
-    return _result(replay, matched_by, top)
+    return _result(replay, matched_by, top, engine)
+
+
+def _engine_of(files: Sequence[InstanceEvents]) -> str:
+    """The one engine whose events the files hold; vLLM's and SGLang's together are refused (their blocks are
+    other units, blocks of 16 and pages of 1 by default, so no content would match across them)."""
+    engines = {f.source: f.events[0].engine for f in files}
+    for f in files:
+        other = next((e for e in f.events if e.engine != f.events[0].engine), None)
+        if other is not None:
+            raise InputFileError(
+                f"the file holds {f.events[0].engine}'s and {other.engine}'s events",
+                where=f"{f.source}, line {other.line}",
+            )
+    if len(set(engines.values())) > 1:
+        sglang = [src for src, e in engines.items() if e == "sglang"]
+        raise UsageError(
+            "the files hold vLLM's and SGLang's KV events: cross-instance reuse compares one engine's instances",
+            where=", ".join(sglang),
+            tip="analyze each engine's files apart",
+        )
+    return next(iter(engines.values()))
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -424,7 +479,7 @@ def _hash_agreement(replay: _Replay, matched_by: str) -> HashAgreement:
     return HashAgreement(verdict, shared, same, replay.same_hash_missed if matched_by == MATCH_CONTENT else 0)
 
 
-def _result(replay: _Replay, matched_by: str, top: int) -> CrossInstanceReuse:
+def _result(replay: _Replay, matched_by: str, top: int, engine: str = "vllm") -> CrossInstanceReuse:
     units = replay.units
     instances = tuple(
         InstanceReuse(
@@ -462,10 +517,14 @@ def _result(replay: _Replay, matched_by: str, top: int) -> CrossInstanceReuse:
     )
     computed = sum(i.computed_tokens for i in instances)
     missed = sum(i.missed_tokens for i in instances)
-    notes = [NOTE_CONTENT if matched_by == MATCH_CONTENT else NOTE_HASH, NOTE_FULL_BLOCKS]
-    incremental = [i.instance for i in instances if i.report_mode == "incremental"]
-    if incremental:
-        notes.append(f"{NOTE_LOCAL_HITS} Incremental here: {', '.join(incremental)}.")
+    if engine == "sglang":
+        notes = [SGLANG_NOTE_CONTENT if matched_by == MATCH_CONTENT else NOTE_HASH, SGLANG_NOTE_PAGES]
+        notes += [SGLANG_NOTE_NO_HITS, SGLANG_NOTE_STORE_TIME]
+    else:
+        notes = [NOTE_CONTENT if matched_by == MATCH_CONTENT else NOTE_HASH, NOTE_FULL_BLOCKS]
+        incremental = [i.instance for i in instances if i.report_mode == "incremental"]
+        if incremental:
+            notes.append(f"{NOTE_LOCAL_HITS} Incremental here: {', '.join(incremental)}.")
     skew = sum(1 for lead in replay.leads if lead < SKEW_SENSITIVE_S)
     notes.append(
         "Instances are ordered by their own batch timestamps (each publisher's clock): "
@@ -488,7 +547,7 @@ def _result(replay: _Replay, matched_by: str, top: int) -> CrossInstanceReuse:
         notes.append(f"The last line of {', '.join(cut)} was cut short and not read.")
     notes.append(NOTE_WHAT_IF)
     return CrossInstanceReuse(
-        kind="vllm-cross-instance-reuse",
+        kind=ENGINE_KINDS[engine],
         matched_by=matched_by,
         instances=instances,
         computed_blocks=sum(i.computed_blocks for i in instances),
@@ -502,4 +561,5 @@ def _result(replay: _Replay, matched_by: str, top: int) -> CrossInstanceReuse:
         hashes=_hash_agreement(replay, matched_by),
         top_prefixes=tuple(prefixes[:top]),
         notes=tuple(notes),
+        engine=engine,
     )

@@ -204,7 +204,8 @@ def cross_instance_tables(result: CrossInstanceReuse) -> list:
 
     from kvtool.core.render import new_table
 
-    per = new_table(title=f"Reuse missed across instances (blocks matched by {result.matched_by})")
+    engine = " of SGLang" if result.engine == "sglang" else ""
+    per = new_table(title=f"Reuse missed across instances{engine} (blocks matched by {result.matched_by})")
     per.add_column("instance")
     for name in ("computed blocks", "computed tokens", "local hit blocks", "missed blocks", "missed tokens"):
         per.add_column(name, justify="right")
@@ -243,7 +244,7 @@ def cross_instance_tables(result: CrossInstanceReuse) -> list:
         ("held elsewhere for (s): min / median / max", f"{_num(lead.min_s)} / {_num(lead.median_s)} / "
          f"{_num(lead.max_s)}"),
         ("missed blocks held elsewhere < 1 s (clock skew)", _num(result.skew_sensitive_blocks)),
-        ("vLLM block hashes across instances", hashes.verdict),
+        (f"{'SGLang page' if result.engine == 'sglang' else 'vLLM block'} hashes across instances", hashes.verdict),
         ("block contents on 2+ instances / same hash", f"{hashes.shared_contents:,} / {hashes.same_hash_contents:,}"),
         ("missed blocks a hash-keyed router would see", _num(hashes.missed_blocks_same_hash)
          if result.matched_by == "content" else "-"),

@@ -347,6 +347,8 @@ def _block_extras(row: dict[str, Any], blocks: int) -> tuple[str, ...]:
     to_event_extra_keys``); a list of another length is kept whole on every block, so nothing is dropped."""
     extra = row.get("extra_keys")
     lora = [row.get("lora_name"), row.get("lora_id")]
+    if row.get("cache_salt") is not None:  # SGLang's BlockStored names its cache_salt apart (vLLM's is an extra key)
+        lora.append(row["cache_salt"])
     per_block = extra if isinstance(extra, list) and len(extra) == blocks else [extra] * blocks
     return tuple(json.dumps([lora, keys], sort_keys=True, separators=(",", ":")) for keys in per_block)
 

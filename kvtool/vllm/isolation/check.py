@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import shutil
 import tempfile
 import threading
 import time
@@ -28,6 +29,16 @@ from kvtool.vllm.isolation.client import (
     parse_cache_config,
     parse_prefix_counters,
 )
+from kvtool.vllm.isolation.multimodal import (
+    CHAT_TEMPLATE,
+    IMAGE_KIND,
+    ImageSupport,
+    config_takes_images,
+    detect_images,
+    has_chat_template,
+    image_pairs,
+    not_covered_combinations,
+)
 from kvtool.vllm.isolation.plan import (
     DIMENSIONS,
     FILLER,
@@ -38,6 +49,8 @@ from kvtool.vllm.isolation.plan import (
     Trial,
     new_run_id,
     plan_trials,
+    send_order,
+    trial_requests,
 )
 from kvtool.vllm.isolation.record import (
     RECORD_FORMAT,
@@ -179,6 +192,7 @@ class _Setup:
     hidden_size: int | None
     can_load_adapters: bool
     multimodal: bool | None = None  # the model takes images/audio (config.json); None: not known (endpoint mode)
+    model_dir: Path | None = None  # self-started: the model folder (its config.json says whether it takes images)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +218,9 @@ def _limits(block_size: int, max_model_len: int | None, cache_config: dict[str, 
 
 
 def _partitions(
-    setup: _Setup, options: IsolationOptions, run_id: str, limits: _Limits | None = None
-) -> tuple[tuple[DimensionPartitions, ...], tuple[SkippedDimension, ...]]:
+    setup: _Setup, options: IsolationOptions, run_id: str, limits: _Limits | None = None,
+    images: ImageSupport | None = None,
+) -> tuple[tuple[DimensionPartitions, ...], tuple[SkippedDimension, ...]]:  # fmt: skip
     """The partition pairs of every requested dimension, and the dimensions that cannot run here (and why)."""
     limits = limits or _Limits(16, DEFAULT_MAX_BLOCKS, None, None)
     base = Partition("base")
@@ -289,10 +304,11 @@ def _partitions(
                             Partition("salt:eb", cache_salt=f"kvtool-{run_id}-eb"))]  # fmt: skip
     add("eviction", evict_pairs, reason, variants=("exact",), filler_blocks=fill_blocks,
         filler_prompt_blocks=fill_prompt)  # fmt: skip
-    reason = "not covered: kvtool sends no image or audio inputs yet"
-    if setup.multimodal is False:  # known only when kvtool started the engine on a model folder
-        reason += " (nor does the model take any: its config.json has no vision or audio config)"
-    add("multimodal", [], reason)
+    # salt x image (x adapter, x tenant): kvtool.vllm.isolation.multimodal
+    images = images or ImageSupport(None, "not covered: the model was not probed for images")
+    mm_pairs, mm_cases = image_pairs(images, setup.adapters, tenants, run_id)
+    add("multimodal", mm_pairs, images.how + (f" ({images.fix})" if images.fix else ""), kind=IMAGE_KIND,
+        variants=("exact",), cases=mm_cases)  # fmt: skip
     return tuple(groups), tuple(skipped)
 
 
@@ -356,7 +372,7 @@ def _run_probes(
     n = 0
     for trial in trials:
         refused: str | None = None
-        for probe in (*trial.fillers, *trial.probes):
+        for probe in send_order(trial):
             n += 1
             if refused is not None:
                 results.append(ProbeResult(probe, 0, None, time.time(), 0.0, None, None, None, None,
@@ -385,7 +401,9 @@ def _run_probes(
             results.append(
                 ProbeResult(probe, reply.cached_tokens, reply.prompt_tokens, reply.sent_at_s, reply.latency_s,
                             counters.queries_tokens, counters.hits_tokens, after.queries_tokens, after.hits_tokens,
-                            engine=served_by(counters, after))
+                            engine=served_by(counters, after),
+                            external_hits_before=counters.external_hits_tokens,
+                            external_hits_after=after.external_hits_tokens)
             )  # fmt: skip
             counters = after
             if n % 25 == 0 or n == total:
@@ -430,13 +448,20 @@ def _minimize(
             return None
         step += 1
         kind = trial.probes[0].kind
+        fill: dict[str, Any] = {}
+        if trial.fillers_after_prime:  # a second-tier trial shrinks with its fillers (kvtool.vllm.isolation.tier)
+            from kvtool.vllm.isolation.tier import minimize_fields
+
+            fill = minimize_fields(trial.fillers)
         group = DimensionPartitions(trial.dimension, ((first, second),), kind, variants=(trial.variant,),
                                     lengths=(length,), cases=(trial.case,), one_order=True,
-                                    same_content=trial.dimension == "salt-embeds")  # fmt: skip
+                                    same_content=trial.dimension == "salt-embeds", **fill)  # fmt: skip
         seed = None if options.seed is None else options.seed * 7919 + step
         sub = plan_trials((group,), PlanOptions(plan.block_size, repeats=1, seed=seed,
                                                 repeat_primes=options.repeat_primes), plan.run_id,
                           stage="min", first_index=index)  # fmt: skip
+        if left is not None and left < trial_requests(sub.trials[0]):
+            return None
         got = _run_probes(client, sub, with_events=with_events, hidden_size=setup.hidden_size,
                           progress=lambda _m: None, loaded=loaded)  # fmt: skip
         index += len(got)
@@ -444,8 +469,8 @@ def _minimize(
             left -= len(got)
         new_trials.extend(sub.trials)
         new_results.extend(got)
-        prime, control, victim = got[-3:]  # after the prime's copies (--repeat-primes)
-        return judge_trial(prime, control, victim, None, plan.block_size).verdict == LEAK
+        role = {r.probe.role: r for r in got}
+        return judge_trial(role["prime"], role["control"], role["victim"], None, plan.block_size).verdict == LEAK
 
     for dimension in options.dimensions:
         leaking = [t for t in plan.trials if t.dimension == dimension and judged.get(t.id) == LEAK]
@@ -502,7 +527,22 @@ def _check(
     max_model_len = max_model_len if isinstance(max_model_len, int) else None
     limits = _limits(block_size, max_model_len, cache_config, options.budget_requests)
     run_id = new_run_id(options.seed)
-    partitions, skipped = _partitions(setup, options, run_id, limits)
+    images = None
+    if "multimodal" in options.dimensions:
+        root = setup.model_dir or next((m.get("root") for m in models if m.get("id") == base), None)
+        images = detect_images(client, config_takes_images(root) if root else None, run_id)
+        progress(f"images: {images.how}")
+    partitions, skipped = _partitions(setup, options, run_id, limits, images)
+    if images is not None:
+        images = dataclasses.replace(images, not_covered=not_covered_combinations(images, setup.adapters))
+    connector = None
+    if "tier" in options.dimensions:  # a second tier behind a KV connector (kvtool.vllm.isolation.tier)
+        from kvtool.vllm.isolation.tier import add_tier, detect_connector
+
+        connector = detect_connector(client, block_size, run_id)
+        progress(f"KV connector {connector.text}")
+        partitions, skipped = add_tier(partitions, skipped, connector, run_id, limits.pool_blocks, limits.max_blocks,
+                                       options.budget_requests)  # fmt: skip
     reserve = 0 if options.budget_requests is None or not options.minimize else min(
         MINIMIZE_RESERVE, options.budget_requests // 10)  # fmt: skip
     search_budget = None if options.budget_requests is None else options.budget_requests - reserve
@@ -539,9 +579,10 @@ def _check(
         events = relevant_events(rows, sessions)
     engine = EngineInfo(mode, client.base_url, base, block_size, _version(client), events_endpoint, options.note,
                         cache_config, metrics_status, seconds,
-                        engines=engine_count(parse_prefix_counters(metrics)))  # fmt: skip
+                        engines=engine_count(parse_prefix_counters(metrics)),
+                        kv_connector=None if connector is None else connector.text)  # fmt: skip
     # the probes are sent: from here on the record holds labels, never the tenants' keys (kvtool.vllm.isolation.record)
-    return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped))
+    return redact_keys(IsolationRecord(RECORD_FORMAT, engine, plan, results, events, skipped, images))
 
 
 @contextlib.contextmanager
@@ -555,10 +596,20 @@ def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tup
     shape = attention_shape(model_dir)
     python = options.vllm_python or _default_vllm_python()
     events_port = options.events_port or free_port()
+    takes_images = config_takes_images(model_dir)
+    engine_args = options.engine_args
+    scratch = Path(tempfile.mkdtemp(prefix="kvtool-iso-tmpl-"))
+    if (takes_images and takes_images[0] and not has_chat_template(model_dir)
+            and not any(a.startswith("--chat-template") for a in engine_args)):  # fmt: skip
+        # the chat API needs a template to take the image probes (kvtool.vllm.isolation.multimodal)
+        (scratch / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n", encoding="utf-8")
+        engine_args += (f"--chat-template={scratch / 'chat_template.jinja'}",)
     spec = EngineSpec(python, model_dir, options.port or free_port(), events_port, options.block_size,
-                      options.engine_args, options.startup_timeout_s)  # fmt: skip
+                      engine_args, options.startup_timeout_s)  # fmt: skip
     progress(f"starting vLLM on {model_dir} (port {spec.port}); this takes a while")
-    with Engine(spec) as engine:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, True)
+        engine = stack.enter_context(Engine(spec))
         progress(f"vLLM is up at {engine.url}")
         folder = engine.scratch / "adapters"
         paths = {n: write_random_adapter(folder / n, shape, str(model_dir), seed) for seed, n in enumerate("abv")}
@@ -567,10 +618,8 @@ def _self_started(options: IsolationOptions, progress: Progress) -> Iterator[tup
         for name, key in zip(names, "ab"):
             client.load_adapter(name, str(paths[key]), in_place=False)
         v2 = write_random_adapter(folder / "v2", shape, str(model_dir), 7)
-        config = (model_dir / "config.json").read_text(encoding="utf-8")
-        multimodal = any(k in config for k in ('"vision_config"', '"audio_config"'))
         setup = _Setup(names, (str(paths["v"]), str(v2)), shape.hidden_size, can_load_adapters=True,
-                       multimodal=multimodal)  # fmt: skip
+                       multimodal=takes_images[0] if takes_images else None, model_dir=model_dir)  # fmt: skip
         yield client, setup, f"tcp://127.0.0.1:{events_port}"
 
 

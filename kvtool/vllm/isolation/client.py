@@ -27,12 +27,16 @@ from typing import Any
 
 from kvtool.core.errors import KvtoolError, UsageError
 from kvtool.core.redact import redact_url, without_secrets
+from kvtool.vllm.isolation.multimodal import CHAT_PATH, IMAGE_KIND, chat_body
 from kvtool.vllm.isolation.plan import Plan, Probe
 
 TOKEN_LOW, TOKEN_HIGH = 10, 1000  # random prompt token ids; every real vocabulary has at least 1,000 tokens
 CACHED_TOKENS_TIP = "start vLLM with --enable-prompt-tokens-details (it fills usage.prompt_tokens_details)"
 METRIC_QUERIES = "vllm:prefix_cache_queries_total"
 METRIC_HITS = "vllm:prefix_cache_hits_total"
+# what a KV connector (a second tier) served: vLLM 0.32 vllm/v1/metrics/loggers.py, counted only with a connector
+METRIC_EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+METRIC_EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
 
@@ -61,6 +65,8 @@ class PrefixCounters:
     hits_tokens: float | None
     # vllm:prefix_cache_queries_total per ``engine`` label (several behind a router: kvtool.vllm.isolation.routing)
     queries_by_engine: tuple[tuple[str, float], ...] = ()
+    external_queries_tokens: float | None = None  # vllm:external_prefix_cache_queries (KV connector lookups)
+    external_hits_tokens: float | None = None  # vllm:external_prefix_cache_hits (tokens a KV connector served)
 
 
 def block_tokens(seed: int, count: int) -> list[int]:
@@ -195,11 +201,17 @@ class Client:
                 tip=tip,
             )
 
+    def post(self, path: str, body: Any, api_key: str | None = None) -> tuple[int, str]:
+        """POST a JSON body: the HTTP status and the answer (a refusal's message, keys masked)."""
+        status, text = self._request("POST", path, body, api_key)
+        return status, (text if status == 200 else self._quote(text, api_key))
+
     def complete(self, probe: Probe, plan: Plan, *, with_events: bool, hidden_size: int | None) -> Completion:
         body = completion_body(probe, plan, with_events=with_events, hidden_size=hidden_size, base=self.base_model)
+        path = CHAT_PATH if probe.kind == IMAGE_KIND else "/v1/completions"  # images: the chat API only (vLLM 0.32)
         sent = time.time()
         start = time.perf_counter()
-        status, text = self._request("POST", "/v1/completions", body, probe.partition.api_key)
+        status, text = self._request("POST", path, body, probe.partition.api_key)
         latency = time.perf_counter() - start
         if status != 200:
             error = EndpointError(
@@ -211,7 +223,7 @@ class Client:
             error.status = status
             error.answer = self._quote(text, probe.partition.api_key)
             raise error
-        usage = _parse_json(text, "/v1/completions", (probe.partition.api_key, self.api_key)).get("usage") or {}
+        usage = _parse_json(text, path, (probe.partition.api_key, self.api_key)).get("usage") or {}
         details = usage.get("prompt_tokens_details")
         if not isinstance(details, dict) or not isinstance(details.get("cached_tokens"), int):
             raise EndpointError(
@@ -229,6 +241,8 @@ def completion_body(
     probe: Probe, plan: Plan, *, with_events: bool, hidden_size: int | None, base: str
 ) -> dict[str, Any]:
     """The JSON body of one probe request."""
+    if probe.kind == IMAGE_KIND:
+        return chat_body(probe, plan, with_events=with_events, base=base)
     body: dict[str, Any] = {"model": probe.partition.model or base, "max_tokens": 1, "temperature": 0.0}
     if probe.kind == "embeds":
         if hidden_size is None:
@@ -252,7 +266,7 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
         if line.startswith("#"):
             continue
         name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
-        if name not in (METRIC_QUERIES, METRIC_HITS):
+        if name not in (METRIC_QUERIES, METRIC_HITS, METRIC_EXTERNAL_QUERIES, METRIC_EXTERNAL_HITS):
             continue
         try:
             value = float(line.rsplit(" ", 1)[-1])
@@ -262,7 +276,8 @@ def parse_prefix_counters(text: str) -> PrefixCounters:
         engine = _ENGINE_LABEL.search(rest) if name == METRIC_QUERIES else None
         if engine is not None:
             by_engine[engine.group(1)] = by_engine.get(engine.group(1), 0.0) + value
-    return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS), tuple(sorted(by_engine.items())))
+    return PrefixCounters(totals.get(METRIC_QUERIES), totals.get(METRIC_HITS), tuple(sorted(by_engine.items())),
+                          totals.get(METRIC_EXTERNAL_QUERIES), totals.get(METRIC_EXTERNAL_HITS))  # fmt: skip
 
 
 _ENGINE_LABEL = re.compile(r'\bengine="([^"]*)"')

@@ -30,7 +30,7 @@ import random
 
 DIMENSIONS = (
     "salt", "adapter", "adapter-version", "embeddings", "cross",
-    "salt-variant", "length", "salt-adapter", "salt-embeds", "eviction", "multimodal",
+    "salt-variant", "length", "salt-adapter", "salt-embeds", "eviction", "multimodal", "tier",
 )  # fmt: skip
 DIMENSION_TITLES = {
     "salt": "Tenants (cache_salt)",
@@ -44,6 +44,7 @@ DIMENSION_TITLES = {
     "salt-embeds": "Salt x embeddings",
     "eviction": "After evictions",
     "multimodal": "Salt x multimodal",
+    "tier": "Second tier (KV connector)",
 }
 ROLES = ("prime", "control", "victim")
 FILLER = "filler"  # role of the requests that push the prime's pool into evicting (eviction dimension)
@@ -62,6 +63,7 @@ class Partition:
     cache_salt: str | None = None  # the request body's cache_salt
     api_key: str | None = None  # a tenant's API key (gateways that derive the salt from credentials)
     adapter_path: str | None = None  # adapter-version: the path the adapter name must point at when probed
+    image: int | None = None  # multimodal: the seed of the image every request carries (isolation.multimodal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Probe:
     trial: str  # the trial id, e.g. "salt/0" (three probes share it)
     role: str  # prime | control | victim
     partition: Partition
-    kind: str  # "tokens" or "embeds"
+    kind: str  # "tokens", "embeds" or "image" (a chat request with the partition's image, isolation.multimodal)
     block_seeds: tuple[int, ...]  # one seed per full block, then one for the partial tail
     expected_cached_tokens: int  # what a correct engine reports for this request
     session_id: str  # sent as session_id so its KV events can be told apart
@@ -93,8 +95,10 @@ class Trial:
     full_blocks: int = MIN_FULL_BLOCKS  # full blocks of the prime (the search varies it; older records: 4)
     case: str = ""  # what the pair varies, e.g. "case" or "nfc-nfd" for salt variants; "" for the plain pairs
     stage: str = "search"  # search | minimize (a follow-up that shrinks the first leaking case)
-    # sent before the prime: fresh prompts that make the pool evict (FILLER), then the prime's copies (REPRIME)
-    fillers: tuple[Probe, ...] = ()
+    fillers: tuple[Probe, ...] = ()  # sent before the prime: fresh prompts that make the pool evict
+    # tier dimension: the fillers go between the prime and the rest, and the victim runs before the control, so both
+    # can only be served from a second tier (kvtool.vllm.isolation.tier); see send_order
+    fillers_after_prime: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +122,7 @@ class Plan:
 
     @property
     def probes(self) -> tuple[Probe, ...]:
-        return tuple(p for t in self.trials for p in (*t.fillers, *t.probes))
+        return tuple(p for t in self.trials for p in send_order(t))
 
     @property
     def prompt_tokens(self) -> int:
@@ -139,6 +143,7 @@ class DimensionPartitions:
     filler_blocks: int = 0  # eviction: blocks of fresh filler sent before each prime (more than the pool holds)
     filler_prompt_blocks: int = 0  # full blocks per filler request
     one_order: bool = False  # only (a, b), not also (b, a): minimization steps
+    fillers_after_prime: bool = False  # tier: prime, fillers, victim, control (Trial.fillers_after_prime)
 
 
 class _Seeds:
@@ -165,7 +170,7 @@ def _trial_prompts(
     n = full_blocks + 1
     prime = seeds.take(n)
     if variant == "exact":
-        victim = prime if (kind == "tokens" or same_content) else seeds.take(n)
+        victim = prime if (kind != "embeds" or same_content) else seeds.take(n)  # images: the partition sets it
         return prime, prime, victim
     head = prime[: prefix_blocks(full_blocks)]
     tail = n - len(head)
@@ -191,6 +196,15 @@ def _expected(variant: str, kind: str, role: str, full_blocks: int, block_size: 
         if (kind == "embeds" and variant == "prefix" and not same_content)
         else 0
     )
+
+
+def send_order(trial: Trial) -> tuple[Probe, ...]:
+    """The trial's requests in the order they are sent (their indices ascend in this order): fillers, prime, control,
+    victim; or, for a second-tier trial, prime, fillers, victim, control."""
+    prime, control, victim = trial.probes
+    if trial.fillers_after_prime:
+        return (prime, *trial.fillers, victim, control)
+    return (*trial.fillers, prime, control, victim)
 
 
 def trial_requests(trial: Trial) -> int:
@@ -239,28 +253,31 @@ def plan_trials(
         trial_id = (
             f"{group.dimension}/{number}" if stage == "search" else f"{group.dimension}/{stage}{first_index}-{number}"
         )
-        fillers = []
-        for _ in range(n_fill):
-            fill_seeds = seeds.take(group.filler_prompt_blocks + 1)
-            fillers.append(Probe(index, group.dimension, trial_id, FILLER, Partition("filler"), "tokens", fill_seeds, -1,
-                                 f"kvtool-iso-{run_id}-{index}"))  # fmt: skip
-            index += 1
+        fill_seeds = [seeds.take(group.filler_prompt_blocks + 1) for _ in range(n_fill)]
         prompts = _trial_prompts(seeds, variant, group.kind, length, group.same_content)
-        for _ in range(options.repeat_primes - 1):  # copies of the prime, sent right before it (its partition)
-            fillers.append(Probe(index, group.dimension, trial_id, REPRIME, first, group.kind, prompts[0], -1,
-                                 f"kvtool-iso-{run_id}-{index}"))  # fmt: skip
-            index += 1
+        # indices in send order (send_order): fillers, the prime's copies (--repeat-primes), prime, control, victim;
+        # a second-tier trial sends prime, fillers, victim, control (its prime is not repeated)
+        n_copies = 0 if group.fillers_after_prime else options.repeat_primes - 1
+        slots = ("prime", *[FILLER] * n_fill, "victim", "control") if group.fillers_after_prime else (
+            *[FILLER] * n_fill, *[REPRIME] * n_copies, "prime", "control", "victim")  # fmt: skip
+        at = {role: index + slots.index(role) for role in ROLES}
+        fill_at = [index + i for i, role in enumerate(slots) if role == FILLER]
+        copy_at = [index + i for i, role in enumerate(slots) if role == REPRIME]
+        index += len(slots)
+        fillers = [Probe(i, group.dimension, trial_id, FILLER, Partition("filler"), "tokens", fs, -1,
+                         f"kvtool-iso-{run_id}-{i}") for i, fs in zip(fill_at, fill_seeds)]  # fmt: skip
+        fillers += [Probe(i, group.dimension, trial_id, REPRIME, first, group.kind, prompts[0], -1,
+                          f"kvtool-iso-{run_id}-{i}") for i in copy_at]  # fmt: skip
         probes = []
         for role, partition, block_seeds in zip(ROLES, (first, first, second), prompts):
             expected = _expected(variant, group.kind, role, length, options.block_size, group.same_content)
-            session = f"kvtool-iso-{run_id}-{index}"
+            session = f"kvtool-iso-{run_id}-{at[role]}"
             probes.append(
-                Probe(index, group.dimension, trial_id, role, partition, group.kind, block_seeds, expected, session)
+                Probe(at[role], group.dimension, trial_id, role, partition, group.kind, block_seeds, expected, session)
             )
-            index += 1
         trials.append(
             Trial(trial_id, group.dimension, variant, first.label, second.label, repeat,
-                  (probes[0], probes[1], probes[2]), length, case, stage, tuple(fillers))
+                  (probes[0], probes[1], probes[2]), length, case, stage, tuple(fillers), group.fillers_after_prime)
         )  # fmt: skip
     not_covered = tuple(f"{d}: {n} trials past the budget" for d, n in dropped.items())
     return Plan(options.block_size, options.full_blocks, partial, run_id, tuple(trials), budget_requests, not_covered)

@@ -21,6 +21,7 @@ from kvtool.core.errors import InputFileError, UsageError
 from kvtool.core.jsonable import to_jsonable
 from kvtool.core.jsonfile import loads_bounded
 from kvtool.core.redact import redact_url
+from kvtool.vllm.isolation.multimodal import ImageSupport
 from kvtool.vllm.isolation.plan import Partition, Plan, Probe, Trial
 
 RECORD_FORMAT = "kvtool-isolation/1"
@@ -42,6 +43,7 @@ class EngineInfo:
     metrics_status: int | None = None  # the HTTP status /metrics answered (None: older records)
     search_seconds: float | None = None  # wall time of the probes (search and minimization)
     engines: int | None = None  # engines /metrics showed behind the endpoint (None: no engine label; older records)
+    kv_connector: str | None = None  # how the check told whether a KV connector serves a second tier (tier dimension)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,8 @@ class ProbeResult:
     hits_after: float | None
     error: str | None = None  # the engine refused the request (HTTP 4xx, e.g. an empty salt); nothing was cached
     engine: str | None = None  # the engine that served it, when /metrics shows several (kvtool.vllm.isolation.routing)
+    external_hits_before: float | None = None  # vllm:external_prefix_cache_hits_total (a KV connector's hits)
+    external_hits_after: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,7 @@ class IsolationRecord:
     results: tuple[ProbeResult, ...]
     events: tuple[dict[str, Any], ...] | None  # KV-event rows (EVENT_FIELDS), None when not captured
     skipped: tuple[SkippedDimension, ...]
+    images: ImageSupport | None = None  # whether the model takes images, and what showed it (None: not asked)
 
 
 def keep_event(row: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +178,12 @@ def _plan(obj: dict[str, Any]) -> Plan:
                 obj.get("budget_requests"), tuple(obj.get("not_covered", ())))  # fmt: skip
 
 
+def _images(obj: Any) -> ImageSupport | None:
+    if obj is None:
+        return None
+    return ImageSupport(**dict(obj, not_covered=tuple(obj.get("not_covered", ()))))
+
+
 def _index(probe: Any) -> int:
     return int(probe["index"] if isinstance(probe, dict) else probe)
 
@@ -192,6 +203,7 @@ def record_from_json(obj: Any) -> IsolationRecord:
         results,
         events,
         tuple(SkippedDimension(**s) for s in obj.get("skipped", ())),
+        _images(obj.get("images")),
     )
     return redact_keys(record)  # a record written before keys were redacted holds them in plaintext
 

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
+from kvtool.vllm.isolation.multimodal import IMAGE_KIND, control_expected_tokens
 from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, FILLER, Partition, Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 from kvtool.vllm.isolation.routing import TrialPath, routing_line, trial_path
@@ -168,7 +169,7 @@ class IsolationReport:
 
 
 def _partition_key(partition: Partition) -> tuple[Any, ...]:
-    return (partition.model, partition.cache_salt, partition.api_key, partition.adapter_path)
+    return (partition.model, partition.cache_salt, partition.api_key, partition.adapter_path, partition.image)
 
 
 class _Events:
@@ -220,6 +221,10 @@ def judge_trial(
 ) -> TrialVerdict:
     """The verdict of one trial (see the module docstring for the rules); ``path`` says where its requests ran
     behind a router (kvtool.vllm.isolation.routing): a miss away from the prime's engines proves nothing."""
+    if prime.probe.dimension == "tier":  # a second-tier trial has rules of its own (kvtool.vllm.isolation.tier)
+        from kvtool.vllm.isolation.tier import judge_tier_trial
+
+        return judge_tier_trial(prime, control, victim, events, block_size)
     trial = prime.probe.trial
     errors = [r.error for r in (prime, control, victim) if r.error]
     if errors:  # the engine refused a request (an empty salt): nothing was cached, nothing proven
@@ -233,6 +238,8 @@ def judge_trial(
     doubts: list[str] = []
     v_expected = victim.probe.expected_cached_tokens
     c_expected = control.probe.expected_cached_tokens
+    if control.probe.kind == IMAGE_KIND:  # the image's placeholder tokens and the tokenizer set the length
+        c_expected = control_expected_tokens(control.prompt_tokens, c_expected, block_size)
     first, second = prime.probe.partition.label, victim.probe.partition.label
     # 1. cached tokens
     if victim.cached_tokens > v_expected:
@@ -331,7 +338,7 @@ def _cross_partition_hashes(results: list[ProbeResult], events: _Events) -> int:
     """Hashes published under two different partitions (token dimensions: fresh prompts never legitimately do)."""
     owners: dict[Any, set[tuple[Any, ...]]] = defaultdict(set)
     for r in results:
-        if r.probe.kind == "tokens":
+        if r.probe.kind in ("tokens", IMAGE_KIND):  # fresh content: embeddings share rows on purpose
             for h in events.stored.get(r.probe.session_id, ()):
                 owners[h].add(_partition_key(r.probe.partition))
     return sum(1 for keys in owners.values() if len(keys) > 1)
@@ -492,7 +499,8 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
         ))  # fmt: skip
     else:
         out.append(Precondition("prefix-caching", "ok", 'enable_prefix_caching="True"', None))
-    searched = [t for d in dims for t in d.trial_verdicts if t.verdict != REFUSED]
+    # the tier's controls run after fillers that evict on purpose: its own line (kv-connector) judges them
+    searched = [t for d in dims if d.dimension != "tier" for t in d.trial_verdicts if t.verdict != REFUSED]
     if not caching_off:  # behind a router: controls sent away from their primes are the routing line's, not the cache's
         routing = routing_line(record, searched)
         if routing is not None:
@@ -540,6 +548,9 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
                                 "give --events tcp://HOST:PORT as in vLLM's --kv-events-config"))  # fmt: skip
     else:
         out.append(Precondition("kv-events", "ok", f"{len(record.events)} KV events", None))
+    from kvtool.vllm.isolation.tier import tier_preconditions
+
+    out.extend(tier_preconditions(record, dims))
     if record.plan.not_covered:
         out.append(Precondition("budget", "partial", "; ".join(record.plan.not_covered),
                                 f"raise --budget (now {record.plan.budget_requests})"))  # fmt: skip
@@ -556,7 +567,12 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
     skipped = {s.dimension: s.reason for s in record.skipped}
     dims = []
     for dimension in DIMENSIONS:
-        if dimension in results_by_dim:
+        if dimension in results_by_dim and dimension == "tier":
+            from kvtool.vllm.isolation.tier import judge_tier_dimension
+
+            dims.append(judge_tier_dimension(results_by_dim[dimension], events, record.plan.block_size, trials_by_id,
+                                             record.engine))  # fmt: skip
+        elif dimension in results_by_dim:
             dims.append(judge_dimension(dimension, results_by_dim[dimension], events, record.plan.block_size,
                                         trials_by_id))  # fmt: skip
         elif dimension in skipped:
@@ -564,6 +580,10 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
                 DimensionResult(dimension, DIMENSION_TITLES[dimension], "not run", 0, 0, 0, (), (), None,
                                 skipped[dimension], ())
             )  # fmt: skip
+    if record.images is not None:  # how the run told whether the model takes images, and what it could not send
+        dims = [dataclasses.replace(d, coverage=(record.images.how, *d.coverage, *(
+            f"not sent: {line}" for line in record.images.not_covered)))
+                if d.dimension == "multimodal" and d.skipped_reason is None else d for d in dims]  # fmt: skip
     verdict = _combine(d.verdict for d in dims if d.verdict != "not run")
     exit_code = {PASS: EXIT_OK, LEAK: EXIT_CHECK_FAILED}.get(verdict, EXIT_INCONCLUSIVE)
     n_events = None if record.events is None else len(record.events)

