@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import gzip
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -66,6 +67,7 @@ def main() -> int:
     specs = [EngineSpec(args.vllm_python, args.model, free_port(), events_port, 32, ENGINE_ARGS) for _ in range(2)]
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, True)  # after the engines stop (the stack unwinds in reverse)
         started = time.monotonic()
         engines = [stack.enter_context(Engine(spec)) for spec in specs]
         say(f"two engines up in {time.monotonic() - started:.1f} s: {', '.join(e.url for e in engines)}")
