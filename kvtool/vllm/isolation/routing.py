@@ -24,14 +24,35 @@ A failed path is its own precondition, ``routing``, with that fix, not the ``cac
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from kvtool.vllm.isolation.plan import REPRIME
 
 if TYPE_CHECKING:
     from kvtool.vllm.isolation.client import PrefixCounters
     from kvtool.vllm.isolation.record import IsolationRecord, ProbeResult
-    from kvtool.vllm.isolation.verdicts import Precondition, TrialVerdict
+
+
+class JudgedTrial(Protocol):
+    """What the routing line reads of a judged trial (kvtool.vllm.isolation.verdicts.TrialVerdict)."""
+
+    @property
+    def control_cached_tokens(self) -> int: ...
+    @property
+    def control_expected_tokens(self) -> int: ...
+    @property
+    def spread(self) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingLine:
+    """The ``routing`` precondition (verdicts turn it into a Precondition line)."""
+
+    state: str  # ok | failed
+    detail: str
+    fix: str | None
+    summary: str = ""  # a failed one in a few words: the headline of an inconclusive verdict
 
 
 def served_by(before: PrefixCounters, after: PrefixCounters) -> str | None:
@@ -105,11 +126,9 @@ def trial_path(results: list[ProbeResult]) -> TrialPath | None:
     return TrialPath(len(copies), copies[0].cached_tokens, engines, roles["control"].engine, roles["victim"].engine)
 
 
-def routing_precondition(record: IsolationRecord, searched: list[TrialVerdict]) -> Precondition | None:
+def routing_line(record: IsolationRecord, searched: Sequence[JudgedTrial]) -> RoutingLine | None:
     """The ``routing`` line: failed when the router sent controls or victims away from their primes; None when
     the endpoint shows a single engine (or none) and no trial was spread."""
-    from kvtool.vllm.isolation.verdicts import Precondition
-
     seen = {r.engine for r in record.results if r.engine is not None}
     engines = max(record.engine.engines or 0, len(seen))
     spread = [t for t in searched if t.spread]
@@ -120,24 +139,24 @@ def routing_precondition(record: IsolationRecord, searched: list[TrialVerdict]) 
     if not seen:
         failed = [t for t in searched if t.control_cached_tokens < t.control_expected_tokens]
         if not failed:
-            return Precondition("routing", "ok", f"{engines} engines behind the endpoint; every control found its "
+            return RoutingLine("ok", f"{engines} engines behind the endpoint; every control found its "
                                 f"prime{sent}", None)  # fmt: skip
-        return Precondition(
-            "routing", "failed",
+        return RoutingLine(
+            "failed",
             f"{engines} engines behind the endpoint, and /metrics does not tell which served each request: "
             f"{len(failed)}/{len(searched)} controls missed, which the router may have caused",
             _fix(engines), "the router may have spread the prime and the control over engines",
         )  # fmt: skip
     if spread:
         controls = sum(1 for t in spread if t.control_cached_tokens < t.control_expected_tokens)
-        return Precondition(
-            "routing", "failed",
+        return RoutingLine(
+            "failed",
             f"{engines} engines behind the endpoint (/metrics engine labels); in {len(spread)}/{len(searched)} trials "
             f"the router sent the control ({controls}) or the victim ({len(spread) - controls}) to an engine that no "
             f"copy of the prime reached{sent}",
             _fix(engines), "the router spread the prime and the control over engines",
         )  # fmt: skip
-    return Precondition("routing", "ok", f"{engines} engines behind the endpoint; every control and victim ran on "
+    return RoutingLine("ok", f"{engines} engines behind the endpoint; every control and victim ran on "
                         f"an engine holding its prime{sent}", None)  # fmt: skip
 
 

@@ -25,15 +25,13 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvtool.core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from kvtool.vllm.isolation.multimodal import IMAGE_KIND, control_expected_tokens
 from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, FILLER, Partition, Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
-
-if TYPE_CHECKING:
-    from kvtool.vllm.isolation.routing import TrialPath
+from kvtool.vllm.isolation.routing import TrialPath, routing_line, trial_path
 
 PASS, LEAK, INCONCLUSIVE, REFUSED = "pass", "leak", "inconclusive", "refused"
 MIN_TIMING_SAMPLES = 4
@@ -398,8 +396,6 @@ def judge_dimension(
     block_size: int,
     trials_by_id: dict[str, Trial] | None = None,
 ) -> DimensionResult:
-    from kvtool.vllm.isolation.routing import trial_path
-
     by_trial: dict[str, dict[str, ProbeResult]] = {}
     all_of_trial: dict[str, list[ProbeResult]] = defaultdict(list)
     for r in results:
@@ -506,10 +502,9 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
     # the tier's controls run after fillers that evict on purpose: its own line (kv-connector) judges them
     searched = [t for d in dims if d.dimension != "tier" for t in d.trial_verdicts if t.verdict != REFUSED]
     if not caching_off:  # behind a router: controls sent away from their primes are the routing line's, not the cache's
-        from kvtool.vllm.isolation.routing import routing_precondition
-
-        routing = routing_precondition(record, searched)
-        out.extend([routing] if routing is not None else [])
+        routing = routing_line(record, searched)
+        if routing is not None:
+            out.append(Precondition("routing", routing.state, routing.detail, routing.fix, routing.summary))
     failed_controls = [t for t in searched if t.control_cached_tokens < t.control_expected_tokens and not t.spread]
     pool = None
     if config and str(config.get("num_gpu_blocks", "")).isdigit():
