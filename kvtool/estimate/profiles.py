@@ -137,12 +137,17 @@ def _kind_dirs(roots: list[Path], kind: str) -> list[Path]:
 
 
 def _read_yaml(file: Path) -> dict:
-    import yaml
-
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InputFileError(f"cannot read profile: {err}", where=str(file)) from None
+    from kvtool.estimate.parsed_profiles import cached
+
+    parsed = cached(file, text)  # a built-in profile as recorded in profiles/parsed.json: no PyYAML import
+    if parsed is not None:
+        return parsed
+    import yaml
+
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
