@@ -23,12 +23,9 @@ FORMAT = 1
 KINDS = ("gpus", "models")
 
 
-def cached(file: Path, text: str) -> dict | None:
-    """What PyYAML makes of ``text``, the content of ``file``, when ``file`` is a built-in profile recorded with
-    exactly this text; None otherwise (the caller parses the YAML)."""
-    from kvtool.estimate.profiles import builtin_dir
-
-    root = builtin_dir()
+def cached(file: Path, text: str, root: Path) -> dict | None:
+    """What PyYAML makes of ``text``, the content of ``file``, when ``file`` is one of the built-in profiles under
+    ``root`` recorded there with exactly this text; None otherwise (the caller parses the YAML)."""
     if file.parent.parent != root or file.parent.name not in KINDS:
         return None
     entry = _entries(root / FILE_NAME).get(f"{file.parent.name}/{file.name}")

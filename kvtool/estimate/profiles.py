@@ -143,7 +143,7 @@ def _read_yaml(file: Path) -> dict:
         raise InputFileError(f"cannot read profile: {err}", where=str(file)) from None
     from kvtool.estimate.parsed_profiles import cached
 
-    parsed = cached(file, text)  # a built-in profile as recorded in profiles/parsed.json: no PyYAML import
+    parsed = cached(file, text, builtin_dir())  # a built-in profile as recorded in parsed.json: no PyYAML import
     if parsed is not None:
         return parsed
     import yaml
