@@ -642,7 +642,7 @@ def _print_estimate(result: "EstimateResult", json_output: bool, verbose: bool =
 def _print_models(dirs: tuple[str, ...], json_output: bool) -> None:
     """The catalog on stdout; each profile file that does not load is one warning on stderr (with --json: the
     ``warnings`` field), and the rest is listed."""
-    from kvtool.estimate.profiles import model_catalog
+    from kvtool.estimate.catalog import model_catalog
 
     catalog = model_catalog(dirs)
     warnings = [s.warning for s in catalog.skipped]

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvtool.core.errors import InputFileError, KvtoolError, UsageError
+from kvtool.core.errors import InputFileError, UsageError
 from kvtool.estimate.hf_config import KNOWN_KEYS, ModelSpec, parse_config
 
 ENV_VAR = "KVTOOL_PROFILES"
@@ -137,12 +137,17 @@ def _kind_dirs(roots: list[Path], kind: str) -> list[Path]:
 
 
 def _read_yaml(file: Path) -> dict:
-    import yaml
-
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InputFileError(f"cannot read profile: {err}", where=str(file)) from None
+    from kvtool.estimate.parsed_profiles import cached
+
+    parsed = cached(file, text, builtin_dir())  # a built-in profile as recorded in parsed.json: no PyYAML import
+    if parsed is not None:
+        return parsed
+    import yaml
+
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
@@ -353,88 +358,3 @@ def find_gpu(name: str, extra: Iterable[str | Path] = ()) -> GpuProfile:
 def model_spec(profile: ModelProfile) -> ModelSpec:
     """The ModelSpec of a profile, read with the config.json rules; errors name the profile file."""
     return parse_config(profile.config, where=f"{profile.file}: config", name=profile.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSummary:
-    """One line of ``kvtool models``."""
-
-    name: str
-    attention: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    sliding_layers: int
-    sliding_window: int | None
-    state_layers: int  # hybrid models: layers with a per-request state (Mamba, Gated DeltaNet)
-    published_params: int | None
-    hf_repo: str
-    file: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SkippedProfile:
-    """A profile file that does not load, left out of the catalog."""
-
-    file: str
-    reason: str  # the loader's error in one line: what is wrong and where (the file, and the field when one is)
-
-    @property
-    def warning(self) -> str:
-        return f"skipped a profile that does not load: {self.reason}"
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileCatalog:
-    """What ``kvtool models`` lists: every profile that loads, and the files that do not (each one warning)."""
-
-    models: tuple[ModelSummary, ...]
-    gpus: tuple[GpuProfile, ...]
-    skipped: tuple[SkippedProfile, ...]
-
-
-def _scan_loadable(dirs: list[Path], reader) -> tuple[list, list[SkippedProfile]]:
-    """Like ``_scan``, but a file that does not load is skipped and named instead of ending the whole listing
-    (one broken user profile made ``kvtool models`` fail)."""
-    seen: set[str] = set()
-    out, skipped = [], []
-    for d in dirs:
-        for file in sorted(d.glob("*.yaml")):
-            try:
-                profile = reader(file)
-            except KvtoolError as err:
-                skipped.append(SkippedProfile(str(file), err.one_line()))
-                continue
-            if profile.name.lower() not in seen:  # earlier directories override later ones
-                seen.add(profile.name.lower())
-                out.append(profile)
-    return out, skipped
-
-
-def _model_summary(file: Path) -> ModelSummary:
-    profile = read_model_profile(file)
-    spec = model_spec(profile)
-    return ModelSummary(
-        name=profile.name,
-        attention=spec.attention_kind,
-        num_layers=spec.num_layers,
-        num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        dtype=spec.dtype,
-        sliding_layers=spec.layer_kinds.count("sliding"),
-        sliding_window=spec.sliding_window,
-        state_layers=spec.state_layers,
-        published_params=profile.published_params,
-        hf_repo=profile.hf_repo,
-        file=profile.file,
-    )
-
-
-def model_catalog(extra: Iterable[str | Path] = ()) -> ProfileCatalog:
-    """Every model and GPU profile that loads, and the files that do not (``estimate --model NAME`` of a broken
-    profile still fails: it goes through ``find_model``)."""
-    roots = search_dirs(extra)
-    models, skipped_models = _scan_loadable(_kind_dirs(roots, "models"), _model_summary)
-    gpus, skipped_gpus = _scan_loadable(_kind_dirs(roots, "gpus"), read_gpu_profile)
-    return ProfileCatalog(tuple(models), tuple(gpus), tuple(skipped_models + skipped_gpus))

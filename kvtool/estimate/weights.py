@@ -22,7 +22,6 @@ import dataclasses
 from kvtool.estimate.dtypes import model_dtype_bytes
 from kvtool.estimate.hf_config import PER_LAYER_EMBEDDING_TYPES, ModelSpec
 from kvtool.estimate.kinds import MAMBA
-from kvtool.estimate.quant import MXFP4_LAYOUTS, mxfp4_expert_bytes
 from kvtool.estimate.vllm_versions import NEWEST_RELEASE, pick
 
 
@@ -204,6 +203,8 @@ def estimate_weights(spec: ModelSpec, vllm_version: str = NEWEST_RELEASE, tp: in
     else:
         linear = sum(quant.matrix_bytes(r, c) * n for r, c, n in parts.linear)
     if quant.mxfp4_experts:
+        from kvtool.estimate.quant import MXFP4_LAYOUTS, mxfp4_expert_bytes  # a quantized checkpoint's rules only
+
         layout = pick(MXFP4_LAYOUTS, vllm_version)
         per_rank = -(-parts.expert_inter // tp)
         per_expert = tp * mxfp4_expert_bytes(layout, parts.hidden, per_rank, parts.expert_matrices)

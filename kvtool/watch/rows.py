@@ -118,10 +118,10 @@ class LineParser:
 
 def _count(text: str, name: str, *, blank_ok: bool) -> int:
     if text.isdigit() and text.isascii():  # the recorder's rows: plain digits
-        count = int(text)
-        if count > MAX_COUNT:
+        whole = int(text)
+        if whole > MAX_COUNT:
             raise RowError(f"unparseable {name}")
-        return count
+        return whole
     if not text:
         if blank_ok:
             return 0

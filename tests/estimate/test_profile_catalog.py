@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.estimate.profiles import model_catalog
+from kvtool.estimate.catalog import model_catalog
 from tests.estimate.test_profiles import MY_MODEL
 
 GOOD = MY_MODEL  # a valid user profile (tests/estimate/test_profiles.py)
