@@ -32,7 +32,6 @@ from kvtool.vllm.isolation.multimodal import IMAGE_KIND, control_expected_tokens
 from kvtool.vllm.isolation.plan import DIMENSION_TITLES, DIMENSIONS, FILLER, Partition, Trial
 from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult
 from kvtool.vllm.isolation.routing import TrialPath, routing_line, trial_path
-from kvtool.vllm.isolation.tier import CONNECTOR_TIP, GPU_KEPT, KEPT_NOTHING, TIER, UNKNOWN
 
 PASS, LEAK, INCONCLUSIVE, REFUSED = "pass", "leak", "inconclusive", "refused"
 MIN_TIMING_SAMPLES = 4
@@ -223,6 +222,8 @@ def judge_trial(
     """The verdict of one trial (see the module docstring for the rules); ``path`` says where its requests ran
     behind a router (kvtool.vllm.isolation.routing): a miss away from the prime's engines proves nothing."""
     if prime.probe.dimension == "tier":  # a second-tier trial has rules of its own (kvtool.vllm.isolation.tier)
+        from kvtool.vllm.isolation.tier import judge_tier_trial
+
         return judge_tier_trial(prime, control, victim, events, block_size)
     trial = prime.probe.trial
     errors = [r.error for r in (prime, control, victim) if r.error]
@@ -547,6 +548,8 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
                                 "give --events tcp://HOST:PORT as in vLLM's --kv-events-config"))  # fmt: skip
     else:
         out.append(Precondition("kv-events", "ok", f"{len(record.events)} KV events", None))
+    from kvtool.vllm.isolation.tier import tier_preconditions
+
     out.extend(tier_preconditions(record, dims))
     if record.plan.not_covered:
         out.append(Precondition("budget", "partial", "; ".join(record.plan.not_covered),
@@ -565,6 +568,8 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
     dims = []
     for dimension in DIMENSIONS:
         if dimension in results_by_dim and dimension == "tier":
+            from kvtool.vllm.isolation.tier import judge_tier_dimension
+
             dims.append(judge_tier_dimension(results_by_dim[dimension], events, record.plan.block_size, trials_by_id,
                                              record.engine))  # fmt: skip
         elif dimension in results_by_dim:
@@ -588,120 +593,3 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
     return IsolationReport(record.engine, verdict, exit_code, len(record.results), n_events, tuple(dims), pre,
                            headline, record.plan.budget_requests, record.plan.not_covered,
                            record.engine.search_seconds)  # fmt: skip
-
-
-# the second tier's verdicts (kvtool.vllm.isolation.tier plans its trials)
-def _sources(result: ProbeResult) -> tuple[float, float] | None:
-    """(tokens from the GPU prefix cache, tokens from the KV connector) of one request, when no other traffic moved
-    the counters; None otherwise."""
-    if not _metric_clean(result) or result.external_hits_before is None or result.external_hits_after is None:
-        return None
-    return _metric_hits(result), result.external_hits_after - result.external_hits_before
-
-
-def judge_tier_trial(
-    prime: ProbeResult, control: ProbeResult, victim: ProbeResult, events: Any, block_size: int
-) -> TrialVerdict:
-    """One second-tier trial: a leak when the victim reused anything after the fillers; inconclusive when the control
-    did not get the prime back from the tier, or the GPU cache still served it; a pass otherwise."""
-    first, second = prime.probe.partition.label, victim.probe.partition.label
-    c_expected, v_expected = control.probe.expected_cached_tokens, victim.probe.expected_cached_tokens
-    leaks: list[str] = []
-    doubts: list[str] = []
-    v_src, c_src = _sources(victim), _sources(control)
-    hashes = None
-    if events is not None and prime.probe.session_id in events.stored:
-        hashes = _hash_evidence(events, prime, control, victim)
-    if victim.cached_tokens > v_expected:
-        where = ""
-        if v_src is not None:
-            where = (f" ({v_src[1]:g} from the KV connector, vllm:external_prefix_cache_hits; {v_src[0]:g} from the "
-                     "GPU prefix cache)")  # fmt: skip
-        leaks.append(
-            f"reused {victim.cached_tokens} tokens of {first} after the fillers (expected {v_expected}){where}"
-        )
-    if hashes is not None and hashes.victim_shared_blocks > v_expected // block_size:
-        leaks.append(f"published {hashes.victim_shared_blocks} block hashes of {first} (GPU prefix cache)")
-    if prime.cached_tokens > 0:
-        doubts.append(f"the fresh prime already had {prime.cached_tokens} cached tokens")
-    if control.cached_tokens < c_expected:
-        doubts.append(f"{KEPT_NOTHING}: the control reused {control.cached_tokens} of {c_expected} tokens after the "
-                      "fillers")  # fmt: skip
-    elif c_src is not None and c_src[0] > 0:
-        doubts.append(f"{GPU_KEPT}: {c_src[0]:g} of the control's {control.cached_tokens} tokens came from the GPU "
-                      "cache (vllm:prefix_cache_hits), not the tier")  # fmt: skip
-    elif c_src is None and (hashes is None or hashes.evicted_before_victim < hashes.prime_blocks):
-        doubts.append("cannot tell that the tier served the control (no clean counter deltas, no KV events showing "
-                      "the prime evicted)")  # fmt: skip
-    verdict = LEAK if leaks else INCONCLUSIVE if doubts else PASS
-    clean = sum(1 for r in (prime, control, victim) if _metric_clean(r))
-    return TrialVerdict(
-        prime.probe.trial, prime.probe.dimension, _variant(prime, control), first, second,
-        prime.cached_tokens, control.cached_tokens, c_expected, victim.cached_tokens, v_expected,
-        hashes, clean, verdict, tuple(leaks + doubts), len(prime.probe.block_seeds) - 1,
-    )  # fmt: skip
-
-
-def judge_tier_dimension(
-    results: list[ProbeResult], events: Any, block_size: int, trials_by_id: dict[str, Any], engine: EngineInfo
-) -> DimensionResult:
-    """The generic dimension verdict (its trials judged by judge_tier_trial), with the tier's own evidence: which
-    cache served the controls, whether the GPU copy was gone, and how the connector was detected."""
-    result = judge_dimension(TIER, results, events, block_size, trials_by_id)
-    by_trial: dict[str, dict[str, ProbeResult]] = {}
-    for r in results:
-        by_trial.setdefault(r.probe.trial, {})[r.probe.role] = r
-    search = [t for t in result.trial_verdicts if t.stage == "search"]
-    from_tier = gpu_gone_counters = 0
-    served = 0.0
-    for t in search:
-        src = _sources(by_trial[t.trial]["control"])
-        if src is not None:
-            served += src[1]
-            gpu_gone_counters += src[0] == 0
-            from_tier += src[1] >= t.control_expected_tokens
-    gone_events = sum(1 for t in search if t.hashes is not None and t.hashes.evicted_before_victim >= t.hashes.prime_blocks
-                      and t.hashes.prime_blocks)  # fmt: skip
-    lines = [
-        f"second tier: {from_tier}/{len(search)} controls served from the KV connector after the fillers "
-        f"(vllm:external_prefix_cache_hits +{served:g} tokens); {result.victims_reused} victims reused the other "
-        "tenant's blocks",
-        f"GPU copy gone before the victim: {gpu_gone_counters}/{len(search)} trials by the counters (the control's "
-        f"vllm:prefix_cache_hits +0), {gone_events}/{len(search)} by the KV events (the prime's blocks removed)",
-    ]
-    fillers = sum(len(trials_by_id[t.trial].fillers) for t in search if t.trial in trials_by_id)
-    coverage = [c for c in result.coverage if "filler requests" not in c]
-    coverage.append(f"{fillers} filler requests evicted the primes from the GPU cache before the victims")
-    if engine.kv_connector:
-        coverage.append(f"KV connector {engine.kv_connector}")
-    return dataclasses.replace(result, evidence=(*result.evidence, *lines), coverage=tuple(coverage))
-
-
-def tier_preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tuple[Precondition, ...]:
-    """The ``kv-connector`` line: the connector's detection, and whether the tier kept the primes with their GPU copies
-    gone; nothing when the tier was not asked for."""
-    tier = next((d for d in dims if d.dimension == TIER), None)
-    if tier is None:
-        return ()
-    if tier.skipped_reason is not None:
-        state = UNKNOWN if (record.engine.kv_connector or "").startswith(UNKNOWN) else "missing"
-        return (Precondition("kv-connector", state, tier.skipped_reason, CONNECTOR_TIP),)
-    trials = [t for t in tier.trial_verdicts if t.verdict != REFUSED]
-    kept = [t for t in trials if not any(r.startswith(KEPT_NOTHING) for r in t.reasons)]
-    gpu = [t for t in trials if any(r.startswith(GPU_KEPT) for r in t.reasons)]
-    detected = record.engine.kv_connector or "detected"
-    if len(kept) < len(trials):
-        return (Precondition(
-            "kv-connector", "failed",
-            f"{KEPT_NOTHING} in {len(trials) - len(kept)}/{len(trials)} trials (KV connector {detected})",
-            "give the connector room for the prime and the fillers (its CPU or disk capacity), or check that it "
-            "stores (its log); a smaller GPU KV cache needs fewer fillers",
-            KEPT_NOTHING,
-        ),)  # fmt: skip
-    if gpu:
-        return (Precondition(
-            "kv-connector", "failed", f"{GPU_KEPT} in {len(gpu)}/{len(trials)} trials",
-            "run on an idle engine; the fillers are sized from vllm:cache_config_info num_gpu_blocks", GPU_KEPT,
-        ),)  # fmt: skip
-    return (Precondition("kv-connector", "ok", f"KV connector {detected}; the tier kept the prime in "
-                         f"{len(kept)}/{len(trials)} trials", None),)  # fmt: skip
