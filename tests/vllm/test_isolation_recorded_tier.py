@@ -10,8 +10,6 @@ its prime; a tier prime of 4 full blocks + 16 tokens = 144 tokens reuses 4 x 32 
 
 from __future__ import annotations
 
-import pytest
-
 from kvtool.vllm.isolation.plan import FILLER, send_order
 from kvtool.vllm.isolation.record import read_record
 from kvtool.vllm.isolation.verdicts import judge_record
@@ -41,7 +39,9 @@ def test_a_salted_tier_is_clean_on_every_dimension_and_served_every_control_afte
     evidence = " ".join(tier.evidence)
     # both controls came back from the connector (2 x 128 tokens), none from the GPU cache, and the KV events show
     # every prime block removed before the victim ran
-    assert "2/2 controls served from the KV connector after the fillers (vllm:external_prefix_cache_hits +256" in evidence
+    assert (
+        "2/2 controls served from the KV connector after the fillers (vllm:external_prefix_cache_hits +256" in evidence
+    )
     assert "2/2 trials by the counters (the control's vllm:prefix_cache_hits +0), 2/2 by the KV events" in evidence
     assert report.engine.kv_connector.startswith("detected: vllm:external_prefix_cache_queries rose by 48 tokens")
     line = next(p for p in report.preconditions if p.name == "kv-connector")
