@@ -25,8 +25,9 @@ else:  # the dev extra brings tomli there
 # module imported -> its name on PyPI, where the two differ (what pip resolves, PEP 503 normalised below)
 DISTRIBUTION_OF = {"yaml": "pyyaml", "zmq": "pyzmq", "distributed": "dask", "prometheus_client": "prometheus-client"}
 # imported by code that runs inside an engine's own environment (the recorder plugin, the live-vLLM test drivers,
-# tests/support/sglang_reference.py with SGLang's RadixCache and its msgspec publisher classes)
-RUNS_INSIDE_VLLM = {"vllm", "sglang", "msgspec"}
+# tests/support/sglang_reference.py with SGLang's RadixCache and its msgspec publisher classes; lmcache, an unpacked
+# wheel put on sys.path by tests/support/lmcache_key_fixture.py)
+RUNS_INSIDE_VLLM = {"vllm", "sglang", "msgspec", "lmcache"}
 MADE_AT_RUN_TIME = {"kvtool_api_targets"}  # kvtool.api.check_target's registry module (kvtool/api/_repro.py)
 
 

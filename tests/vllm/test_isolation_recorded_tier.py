@@ -46,3 +46,23 @@ def test_a_salted_tier_is_clean_on_every_dimension_and_served_every_control_afte
     assert report.engine.kv_connector.startswith("detected: vllm:external_prefix_cache_queries rose by 48 tokens")
     line = next(p for p in report.preconditions if p.name == "kv-connector")
     assert line.state == "ok" and "the tier kept the prime in 2/2 trials" in line.detail
+
+
+def test_a_write_back_tier_keyed_by_tokens_is_caught_on_the_tier_dimension_only_minimized():
+    # tests/support/tier_connector, kvtool_key=tokens, kvtool_visible=after-eviction: while the prime's blocks sit on
+    # the GPU no other tenant meets them (every other dimension passes); once the fillers evicted them, the tier
+    # serves them to the other salt
+    record, report = load("vllm-0.32-tier-tokens-after-eviction.json.gz")
+    assert {d.dimension for d in report.dimensions if d.verdict == "leak"} == {"tier"} and report.exit_code == 1
+    assert all(d.verdict in ("pass", "not run") for d in report.dimensions if d.dimension != "tier")
+    tier = dim(report, "tier")
+    assert tier.victims_reused == 2 and tier.controls_shared == 2
+    minimal = tier.minimal
+    # shrunk from 4 blocks to 1 (48 tokens: 32 reusable) and to the salts 'a' / 'b', in 3 trials (each with fillers)
+    assert (minimal.full_blocks, minimal.prompt_tokens, minimal.searched_from_blocks) == (1, 48, 4)
+    assert (minimal.first_salt, minimal.second_salt) == ("a", "b") and minimal.steps == 3
+    assert minimal.evidence[0] == ("reused 32 tokens of salt='a' after the fillers (expected 0) (32 from the KV "
+                                   "connector, vllm:external_prefix_cache_hits; 0 from the GPU prefix cache)")  # fmt: skip
+    shrinking = [t for t in record.plan.trials if t.dimension == "tier" and t.stage == "min"]
+    assert len(shrinking) == 3 and all(len(t.fillers) == 4 for t in shrinking)
+    assert len(record.results) == 331

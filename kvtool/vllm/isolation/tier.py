@@ -40,8 +40,10 @@ from kvtool.vllm.isolation.plan import FILLER, MIN_FULL_BLOCKS, DimensionPartiti
 
 if TYPE_CHECKING:
     from kvtool.vllm.isolation.client import Client
-    from kvtool.vllm.isolation.record import EngineInfo, IsolationRecord, ProbeResult, SkippedDimension
-    from kvtool.vllm.isolation.verdicts import DimensionResult, Precondition, TrialVerdict
+    from kvtool.vllm.isolation.record import EngineInfo, ProbeResult, SkippedDimension
+
+# kvtool.vllm.isolation.verdicts calls the judging functions below and builds its own dataclasses from what they
+# return (this module imports nothing of it: no import cycle); TrialVerdict-like arguments are read by attribute.
 
 TIER = "tier"
 DETECTED, NONE, UNKNOWN = "detected", "none", "unknown"
@@ -127,39 +129,34 @@ def minimize_fields(fillers: tuple[Probe, ...]) -> dict[str, Any]:
     return {"filler_blocks": len(fillers) * per, "filler_prompt_blocks": per, "fillers_after_prime": True}
 
 
+def _clean(result: ProbeResult) -> bool:
+    """No other traffic moved the counters around this request (as verdicts._metric_clean)."""
+    values = (result.queries_before, result.queries_after, result.hits_before, result.hits_after)
+    if any(v is None for v in values) or result.prompt_tokens is None:
+        return False
+    return result.queries_after - result.queries_before == result.prompt_tokens  # type: ignore[operator]
+
+
 def _sources(result: ProbeResult) -> tuple[float, float] | None:
     """(tokens from the GPU prefix cache, tokens from the KV connector) of one request, when no other traffic moved
     the counters; None otherwise."""
-    from kvtool.vllm.isolation.verdicts import _metric_clean, _metric_hits
-
-    if not _metric_clean(result) or result.external_hits_before is None or result.external_hits_after is None:
+    if not _clean(result) or result.external_hits_before is None or result.external_hits_after is None:
         return None
-    return _metric_hits(result), result.external_hits_after - result.external_hits_before
+    gpu = result.hits_after - result.hits_before  # type: ignore[operator]
+    return gpu, result.external_hits_after - result.external_hits_before
 
 
-def judge_tier_trial(
-    prime: ProbeResult, control: ProbeResult, victim: ProbeResult, events: Any, block_size: int
-) -> TrialVerdict:
-    """One second-tier trial: a leak when the victim reused anything after the fillers; inconclusive when the control
-    did not get the prime back from the tier, or the GPU cache still served it; a pass otherwise."""
-    from kvtool.vllm.isolation.verdicts import (
-        INCONCLUSIVE,
-        LEAK,
-        PASS,
-        TrialVerdict,
-        _hash_evidence,
-        _metric_clean,
-        _variant,
-    )  # fmt: skip
-
-    first, second = prime.probe.partition.label, victim.probe.partition.label
+def tier_findings(
+    prime: ProbeResult, control: ProbeResult, victim: ProbeResult, hashes: Any, block_size: int
+) -> tuple[list[str], list[str]]:
+    """(leaks, doubts) of one second-tier trial: a leak when the victim reused anything after the fillers; a doubt
+    when the control did not get the prime back from the tier, or the GPU cache still served it.  ``hashes`` is the
+    trial's verdicts.HashEvidence (None without KV events)."""
+    first = prime.probe.partition.label
     c_expected, v_expected = control.probe.expected_cached_tokens, victim.probe.expected_cached_tokens
     leaks: list[str] = []
     doubts: list[str] = []
     v_src, c_src = _sources(victim), _sources(control)
-    hashes = None
-    if events is not None and prime.probe.session_id in events.stored:
-        hashes = _hash_evidence(events, prime, control, victim)
     if victim.cached_tokens > v_expected:
         where = ""
         if v_src is not None:
@@ -181,79 +178,62 @@ def judge_tier_trial(
     elif c_src is None and (hashes is None or hashes.evicted_before_victim < hashes.prime_blocks):
         doubts.append("cannot tell that the tier served the control (no clean counter deltas, no KV events showing "
                       "the prime evicted)")  # fmt: skip
-    verdict = LEAK if leaks else INCONCLUSIVE if doubts else PASS
-    clean = sum(1 for r in (prime, control, victim) if _metric_clean(r))
-    return TrialVerdict(
-        prime.probe.trial, prime.probe.dimension, _variant(prime, control), first, second,
-        prime.cached_tokens, control.cached_tokens, c_expected, victim.cached_tokens, v_expected,
-        hashes, clean, verdict, tuple(leaks + doubts), len(prime.probe.block_seeds) - 1,
-    )  # fmt: skip
+    return leaks, doubts
 
 
-def judge_tier_dimension(
-    results: list[ProbeResult], events: Any, block_size: int, trials_by_id: dict[str, Any], engine: EngineInfo
-) -> DimensionResult:
-    """The generic dimension verdict (its trials judged by judge_tier_trial), with the tier's own evidence: which
-    cache served the controls, whether the GPU copy was gone, and how the connector was detected."""
-    from kvtool.vllm.isolation.verdicts import judge_dimension
-
-    result = judge_dimension(TIER, results, events, block_size, trials_by_id)
+def tier_lines(
+    trial_verdicts: Any, results: list[ProbeResult], trials_by_id: dict[str, Any], engine: EngineInfo,
+    coverage: tuple[str, ...], victims_reused: int,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:  # fmt: skip
+    """The tier's own evidence lines (which cache served the controls, whether the GPU copy was gone) and its
+    coverage (fillers after the primes, how the connector was detected)."""
     by_trial: dict[str, dict[str, ProbeResult]] = {}
     for r in results:
         by_trial.setdefault(r.probe.trial, {})[r.probe.role] = r
-    search = [t for t in result.trial_verdicts if t.stage == "search"]
-    from_tier = gpu_gone_counters = 0
+    search = [t for t in trial_verdicts if t.stage == "search"]
+    from_tier = gpu_gone = 0
     served = 0.0
     for t in search:
         src = _sources(by_trial[t.trial]["control"])
         if src is not None:
             served += src[1]
-            gpu_gone_counters += src[0] == 0
+            gpu_gone += src[0] == 0
             from_tier += src[1] >= t.control_expected_tokens
-    gone_events = sum(1 for t in search if t.hashes is not None and t.hashes.evicted_before_victim >= t.hashes.prime_blocks
-                      and t.hashes.prime_blocks)  # fmt: skip
-    lines = [
+    gone_events = sum(1 for t in search if t.hashes is not None and t.hashes.prime_blocks
+                      and t.hashes.evicted_before_victim >= t.hashes.prime_blocks)  # fmt: skip
+    lines = (
         f"second tier: {from_tier}/{len(search)} controls served from the KV connector after the fillers "
-        f"(vllm:external_prefix_cache_hits +{served:g} tokens); {result.victims_reused} victims reused the other "
+        f"(vllm:external_prefix_cache_hits +{served:g} tokens); {victims_reused} victims reused the other "
         "tenant's blocks",
-        f"GPU copy gone before the victim: {gpu_gone_counters}/{len(search)} trials by the counters (the control's "
+        f"GPU copy gone before the victim: {gpu_gone}/{len(search)} trials by the counters (the control's "
         f"vllm:prefix_cache_hits +0), {gone_events}/{len(search)} by the KV events (the prime's blocks removed)",
-    ]
+    )
     fillers = sum(len(trials_by_id[t.trial].fillers) for t in search if t.trial in trials_by_id)
-    coverage = [c for c in result.coverage if "filler requests" not in c]
-    coverage.append(f"{fillers} filler requests evicted the primes from the GPU cache before the victims")
+    kept = [c for c in coverage if "filler requests" not in c]
+    kept.append(f"{fillers} filler requests evicted the primes from the GPU cache before the victims")
     if engine.kv_connector:
-        coverage.append(f"KV connector {engine.kv_connector}")
-    return dataclasses.replace(result, evidence=(*result.evidence, *lines), coverage=tuple(coverage))
+        kept.append(f"KV connector {engine.kv_connector}")
+    return lines, tuple(kept)
 
 
-def tier_preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tuple[Precondition, ...]:
-    """The ``kv-connector`` line: the connector's detection, and whether the tier kept the primes with their GPU copies
-    gone; nothing when the tier was not asked for."""
-    from kvtool.vllm.isolation.verdicts import REFUSED, Precondition
-
-    tier = next((d for d in dims if d.dimension == TIER), None)
-    if tier is None:
-        return ()
-    if tier.skipped_reason is not None:
-        state = UNKNOWN if (record.engine.kv_connector or "").startswith(UNKNOWN) else "missing"
-        return (Precondition("kv-connector", state, tier.skipped_reason, CONNECTOR_TIP),)
-    trials = [t for t in tier.trial_verdicts if t.verdict != REFUSED]
-    kept = [t for t in trials if not any(r.startswith(KEPT_NOTHING) for r in t.reasons)]
+def tier_precondition(
+    trial_verdicts: Any, skipped_reason: str | None, engine: EngineInfo
+) -> tuple[str, str, str, str | None, str]:
+    """The ``kv-connector`` line as (name, state, detail, fix, summary): the connector's detection, and whether the
+    tier kept the primes with their GPU copies gone."""
+    if skipped_reason is not None:
+        state = UNKNOWN if (engine.kv_connector or "").startswith(UNKNOWN) else "missing"
+        return "kv-connector", state, skipped_reason, CONNECTOR_TIP, ""
+    trials = [t for t in trial_verdicts if t.verdict != "refused"]
+    missed = [t for t in trials if any(r.startswith(KEPT_NOTHING) for r in t.reasons)]
     gpu = [t for t in trials if any(r.startswith(GPU_KEPT) for r in t.reasons)]
-    detected = record.engine.kv_connector or "detected"
-    if len(kept) < len(trials):
-        return (Precondition(
-            "kv-connector", "failed",
-            f"{KEPT_NOTHING} in {len(trials) - len(kept)}/{len(trials)} trials (KV connector {detected})",
-            "give the connector room for the prime and the fillers (its CPU or disk capacity), or check that it "
-            "stores (its log); a smaller GPU KV cache needs fewer fillers",
-            KEPT_NOTHING,
-        ),)  # fmt: skip
+    detected = engine.kv_connector or "detected"
+    if missed:
+        return ("kv-connector", "failed", f"{KEPT_NOTHING} in {len(missed)}/{len(trials)} trials (KV connector "
+                f"{detected})", "give the connector room for the prime and the fillers (its CPU or disk capacity), or "
+                "check that it stores (its log)", KEPT_NOTHING)  # fmt: skip
     if gpu:
-        return (Precondition(
-            "kv-connector", "failed", f"{GPU_KEPT} in {len(gpu)}/{len(trials)} trials",
-            "run on an idle engine; the fillers are sized from vllm:cache_config_info num_gpu_blocks", GPU_KEPT,
-        ),)  # fmt: skip
-    return (Precondition("kv-connector", "ok", f"KV connector {detected}; the tier kept the prime in "
-                         f"{len(kept)}/{len(trials)} trials", None),)  # fmt: skip
+        return ("kv-connector", "failed", f"{GPU_KEPT} in {len(gpu)}/{len(trials)} trials",
+                "run on an idle engine; the fillers are sized from vllm:cache_config_info num_gpu_blocks", GPU_KEPT)  # fmt: skip
+    return ("kv-connector", "ok", f"KV connector {detected}; the tier kept the prime in {len(trials)}/{len(trials)} "
+            "trials", None, "")  # fmt: skip

@@ -222,9 +222,7 @@ def judge_trial(
     """The verdict of one trial (see the module docstring for the rules); ``path`` says where its requests ran
     behind a router (kvtool.vllm.isolation.routing): a miss away from the prime's engines proves nothing."""
     if prime.probe.dimension == "tier":  # a second-tier trial has rules of its own (kvtool.vllm.isolation.tier)
-        from kvtool.vllm.isolation.tier import judge_tier_trial
-
-        return judge_tier_trial(prime, control, victim, events, block_size)
+        return _judge_tier_trial(prime, control, victim, events, block_size)
     trial = prime.probe.trial
     errors = [r.error for r in (prime, control, victim) if r.error]
     if errors:  # the engine refused a request (an empty salt): nothing was cached, nothing proven
@@ -277,6 +275,25 @@ def judge_trial(
         prime.probe.trial, prime.probe.dimension, _variant(prime, control), first, second,
         prime.cached_tokens, control.cached_tokens, c_expected, victim.cached_tokens, v_expected,
         hashes, len(clean), verdict, tuple(leaks + doubts), len(prime.probe.block_seeds) - 1, spread=spread,
+    )  # fmt: skip
+
+
+def _judge_tier_trial(
+    prime: ProbeResult, control: ProbeResult, victim: ProbeResult, events: _Events | None, block_size: int
+) -> TrialVerdict:
+    from kvtool.vllm.isolation.tier import tier_findings
+
+    hashes = None
+    if events is not None and prime.probe.session_id in events.stored:
+        hashes = _hash_evidence(events, prime, control, victim)
+    leaks, doubts = tier_findings(prime, control, victim, hashes, block_size)
+    verdict = LEAK if leaks else INCONCLUSIVE if doubts else PASS
+    clean = sum(1 for r in (prime, control, victim) if _metric_clean(r))
+    return TrialVerdict(
+        prime.probe.trial, prime.probe.dimension, _variant(prime, control), prime.probe.partition.label,
+        victim.probe.partition.label, prime.cached_tokens, control.cached_tokens, control.probe.expected_cached_tokens,
+        victim.cached_tokens, victim.probe.expected_cached_tokens, hashes, clean, verdict, tuple(leaks + doubts),
+        len(prime.probe.block_seeds) - 1,
     )  # fmt: skip
 
 
@@ -548,9 +565,11 @@ def _preconditions(record: IsolationRecord, dims: list[DimensionResult]) -> tupl
                                 "give --events tcp://HOST:PORT as in vLLM's --kv-events-config"))  # fmt: skip
     else:
         out.append(Precondition("kv-events", "ok", f"{len(record.events)} KV events", None))
-    from kvtool.vllm.isolation.tier import tier_preconditions
+    tier = next((d for d in dims if d.dimension == "tier"), None)
+    if tier is not None:  # the second tier's own line (kvtool.vllm.isolation.tier)
+        from kvtool.vllm.isolation.tier import tier_precondition
 
-    out.extend(tier_preconditions(record, dims))
+        out.append(Precondition(*tier_precondition(tier.trial_verdicts, tier.skipped_reason, record.engine)))
     if record.plan.not_covered:
         out.append(Precondition("budget", "partial", "; ".join(record.plan.not_covered),
                                 f"raise --budget (now {record.plan.budget_requests})"))  # fmt: skip
@@ -567,11 +586,13 @@ def judge_record(record: IsolationRecord) -> IsolationReport:
     skipped = {s.dimension: s.reason for s in record.skipped}
     dims = []
     for dimension in DIMENSIONS:
-        if dimension in results_by_dim and dimension == "tier":
-            from kvtool.vllm.isolation.tier import judge_tier_dimension
+        if dimension in results_by_dim and dimension == "tier":  # with the tier's own evidence lines
+            from kvtool.vllm.isolation.tier import tier_lines
 
-            dims.append(judge_tier_dimension(results_by_dim[dimension], events, record.plan.block_size, trials_by_id,
-                                             record.engine))  # fmt: skip
+            d = judge_dimension(dimension, results_by_dim[dimension], events, record.plan.block_size, trials_by_id)
+            lines, coverage = tier_lines(d.trial_verdicts, results_by_dim[dimension], trials_by_id, record.engine,
+                                         d.coverage, d.victims_reused)  # fmt: skip
+            dims.append(dataclasses.replace(d, evidence=(*d.evidence, *lines), coverage=coverage))
         elif dimension in results_by_dim:
             dims.append(judge_dimension(dimension, results_by_dim[dimension], events, record.plan.block_size,
                                         trials_by_id))  # fmt: skip
