@@ -1,7 +1,7 @@
 """Record `kvtool vllm isolation` through a KV connector on a real vLLM (tests/data/isolation/README.md, "tier").
 
     python -m tests.support.vllm_isolation_tier_driver --model DIR --vllm-python PY \
-        --connector shipped|salted|tokens-after-eviction --port PORT --record FILE [--repeats 1]
+        --connector shipped|salted|tokens-after-eviction --port PORT --record FILE [--repeats 1] [--dimension D]...
 
 Runs ``python -m kvtool vllm isolation --model DIR`` (the default search, every dimension) with vLLM started with
 ``--kv-transfer-config``: ``shipped`` is vLLM 0.32's own ExampleConnector (a disk tier,
@@ -74,8 +74,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=21820)
     parser.add_argument("--record", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dimension", action="append", default=[], help="passed to kvtool (default: every one)")
     args = parser.parse_args()
-    code, report = run(args.model, args.vllm_python, args.connector, args.port, args.record, args.repeats, 3600)
+    extra = tuple(f"--dimension={d}" for d in args.dimension)
+    code, report = run(args.model, args.vllm_python, args.connector, args.port, args.record, args.repeats, 3600, extra)
     print(code, {d["dimension"]: d["verdict"] for d in report["dimensions"]})
     return code
 

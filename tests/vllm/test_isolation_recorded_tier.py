@@ -66,3 +66,21 @@ def test_a_write_back_tier_keyed_by_tokens_is_caught_on_the_tier_dimension_only_
     shrinking = [t for t in record.plan.trials if t.dimension == "tier" and t.stage == "min"]
     assert len(shrinking) == 3 and all(len(t.fillers) == 4 for t in shrinking)
     assert len(record.results) == 331
+
+
+def test_vllms_example_connector_leaks_across_tenants_and_adapters_through_its_tier():
+    # ExampleConnector keys its disk tier by the prompt's tokens (_generate_foldername_debug): every exact prompt of
+    # another salt or adapter is served from the tier; a prefix never matches its whole-prompt key, so prefix
+    # variants pass
+    _, report = load("vllm-0.32-tier-example-connector.json.gz")
+    leaking = {d.dimension for d in report.dimensions if d.verdict == "leak"}
+    assert leaking == {"salt", "adapter", "adapter-version", "cross", "salt-variant", "length", "salt-adapter",
+                       "eviction", "tier"} and report.exit_code == 1  # fmt: skip
+    salt = dim(report, "salt")
+    assert {(r.variant, r.verdict) for r in salt.rows} == {("exact", "leak"), ("prefix", "pass")}
+    assert all(r.victim_cached_tokens == (128,) for r in salt.rows if r.variant == "exact")
+    tier = dim(report, "tier")
+    assert tier.victims_reused == 2 and tier.minimal.full_blocks == 1
+    assert "32 from the KV connector, vllm:external_prefix_cache_hits; 0 from the GPU prefix cache" in (
+        tier.minimal.evidence[0])  # fmt: skip
+    assert len(report.engine.kv_connector) and report.probes == 364

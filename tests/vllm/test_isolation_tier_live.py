@@ -57,7 +57,11 @@ def test_a_write_back_tier_keyed_by_tokens_leaks_on_the_tier_dimension_only(mode
 
 def test_vllms_example_connector_leaks_through_its_tier(model_dir, tmp_path):
     # its key (_generate_foldername_debug) is the prompt's tokens: no salt, no adapter
-    code, report = run(model_dir, VLLM_PYTHON, "shipped", 21870, tmp_path / "r.json", 1, 3600)
+    # without embeddings and salt-embeds: a second prompt-embeds request kills an engine with ExampleConnector
+    # (docs/isolation.md "Second tiers")
+    dims = ("salt", "adapter", "adapter-version", "cross", "salt-variant", "length", "salt-adapter", "eviction", "tier")
+    extra = tuple(f"--dimension={d}" for d in dims)
+    code, report = run(model_dir, VLLM_PYTHON, "shipped", 21870, tmp_path / "r.json", 1, 3600, extra)
     leaking = {d for d, v in verdicts(report).items() if v == "leak"}
     assert {"tier", "salt"} <= leaking, report
     assert code == 1
