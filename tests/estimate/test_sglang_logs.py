@@ -69,7 +69,9 @@ def test_token_count_given_the_logged_memory(name: str) -> None:
         middle = estimate_sglang(request, LoggedMemory(before, after))
         assert low is not None and high is not None and middle.max_total_num_tokens is not None
         slack = int(case.get("tolerance", 0) * logged["tokens"])  # a case's documented gap (case.yaml says why)
-        assert low - slack <= logged["tokens"] <= high + slack, f"{name}: logged {logged['tokens']} outside [{low}, {high}]"
+        assert low - slack <= logged["tokens"] <= high + slack, (
+            f"{name}: logged {logged['tokens']} outside [{low}, {high}]"
+        )
     else:  # only the pool's lines are logged: the settings and the K-size line are still checked
         assert case.get("from_scratch"), f"{name}: a case without memory figures must be checked from scratch"
         middle = estimate_sglang(request)
