@@ -45,6 +45,11 @@ from kvtool.estimate.sglang.versions import NEWEST_RELEASE, pick, resolve_sglang
 # usage=0.13 GB" (tests/data/sglang-logs/qwq-32b-l4-tp4-v0.4.3).
 CUDA_CONTEXT_BYTES = int(0.41 * GIB)
 TP_DISTRIBUTED_BYTES = int(0.13 * GIB)
+# What loading takes beyond the parameters: SGLang's own "Load weight end. ... mem usage" (a free-memory difference,
+# so it holds the rotary caches, the CUDA kernels loaded on first use and the allocator's rounding too) exceeds
+# kvtool's weights per GPU by 0.06-0.28 GiB, 0.136 GiB at the median over the 10 cases of tests/data/sglang-logs that
+# log it and whose weights kvtool sizes (README there; measured, not derived from the source)
+LOAD_OVERHEAD_BYTES = int(0.14 * GIB)
 # max_prefill_tokens' default (srt/server_args.py ServerArgs, 0.4.0-0.5.6): logged beside max_total_num_tokens
 MAX_PREFILL_TOKENS = 16384
 
@@ -277,13 +282,17 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
                 f"vision tower {tower.num_params / 1e9:.2f} B parameters ({tower.tower}), its linears split over TP"
             )
         free = gpu_bytes - CUDA_CONTEXT_BYTES - (TP_DISTRIBUTED_BYTES if request.tp > 1 else 0)
-        total, available, figures = free / GIB, (free - weights_per_gpu) / GIB, "model"
+        loaded = weights_per_gpu + LOAD_OVERHEAD_BYTES
+        total, available, figures = free / GIB, (free - loaded) / GIB, "model"
         notes.append(
             f"free before weights: the GPU's {gpu_bytes / GIB:.2f} GiB less the CUDA context "
             f"{CUDA_CONTEXT_BYTES / GIB:.2f} GiB"
             + (f" and NCCL {TP_DISTRIBUTED_BYTES / GIB:.2f} GiB" if request.tp > 1 else "")
         )
-        notes.append(f"weights per GPU {weights_per_gpu / GIB:.2f} GiB ({model.weights.method})")
+        notes.append(
+            f"weights per GPU {weights_per_gpu / GIB:.2f} GiB ({model.weights.method}) and {LOAD_OVERHEAD_BYTES / GIB:.2f}"
+            " GiB more that loading takes (SGLang's logged mem usage over the weights, the median of real logs)"
+        )
     settings = _Settings(fraction, how, chunked, tiers.cuda_graph_max_bs, context_len, gpu_name, gpu_mem_mib)
     return _pool(request, spec, shape, settings, _Memory(figures, total, available, weights_per_gpu), notes)
 
