@@ -96,6 +96,7 @@ class VisionEncoder:
     pixels_per_item: int
     text_hidden_size: int
     source: str  # the vLLM files counted
+    num_layers: int = 0  # the tower's layers (vision_config num_hidden_layers / depth; SGLang's VLM adjustment)
 
     @property
     def num_params(self) -> int:
@@ -235,16 +236,18 @@ def vision_encoder(data: dict, text_hidden: int | None) -> VisionEncoder | None:
     kind = str(v.get("model_type", ""))
     try:
         if kind.startswith("siglip"):
-            return _siglip(v, text_hidden, data)
-        if kind == "pixtral":
-            return _pixtral(v, text_hidden, data)
-        if kind == "llama4_vision_model":
-            return _llama4(v, text_hidden)
-        if kind.startswith("qwen3_vl"):
-            return _qwen3_vl(v)
+            tower = _siglip(v, text_hidden, data)
+        elif kind == "pixtral":
+            tower = _pixtral(v, text_hidden, data)
+        elif kind == "llama4_vision_model":
+            tower = _llama4(v, text_hidden)
+        elif kind.startswith("qwen3_vl"):
+            tower = _qwen3_vl(v)
+        else:
+            return None
     except (KeyError, TypeError):
         return None
-    return None
+    return dataclasses.replace(tower, num_layers=int(v.get("num_hidden_layers") or v.get("depth") or 0))
 
 
 def parse_limit_mm_per_prompt(text: str | None) -> dict[str, int] | None:

@@ -10,7 +10,7 @@ import pytest
 from kvtool.core.errors import UsageError
 from kvtool.estimate.sglang.args import is_sglang_line, parse_sglang_launch
 from kvtool.estimate.sglang.pool import LoggedMemory, SglangRequest, estimate_sglang, pool_tokens
-from kvtool.estimate.sglang.rules import default_mem_fraction_static, gpu_defaults
+from kvtool.estimate.sglang.rules import default_mem_fraction_static, gpu_defaults, vlm_fraction
 from kvtool.estimate.sglang.versions import resolve_sglang_version
 
 H100_MIB = 81559  # nvidia-smi's total of an H100 80GB HBM3 (profiles/gpus/h100-80gb.yaml)
@@ -93,6 +93,41 @@ def test_versions():
 def test_unmodelled_layers_are_refused():
     with pytest.raises(UsageError, match="sliding-window"):
         estimate_sglang(SglangRequest(model="gemma-2-9b", gpu="H100"))
+    # 0.4.9.post3 on: a model whose SGLang class reports a window gets SWAKVPool (model_runner.py ModelRunner.__init__)
+    with pytest.raises(UsageError, match="0.4.9.post3 sizes those pools apart"):
+        estimate_sglang(SglangRequest(model="gemma-2-9b", gpu="H100", sglang_version="0.4.9.post3"))
+
+
+def test_windowed_layers_get_full_slots_before_the_hybrid_pool():
+    # 0.4.0-0.4.9.post2: init_memory_pool's MHATokenToKVPool has a slot in all num_hidden_layers; Gemma 2 9B:
+    # 8 KV heads x 256 x 42 layers x 2 (K, V) x 2 bytes = 344,064 bytes a token
+    pool = estimate_sglang(SglangRequest(model="gemma-2-9b", sglang_version="0.4.9.post2"), LoggedMemory(78.81, 61.0))
+    assert pool.cell_bytes_per_token == 8 * 256 * 42 * 2 * 2
+    assert any("get a full slot" in note for note in pool.notes)
+
+
+@pytest.mark.parametrize(
+    ("arch", "given", "vit", "version", "expected"),
+    [
+        # 0.4.0-0.4.4.post3: ModelRunner.model_specific_adjustment, x 0.95 whatever the fraction
+        ("Gemma3ForConditionalGeneration", False, None, "0.4.4.post2", 0.88 * 0.95),
+        ("Qwen2VLForConditionalGeneration", True, None, "0.4.1", 0.88 * 0.95),
+        # 0.4.4.post4-0.4.8.post1: x 0.90; from 0.4.6 Gemma 3 and Llama 4 are text-only by default (mm_disabled_models)
+        ("Gemma3ForConditionalGeneration", False, None, "0.4.5", 0.88 * 0.90),
+        ("Gemma3ForConditionalGeneration", False, None, "0.4.6", 0.88),
+        ("Qwen2_5_VLForConditionalGeneration", True, None, "0.4.8", 0.88 * 0.90),
+        # 0.4.9-0.4.9.post2: ServerArgs cuts its own default only
+        ("Qwen2_5_VLForConditionalGeneration", True, None, "0.4.9", 0.88),
+        ("Qwen2_5_VLForConditionalGeneration", False, None, "0.4.9.post2", 0.88 * 0.90),
+        # 0.4.9.post3 on, adjust_mem_fraction_for_vlm: 32 layers x 1280^2 against 24 x 1024^2 is 2.0833,
+        # 0.95 x (1 - 0.1 x 1.0833) = 0.84708
+        ("Qwen2_5_VLForConditionalGeneration", False, (32, 1280), "0.5.3", 0.88 * 0.95 * (1 - 0.1 * (32 * 1280**2 / (24 * 1024**2) - 1))),
+        ("LlamaForCausalLM", False, None, "0.4.4.post2", 0.88),
+    ],
+)  # fmt: skip
+def test_multimodal_fraction(arch, given, vit, version, expected):
+    fraction, _ = vlm_fraction(0.88, given, (arch,), vit, version)
+    assert fraction == pytest.approx(expected)
     with pytest.raises(UsageError, match="Mamba state"):
         estimate_sglang(SglangRequest(model="qwen3-next-80b", gpu="H200", tp=4))
 

@@ -49,7 +49,7 @@ def _figures(logged: dict) -> tuple[float, float, float]:
 
 
 def test_enough_cases() -> None:
-    assert len(CASES) >= 8
+    assert len(CASES) >= 12
 
 
 def _has_figures(logged: dict) -> bool:
@@ -77,7 +77,8 @@ def test_token_count_given_the_logged_memory(name: str) -> None:
         middle = estimate_sglang(request)
     # the allocation line of the logged count: K size as SGLang prints it (get_kv_size_bytes, (size + 1) slots)
     shape = pool_shape(_spec(request), "auto", request.tp, middle.sglang_version)
-    assert f"{shape.buffer_gib(logged['tokens'], 1):.2f}" == f"{logged['k_size_gib']:.2f}"
+    if "k_size_gib" in logged:  # a log without the allocation line keeps only the scheduler's
+        assert f"{shape.buffer_gib(logged['tokens'], 1):.2f}" == f"{logged['k_size_gib']:.2f}"
     if "mem_fraction_static" in logged:
         assert middle.mem_fraction_static == pytest.approx(logged["mem_fraction_static"])
     if "max_running_requests" in logged:

@@ -32,8 +32,10 @@ from kvtool.estimate.sglang.rules import (
     MEM_FRACTION_RULES,
     PAGE_SIZE_SINCE,
     REQ_POOL_RULES,
+    WINDOW_POOL_RULES,
     default_mem_fraction_static,
     gpu_defaults,
+    vlm_fraction,
 )
 from kvtool.estimate.sglang.versions import NEWEST_RELEASE, pick, resolve_sglang_version, version_key
 
@@ -43,6 +45,11 @@ from kvtool.estimate.sglang.versions import NEWEST_RELEASE, pick, resolve_sglang
 # usage=0.13 GB" (tests/data/sglang-logs/qwq-32b-l4-tp4-v0.4.3).
 CUDA_CONTEXT_BYTES = int(0.41 * GIB)
 TP_DISTRIBUTED_BYTES = int(0.13 * GIB)
+# What loading takes beyond the parameters: SGLang's own "Load weight end. ... mem usage" (a free-memory difference,
+# so it holds the rotary caches, the CUDA kernels loaded on first use and the allocator's rounding too) exceeds
+# kvtool's weights per GPU by 0.06-0.28 GiB, 0.136 GiB at the median over the 10 cases of tests/data/sglang-logs that
+# log it and whose weights kvtool sizes (README there; measured, not derived from the source)
+LOAD_OVERHEAD_BYTES = int(0.14 * GIB)
 # max_prefill_tokens' default (srt/server_args.py ServerArgs, 0.4.0-0.5.6): logged beside max_total_num_tokens
 MAX_PREFILL_TOKENS = 16384
 
@@ -165,9 +172,9 @@ def sglang_request_from(values: dict) -> SglangRequest:
 
 
 def pool_shape(spec: ModelSpec, kv_cache_dtype: str, tp: int, version: str) -> PoolShape:
-    """The pool's slot of ``spec`` at ``tp``; a layer kind SGLang sizes otherwise (sliding window, hybrid state) is
-    refused."""
-    _refuse_unmodelled_layers(spec)
+    """The pool's slot of ``spec`` at ``tp``; a layer kind SGLang sizes otherwise (sliding window from 0.4.9.post3,
+    hybrid state) is refused."""
+    _refuse_unmodelled_layers(spec, version)
     choices = pick(KV_DTYPE_RULES, version).choices
     if kv_cache_dtype not in choices:
         raise UsageError(
@@ -193,19 +200,24 @@ def pool_shape(spec: ModelSpec, kv_cache_dtype: str, tp: int, version: str) -> P
     return PoolShape(attention, spec.num_layers, heads, spec.head_dim, kv_dtype, itemsize, 2)
 
 
-def _refuse_unmodelled_layers(spec: ModelSpec) -> None:
+def windowed_layers_get_full_slots(spec: ModelSpec, version: str) -> bool:
+    """Whether ``spec`` has sliding-window or chunked layers that ``version`` sizes as full ones (WINDOW_POOL_RULES)."""
+    return bool(set(spec.kv_layer_kinds) - {FULL}) and pick(WINDOW_POOL_RULES, version).uniform
+
+
+def _refuse_unmodelled_layers(spec: ModelSpec, version: str) -> None:
     kinds = set(spec.kv_layer_kinds)
     if spec.state_layers or spec.mamba_state is not None:
         what = "hybrid linear-attention / Mamba state layers"
-    elif kinds - {FULL}:
-        what = "sliding-window or chunked-attention layers"
     elif spec.full_attention_kv is not None or spec.kv_shared_layers:
         what = "layers of two KV shapes or shared KV layers"
+    elif kinds - {FULL} and not pick(WINDOW_POOL_RULES, version).uniform:
+        what = "sliding-window or chunked-attention layers"
     else:
         return
     raise UsageError(
-        f"{spec.name} has {what}: SGLang sizes those pools apart (SWAKVPool, HybridLinearKVPool), which kvtool does "
-        "not model yet",
+        f"{spec.name} has {what}: SGLang {version} sizes those pools apart (SWAKVPool, HybridLinearKVPool), which "
+        "kvtool does not model yet",
         where=spec.source,
         tip="use --engine vllm for this model",
     )
@@ -233,10 +245,19 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
         fraction, how = default_mem_fraction_static(
             gpu_mem_mib, request.tp, request.pp, chunked, tiers.cuda_graph_max_bs, version
         )
+    vit = (model.encoder.num_layers, model.encoder.hidden_size) if model.encoder and model.encoder.num_layers else None
+    fraction, cut = vlm_fraction(fraction, request.mem_fraction_static is not None, spec.architectures, vit, version)
+    if cut is not None:
+        how = f"{how}; {cut}"
     context_len = request.context_length or spec.max_position_embeddings
     if context_len is None:
         raise UsageError(f"{spec.name} has no max_position_embeddings: give --context-length", where="--context-length")
     notes = [f"mem_fraction_static {how}"]
+    if windowed_layers_get_full_slots(spec, version):
+        notes.append(
+            f"sliding-window / chunked layers get a full slot, as every layer does in SGLang {version} "
+            f"({pick(WINDOW_POOL_RULES, version).source})"
+        )
     if version_key(version) >= version_key("0.5.3") and request.mem_fraction_static is None:
         notes.append(f"cuda_graph_max_bs {tiers.cuda_graph_max_bs} (the GPU's default) counted in mem_fraction_static")
     weights_per_gpu: int | None = None
@@ -253,14 +274,25 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
                 tip="give a config.json kvtool reads, or a model folder with *.safetensors",
             )
         weights_per_gpu = -(-model.weights.weights_bytes // request.tp)
+        if model.encoder is not None and not model.encoder_in_weights:  # a vision tower the config estimate left out
+            tower = model.encoder
+            itemsize = _ITEMSIZE.get(spec.dtype, 2)
+            weights_per_gpu += (tower.split_params // request.tp + tower.replicated_params) * itemsize
+            notes.append(
+                f"vision tower {tower.num_params / 1e9:.2f} B parameters ({tower.tower}), its linears split over TP"
+            )
         free = gpu_bytes - CUDA_CONTEXT_BYTES - (TP_DISTRIBUTED_BYTES if request.tp > 1 else 0)
-        total, available, figures = free / GIB, (free - weights_per_gpu) / GIB, "model"
+        loaded = weights_per_gpu + LOAD_OVERHEAD_BYTES
+        total, available, figures = free / GIB, (free - loaded) / GIB, "model"
         notes.append(
             f"free before weights: the GPU's {gpu_bytes / GIB:.2f} GiB less the CUDA context "
             f"{CUDA_CONTEXT_BYTES / GIB:.2f} GiB"
             + (f" and NCCL {TP_DISTRIBUTED_BYTES / GIB:.2f} GiB" if request.tp > 1 else "")
         )
-        notes.append(f"weights per GPU {weights_per_gpu / GIB:.2f} GiB ({model.weights.method})")
+        notes.append(
+            f"weights per GPU {weights_per_gpu / GIB:.2f} GiB ({model.weights.method}) and {LOAD_OVERHEAD_BYTES / GIB:.2f}"
+            " GiB more that loading takes (SGLang's logged mem usage over the weights, the median of real logs)"
+        )
     settings = _Settings(fraction, how, chunked, tiers.cuda_graph_max_bs, context_len, gpu_name, gpu_mem_mib)
     return _pool(request, spec, shape, settings, _Memory(figures, total, available, weights_per_gpu), notes)
 

@@ -179,3 +179,103 @@ REQ_POOL_RULES: tuple[ReqPoolRule, ...] = (ReqPoolRule("0.4.0", 1), ReqPoolRule(
 
 # --page-size exists from 0.4.4 (srt/server_args.py; init_memory_pool rounds the pool down to whole pages)
 PAGE_SIZE_SINCE = "0.4.4"
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPoolRule:
+    """How a model with sliding-window (or chunked) attention layers gets its KV pool."""
+
+    since: str
+    uniform: bool  # True: one MHATokenToKVPool with a full slot in every layer, the window only narrows attention
+    source: str
+
+
+WINDOW_POOL_RULES: tuple[WindowPoolRule, ...] = (
+    # 0.4.0-0.4.9.post2: init_memory_pool builds MHATokenToKVPool(layer_num=num_hidden_layers) for every model; the
+    # window (get_attention_sliding_window_size) reaches only the attention backend.  A hybrid pool exists from 0.4.7
+    # for Llama 4 alone, behind --hybrid-kvcache-ratio (configs/model_config.py is_hybrid_model; not modelled).
+    WindowPoolRule("0.4.0", True, "srt/model_executor/model_runner.py init_memory_pool (0.4.0-0.4.9.post2)"),
+    # 0.4.9.post3 on: ModelRunner.__init__ sets is_hybrid for a model whose get_attention_sliding_window_size() > 0
+    # (unless --disable-hybrid-swa-memory), sized as SWAKVPool (full and SWA sub-pools): not modelled
+    WindowPoolRule("0.4.9.post3", False, "srt/model_executor/model_runner.py ModelRunner.__init__ (0.4.9.post3+)"),
+)
+
+
+# configs/model_config.py multimodal_model_archs (0.5.6.post2; earlier releases list a subset of these, each as it
+# gained the model): the architectures SGLang serves as multimodal
+MULTIMODAL_ARCHS = frozenset(
+    (
+        "CLIPModel DeepseekVL2ForCausalLM Gemma3ForConditionalGeneration Gemma3nForConditionalGeneration "
+        "Glm4vForConditionalGeneration Glm4vMoeForConditionalGeneration Grok1VForCausalLM Grok1AForCausalLM "
+        "LlavaLlamaForCausalLM Llama4ForConditionalGeneration LlavaMistralForCausalLM LlavaQwenForCausalLM "
+        "LlavaForConditionalGeneration LlavaVidForCausalLM MiniCPMO MiniCPMV Mistral3ForConditionalGeneration "
+        "MultiModalityCausalLM MllamaForConditionalGeneration NemotronH_Nano_VL_V2 PixtralForConditionalGeneration "
+        "Qwen2AudioForConditionalGeneration Qwen2VLForConditionalGeneration Qwen2_5_VLForConditionalGeneration "
+        "Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration Qwen3OmniMoeForConditionalGeneration "
+        "KimiVLForConditionalGeneration InternVLChatModel InternS1ForConditionalGeneration Phi4MMForCausalLM "
+        "Step3VLForConditionalGeneration POINTSV15ChatModel DotsVLMForCausalLM DotsOCRForCausalLM "
+        "Sarashina2VisionForCausalLM NVILAForConditionalGeneration NVILALiteForConditionalGeneration "
+        "DeepseekOCRForCausalLM JetVLMForConditionalGeneration PaddleOCRVLForConditionalGeneration"
+    ).split()
+)
+_MM_OFF_046 = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration"})
+
+
+@dataclasses.dataclass(frozen=True)
+class VlmFractionRule:
+    """How a multimodal model's mem_fraction_static is cut (for the image processing it needs besides the pool)."""
+
+    since: str
+    factor: float | None  # the cut; None: adjust_mem_fraction_for_vlm's, sized by the vision tower
+    default_only: bool  # True: ServerArgs cuts its own default only; False: ModelRunner cuts any fraction, given too
+    text_only: frozenset[str]  # architectures served text-only unless --enable-multimodal (ModelConfig mm_disabled)
+    source: str
+
+
+VLM_FRACTION_RULES: tuple[VlmFractionRule, ...] = (
+    VlmFractionRule(
+        "0.4.0", 0.95, False, frozenset(),
+        "srt/model_executor/model_runner.py ModelRunner.model_specific_adjustment (0.4.0-0.4.4.post3)",
+    ),
+    VlmFractionRule(
+        "0.4.4.post4", 0.90, False, frozenset(),
+        "srt/model_executor/model_runner.py ModelRunner.model_specific_adjustment (0.4.4.post4-0.4.5.post3)",
+    ),
+    VlmFractionRule(
+        "0.4.6", 0.90, False, _MM_OFF_046,
+        "srt/model_executor/model_runner.py model_specific_adjustment, srt/configs/model_config.py ModelConfig "
+        "mm_disabled_models (0.4.6-0.4.8.post1)",
+    ),
+    VlmFractionRule("0.4.9", 0.90, True, _MM_OFF_046, "srt/server_args.py ServerArgs.__post_init__ (0.4.9-0.4.9.post2)"),
+    VlmFractionRule(
+        "0.4.9.post3", None, True, _MM_OFF_046,
+        "srt/server_args.py ServerArgs.adjust_mem_fraction_for_vlm (0.4.9.post3-0.4.9.post6)",
+    ),
+    VlmFractionRule(
+        "0.4.10", None, True, _MM_OFF_046 | {"Step3VLForConditionalGeneration"},
+        "srt/server_args.py ServerArgs.adjust_mem_fraction_for_vlm (0.4.10+)",
+    ),
+)  # fmt: skip
+
+
+def vlm_fraction(
+    fraction: float, given: bool, architectures: tuple[str, ...], vit: tuple[int, int] | None, version: str
+) -> tuple[float, str | None]:
+    """mem_fraction_static after SGLang's cut for a multimodal model (``vit``: the vision tower's layers and hidden
+    size, None when kvtool does not read the tower), and the cut in words (None: not cut)."""
+    rule = pick(VLM_FRACTION_RULES, version)
+    if not architectures or architectures[0] not in MULTIMODAL_ARCHS or (given and rule.default_only):
+        return fraction, None
+    if architectures[0] in rule.text_only:
+        return fraction, f"{architectures[0]} is served text-only (no --enable-multimodal): no multimodal cut"
+    if rule.factor is not None:
+        factor, how = rule.factor, f"x {rule.factor}"
+    else:
+        layers, hidden = vit or (24, 1024)  # getattr's fallbacks in adjust_mem_fraction_for_vlm
+        ratio = layers * hidden**2 / (24 * 1024**2)  # against ViT-L/14
+        factor = 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+        how = f"x {factor:.4f} (0.95 x the ViT's size, {layers} layers x {hidden}" + ("" if vit else ", not read") + ")"
+    return (
+        fraction * factor,
+        f"multimodal {architectures[0]}: {fraction:.3f} {how} = {fraction * factor:.4f} ({rule.source})",
+    )
