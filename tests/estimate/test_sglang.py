@@ -146,7 +146,16 @@ def test_cli_side_by_side(run_cli):
         (["--engine", "sglang", "--gpu-memory-utilization", "0.8"], "Error: --gpu-memory-utilization is vLLM's"),
         (["--engine", "tgi"], "Error: --engine takes vllm, sglang or vllm,sglang, not 'tgi' (--engine)"),
         (["--engine", "sglang", "--kv-cache-dtype", "fp8"], "Error: --kv-cache-dtype fp8 is not one SGLang"),
-        (["--engine", "sglang", "--mem-fraction-static", "0.05"], "Error: SGLang would stop: 'Not enough memory."),
+        # 0.5.14+ (kv_cache_configurator.py _profile_available_bytes): the weights exceed the static budget
+        (
+            ["--engine", "sglang", "--mem-fraction-static", "0.05"],
+            "Error: SGLang 0.5.23 would stop: 'Loaded weights leave no GPU memory for the KV cache under "
+            "--mem-fraction-static=0.05. Raise --mem-fraction-static above 0.",
+        ),
+        (
+            ["--engine", "sglang", "--mem-fraction-static", "0.05", "--sglang-version", "0.5.13"],
+            "Error: SGLang 0.5.13 would stop: 'Not enough memory. Please try to increase --mem-fraction-static.'",
+        ),
     ],
 )
 def test_cli_errors(run_cli, argv, message):
