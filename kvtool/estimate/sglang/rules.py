@@ -39,7 +39,9 @@ MEM_FRACTION_RULES: tuple[MemFractionRule, ...] = (
     MemFractionRule("0.4.8", "reserved_by_gpu", "srt/server_args.py ServerArgs.__post_init__ (0.4.8-0.5.2)"),
     # 0.5.3 on: reserved = 512 MiB + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2 + tp*pp/8 GiB,
     # at least 10 GiB above 60 GiB; round((gpu_mem - reserved) / gpu_mem, 3)
-    MemFractionRule("0.5.3", "reserved_by_batch", "srt/server_args.py ServerArgs._handle_gpu_memory_settings (0.5.3-0.5.9)"),
+    MemFractionRule(
+        "0.5.3", "reserved_by_batch", "srt/server_args.py ServerArgs._handle_gpu_memory_settings (0.5.3-0.5.9)"
+    ),
     # 0.5.10 on: the prefill (piecewise, from 0.5.16 breakable) CUDA graph is on by default, and its reserve is added
     # before the 10 GiB floor: 8 MiB per captured token count (non-MLA), 1.5 GiB (MLA); see PREFILL_GRAPH_RULES.
     # (0.5.7-0.5.9 add a piecewise reserve only with --enable-piecewise-cuda-graph, off by default.)
