@@ -268,7 +268,7 @@ SglangVersionOpt = Annotated[
     str,
     typer.Option(
         "--sglang-version",
-        help="The SGLang release whose rules apply (0.4.0 to 0.5.6.post2; 0.4 means its newest): mem_fraction_static's "
+        help="The SGLang release whose rules apply (0.4.0 to 0.5.23; 0.5 means its newest): mem_fraction_static's "
         "and chunked_prefill_size's defaults, the lines it logs.",
     ),
 ]

@@ -36,6 +36,8 @@ def _request(name: str, case: dict) -> SglangRequest:
         sglang_version=case["sglang_version"],
         mem_fraction_static=settings.get("mem_fraction_static"),
         context_length=settings.get("context_length"),
+        max_running_requests=settings.get("max_running_requests"),
+        page_size=settings.get("page_size", 1),
     )
 
 
@@ -75,10 +77,14 @@ def test_token_count_given_the_logged_memory(name: str) -> None:
     else:  # only the pool's lines are logged: the settings and the K-size line are still checked
         assert case.get("from_scratch"), f"{name}: a case without memory figures must be checked from scratch"
         middle = estimate_sglang(request)
-    # the allocation line of the logged count: K size as SGLang prints it (get_kv_size_bytes, (size + 1) slots)
+    # the allocation line of the logged count: K size as SGLang prints it (get_kv_size_bytes, size + page_size slots),
+    # or K + V where a source quotes only their sum
     shape = pool_shape(_spec(request), "auto", request.tp, middle.sglang_version)
-    if "k_size_gib" in logged:  # a log without the allocation line keeps only the scheduler's
-        assert f"{shape.buffer_gib(logged['tokens'], 1):.2f}" == f"{logged['k_size_gib']:.2f}"
+    buffer = shape.buffer_gib(logged["tokens"], request.page_size)
+    if "k_size_gib" in logged:
+        assert f"{buffer:.2f}" == f"{logged['k_size_gib']:.2f}"
+    if "kv_size_gib" in logged:
+        assert f"{buffer * shape.tensors:.2f}" == f"{logged['kv_size_gib']:.2f}"
     if "mem_fraction_static" in logged:
         assert middle.mem_fraction_static == pytest.approx(logged["mem_fraction_static"])
     if "max_running_requests" in logged:

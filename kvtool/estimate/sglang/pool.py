@@ -1,12 +1,16 @@
 """SGLang's KV pool: how many tokens ``python -m sglang.launch_server`` gives the model on a GPU, and what it logs.
 
-The rule (srt/model_executor/model_runner.py ``ModelRunner.profile_max_num_token`` and ``init_memory_pool``, the same
-in every release 0.4.0-0.5.6.post2; the figures are GiB, free bytes / 2**30, which SGLang prints as "GB")::
+The rule (srt/model_executor/model_runner.py ``ModelRunner.profile_max_num_token`` and ``init_memory_pool``;
+model_runner_kv_cache_mixin.py 0.5.7-0.5.15, with pool_configurator.py ``DefaultPoolConfigurator`` from 0.5.11 and
+srt/mem_cache/kv_cache_configurator.py ``KVCacheConfigurator._profile_available_bytes`` from 0.5.16: the same rule
+in every release 0.4.0-0.5.23 for the layer kinds kvtool sizes, ``int(rest * 2**30) // cell_size`` from 0.5.7 giving
+the same count; the figures are GiB, free bytes / 2**30, which SGLang prints as "GB")::
 
     total_gpu_memory = free memory before the weights (init_torch_distributed: min over the TP ranks)
     available        = free memory after the weights (get_available_gpu_memory, min over the ranks)
     rest_memory      = available - total_gpu_memory * (1 - mem_fraction_static)
-    cell_size        = kv_heads_per_gpu * head_dim * layers * 2 * itemsize   (MHA/GQA/MQA)
+    cell_size        = kv_heads_per_gpu * head_dim * layers * 2 * itemsize   (MHA/GQA/MQA; 0.5.7+: head_dim + v_head_dim,
+                       the same for the models kvtool reads)
                      = (kv_lora_rank + qk_rope_head_dim) * layers * itemsize (MLA)
     max_total_num_tokens = int(rest_memory * 2**30 // cell_size), capped by --max-total-tokens, rounded down to
                      whole pages (0.4.4+)
@@ -22,19 +26,23 @@ Core code: returns a frozen :class:`SglangEstimate` and raises :class:`UsageErro
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from kvtool.core.errors import UsageError
 from kvtool.core.units import GIB, parse_size
 from kvtool.estimate.hf_config import ModelSpec
 from kvtool.estimate.kinds import FULL
 from kvtool.estimate.sglang.rules import (
+    ALLOCATED_LINE_RULES,
     KV_DTYPE_RULES,
     MEM_FRACTION_RULES,
+    NO_MEMORY_RULES,
     PAGE_SIZE_SINCE,
-    REQ_POOL_RULES,
     WINDOW_POOL_RULES,
+    PrefillGraphInputs,
     default_mem_fraction_static,
     gpu_defaults,
+    running_requests,
     vlm_fraction,
 )
 from kvtool.estimate.sglang.versions import NEWEST_RELEASE, pick, resolve_sglang_version, version_key
@@ -175,7 +183,15 @@ def pool_shape(spec: ModelSpec, kv_cache_dtype: str, tp: int, version: str) -> P
     """The pool's slot of ``spec`` at ``tp``; a layer kind SGLang sizes otherwise (sliding window from 0.4.9.post3,
     hybrid state) is refused."""
     _refuse_unmodelled_layers(spec, version)
-    choices = pick(KV_DTYPE_RULES, version).choices
+    dtype_rule = pick(KV_DTYPE_RULES, version)
+    choices = dtype_rule.choices
+    if kv_cache_dtype in dtype_rule.unmodelled:
+        raise UsageError(
+            f"SGLang {version}'s --kv-cache-dtype {kv_cache_dtype} keeps scale buffers beside the cache, which kvtool "
+            "does not model",
+            where="--kv-cache-dtype",
+            tip=f"kvtool sizes SGLang's {', '.join(choices)}",
+        )
     if kv_cache_dtype not in choices:
         raise UsageError(
             f"--kv-cache-dtype {kv_cache_dtype} is not one SGLang {version} takes ({', '.join(choices)})",
@@ -237,13 +253,20 @@ def estimate_sglang(request: SglangRequest, logged: LoggedMemory | None = None) 
     spec = model.spec
     shape = pool_shape(spec, request.kv_cache_dtype, request.tp, version)
     gpu_name, gpu_bytes, gpu_mem_mib = _gpu(request)
-    tiers = gpu_defaults(gpu_mem_mib, request.tp, version)
+    tiers = gpu_defaults(gpu_mem_mib, request.tp, version, request.max_running_requests)
     chunked = request.chunked_prefill_size if request.chunked_prefill_size is not None else tiers.chunked_prefill_size
     if request.mem_fraction_static is not None:
         fraction, how = request.mem_fraction_static, "--mem-fraction-static"
     else:
+        prefill = PrefillGraphInputs(
+            mla=spec.is_mla,
+            architectures=spec.architectures,
+            model_path=request.model or spec.name,
+            context_length=request.context_length,
+            max_total_tokens=request.max_total_tokens,
+        )
         fraction, how = default_mem_fraction_static(
-            gpu_mem_mib, request.tp, request.pp, chunked, tiers.cuda_graph_max_bs, version
+            gpu_mem_mib, request.tp, request.pp, chunked, tiers.cuda_graph_max_bs, version, prefill
         )
     vit = (model.encoder.num_layers, model.encoder.hidden_size) if model.encoder and model.encoder.num_layers else None
     fraction, cut = vlm_fraction(fraction, request.mem_fraction_static is not None, spec.architectures, vit, version)
@@ -339,12 +362,7 @@ def _pool(
             notes.append(f"capped by --max-total-tokens {request.max_total_tokens:,}")
         tokens = tokens // request.page_size * request.page_size
         if tokens <= 0:
-            raise UsageError(
-                f"SGLang would stop: 'Not enough memory. Please try to increase --mem-fraction-static.' (rest memory "
-                f"{rest:.2f} GiB after {headroom:.2f} GiB of headroom)",
-                where="--mem-fraction-static",
-                tip=f"raise --mem-fraction-static above {fraction:.3f}, or use more GPUs (--tp-size)",
-            )
+            raise _no_memory(rest, headroom, fraction, total, available, version)
         pool_bytes = int(shape.buffer_gib(tokens, request.page_size) * GIB) * shape.tensors
         max_num_reqs, running = running_requests(tokens, context_len, request.max_running_requests, version)
         lines.append(_allocated_line(shape, tokens, request.page_size, version))
@@ -393,24 +411,29 @@ def _pool(
     )
 
 
-def running_requests(tokens: int, context_len: int, max_running_requests: int | None, version: str) -> tuple[int, int]:
-    """(max_num_reqs, max_running_requests) for a pool of ``tokens``: init_memory_pool's ReqToTokenPool size
-    (``--max-running-requests``, else ``min(max(int(tokens / context_len * 512), 2048), 4096)``) and the scheduler's
-    ``min(tokens // 2 or --max-running-requests, req_to_token_pool.size)`` (srt/managers/tp_worker.py)."""
-    max_num_reqs = max_running_requests or min(max(int(tokens / context_len * 512), 2048), 4096)
-    pool_size = max_num_reqs + pick(REQ_POOL_RULES, version).extra_slots
-    running = min(tokens // 2 if max_running_requests is None else max_running_requests, pool_size)
-    return max_num_reqs, running
+def _no_memory(
+    rest: float, headroom: float, fraction: float, total: float, available: float, version: str
+) -> UsageError:
+    """SGLang's stop when the weights leave the pool nothing, in the release's words (NO_MEMORY_RULES)."""
+    rule = pick(NO_MEMORY_RULES, version)
+    if rest > 0:  # room for less than one token: the older message in every release
+        rule = NO_MEMORY_RULES[0]
+    minimum = math.ceil((1 - available / total) * 1000) / 1000 if total > 0 else 1.0
+    said = rule.message.format(fraction=fraction, minimum=minimum)
+    return UsageError(
+        f"SGLang {version} would stop: '{said}' (rest memory {rest:.2f} GiB after {headroom:.2f} GiB of headroom)",
+        where="--mem-fraction-static",
+        tip=f"raise --mem-fraction-static above {max(fraction, minimum):.3f}, or use more GPUs (--tp-size)",
+    )
 
 
 def _allocated_line(shape: PoolShape, tokens: int, page_size: int, version: str) -> str:
-    """srt/mem_cache/memory_pool.py's line: '#tokens' from 0.4.4 on, 'KV size' for MLA's one buffer."""
+    """srt/mem_cache/memory_pool.py's line: '#tokens' from 0.4.4 on, 'dtype: torch.X' from 0.5.13, 'KV size' for
+    MLA's one buffer."""
     size = shape.buffer_gib(tokens, page_size)
-    head = (
-        f"KV Cache is allocated. #tokens: {tokens}, "
-        if version_key(version) >= version_key("0.4.4")
-        else ("KV Cache is allocated. ")
-    )
+    rule = pick(ALLOCATED_LINE_RULES, version)
+    head = "KV Cache is allocated. " + (f"dtype: torch.{shape.kv_dtype}, " if rule.dtype else "")
+    head += f"#tokens: {tokens}, " if rule.tokens else ""
     if shape.tensors == 1:
         return f"{head}KV size: {size:.2f} GB"
     return f"{head}K size: {size:.2f} GB, V size: {size:.2f} GB"

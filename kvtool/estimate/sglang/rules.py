@@ -1,5 +1,6 @@
 """SGLang's defaults that change between releases, one table per rule, each row read from that release's
-python/sglang/srt/server_args.py (``ServerArgs.__post_init__``, from 0.5.3 ``_handle_gpu_memory_settings``).
+python/sglang/srt/server_args.py (``ServerArgs.__post_init__``, from 0.5.3 ``_handle_gpu_memory_settings``, from 0.5.19
+srt/arg_groups/memory_hook.py ``handle_gpu_memory_settings``).
 
 ``gpu_mem`` is SGLang's ``get_device_memory_capacity``: nvidia-smi's ``memory.total`` in MiB on NVIDIA GPUs
 (srt/utils.py ``get_nvgpu_memory_capacity``), the minimum over the visible GPUs.
@@ -21,6 +22,7 @@ class MemFractionRule:
     since: str
     kind: str  # "tp": by TP size alone; "tp_or_big_gpu": by TP up to 80 GiB; "reserved": (gpu_mem - reserved) / gpu_mem
     source: str
+    no_gpu_value: float = 0.88  # the value with no GPU memory known (gpu_mem None)
 
 
 MEM_FRACTION_RULES: tuple[MemFractionRule, ...] = (
@@ -37,7 +39,29 @@ MEM_FRACTION_RULES: tuple[MemFractionRule, ...] = (
     MemFractionRule("0.4.8", "reserved_by_gpu", "srt/server_args.py ServerArgs.__post_init__ (0.4.8-0.5.2)"),
     # 0.5.3 on: reserved = 512 MiB + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2 + tp*pp/8 GiB,
     # at least 10 GiB above 60 GiB; round((gpu_mem - reserved) / gpu_mem, 3)
-    MemFractionRule("0.5.3", "reserved_by_batch", "srt/server_args.py ServerArgs._handle_gpu_memory_settings (0.5.3+)"),
+    MemFractionRule(
+        "0.5.3", "reserved_by_batch", "srt/server_args.py ServerArgs._handle_gpu_memory_settings (0.5.3-0.5.9)"
+    ),
+    # 0.5.10 on: the prefill (piecewise, from 0.5.16 breakable) CUDA graph is on by default, and its reserve is added
+    # before the 10 GiB floor: 8 MiB per captured token count (non-MLA), 1.5 GiB (MLA); see PREFILL_GRAPH_RULES.
+    # (0.5.7-0.5.9 add a piecewise reserve only with --enable-piecewise-cuda-graph, off by default.)
+    MemFractionRule(
+        "0.5.10",
+        "reserved_by_batch_and_prefill_graph",
+        "srt/server_args.py ServerArgs._handle_gpu_memory_settings (0.5.10-0.5.15; 0.5.16-0.5.18 with "
+        "reserve_for_graph_mb)",
+    ),
+    # 0.5.19: the same rule moved to srt/arg_groups/memory_hook.py handle_gpu_memory_settings / reserve_for_graph_mb
+    MemFractionRule(
+        "0.5.19", "reserved_by_batch_and_prefill_graph", "srt/arg_groups/memory_hook.py handle_gpu_memory_settings"
+    ),
+    # 0.5.20 on: with no GPU memory known the default is 0.95, not 0.88
+    MemFractionRule(
+        "0.5.20",
+        "reserved_by_batch_and_prefill_graph",
+        "srt/arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.20+)",
+        no_gpu_value=0.95,
+    ),
 )
 
 
@@ -62,13 +86,36 @@ class GpuTierRule:
     kind: str  # "25000": 2048 below 25,000 MiB else 8192; "35g": 2048 / 8192 / 16384; "table": the 0.5.3 table
     small_tp_graph_bs: int  # cuda_graph_max_bs of the 20-35 GiB tier at TP < 4 (0.5.3+)
     source: str
+    mid_chunked_prefill_size: int = 2048  # chunked_prefill_size of the 20-35 GiB tier ("table")
+    mid_big_tp_graph_bs: int = 80  # cuda_graph_max_bs of the 20-35 GiB tier at TP >= 4 ("table")
+    graph_bs_capped_by_running: bool = False  # a default decode max_bs above --max-running-requests is cut to it
 
 
 GPU_TIER_RULES: tuple[GpuTierRule, ...] = (
     GpuTierRule("0.4.0", "25000", 0, "srt/server_args.py ServerArgs.__post_init__ (0.4.0-0.4.7.post1)"),
     GpuTierRule("0.4.8", "35g", 0, "srt/server_args.py ServerArgs.__post_init__ (0.4.8-0.5.2)"),
     GpuTierRule("0.5.3", "table", 16, "srt/server_args.py _handle_gpu_memory_settings (0.5.3-0.5.4)"),
-    GpuTierRule("0.5.5", "table", 24, "srt/server_args.py _handle_gpu_memory_settings (0.5.5+)"),
+    GpuTierRule("0.5.5", "table", 24, "srt/server_args.py _handle_gpu_memory_settings (0.5.5-0.5.18)"),
+    GpuTierRule("0.5.19", "table", 24, "srt/arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.19)"),
+    # 0.5.20: the 20-35 GiB tier (A10, 4090, 5090) takes chunked_prefill_size 4096 and max_bs 48 (TP < 4) / 160
+    GpuTierRule(
+        "0.5.20",
+        "table",
+        48,
+        "srt/arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.20-0.5.21)",
+        mid_chunked_prefill_size=4096,
+        mid_big_tp_graph_bs=160,
+    ),
+    # 0.5.22: a default decode max_bs larger than --max-running-requests is cut to it
+    GpuTierRule(
+        "0.5.22",
+        "table",
+        48,
+        "srt/arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.22+)",
+        mid_chunked_prefill_size=4096,
+        mid_big_tp_graph_bs=160,
+        graph_bs_capped_by_running=True,
+    ),
 )
 
 
@@ -78,9 +125,18 @@ class GpuDefaults:
     cuda_graph_max_bs: int | None
 
 
-def gpu_defaults(gpu_mem_mib: int | None, tp: int, version: str) -> GpuDefaults:
+def gpu_defaults(
+    gpu_mem_mib: int | None, tp: int, version: str, max_running_requests: int | None = None
+) -> GpuDefaults:
     """SGLang's chunked_prefill_size and cuda_graph_max_bs for a GPU of ``gpu_mem_mib`` (None: no GPU asked)."""
     rule = pick(GPU_TIER_RULES, version)
+    tiers = _table_defaults(gpu_mem_mib, tp, rule)
+    if rule.graph_bs_capped_by_running and max_running_requests is not None and tiers.cuda_graph_max_bs is not None:
+        return GpuDefaults(tiers.chunked_prefill_size, min(tiers.cuda_graph_max_bs, max_running_requests))
+    return tiers
+
+
+def _table_defaults(gpu_mem_mib: int | None, tp: int, rule: GpuTierRule) -> GpuDefaults:
     if rule.kind == "25000":
         return GpuDefaults(2048 if gpu_mem_mib is not None and gpu_mem_mib < 25_000 else 8192, None)
     if rule.kind == "35g":
@@ -95,7 +151,7 @@ def gpu_defaults(gpu_mem_mib: int | None, tp: int, version: str) -> GpuDefaults:
     if gpu_mem_mib < 20 * MIB:
         return GpuDefaults(2048, 8)
     if gpu_mem_mib < 35 * MIB:
-        return GpuDefaults(2048, rule.small_tp_graph_bs if small else 80)
+        return GpuDefaults(rule.mid_chunked_prefill_size, rule.small_tp_graph_bs if small else rule.mid_big_tp_graph_bs)
     if gpu_mem_mib < 60 * MIB:
         return GpuDefaults(4096, 32 if small else 160)
     if gpu_mem_mib < 160 * MIB:
@@ -103,12 +159,141 @@ def gpu_defaults(gpu_mem_mib: int | None, tp: int, version: str) -> GpuDefaults:
     return GpuDefaults(16384, 512)
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefillGraphRule:
+    """The prefill CUDA graph that is on by default from 0.5.10 (piecewise, torch.compile'd; from 0.5.16 "breakable"),
+    whose capture mem_fraction_static reserves: 8 MiB per captured token count for non-MLA models, 1.5 GiB for MLA.
+    The token counts are 4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256 and
+    4608 step 512 up to the largest (srt/server_args.py _generate_piecewise_cuda_graph_tokens 0.5.10-0.5.13,
+    _generate_prefill_cuda_graph_batch_sizes 0.5.14-0.5.18, srt/arg_groups/cuda_graph_hook.py
+    generate_prefill_cuda_graph_batch_sizes 0.5.19+: the same list)."""
+
+    since: str
+    mla_reserve_mib: float  # 0 where the default prefill graph is off for MLA
+    clamps_to_context_length: bool  # the largest token count is cut to --context-length when given
+    disabled_architectures: tuple[str, ...]  # config.json architectures the default prefill graph is off for
+    source: str
+
+
+_PIECEWISE_OFF_0510 = (
+    "DeepseekV32ForCausalLM",
+    "Qwen3NextForCausalLM",
+    "GlmMoeDsaForCausalLM",
+    "BailingMoeV2_5ForCausalLM",
+    "LLaDAModelLM",
+)
+_DEEPSEEK_V4 = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN")
+PREFILL_GRAPH_RULES: tuple[PrefillGraphRule, ...] = (
+    PrefillGraphRule(
+        "0.5.10",
+        1536,
+        False,
+        _PIECEWISE_OFF_0510,
+        "srt/server_args.py _handle_piecewise_cuda_graph, srt/configs/model_config.py "
+        "piecewise_cuda_graph_disabled_model_archs (0.5.10-0.5.11)",
+    ),
+    PrefillGraphRule(
+        "0.5.12",
+        1536,
+        False,
+        _PIECEWISE_OFF_0510 + _DEEPSEEK_V4,
+        "srt/configs/model_config.py piecewise_cuda_graph_disabled_model_archs (0.5.12)",
+    ),
+    # 0.5.13: clamped to --context-length (_handle_gpu_memory_settings); DeepseekV32 and GlmMoeDsa dropped from the list
+    PrefillGraphRule(
+        "0.5.13",
+        1536,
+        True,
+        (*_DEEPSEEK_V4, "Qwen3NextForCausalLM", "BailingMoeV2_5ForCausalLM", "LLaDAModelLM"),
+        "srt/server_args.py _handle_gpu_memory_settings, _disable_tc_piecewise_cudagraph_if_incompatible (0.5.13-0.5.15)",
+    ),
+    # 0.5.16: the default prefill backend is "breakable" on CUDA (srt/model_executor/cuda_graph_config.py
+    # default_prefill_backend), which _disable_breakable_cudagraph_if_incompatible turns off for MLA and DeepSeek-V4
+    PrefillGraphRule(
+        "0.5.16",
+        0,
+        True,
+        (*_DEEPSEEK_V4, "DeepseekV4ForCausalLMDSpark"),
+        "srt/server_args.py _disable_breakable_cudagraph_if_incompatible, reserve_for_graph_mb (0.5.16)",
+    ),
+    # 0.5.17: no --context-length clamp any more
+    PrefillGraphRule(
+        "0.5.17",
+        0,
+        False,
+        (*_DEEPSEEK_V4, "DeepseekV4ForCausalLMDSpark"),
+        "srt/server_args.py _handle_gpu_memory_settings, _disable_breakable_cudagraph_if_incompatible (0.5.17)",
+    ),
+    # 0.5.18: the breakable graph no longer refuses MLA, whose reserve is 1.5 GiB again
+    PrefillGraphRule(
+        "0.5.18",
+        1536,
+        False,
+        (*_DEEPSEEK_V4, "DeepseekV4ForCausalLMDSpark"),
+        "srt/server_args.py reserve_for_graph_mb (0.5.18), srt/arg_groups/memory_hook.py reserve_for_graph_mb and "
+        "cuda_graph_hook.py disable_breakable_cudagraph_if_incompatible (0.5.19+)",
+    ),
+)
+
+
+def prefill_graph_tokens(max_tokens: int) -> list[int]:
+    """The prefill CUDA graph's captured token counts up to ``max_tokens`` (PrefillGraphRule's list)."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_tokens + 1, 512))
+    )
+    return [size for size in sizes if size <= max_tokens]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillGraphInputs:
+    """What the default prefill CUDA graph's reserve depends on besides the GPU (0.5.10+)."""
+
+    mla: bool = False
+    architectures: tuple[str, ...] = ()
+    model_path: str = ""  # "llama-2" in it caps the largest token count at 4096
+    context_length: int | None = None  # --context-length as given (None: not given)
+    max_total_tokens: int | None = None  # --max-total-tokens as given
+
+
+def prefill_graph_reserve_mib(chunked_prefill_size: int, inputs: PrefillGraphInputs, version: str) -> tuple[float, str]:
+    """The prefill CUDA graph's share of mem_fraction_static's reserve in MiB, and how it was reached."""
+    rule = pick(PREFILL_GRAPH_RULES, version)
+    if set(inputs.architectures) & set(rule.disabled_architectures):
+        return 0.0, "prefill CUDA graph off for this architecture"
+    if inputs.mla:
+        if not rule.mla_reserve_mib:
+            return 0.0, "prefill CUDA graph off for MLA"
+        return rule.mla_reserve_mib, f"prefill CUDA graph (MLA) {rule.mla_reserve_mib:.0f}"
+    largest = chunked_prefill_size
+    if inputs.max_total_tokens is not None:
+        largest = min(largest, inputs.max_total_tokens)
+    if "llama-2" in inputs.model_path.lower():
+        largest = min(largest, 4096)
+    if rule.clamps_to_context_length and inputs.context_length is not None:
+        largest = min(largest, inputs.context_length)
+    count = len(prefill_graph_tokens(largest))
+    return count * 8.0, f"prefill CUDA graph {count} x 8"
+
+
 def default_mem_fraction_static(
-    gpu_mem_mib: int | None, tp: int, pp: int, chunked_prefill_size: int, cuda_graph_max_bs: int | None, version: str
+    gpu_mem_mib: int | None,
+    tp: int,
+    pp: int,
+    chunked_prefill_size: int,
+    cuda_graph_max_bs: int | None,
+    version: str,
+    prefill: PrefillGraphInputs | None = None,
 ) -> tuple[float, str]:
-    """SGLang's default mem_fraction_static and how it was reached, in words."""
+    """SGLang's default mem_fraction_static and how it was reached, in words (``prefill``: the model's inputs to the
+    prefill CUDA graph's reserve of 0.5.10+; None: a non-MLA model with no caps)."""
     rule = pick(MEM_FRACTION_RULES, version)
     parallel = tp * pp
+    source = rule.source
     if rule.kind == "tp":
         value = _by_parallel_size(tp)
         return value, f"{value} at TP {tp} ({rule.source})"
@@ -116,7 +301,7 @@ def default_mem_fraction_static(
         if rule.kind == "tp_or_minus_13g":
             value = _by_parallel_size(tp)
             return value, f"{value} at TP {tp}, no GPU given ({rule.source})"
-        value = 0.88
+        value = rule.no_gpu_value
         return value, f"{value} with no GPU given ({rule.source})"
     if rule.kind == "tp_or_minus_13g":
         if gpu_mem_mib <= 81920:
@@ -142,17 +327,22 @@ def default_mem_fraction_static(
             reserved = 32 * 1024
     else:
         reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + (cuda_graph_max_bs or 0) * 2 + parallel / 8 * 1024
+        if rule.kind == "reserved_by_batch_and_prefill_graph":
+            graph, graph_how = prefill_graph_reserve_mib(chunked_prefill_size, prefill or PrefillGraphInputs(), version)
+            reserved += graph
+            source = f"{graph_how} MiB included; {source}"
         if gpu_mem_mib > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
     value = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-    return value, f"round(({gpu_mem_mib:,} - {reserved:,.1f}) / {gpu_mem_mib:,} MiB, 3) = {value} ({rule.source})"
+    return value, f"round(({gpu_mem_mib:,} - {reserved:,.1f}) / {gpu_mem_mib:,} MiB, 3) = {value} ({source})"
 
 
 @dataclasses.dataclass(frozen=True)
 class KvDtypeRule:
     since: str
-    choices: tuple[str, ...]  # --kv-cache-dtype values the release takes (fp4_e2m1 of 0.5.5+ is not modelled)
+    choices: tuple[str, ...]  # --kv-cache-dtype values the release takes that kvtool models
     source: str
+    unmodelled: tuple[str, ...] = ()  # values the release takes whose pool (FP4/MX scale buffers) kvtool does not model
 
 
 KV_DTYPE_RULES: tuple[KvDtypeRule, ...] = (
@@ -161,21 +351,116 @@ KV_DTYPE_RULES: tuple[KvDtypeRule, ...] = (
         "0.4.1", ("auto", "fp8_e5m2", "fp8_e4m3"), "srt/server_args.py add_cli_args (read in 0.4.1.post7-0.5.3)"
     ),
     KvDtypeRule(
-        "0.5.4", ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"), "srt/server_args.py add_cli_args (0.5.4+)"
+        "0.5.4", ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"), "srt/server_args.py add_cli_args (0.5.4)"
+    ),
+    KvDtypeRule(
+        "0.5.5",
+        ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"),
+        "srt/server_args.py add_cli_args (0.5.5-0.5.15)",
+        unmodelled=("fp4_e2m1",),
+    ),
+    KvDtypeRule(
+        "0.5.16",
+        ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"),
+        "srt/server_args.py add_cli_args (0.5.16-0.5.19), srt/arg_groups/fields/model.py (0.5.20)",
+        unmodelled=("mxfp8", "nvfp4", "fp4_mx_block16", "fp4_e2m1"),
+    ),
+    KvDtypeRule(
+        "0.5.21",
+        ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"),
+        "srt/arg_groups/fields/model.py kv_cache_dtype (0.5.21+)",
+        unmodelled=("mxfp8", "nvfp4", "fp4_mx_block16"),
     ),
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class ReqPoolRule:
-    """ReqToTokenPool's size: max_num_reqs + 1 slots before 0.4.7, max_num_reqs from 0.4.7
-    (srt/model_executor/model_runner.py init_memory_pool)."""
+    """ReqToTokenPool's size and the max_running_requests the scheduler logs, from the pool's tokens and the
+    requests cap (``max_running_requests`` given or not)."""
 
     since: str
-    extra_slots: int
+    extra_slots: int  # ReqToTokenPool slots beyond max_num_reqs
+    # "pool": max_num_reqs = the cap given, else min(max(int(tokens / context_len * 512), 2048), 4096); logged
+    #   min(tokens // 2 (no cap) or the cap, pool size)
+    # "estimated": the cap is cut to that estimate (no cap: min(estimate, tokens // 2)); logged as sized
+    # "half_tokens": the cap is cut to tokens // 2 (no cap: min(estimate, tokens // 2)); logged as sized
+    kind: str
+    source: str
 
 
-REQ_POOL_RULES: tuple[ReqPoolRule, ...] = (ReqPoolRule("0.4.0", 1), ReqPoolRule("0.4.7", 0))
+REQ_POOL_RULES: tuple[ReqPoolRule, ...] = (
+    ReqPoolRule("0.4.0", 1, "pool", "srt/model_executor/model_runner.py init_memory_pool, managers/tp_worker.py"),
+    ReqPoolRule("0.4.7", 0, "pool", "srt/model_executor/model_runner.py init_memory_pool (0.4.7-0.5.9)"),
+    ReqPoolRule(
+        "0.5.10",
+        0,
+        "estimated",
+        "srt/model_executor/model_runner_kv_cache_mixin.py _resolve_max_num_reqs (0.5.10-0.5.13)",
+    ),
+    ReqPoolRule(
+        "0.5.14",
+        0,
+        "half_tokens",
+        "srt/model_executor/model_runner_kv_cache_mixin.py _resolve_max_num_reqs (0.5.14-0.5.15), "
+        "srt/mem_cache/kv_cache_configurator.py KVCacheConfigurator.resolve_max_num_reqs (0.5.16+)",
+    ),
+)
+
+
+def running_requests(tokens: int, context_len: int, cap: int | None, version: str) -> tuple[int, int]:
+    """(ReqToTokenPool's max_num_reqs, the logged max_running_requests) for a pool of ``tokens``."""
+    rule = pick(REQ_POOL_RULES, version)
+    estimated = min(max(int(tokens / context_len * 512), 2048), 4096)
+    if rule.kind == "pool":
+        max_num_reqs = cap or estimated
+        return max_num_reqs, min(tokens // 2 if cap is None else cap, max_num_reqs + rule.extra_slots)
+    if cap is None:
+        max_num_reqs = min(estimated, tokens // 2)
+    else:
+        max_num_reqs = min(cap, estimated if rule.kind == "estimated" else tokens // 2)
+    return max_num_reqs, max_num_reqs
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatedLineRule:
+    """The pool's allocation line (srt/mem_cache/memory_pool.py MHATokenToKVPool / MLATokenToKVPool)."""
+
+    since: str
+    tokens: bool  # "#tokens: N, " after "KV Cache is allocated. "
+    dtype: bool  # "dtype: torch.X, " before it
+
+
+ALLOCATED_LINE_RULES: tuple[AllocatedLineRule, ...] = (
+    AllocatedLineRule("0.4.0", False, False),
+    AllocatedLineRule("0.4.4", True, False),
+    AllocatedLineRule("0.5.13", True, True),  # srt/mem_cache/memory_pool.py (0.5.13+)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMemoryRule:
+    """What SGLang says when the weights leave the pool no memory."""
+
+    since: str
+    message: str  # "{fraction}" and "{minimum}" are filled in
+    source: str
+
+
+NO_MEMORY_RULES: tuple[NoMemoryRule, ...] = (
+    NoMemoryRule(
+        "0.4.0",
+        "Not enough memory. Please try to increase --mem-fraction-static.",
+        "srt/model_executor/model_runner.py init_memory_pool",
+    ),
+    NoMemoryRule(
+        "0.5.14",
+        "Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={fraction}. "
+        "Raise --mem-fraction-static above {minimum:.3f}",
+        "srt/model_executor/model_runner_kv_cache_mixin.py _profile_available_bytes (0.5.14-0.5.15), "
+        "srt/mem_cache/kv_cache_configurator.py KVCacheConfigurator._profile_available_bytes (0.5.16+)",
+    ),
+)
 
 # --page-size exists from 0.4.4 (srt/server_args.py; init_memory_pool rounds the pool down to whole pages)
 PAGE_SIZE_SINCE = "0.4.4"

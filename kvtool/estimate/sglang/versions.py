@@ -15,9 +15,11 @@ from typing import Protocol, TypeVar
 
 from kvtool.core.errors import UsageError
 
-# Every release 0.4.0-0.5.6.post2 (pypi.org/project/sglang/#history, `pip index versions sglang`).  Later releases
-# (0.5.7 on) size the pool with a KVCacheConfigurator and resize it after CUDA-graph capture
-# (srt/model_executor/pool_configurator.py, model_runner_components/kv_pool_runtime.py in 0.5.23): not modelled.
+# Every release 0.4.0-0.5.23 (pypi.org/project/sglang/#history, `pip index versions sglang`).  From 0.5.11 the pool
+# is sized by a configurator (srt/model_executor/pool_configurator.py DefaultPoolConfigurator, from 0.5.16 driven by
+# srt/mem_cache/kv_cache_configurator.py KVCacheConfigurator), with the same rule as before for the models kvtool
+# sizes; the post-capture resize of srt/model_executor/model_runner_components/kv_pool_runtime.py (0.5.16+) runs only
+# with SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 (srt/environ.py, off by default in every release to 0.5.23).
 MODELLED_RELEASES: tuple[str, ...] = tuple(
     (
         "0.4.0 0.4.0.post1 0.4.0.post2 0.4.1 0.4.1.post1 0.4.1.post2 0.4.1.post3 0.4.1.post4 0.4.1.post5 0.4.1.post6 "
@@ -26,7 +28,9 @@ MODELLED_RELEASES: tuple[str, ...] = tuple(
         "0.4.6 0.4.6.post1 0.4.6.post2 0.4.6.post3 0.4.6.post4 0.4.6.post5 0.4.7 0.4.7.post1 0.4.8 0.4.8.post1 0.4.9 "
         "0.4.9.post1 0.4.9.post2 0.4.9.post3 0.4.9.post4 0.4.9.post5 0.4.9.post6 0.4.10 0.4.10.post1 0.4.10.post2 "
         "0.5.1 0.5.1.post1 0.5.1.post2 0.5.1.post3 0.5.2 0.5.3 0.5.3.post1 0.5.3.post2 0.5.3.post3 0.5.4 0.5.4.post1 "
-        "0.5.4.post2 0.5.4.post3 0.5.5 0.5.5.post1 0.5.5.post2 0.5.5.post3 0.5.6 0.5.6.post1 0.5.6.post2"
+        "0.5.4.post2 0.5.4.post3 0.5.5 0.5.5.post1 0.5.5.post2 0.5.5.post3 0.5.6 0.5.6.post1 0.5.6.post2 0.5.7 0.5.8 "
+        "0.5.8.post1 0.5.9 0.5.10 0.5.10.post1 0.5.11 0.5.12 0.5.12.post1 0.5.13 0.5.13.post1 0.5.14 0.5.15 "
+        "0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 0.5.23"
     ).split()
 )
 NEWEST_RELEASE = MODELLED_RELEASES[-1]  # the default of --sglang-version
