@@ -697,8 +697,9 @@ def test_an_unknown_model_type_is_sized_and_warned_about(run_cli, tmp_path, drop
 
 
 _REAL_CONFIGS = sorted(p.parent for p in DATA.glob("*/**/config.json"))
-# xai-org/grok-2's published config.json says model_type "git", a type kvtool does not know: the warning is right there
-_WARNED_CONFIGS = {"grok-2-fp8-h100-tp8-v0.5.2"}
+# published configs whose model_type kvtool does not know, so the warning is right: xai-org/grok-2 says "git",
+# swiss-ai Apertus says "apertus"
+_WARNED_CONFIGS = {"grok-2-fp8-h100-tp8-v0.5.2", "apertus-8b-gh200-tp4-v0.5.10.post1"}
 
 
 def test_the_real_configs_are_all_found():
