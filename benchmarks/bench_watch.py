@@ -181,14 +181,31 @@ def follow_cpu(seconds: float, refresh_s: float, nice: int, profile: Path | None
 # ---------------------------------------------------------------------------------------------- 3. engine steps
 
 
-def one_run(vllm: str, seconds: float, watch_args: list[str] | None) -> dict:
-    """One engine run under kvtool record (with ``kvtool watch`` following it when ``watch_args`` is given)."""
+def _pinned(cpus: list[int] | None):
+    """A preexec_fn that pins the child (and what it starts) to ``cpus``; None when not pinned."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def one_run(
+    vllm: str,
+    seconds: float,
+    watch_args: list[str] | None,
+    engine_cpus: list[int] | None = None,
+    watcher_cpus: list[int] | None = None,
+) -> dict:
+    """One engine run under kvtool record (with ``kvtool watch`` following it when ``watch_args`` is given).
+    ``engine_cpus``/``watcher_cpus`` pin the engine (kvtool record, the driver and vLLM's OpenMP threads, through
+    VLLM_CPU_OMP_THREADS_BIND) and the watcher to their own cores, as on a host with cores to spare."""
     from tests.support import vllm_engine_env
 
     driver = REPO / "tests" / "support" / "vllm_watch_driver.py"
     scratch = Path(tempfile.mkdtemp(prefix="kvb"))
     out = scratch / "run.csv"
     env = vllm_engine_env(scratch, dict(os.environ, PYTHONPATH=str(REPO)))
+    if engine_cpus:  # vllm/envs.py VLLM_CPU_OMP_THREADS_BIND: "0-3" or "0,1"; else vLLM binds its threads itself
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, engine_cpus))
     watch = None
     if watch_args is not None:
         watch = subprocess.Popen(
@@ -196,6 +213,7 @@ def one_run(vllm: str, seconds: float, watch_args: list[str] | None) -> dict:
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=_pinned(watcher_cpus),
         )
     marks = scratch / "marks.json"
     log_path = scratch / "record.log"
@@ -207,6 +225,7 @@ def one_run(vllm: str, seconds: float, watch_args: list[str] | None) -> dict:
         env=env,
         stdout=log_file,
         stderr=subprocess.STDOUT,
+        preexec_fn=_pinned(engine_cpus),
     )
     samples: list[tuple[float, float]] = []
     began = time.monotonic()
@@ -251,7 +270,7 @@ def step_times(args: argparse.Namespace) -> dict:
     watch_args = ["--refresh", f"{args.refresh:g}", "--nice", str(args.nice)]
     if args.warmup:  # the first engine start builds the model and warms the caches: not counted
         print(f"warm-up run ({args.warmup:g} s, not counted) ...", flush=True)
-        one_run(args.vllm, args.warmup, None)
+        one_run(args.vllm, args.warmup, None, args.engine_cpu_list, args.watcher_cpu_list)
     pairs = []
     for k in range(args.pairs):
         order = ("without", "with")
@@ -259,7 +278,8 @@ def step_times(args: argparse.Namespace) -> dict:
             order = ("with", "without")
         pair: dict[str, dict] = {}
         for label in order:
-            run = one_run(args.vllm, args.seconds, watch_args if label == "with" else None)
+            run = one_run(args.vllm, args.seconds, watch_args if label == "with" else None, args.engine_cpu_list,
+                          args.watcher_cpu_list)  # fmt: skip
             pair[label] = run
             extra = ""
             if run["watcher_cpu_s_per_engine_s"] is not None:
@@ -290,6 +310,8 @@ def step_times(args: argparse.Namespace) -> dict:
         "seconds": args.seconds,
         "refresh_s": args.refresh,
         "nice": args.nice,
+        "engine_cpus": args.engine_cpu_list,
+        "watcher_cpus": args.watcher_cpu_list,
         "median_without_ms": statistics.median(p["without"]["step_ms"] for p in pairs),
         "median_with_ms": statistics.median(p["with"]["step_ms"] for p in pairs),
         "overhead": overhead,
@@ -327,7 +349,15 @@ def main() -> None:
         "--profile", type=Path, default=None, help="cProfile the follow measurement's watcher into FILE"
     )
     parser.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
+    parser.add_argument(
+        "--engine-cpus", default=None, help="pin the engine to these CPUs (e.g. 0 or 0,1); default: not pinned"
+    )
+    parser.add_argument(
+        "--watcher-cpus", default=None, help="pin the watcher to these CPUs (e.g. 1); default: not pinned"
+    )
     args = parser.parse_args()
+    args.engine_cpu_list = [int(c) for c in args.engine_cpus.split(",")] if args.engine_cpus else None
+    args.watcher_cpu_list = [int(c) for c in args.watcher_cpus.split(",")] if args.watcher_cpus else None
     if args.pairs < 1:
         parser.error("--pairs must be at least 1")
     figures: dict = per_event(args.refresh)
